@@ -1,0 +1,35 @@
+"""mmfront: a drop-in, vLLM-style multimodal frontend.
+
+Chat requests with images and audio go in; engine requests come out: chat template and
+placeholders, the model's HF processor, placeholder expansion, content hashing, a P0/P1
+mirrored processor cache, and msgspec ``EngineCoreRequest``s. Names follow vLLM 0.33.
+"""
+
+from __future__ import annotations
+
+from mmfront.config import MultiModalConfig
+from mmfront.errors import MMFrontError
+from mmfront.inputs import (
+    MultiModalFeatureSpec,
+    MultiModalFieldConfig,
+    MultiModalInputs,
+    MultiModalKwargsItem,
+    MultiModalKwargsItems,
+    PlaceholderRange,
+)
+from mmfront.parse import MediaWithBytes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MMFrontError",
+    "MediaWithBytes",
+    "MultiModalConfig",
+    "MultiModalFeatureSpec",
+    "MultiModalFieldConfig",
+    "MultiModalInputs",
+    "MultiModalKwargsItem",
+    "MultiModalKwargsItems",
+    "PlaceholderRange",
+    "__version__",
+]

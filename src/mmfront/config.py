@@ -1,0 +1,226 @@
+"""One typed configuration for every mmfront knob, with vLLM's names and defaults.
+
+Validated on construction: a bad value raises :class:`~mmfront.errors.ConfigError` naming the
+field and what would be accepted, so a misconfigured server fails at start-up, not on the first
+request.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mmfront.errors import ConfigError
+
+GiB_bytes = 1 << 30
+MiB_bytes = 1 << 20
+
+MODALITIES = ("image", "audio", "video")
+"""Modalities mmfront knows; items of any other key are rejected with a typed error."""
+
+DEFAULT_LIMIT_PER_PROMPT = 999
+
+DEFAULT_IMAGE_FORMATS = frozenset({
+    "AVIF", "BLP", "BMP", "DDS", "DIB", "FLI", "FTEX", "GIF", "ICNS", "ICO", "IM", "IMT", "JPEG", "JPEG2000",
+    "MPO", "PCX", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER", "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM",
+    "XVTHUMB",
+})
+"""Pillow formats accepted by default (vLLM 0.33's allowlist). EPS (runs Ghostscript), WMF, BUFR,
+GRIB, HDF5 and MPEG are left out on purpose."""
+
+HasherAlgorithm = Literal["blake3", "sha256", "sha512"]
+CacheType = Literal["lru", "shm"]
+TransformersBackend = Literal["auto", "legacy", "offsets"]
+ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class ModalityLimit:
+    """``--limit-mm-per-prompt`` for one modality: a count plus optional dummy sizes."""
+
+    count: int
+    width: int | None = None
+    height: int | None = None
+    length: int | None = None
+
+
+def _parse_limit(modality: str, value: Any) -> ModalityLimit:
+    if isinstance(value, ModalityLimit):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, Mapping)):
+        raise ConfigError(
+            f"limit_mm_per_prompt[{modality!r}] must be a count or a mapping like "
+            f"{{'count': 2, 'width': 512, 'height': 512}}, got {value!r}"
+        )
+    if isinstance(value, int):
+        value = {"count": value}
+    unknown = set(value) - {"count", "width", "height", "length"}
+    if unknown:
+        raise ConfigError(f"limit_mm_per_prompt[{modality!r}] has unknown keys {sorted(unknown)}; "
+                          "use count, width, height, length")
+    limit = ModalityLimit(**value)
+    for name in ("count", "width", "height", "length"):
+        v = getattr(limit, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ConfigError(f"limit_mm_per_prompt[{modality!r}].{name} must be a non-negative integer, got {v!r}")
+    return limit
+
+
+@dataclass(frozen=True)
+class MultiModalConfig:
+    """Every knob of the frontend. Field names follow vLLM's CLI flags without the dashes."""
+
+    # --- processor cache (vLLM: --mm-processor-cache-*) ---
+    mm_processor_cache_gb: float = 4.0
+    """Processor cache size in GiB per P0 process and per P1 engine; 0 disables it."""
+    mm_processor_cache_type: CacheType = "lru"
+    """``lru``: P0 mirrors P1's LRU and sends only misses. ``shm``: items go through a shared-memory ring."""
+    mm_shm_cache_max_object_size_mb: int | None = None
+    """Largest item the shm cache stores (default 128 MiB). Only valid with ``mm_processor_cache_type='shm'``."""
+    mm_hasher_algorithm: HasherAlgorithm = "blake3"
+    """``sha256``/``sha512`` for FIPS deployments; blake3 is several times faster."""
+
+    # --- request limits and processor kwargs ---
+    limit_mm_per_prompt: Mapping[str, Any] = field(default_factory=dict)
+    """Max items per modality per prompt (default 999), e.g. ``{"image": 2}`` or ``{"image": {"count": 2}}``."""
+    mm_processor_kwargs: Mapping[str, Any] | None = None
+    """Deployment-wide HF processor kwargs; request kwargs override them. Not part of the hashes."""
+    media_io_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Per-modality media loading options, e.g. ``{"image": {"rgba_background_color": [0, 0, 0]}}``."""
+    enable_mm_embeds: bool = False
+    """Accept precomputed ``{modality}_embeds`` inputs."""
+
+    # --- model-level settings the frontend needs ---
+    dtype: ModelDtype = "auto"
+    """Floating HF outputs are cast to this dtype; ``auto`` reads ``torch_dtype`` from the model folder."""
+    max_model_len: int | None = None
+    """Longest expanded prompt accepted; ``None`` means no limit is checked."""
+    encoder_cache_size: int | None = None
+    """Most embedding tokens one item may have; ``None`` means no limit is checked."""
+    enable_prefix_caching: bool = True
+    """With both this and the processor cache off, items get per-request UUIDs instead of content hashes."""
+    enable_tower_connector_lora: bool = False
+    """Prefix ``identifier`` with the LoRA name, separating encoder/prefix caches per LoRA."""
+    transformers_backend: TransformersBackend = "auto"
+    """Transformers-backend processor: ``auto`` picks Offsets on transformers >= 5.15, Legacy below."""
+
+    # --- deployment shape (decides the cache type, vLLM §4.5) ---
+    api_process_count: int = 1
+    data_parallel_size: int = 1
+    data_parallel_external_lb: bool = False
+
+    # --- media loading ---
+    allowed_local_media_path: str | None = None
+    """Local files are readable only below this directory; ``None`` refuses every local path."""
+    allowed_media_domains: tuple[str, ...] | None = None
+    """Hosts http(s) media may come from (exact or ``*.example.com``); ``None`` refuses every URL,
+    ``("*",)`` allows any host."""
+    allowed_image_formats: frozenset[str] = DEFAULT_IMAGE_FORMATS
+    max_image_pixels: int = 178_956_970
+    """Images with more pixels are refused from their header, before decoding (decompression bombs)."""
+    max_media_request_decode_bytes: int = 715_827_880
+    """Decoded bytes (w*h*4 per image) one request may spend."""
+    max_media_bytes: int = 64 * MiB_bytes
+    """Largest encoded media payload accepted from any source."""
+    image_fetch_timeout: float = 5.0
+    audio_fetch_timeout: float = 10.0
+    image_mode: str = "RGB"
+    rgba_background_color: tuple[int, int, int] = (255, 255, 255)
+
+    def __post_init__(self) -> None:
+        self._check_number("mm_processor_cache_gb", self.mm_processor_cache_gb, minimum=0)
+        self._check_choice("mm_processor_cache_type", self.mm_processor_cache_type, ("lru", "shm"))
+        if self.mm_shm_cache_max_object_size_mb is not None:
+            if self.mm_processor_cache_type != "shm":
+                raise ConfigError(
+                    "mm_shm_cache_max_object_size_mb is only used by the shm cache; set "
+                    "mm_processor_cache_type='shm' or leave it unset"
+                )
+            self._check_int("mm_shm_cache_max_object_size_mb", self.mm_shm_cache_max_object_size_mb, minimum=1)
+        self._check_choice("mm_hasher_algorithm", self.mm_hasher_algorithm, ("blake3", "sha256", "sha512"))
+        self._check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        self._check_choice("transformers_backend", self.transformers_backend, ("auto", "legacy", "offsets"))
+        if not isinstance(self.limit_mm_per_prompt, Mapping):
+            raise ConfigError(f"limit_mm_per_prompt must be a mapping modality -> count, got {self.limit_mm_per_prompt!r}")
+        limits = {m: _parse_limit(m, v) for m, v in self.limit_mm_per_prompt.items()}
+        object.__setattr__(self, "limit_mm_per_prompt", limits)
+        if self.mm_processor_kwargs is not None and not isinstance(self.mm_processor_kwargs, Mapping):
+            raise ConfigError(f"mm_processor_kwargs must be a mapping, got {type(self.mm_processor_kwargs).__name__}")
+        if not isinstance(self.media_io_kwargs, Mapping) or not all(
+            isinstance(v, Mapping) for v in self.media_io_kwargs.values()
+        ):
+            raise ConfigError("media_io_kwargs must map a modality to a mapping of options, e.g. "
+                              "{'image': {'rgba_background_color': [0, 0, 0]}}")
+        for name in ("max_model_len", "encoder_cache_size"):
+            value = getattr(self, name)
+            if value is not None:
+                self._check_int(name, value, minimum=1)
+        for name in ("api_process_count", "data_parallel_size"):
+            self._check_int(name, getattr(self, name), minimum=1)
+        for name in ("max_image_pixels", "max_media_request_decode_bytes", "max_media_bytes"):
+            self._check_int(name, getattr(self, name), minimum=1)
+        for name in ("image_fetch_timeout", "audio_fetch_timeout"):
+            self._check_number(name, getattr(self, name), minimum=0, exclusive=True)
+        if self.allowed_local_media_path is not None:
+            path = self.allowed_local_media_path
+            if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isdir(path):
+                raise ConfigError(f"allowed_local_media_path must be an existing absolute directory, got {path!r}")
+        if self.allowed_media_domains is not None:
+            domains = self.allowed_media_domains
+            if isinstance(domains, str) or not all(isinstance(d, str) and d for d in domains):
+                raise ConfigError(f"allowed_media_domains must be a list of host names, got {domains!r}")
+            object.__setattr__(self, "allowed_media_domains", tuple(d.lower() for d in domains))
+        formats = frozenset(f.upper() for f in self.allowed_image_formats)
+        object.__setattr__(self, "allowed_image_formats", formats)
+        color = tuple(self.rgba_background_color)
+        if len(color) != 3 or not all(isinstance(c, int) and 0 <= c <= 255 for c in color):
+            raise ConfigError(f"rgba_background_color must be three integers in 0..255, got {self.rgba_background_color!r}")
+        object.__setattr__(self, "rgba_background_color", color)
+
+    # --- derived values ---
+
+    @property
+    def mm_processor_cache_bytes(self) -> int:
+        return int(self.mm_processor_cache_gb * GiB_bytes)
+
+    @property
+    def mm_shm_cache_max_object_size_bytes(self) -> int:
+        return (self.mm_shm_cache_max_object_size_mb or 128) * MiB_bytes
+
+    def get_limit_per_prompt(self, modality: str) -> int:
+        limit = self.limit_mm_per_prompt.get(modality)
+        return DEFAULT_LIMIT_PER_PROMPT if limit is None else limit.count  # type: ignore[union-attr]
+
+    def get_dummy_options(self, modality: str) -> ModalityLimit | None:
+        return self.limit_mm_per_prompt.get(modality)  # type: ignore[return-value]
+
+    def replace(self, **changes: Any) -> MultiModalConfig:
+        return dataclasses.replace(self, **changes)
+
+    # --- checks ---
+
+    @staticmethod
+    def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+        if value not in choices:
+            raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+    @staticmethod
+    def _check_int(name: str, value: object, *, minimum: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+    @staticmethod
+    def _check_number(name: str, value: object, *, minimum: float, exclusive: bool = False) -> None:
+        ok = (
+            not isinstance(value, bool)
+            and isinstance(value, (int, float))
+            and math.isfinite(value)
+            and (value > minimum if exclusive else value >= minimum)
+        )
+        if not ok:
+            op = ">" if exclusive else ">="
+            raise ConfigError(f"{name} must be a finite number {op} {minimum}, got {value!r}")

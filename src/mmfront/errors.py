@@ -1,0 +1,153 @@
+"""Every error mmfront raises on purpose.
+
+All of them derive from :class:`MMFrontError`, so serving code can catch one type and map it to
+an HTTP status. Most also derive from the builtin a vLLM user would catch for the same situation
+(``ValueError`` for bad input, ``TypeError`` for wrong Python types, ``RuntimeError`` for cache
+drift), so code written against vLLM keeps working. Each message says what to do about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class MMFrontError(Exception):
+    """Base class of every mmfront error."""
+
+
+class ConfigError(MMFrontError, ValueError):
+    """A configuration value is invalid."""
+
+
+class ValidationError(MMFrontError, ValueError):
+    """A request is invalid; ``parameter`` names the request field at fault (as vLLM's
+    ``VLLMValidationError`` does), so an API server can point the user at it."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, value: object = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.value = value
+
+
+class InputTypeError(MMFrontError, TypeError):
+    """An input has a Python type mmfront does not accept."""
+
+
+class UnsupportedModalityError(ValidationError):
+    """A multimodal data key is not a modality mmfront knows."""
+
+
+# --- media ------------------------------------------------------------------------------------
+
+
+class MediaError(ValidationError):
+    """Loading a media item failed. The request is at fault (HTTP 422 in an API server)."""
+
+
+class MediaDecodeError(MediaError):
+    """The media bytes are not valid (bad base64, truncated or corrupt file)."""
+
+
+class MediaFormatError(MediaError):
+    """The media format is not in the allowlist."""
+
+
+class MediaTooLargeError(MediaError):
+    """The media exceeds a size limit (bytes, pixels or the per-request decode budget)."""
+
+
+class MediaPathError(MediaError):
+    """A local file path is not allowed (outside the allowed root, or no root configured)."""
+
+
+class MediaFetchError(MediaError):
+    """Fetching media over http(s) failed or is not allowed.
+
+    ``retryable`` is true for failures a client may retry (HTTP 5xx, 408, 429, timeouts)."""
+
+    def __init__(self, message: str, *, parameter: str | None = None, retryable: bool = False) -> None:
+        super().__init__(message, parameter=parameter)
+        self.retryable = retryable
+
+
+# --- processing -------------------------------------------------------------------------------
+
+
+class HashingTypeError(InputTypeError):
+    """A value cannot be hashed deterministically (vLLM would fall back to pickle here)."""
+
+
+class FieldConfigError(MMFrontError, ValueError):
+    """HF processor outputs do not fit the declared field layout (e.g. inconsistent batch sizes)."""
+
+
+class PromptUpdateError(ValidationError):
+    """The prompt does not hold the placeholders the multimodal items need."""
+
+    def __init__(self, message: str, *, modality: str | None = None, expected: int | None = None,
+                 found: int | None = None) -> None:
+        super().__init__(message, parameter=modality)
+        self.modality = modality
+        self.expected = expected
+        self.found = found
+
+
+class ProcessorError(MMFrontError, ValueError):
+    """The HF processor raised while processing a request's items."""
+
+
+class UnsupportedModelError(MMFrontError, ValueError):
+    """No mmfront processor serves this HF processor or model type."""
+
+
+class MissingOffsetsError(UnsupportedModelError):
+    """A transformers >= 5.15 processor reported no ``text_replacement_offsets``."""
+
+
+class ChatFormatError(ValidationError):
+    """A chat message or content part is malformed."""
+
+
+# --- caches and the wire ----------------------------------------------------------------------
+
+
+class MultiModalCacheMissError(MMFrontError, RuntimeError):
+    """P1 has no entry for items P0 sent without data (P0/P1 cache drift).
+
+    Carries *every* missing hash of the request, so P0 can invalidate all of them at once and
+    resend the request with its data."""
+
+    def __init__(self, mm_hashes: Sequence[str], message: str | None = None) -> None:
+        self.mm_hashes = list(mm_hashes)
+        super().__init__(
+            message
+            or (
+                f"Multi-modal processor cache miss for {len(self.mm_hashes)} item(s) "
+                f"(P0/P1 cache drift): {self.mm_hashes}. The frontend invalidates these hashes "
+                "and resends the request with its data."
+            )
+        )
+
+
+class CacheDivergenceError(MultiModalCacheMissError):
+    """P1 detected that its cache state no longer mirrors P0's (sequence or digest mismatch)."""
+
+
+class CacheError(MMFrontError, RuntimeError):
+    """A processor-cache operation failed for a reason other than drift."""
+
+
+class ShmHandleError(MMFrontError, ValueError):
+    """A shared-memory handle is forged, stale, or points at data that has been overwritten."""
+
+
+class DecodeError(MMFrontError, ValueError):
+    """Wire bytes could not be decoded: truncated, malformed, or inconsistent."""
+
+
+class EncodeError(MMFrontError, TypeError):
+    """An object cannot be encoded for the wire (mmfront never falls back to pickle)."""
+
+
+class TransportError(MMFrontError, RuntimeError):
+    """The frontend/engine transport failed (peer gone, timeout)."""
