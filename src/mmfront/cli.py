@@ -20,7 +20,7 @@ def _find_benchmarks(directory: str | None) -> Path:
 def cmd_bench(args: argparse.Namespace) -> int:
     folder = _find_benchmarks(args.dir)
     sys.path.insert(0, str(folder))
-    from _harness import Report  # type: ignore[import-not-found]
+    from _harness import Report
 
     report = Report()
     modules = sorted(folder.glob("bench_*.py"))

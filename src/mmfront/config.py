@@ -193,10 +193,10 @@ class MultiModalConfig:
 
     def get_limit_per_prompt(self, modality: str) -> int:
         limit = self.limit_mm_per_prompt.get(modality)
-        return DEFAULT_LIMIT_PER_PROMPT if limit is None else limit.count  # type: ignore[union-attr]
+        return DEFAULT_LIMIT_PER_PROMPT if limit is None else limit.count
 
     def get_dummy_options(self, modality: str) -> ModalityLimit | None:
-        return self.limit_mm_per_prompt.get(modality)  # type: ignore[return-value]
+        return self.limit_mm_per_prompt.get(modality)
 
     def replace(self, **changes: Any) -> MultiModalConfig:
         return dataclasses.replace(self, **changes)

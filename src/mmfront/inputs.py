@@ -131,6 +131,8 @@ class MultiModalFieldElem:
             return NotImplemented
         return type(self.field) is type(other.field) and nested_tensors_equal(self.data, other.data)
 
+    __hash__ = None  # type: ignore[assignment]
+
 
 @dataclass(frozen=True, kw_only=True)
 class BaseMultiModalField(ABC):
@@ -168,7 +170,7 @@ def _nested_to(data: NestedTensors, device: torch.device | str) -> NestedTensors
     if isinstance(data, list):
         return [_nested_to(x, device) for x in data]
     if isinstance(data, tuple):
-        return tuple(_nested_to(x, device) for x in data)  # type: ignore[return-value]
+        return tuple(_nested_to(x, device) for x in data)  # type: ignore[misc]
     return data
 
 
@@ -212,7 +214,7 @@ class MultiModalFlatField(BaseMultiModalField):
             raise FieldConfigError(f"Flat field {key!r} of {modality!r} with multi-dimensional slices needs a tensor")
         elems = []
         for s in self.slices:
-            own = MultiModalFlatField(slices=[s], dim=self.dim, keep_on_cpu=self.keep_on_cpu)
+            own = MultiModalFlatField(slices=[s], dim=self.dim, keep_on_cpu=self.keep_on_cpu)  # type: ignore[arg-type]
             elems.append(MultiModalFieldElem(data[s], own))  # type: ignore[index]
         return elems
 
@@ -352,7 +354,7 @@ def _own(data: NestedTensors) -> NestedTensors:
     if isinstance(data, list):
         return [_own(x) for x in data]
     if isinstance(data, tuple):
-        return tuple(_own(x) for x in data)  # type: ignore[return-value]
+        return tuple(_own(x) for x in data)  # type: ignore[misc]
     return data
 
 

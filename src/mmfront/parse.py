@@ -100,7 +100,7 @@ class MediaWithBytes(Generic[T]):
         return np.asarray(self.media, *args, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.media)  # type: ignore[call-overload, no-any-return]
+        return iter(self.media)  # type: ignore[call-overload]
 
     def __getitem__(self, index: Any) -> Any:
         return self.media[index]  # type: ignore[index]
