@@ -4,16 +4,30 @@
 (cheaper than pixels, and stable), and the decode can be deferred: a lazily loaded item holds
 only its bytes and a decode function, so a request whose items all hit the processor cache never
 decodes anything.
+
+:class:`MultiModalDataParser` turns a ``multi_modal_data`` mapping into
+:class:`MultiModalDataItems`: one typed container per modality (vLLM's names), with PIL images
+normalised like vLLM does and audio resampled to the model's rate.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from abc import ABC, abstractmethod
+from collections import UserDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, NamedTuple, TypeGuard, TypeVar
 
+import numpy as np
+import torch
 from PIL import Image
+
+from mmfront.errors import InputTypeError, UnsupportedModalityError, ValidationError
+from mmfront.media.image import normalize_pil_image
+from mmfront.media.resample import resample_audio, resampled_length
 
 T = TypeVar("T")
 
@@ -112,3 +126,442 @@ class MediaWithBytes(Generic[T]):
         state = type(self._media).__name__ if self._media is not None else "lazy"
         return (f"MediaWithBytes({state}, {len(self.original_bytes)} bytes, io_config={self.io_config!r}, "
                 f"info={self.info!r})")
+
+
+# --- parsed containers (vLLM: vllm.multimodal.parse) ------------------------------------------
+
+_T = TypeVar("_T")
+_I = TypeVar("_I")
+_M = TypeVar("_M", bound="ModalityDataItems[Any, Any]")
+
+ModalityData = Any
+"""One modality's user data: an item, a list of items (``None`` allowed), or ``None``."""
+MultiModalDataDict = Mapping[str, ModalityData]
+
+
+class ImageSize(NamedTuple):
+    width: int
+    height: int
+
+
+class ModalityDataItems(ABC, Generic[_T, _I]):
+    """The items of one modality, in the order the user gave them."""
+
+    def __init__(self, data: _T, modality: str) -> None:
+        self.data = data
+        self.modality = modality
+
+    def __len__(self) -> int:
+        return self.get_count()
+
+    def __getitem__(self, index: int) -> _I:
+        return self.get(index)
+
+    def __iter__(self) -> Iterator[_I]:
+        return (self.get(index) for index in range(self.get_count()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(modality={self.modality!r}, count={self.get_count()})"
+
+    @abstractmethod
+    def get_count(self) -> int:
+        raise NotImplementedError
+
+    @abstractmethod
+    def get(self, index: int) -> _I:
+        """The item as the HF processor takes it (decoded)."""
+        raise NotImplementedError
+
+    def get_all(self) -> list[_I]:
+        return [self.get(index) for index in range(self.get_count())]
+
+    def subset(self: _M, indices: Sequence[int]) -> _M:
+        """The same kind of container holding only items ``indices``, in that order."""
+        picked = copy.copy(self)
+        picked.data = self._pick(indices)
+        return picked
+
+    def _pick(self, indices: Sequence[int]) -> Any:
+        return [self.data[index] for index in indices]  # type: ignore[index]
+
+    def get_item_for_hash(self, index: int) -> object:
+        """The item as the hasher takes it; by default the same as :meth:`get`."""
+        return self.get(index)
+
+    def get_all_items_for_hash(self) -> list[object]:
+        return [self.get_item_for_hash(index) for index in range(self.get_count())]
+
+    @abstractmethod
+    def get_processor_data(self) -> Mapping[str, object]:
+        """Keyword arguments for the HF processor."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def get_passthrough_data(self) -> Mapping[str, object]:
+        """Keyword arguments that skip the HF processor and go straight to the model."""
+        raise NotImplementedError
+
+
+class ProcessorBatchItems(ModalityDataItems[Sequence[Any], _T]):
+    """Items the HF processor consumes, stored as given (``MediaWithBytes`` wrappers kept).
+
+    :meth:`get` unwraps a ``MediaWithBytes`` (decoding a lazy one); :meth:`get_item_for_hash`
+    returns the stored item, so hashing sees the original bytes and never forces a decode.
+    """
+
+    def __init__(self, data: Sequence[Any], modality: str) -> None:
+        super().__init__(list(data), modality)
+
+    def get_count(self) -> int:
+        return len(self.data)
+
+    def get(self, index: int) -> _T:
+        item = self.data[index]
+        return item.media if isinstance(item, MediaWithBytes) else item
+
+    def get_item_for_hash(self, index: int) -> object:
+        return self.data[index]
+
+    def get_processor_data(self) -> Mapping[str, object]:
+        return {f"{self.modality}s": self.get_all()}
+
+    def get_passthrough_data(self) -> Mapping[str, object]:
+        return {}
+
+
+class ImageProcessorItems(ProcessorBatchItems[Any]):
+    def __init__(self, data: Sequence[Any]) -> None:
+        super().__init__(data, "image")
+
+    def get_image_size(self, index: int) -> ImageSize:
+        """Width and height of item ``index``; a lazy item answers from its header ``info``
+        without decoding. Arrays are HWC when 3-D with 1, 3 or 4 trailing channels, else CHW."""
+        item = self.data[index]
+        if item is None:
+            raise ValidationError(f"image {index} is None (an item named only by its UUID), so its size is unknown; "
+                                  "send the image itself, or process it where the cache holds it",
+                                  parameter="multi_modal_data")
+        if isinstance(item, MediaWithBytes):
+            if "width" in item.info and "height" in item.info:
+                return ImageSize(int(item.info["width"]), int(item.info["height"]))
+            item = item.media
+        if isinstance(item, Image.Image):
+            return ImageSize(*item.size)
+        if isinstance(item, (np.ndarray, torch.Tensor)) and item.ndim == 3:
+            shape = tuple(item.shape)
+            height, width = (shape[0], shape[1]) if shape[-1] in (1, 3, 4) else (shape[1], shape[2])
+            return ImageSize(int(width), int(height))
+        raise InputTypeError(f"image {index} of type {type(item).__name__} has no image size")
+
+
+class AudioProcessorItems(ProcessorBatchItems[Any]):
+    def __init__(self, data: Sequence[Any]) -> None:
+        super().__init__(data, "audio")
+
+    def get_audio_length(self, index: int) -> int:
+        """Samples in item ``index`` (at the parser's target rate); a lazy item answers from its
+        header ``info`` without decoding."""
+        item = self.data[index]
+        if item is None:
+            raise ValidationError(f"audio {index} is None (an item named only by its UUID), so its length is unknown",
+                                  parameter="multi_modal_data")
+        if isinstance(item, MediaWithBytes) and "num_frames" in item.info:
+            return int(item.info["num_frames"])
+        return len(self.get(index))
+
+
+class EmbeddingItems(ModalityDataItems[Any, torch.Tensor]):
+    """Precomputed embeddings: a 3-D tensor or a list of 2-D tensors, one per item. They skip
+    the HF processor and reach the model as ``{modality}_embeds``."""
+
+    def get_count(self) -> int:
+        return len(self.data)
+
+    def get(self, index: int) -> torch.Tensor:
+        return self.data[index]
+
+    def _pick(self, indices: Sequence[int]) -> Any:
+        if isinstance(self.data, torch.Tensor):
+            return self.data[list(indices)]
+        return [self.data[index] for index in indices]
+
+    def get_feature_size(self, index: int) -> int:
+        return len(self.get(index))
+
+    def get_processor_data(self) -> Mapping[str, object]:
+        return {}
+
+    def get_passthrough_data(self) -> Mapping[str, object]:
+        return {f"{self.modality}_embeds": self.data}
+
+
+class ImageEmbeddingItems(EmbeddingItems):
+    def __init__(self, data: Any) -> None:
+        super().__init__(data, "image")
+
+
+class AudioEmbeddingItems(EmbeddingItems):
+    def __init__(self, data: Any) -> None:
+        super().__init__(data, "audio")
+
+
+_D = TypeVar("_D", bound=ModalityDataItems[Any, Any])
+
+
+class MultiModalDataItems(UserDict[str, ModalityDataItems[Any, Any]]):
+    """Parsed ``multi_modal_data``: modality -> its items, in the user's modality order."""
+
+    def select(self, modalities: Iterable[str]) -> MultiModalDataItems:
+        wanted = set(modalities)
+        return MultiModalDataItems({m: items for m, items in self.items() if m in wanted})
+
+    def get_count(self, modality: str, *, strict: bool = True) -> int:
+        """Items of ``modality``; a missing modality raises ``KeyError``, or counts 0 when not
+        ``strict``."""
+        if modality not in self:
+            if strict:
+                raise KeyError(f"Modality {modality!r} not found. Available modalities: {sorted(self)}")
+            return 0
+        return self[modality].get_count()
+
+    def subset(self, selection: Mapping[str, Sequence[int]]) -> MultiModalDataItems:
+        """Only the items ``selection`` names (modality -> item indices), e.g. the cache misses
+        of a request, each modality keeping its container type."""
+        return MultiModalDataItems({m: self[m].subset(indices) for m, indices in selection.items()})
+
+    def get_all_counts(self) -> dict[str, int]:
+        return {m: items.get_count() for m, items in self.items()}
+
+    def get_items(self, modality: str, typ: type[_D] | tuple[type[_D], ...]) -> _D:
+        if modality not in self:
+            raise KeyError(f"Modality {modality!r} not found. Available modalities: {sorted(self)}")
+        items = self[modality]
+        if not isinstance(items, typ):
+            raise InputTypeError(f"Invalid type of data items for modality={modality!r}: expected {typ}, found "
+                                 f"{type(items).__name__}")
+        return items
+
+
+# --- the parser -------------------------------------------------------------------------------
+
+
+class MultiModalDataParser:
+    """Parses ``multi_modal_data`` into :class:`MultiModalDataItems`.
+
+    * images: PIL images, 3-D arrays/tensors (HWC or CHW), 4-D arrays or lists of those,
+      ``MediaWithBytes`` (kept lazy, never converted again) and ``None`` (an item named by its
+      UUID). Plain PIL images get vLLM's EXIF transpose and ``image_mode`` conversion, skipped
+      when they would be no-ops.
+    * audio: 1-D arrays, lists of floats, ``(waveform, sampling_rate)`` tuples, 2-D batches and
+      ``MediaWithBytes`` wrapping ``(waveform, sampling_rate)``; resampled to ``target_sr``
+      when both rates are known (lazily for ``MediaWithBytes``).
+    * embeddings: a 3-D tensor or a list of 2-D tensors/arrays, only with ``enable_mm_embeds``.
+    """
+
+    def __init__(
+        self,
+        *,
+        target_sr: float | None = None,
+        enable_mm_embeds: bool = False,
+        image_mode: str | None = "RGB",
+        rgba_background_color: tuple[int, int, int] = (255, 255, 255),
+        expected_hidden_size: int | None = None,
+    ) -> None:
+        self.target_sr = target_sr
+        self.enable_mm_embeds = enable_mm_embeds
+        self.image_mode = image_mode
+        red, green, blue = rgba_background_color
+        self.rgba_background_color = (red, green, blue)
+        self.expected_hidden_size = expected_hidden_size
+
+    def _get_subparsers(self) -> Mapping[str, Callable[[ModalityData], ModalityDataItems[Any, Any] | None]]:
+        return {"image": self._parse_image_data, "audio": self._parse_audio_data}
+
+    def parse_mm_data(self, mm_data: MultiModalDataDict) -> MultiModalDataItems:
+        """A modality given as an empty list is left out; a bare ``None`` is one ``None`` item."""
+        if not isinstance(mm_data, Mapping):
+            raise InputTypeError(f"multi_modal_data must be a mapping like {{'image': [...]}}, got "
+                                 f"{type(mm_data).__name__}")
+        subparsers = self._get_subparsers()
+        items = MultiModalDataItems()
+        for modality, data in mm_data.items():
+            parse = subparsers.get(modality)
+            if parse is None:
+                raise UnsupportedModalityError(
+                    f"Unsupported modality: {modality!r}. Supported: {', '.join(subparsers)}",
+                    parameter="multi_modal_data", value=modality)
+            parsed = parse(data)
+            if parsed is not None:
+                items[modality] = parsed
+        return items
+
+    # --- images ---
+
+    def _parse_image_data(self, data: ModalityData) -> ModalityDataItems[Any, Any] | None:
+        if isinstance(data, (list, tuple)) and not data:
+            return None
+        if _is_embeddings(data):
+            return ImageEmbeddingItems(self._check_embeddings("image", data))
+        if _is_array(data) and data.ndim not in (3, 4):
+            raise ValidationError(_ndim_message("image", data, "3-D (one image, HWC or CHW) or 4-D (several)"),
+                                  parameter="multi_modal_data")
+        if data is None or isinstance(data, (Image.Image, MediaWithBytes)) or (_is_array(data) and data.ndim == 3):
+            raw = [data]
+        elif (_is_array(data) and data.ndim == 4) or isinstance(data, (list, tuple)):
+            raw = list(data)
+        else:
+            raise InputTypeError(_type_message("image", None, data))
+        return ImageProcessorItems([self._parse_image_item(index, item) for index, item in enumerate(raw)])
+
+    def _parse_image_item(self, index: int, item: object) -> object:
+        if item is None or isinstance(item, MediaWithBytes):
+            return item
+        if isinstance(item, Image.Image):
+            return normalize_pil_image(item, self.image_mode, self.rgba_background_color)
+        if _is_array(item):
+            if item.ndim == 3:
+                return item
+            raise ValidationError(
+                f"image {index} is a {item.ndim}-D array of shape {tuple(item.shape)}; an image array is 3-D "
+                "(HWC or CHW). Embeddings go as a 3-D tensor or a list of 2-D tensors, never mixed with images.",
+                parameter="multi_modal_data")
+        raise InputTypeError(_type_message("image", index, item))
+
+    # --- audio ---
+
+    def _parse_audio_data(self, data: ModalityData) -> ModalityDataItems[Any, Any] | None:
+        if isinstance(data, list) and not data:
+            return None
+        if _is_embeddings(data):
+            return AudioEmbeddingItems(self._check_embeddings("audio", data))
+        if _is_array(data) and data.ndim not in (1, 2):
+            raise ValidationError(_ndim_message("audio", data, "1-D (one waveform) or 2-D (a batch)"),
+                                  parameter="multi_modal_data")
+        if (data is None or isinstance(data, (MediaWithBytes, tuple)) or (_is_array(data) and data.ndim == 1)
+                or (isinstance(data, list) and _is_number(data[0]))):
+            raw = [data]
+        elif _is_array(data) and data.ndim == 2:
+            raw = list(data)
+        elif isinstance(data, list):
+            raw = data
+        else:
+            raise InputTypeError(_type_message("audio", None, data))
+        return AudioProcessorItems([self._parse_audio_item(index, item) for index, item in enumerate(raw)])
+
+    def _parse_audio_item(self, index: int, item: object) -> object:
+        if item is None:
+            return None
+        if isinstance(item, MediaWithBytes):
+            return self._resample_lazily(item)
+        rate: float | None = None
+        waveform: np.ndarray
+        if isinstance(item, tuple):
+            if len(item) != 2 or not _is_number(item[1]):
+                raise InputTypeError(f"audio {index} is a tuple of {len(item)} values; an audio tuple must be "
+                                     "(waveform, sampling_rate)")
+            waveform = _as_waveform(index, item[0])
+            rate = float(item[1])
+        else:
+            waveform = _as_waveform(index, item)
+        if rate is not None and self.target_sr is not None:
+            waveform = resample_audio(waveform, orig_sr=rate, target_sr=self.target_sr)
+        return waveform
+
+    def _resample_lazily(self, item: MediaWithBytes[Any]) -> MediaWithBytes[np.ndarray]:
+        """A new wrapper over the same bytes whose decode is "decode ``item``, then resample",
+        so a lazy item stays undecoded; ``info`` already tells the resampled length."""
+        info = dict(item.info)
+        rate = info.get("sample_rate")
+        if self.target_sr is not None and rate is not None and rate != self.target_sr:
+            info["original_sample_rate"] = rate
+            info["sample_rate"] = self.target_sr
+            if "num_frames" in info:
+                info["num_frames"] = resampled_length(info["num_frames"], orig_sr=rate, target_sr=self.target_sr)
+        return MediaWithBytes(original_bytes=item.original_bytes, io_config=item.io_config, info=info,
+                              decode=functools.partial(_decode_waveform, item, self.target_sr))
+
+    # --- embeddings ---
+
+    def _check_embeddings(self, modality: str, data: Any) -> Any:
+        if not self.enable_mm_embeds:
+            raise ValidationError(f"You must set `enable_mm_embeds` to input `{modality}_embeds`",
+                                  parameter=modality)
+        items = list(data) if isinstance(data, (list, tuple)) else None
+        for index, item in enumerate(items if items is not None else data):
+            if item is None:
+                raise ValidationError(f"{modality} embedding {index} is None; embeddings must be sent in full",
+                                      parameter="multi_modal_data")
+            hidden = int(item.shape[-1])
+            if self.expected_hidden_size is not None and hidden != self.expected_hidden_size:
+                raise ValidationError(
+                    f"{modality} embedding {index} has hidden size {hidden}, but the model expects "
+                    f"{self.expected_hidden_size}", parameter="multi_modal_data")
+        if items is None:
+            return data
+        return [torch.from_numpy(item) if isinstance(item, np.ndarray) else item for item in items]
+
+
+def _is_array(value: object) -> TypeGuard[np.ndarray | torch.Tensor]:
+    return isinstance(value, (np.ndarray, torch.Tensor))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _is_embeddings(data: object) -> bool:
+    """vLLM's rule: a 3-D tensor, or a list whose items are all 2-D tensors/arrays."""
+    if isinstance(data, torch.Tensor) and data.ndim == 3:
+        return True
+    if isinstance(data, (list, tuple)) and data:
+        present = [item for item in data if item is not None]
+        return bool(present) and all(_is_array(item) and item.ndim == 2 for item in present)
+    return False
+
+
+def _ndim_message(modality: str, data: np.ndarray | torch.Tensor, expected: str) -> str:
+    return (f"{modality} data is a {data.ndim}-D array of shape {tuple(data.shape)}; expected {expected}. "
+            "Embeddings go as a 3-D tensor or a list of 2-D tensors.")
+
+
+def _type_message(modality: str, index: int | None, value: object) -> str:
+    where = f"{modality} data" if index is None else f"{modality} {index}"
+    if modality == "image":
+        expected = "a PIL image, a 3-D array/tensor, a MediaWithBytes or None (a list or 4-D array for several)"
+    else:
+        expected = ("a 1-D float array, a list of floats, a (waveform, sampling_rate) tuple, a MediaWithBytes or None "
+                    "(a list or 2-D array for several)")
+    hint = "; load URLs, paths and base64 with MediaConnector first" if isinstance(value, (str, bytes)) else ""
+    return f"{where} has type {type(value).__name__}; expected {expected}{hint}"
+
+
+def _as_waveform(index: int, item: object) -> np.ndarray:
+    if isinstance(item, torch.Tensor):
+        waveform = item.detach().cpu().numpy()
+    elif isinstance(item, np.ndarray):
+        waveform = item
+    elif isinstance(item, list):
+        try:
+            waveform = np.asarray(item, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InputTypeError(f"audio {index} is a list that is not all numbers; send a list of floats") from None
+    else:
+        raise InputTypeError(_type_message("audio", index, item))
+    if waveform.ndim != 1:
+        raise ValidationError(f"audio {index} has shape {waveform.shape}; audio must be 1-D (mono). Average the "
+                              "channels, or send several items as a list.", parameter="multi_modal_data")
+    if waveform.dtype.kind != "f":
+        raise InputTypeError(f"audio {index} has dtype {waveform.dtype}; send float samples in [-1, 1] (divide 16-bit "
+                             "PCM by 32768)")
+    return waveform
+
+
+def _decode_waveform(item: MediaWithBytes[Any], target_sr: float | None) -> np.ndarray:
+    media = item.media
+    rate: float | None = None
+    if isinstance(media, tuple) and len(media) == 2:
+        media, rate = media
+    waveform = _as_waveform(0, media)
+    if rate is not None and target_sr is not None:
+        waveform = resample_audio(waveform, orig_sr=rate, target_sr=target_sr)
+    return waveform

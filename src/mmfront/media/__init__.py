@@ -1,0 +1,42 @@
+"""Media loading: images and audio from URLs, files, base64 and bytes, checked and decoded lazily.
+
+Start with :class:`MediaConnector` (one per deployment) and a :class:`DecodeBudget` per request;
+``load_image_bytes`` / ``load_audio_bytes`` load bytes you already have.
+"""
+
+from __future__ import annotations
+
+from mmfront.media.audio import AudioWithRate, load_audio_bytes, pcm_to_float
+from mmfront.media.budget import DecodeBudget, check_media_size
+from mmfront.media.connector import MediaConnector, MediaSource, decode_base64
+from mmfront.media.fetch import HttpFetcher, is_domain_allowed
+from mmfront.media.image import (
+    ImageIOOptions,
+    convert_image_mode,
+    has_alpha,
+    load_image_bytes,
+    normalize_pil_image,
+    resolve_image_options,
+)
+from mmfront.media.resample import resample_audio, resampled_length
+
+__all__ = [
+    "AudioWithRate",
+    "DecodeBudget",
+    "HttpFetcher",
+    "ImageIOOptions",
+    "MediaConnector",
+    "MediaSource",
+    "check_media_size",
+    "convert_image_mode",
+    "decode_base64",
+    "has_alpha",
+    "is_domain_allowed",
+    "load_audio_bytes",
+    "load_image_bytes",
+    "normalize_pil_image",
+    "pcm_to_float",
+    "resample_audio",
+    "resampled_length",
+    "resolve_image_options",
+]

@@ -12,133 +12,89 @@ see :func:`offsets_kwargs`).
 
 from __future__ import annotations
 
+import importlib
+from typing import Any, Literal
+
 import numpy as np
-
-try:  # transformers is noisy about deprecations we exercise on purpose
-    from transformers.utils import logging as _hf_logging
-
-    _hf_logging.set_verbosity_error()
-except Exception:  # pragma: no cover
-    pass
-
 import transformers
 from packaging.version import Version
-from PIL import Image
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from transformers import (
+    Emu3ImageProcessor,
+    Emu3Processor,
+    Gemma3Processor,
+    GlmAsrProcessor,
+    Idefics3Processor,
+    PreTrainedTokenizerFast,
+    Qwen2AudioProcessor,
+    WhisperFeatureExtractor,
+)
+from transformers.utils import logging as hf_logging
+
+from mmfront.testing.bpe import BPEModel, gemma3_real_bpe, make_tokenizer
+from mmfront.testing.media import make_audio, make_image
+
+__all__ = [
+    "EMU3_CHAT_TEMPLATE",
+    "GEMMA3_CHAT_TEMPLATE",
+    "GEMMA3_EXTRA_SPECIAL_TOKENS",
+    "GEMMA3_PREPROCESSOR",
+    "GEMMA3_SPECIAL_TOKENS",
+    "HAS_OFFSETS_API",
+    "IDEFICS3_CHAT_TEMPLATE",
+    "IDEFICS3_ROW_COL_TOKENS",
+    "TF_VERSION",
+    "ImageBackend",
+    "expand_text",
+    "image_processor_class",
+    "make_audio",
+    "make_emu3_processor",
+    "make_emu3_tokenizer",
+    "make_gemma3_896_processor",
+    "make_gemma3_processor",
+    "make_gemma3_tokenizer",
+    "make_glmasr_processor",
+    "make_glmasr_tokenizer",
+    "make_idefics3_processor",
+    "make_idefics3_tokenizer",
+    "make_image",
+    "make_qwen2_audio_processor",
+    "make_qwen2_audio_tokenizer",
+    "make_tokenizer",
+    "offsets_kwargs",
+    "spans_in_tokens",
+    "token_runs",
+]
+
+# The builders exercise deprecated paths on purpose (5.14.1 Gemma3 image_token, Whisper sampling
+# rate); their warnings would bury real test output.
+hf_logging.set_verbosity_error()
 
 TF_VERSION = Version(transformers.__version__)
 #: transformers >= 5.15: Gemma3/Emu3 (and Qwen2-Audio from 5.16) go through the replacement hooks,
 #: and ``return_text_replacement_offsets`` is a declared kwarg (flat kwarg works)
 HAS_OFFSETS_API = Version("5.15.0") <= TF_VERSION
 
+ImageBackend = Literal["pil", "torchvision", "auto"]
+
 # --------------------------------------------------------------------------------------
-# Tokenizer
+# Image processor classes
 # --------------------------------------------------------------------------------------
-
-#: words that get whole-word merges (with and without the byte-level leading space "Ġ")
-_WORDS = (
-    "user", "model", "assistant", "system", "User", "Assistant", "Describe", "describe",
-    "this", "image", "images", "Here", "is", "the", "original", "and", "here", "are",
-    "some", "crops", "to", "help", "you", "see", "better", "What", "what", "in",
-    "audio", "Audio", "picture", "Compare", "two", "these", "a", "of",
-)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode map (what ByteLevel uses)."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("\u00a1"), ord("\u00ac") + 1))
-        + list(range(ord("\u00ae"), ord("\u00ff") + 1))
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
-def _byte_bpe_model(words=_WORDS) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Vocab (bytes first, in byte order) and deterministic left-to-right word merges."""
-    b2u = _bytes_to_unicode()
-    vocab = {b2u[b]: b for b in range(256)}
-    merges: list[tuple[str, str]] = []
-
-    def add_merge(a: str, b: str) -> None:
-        if a + b not in vocab:
-            vocab[a + b] = len(vocab)
-            merges.append((a, b))
-
-    nl = b2u[ord("\n")]
-    add_merge(nl, nl)  # "\n\n" is a single token, like the real tokenizers
-    for word in words:
-        for form in (word, " " + word):
-            mapped = "".join(b2u[b] for b in form.encode("utf-8"))
-            current = mapped[0]
-            for ch in mapped[1:]:
-                add_merge(current, ch)
-                current += ch
-    return vocab, merges
-
-
-def make_tokenizer(
-    special_tokens: list[str],
-    *,
-    bos_token: str | None,
-    eos_token: str | None,
-    pad_token: str | None,
-    unk_token: str | None = None,
-    extra_special_tokens: dict[str, str] | None = None,
-    add_bos: bool = False,
-    chat_template: str | None = None,
-) -> PreTrainedTokenizerFast:
-    """Byte-level BPE tokenizer with ``special_tokens`` as added special tokens.
-
-    Ids: 0..255 are bytes, then the merges, then ``special_tokens`` in order.
-    ``extra_special_tokens`` become attributes (``tok.image_token``/``tok.image_token_id``).
-    ``add_bos`` installs a TemplateProcessing post-processor prepending ``bos_token``
-    when ``add_special_tokens=True`` (as Gemma's tokenizer does).
-    """
-    vocab, merges = _byte_bpe_model()
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    wanted = [t for t in [pad_token, eos_token, bos_token, unk_token] if t] + list(special_tokens)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(wanted)])
-    if add_bos:
-        bos_id = tok.token_to_id(bos_token)
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos_token} $A", pair=f"{bos_token} $A {bos_token} $B", special_tokens=[(bos_token, bos_id)]
-        )
-    kwargs = {
-        "tokenizer_object": tok,
-        "bos_token": bos_token,
-        "eos_token": eos_token,
-        "pad_token": pad_token,
-        "unk_token": unk_token,
-        "extra_special_tokens": extra_special_tokens or {},
-    }
-    if chat_template is not None:
-        kwargs["chat_template"] = chat_template
-    return PreTrainedTokenizerFast(**{k: v for k, v in kwargs.items() if v is not None})
-
 
 def _torchvision_available() -> bool:
     try:
         import torchvision  # noqa: F401
-    except Exception:
+    except (ImportError, OSError, RuntimeError):  # a CUDA-only build fails to load on CPU torch
         return False
     return True
 
 
-def _image_processor_class(module: str, name: str, backend: str):
-    """``backend``: "pil" (default, no torchvision needed), "torchvision", or "auto"."""
-    import importlib
+def image_processor_class(module: str, name: str, backend: ImageBackend = "pil") -> type[Any]:
+    """The image processor class ``name`` of ``transformers.models.<module>`` for ``backend``.
 
+    "pil" (the default) needs no torchvision, which PyPI only ships for CUDA torch; "auto" takes
+    torchvision when it imports. The submodule is imported directly because transformers' lazy
+    attribute can be a torchvision placeholder even for the PIL class (5.14.1 Idefics3).
+    """
     if backend == "auto":
         backend = "torchvision" if _torchvision_available() else "pil"
     if backend == "pil":
@@ -167,25 +123,40 @@ GEMMA3_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
 
+#: special tokens of every Gemma3 tokenizer here, and the attributes they back
+GEMMA3_SPECIAL_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>")
+GEMMA3_EXTRA_SPECIAL_TOKENS = {
+    "image_token": "<image_soft_token>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+}
 
-def make_gemma3_tokenizer() -> PreTrainedTokenizerFast:
+
+def make_gemma3_tokenizer(bpe: BPEModel | None = None) -> PreTrainedTokenizerFast:
+    """Gemma-style tokenizer: prepends ``<bos>``, and runs of 2, 3 and 4 newlines are single
+    tokens. ``bpe`` swaps in another vocabulary (the real-id one of the ``gemma3-896`` fixture)."""
     return make_tokenizer(
-        ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+        list(GEMMA3_SPECIAL_TOKENS),
         bos_token="<bos>",
         eos_token="<eos>",
         pad_token="<pad>",
         unk_token="<unk>",
-        extra_special_tokens={
-            "image_token": "<image_soft_token>",
-            "boi_token": "<start_of_image>",
-            "eoi_token": "<end_of_image>",
-        },
-        add_bos=True,  # the real Gemma tokenizer prepends <bos>
+        extra_special_tokens=GEMMA3_EXTRA_SPECIAL_TOKENS,
+        add_bos=True,
         chat_template=GEMMA3_CHAT_TEMPLATE,
+        gemma_newlines=True,
+        bpe=bpe,
     )
 
 
-def make_gemma3_processor(image_size: int = 32, image_seq_length: int = 16, backend: str = "pil"):
+def make_gemma3_processor(
+    image_size: int = 32,
+    image_seq_length: int = 16,
+    backend: ImageBackend = "pil",
+    *,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    image_processor_kwargs: dict[str, Any] | None = None,
+) -> Gemma3Processor:
     """Gemma3Processor: real values are 896x896 images and image_seq_length=256.
 
     The text placeholder is ``<start_of_image>`` (boi); each image expands to
@@ -193,15 +164,41 @@ def make_gemma3_processor(image_size: int = 32, image_seq_length: int = 16, back
     Pan-and-scan crops are enabled per call with ``do_pan_and_scan=True`` (and, for
     tiny images, a small ``pan_and_scan_min_crop_size``).
     """
-    from transformers import Gemma3Processor
-
-    cls = _image_processor_class("gemma3", "Gemma3ImageProcessor", backend)
-    image_processor = cls(size={"height": image_size, "width": image_size})
+    cls = image_processor_class("gemma3", "Gemma3ImageProcessor", backend)
+    image_processor = cls(size={"height": image_size, "width": image_size}, **(image_processor_kwargs or {}))
     return Gemma3Processor(
         image_processor=image_processor,
-        tokenizer=make_gemma3_tokenizer(),
+        tokenizer=tokenizer or make_gemma3_tokenizer(),
         chat_template=GEMMA3_CHAT_TEMPLATE,
         image_seq_length=image_seq_length,
+    )
+
+
+#: Gemma 3's real ``preprocessor_config.json`` values (``size`` aside, which is the builder's).
+GEMMA3_PREPROCESSOR: dict[str, Any] = {
+    "do_convert_rgb": True,
+    "do_resize": True,
+    "resample": 2,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "do_pan_and_scan": False,
+    "pan_and_scan_min_crop_size": 256,
+    "pan_and_scan_max_num_crops": 4,
+    "pan_and_scan_min_ratio_to_activate": 1.2,
+}
+
+
+def make_gemma3_896_processor(image_size: int = 896, image_seq_length: int = 256) -> Gemma3Processor:
+    """Gemma3Processor at Gemma 3's real sizes, preprocessor values and token ids (vocabulary of
+    262145 from :func:`~mmfront.testing.bpe.gemma3_real_bpe`): the benchmarks' and demo's model."""
+    return make_gemma3_processor(
+        image_size,
+        image_seq_length,
+        tokenizer=make_gemma3_tokenizer(gemma3_real_bpe()),
+        image_processor_kwargs=GEMMA3_PREPROCESSOR,
     )
 
 
@@ -239,8 +236,8 @@ def make_idefics3_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_idefics3_processor(
-    patch_size: int = 32, max_splits_per_side: int = 2, image_seq_len: int = 4, backend: str = "pil"
-):
+    patch_size: int = 32, max_splits_per_side: int = 2, image_seq_len: int = 4, backend: ImageBackend = "pil"
+) -> Idefics3Processor:
     """Idefics3Processor: real Idefics3 uses 364px patches, size longest_edge 4*364 and
     image_seq_len=169 (SmolVLM: 512 / 2048 / 64).
 
@@ -249,9 +246,7 @@ def make_idefics3_processor(
     ``[num_prompts, max_tiles_in_any_prompt, 3, patch_size, patch_size]`` (zero-padded across
     prompts), ``pixel_attention_mask`` is ``[num_prompts, max_tiles, patch_size, patch_size]``.
     """
-    from transformers import Idefics3Processor
-
-    cls = _image_processor_class("idefics3", "Idefics3ImageProcessor", backend)
+    cls = image_processor_class("idefics3", "Idefics3ImageProcessor", backend)
     image_processor = cls(
         size={"longest_edge": patch_size * max_splits_per_side},
         max_image_size={"longest_edge": patch_size},
@@ -299,7 +294,7 @@ def make_emu3_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def make_emu3_processor(min_pixels: int = 16 * 16, max_pixels: int = 64 * 64, spatial_factor: int = 8):
+def make_emu3_processor(min_pixels: int = 16 * 16, max_pixels: int = 64 * 64, spatial_factor: int = 8) -> Emu3Processor:
     """Emu3Processor: real values are min_pixels=512*512, max_pixels=1024*1024.
 
     The processor hard-codes ``downsample_ratio = 8``; an image resized (smart_resize, multiple
@@ -308,15 +303,19 @@ def make_emu3_processor(min_pixels: int = 16 * 16, max_pixels: int = 64 * 64, sp
     ``pixel_values`` of several images are zero-padded (bottom/right) to the largest H and W;
     ``image_sizes`` holds each image's own resized (H, W).
     """
-    from transformers import Emu3ImageProcessor, Emu3Processor
-
     image_processor = Emu3ImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, spatial_factor=spatial_factor)
     return Emu3Processor(image_processor=image_processor, tokenizer=make_emu3_tokenizer(), chat_template=EMU3_CHAT_TEMPLATE)
 
 
 # --------------------------------------------------------------------------------------
-# Qwen2-Audio (audio processor with a replace_audio_token hook in >= 5.15)
+# Audio: Qwen2-Audio (replace_audio_token hook from 5.16) and GLM-ASR (hook since 5.14.1)
 # --------------------------------------------------------------------------------------
+
+
+def _whisper_feature_extractor(feature_size: int, chunk_length: int, sampling_rate: int) -> WhisperFeatureExtractor:
+    return WhisperFeatureExtractor(
+        feature_size=feature_size, sampling_rate=sampling_rate, hop_length=160, chunk_length=chunk_length, n_fft=400
+    )
 
 
 def make_qwen2_audio_tokenizer() -> PreTrainedTokenizerFast:
@@ -334,7 +333,7 @@ def make_qwen2_audio_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def make_qwen2_audio_processor(feature_size: int = 16, chunk_length: int = 2, sampling_rate: int = 16000):
+def make_qwen2_audio_processor(feature_size: int = 16, chunk_length: int = 2, sampling_rate: int = 16000) -> Qwen2AudioProcessor:
     """Qwen2AudioProcessor: real WhisperFeatureExtractor has feature_size=128, chunk_length=30.
 
     The processor forces ``padding="max_length"``, so ``input_features`` is always
@@ -343,12 +342,10 @@ def make_qwen2_audio_processor(feature_size: int = 16, chunk_length: int = 2, sa
     An audio of L frames expands to ``(((L - 1) // 2 + 1) - 2) // 2 + 1`` ``<|AUDIO|>`` tokens.
     The processor's built-in default chat template is kept.
     """
-    from transformers import Qwen2AudioProcessor, WhisperFeatureExtractor
-
-    feature_extractor = WhisperFeatureExtractor(
-        feature_size=feature_size, sampling_rate=sampling_rate, hop_length=160, chunk_length=chunk_length, n_fft=400
+    return Qwen2AudioProcessor(
+        feature_extractor=_whisper_feature_extractor(feature_size, chunk_length, sampling_rate),
+        tokenizer=make_qwen2_audio_tokenizer(),
     )
-    return Qwen2AudioProcessor(feature_extractor=feature_extractor, tokenizer=make_qwen2_audio_tokenizer())
 
 
 def make_glmasr_tokenizer() -> PreTrainedTokenizerFast:
@@ -361,38 +358,28 @@ def make_glmasr_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def make_glmasr_processor(feature_size: int = 16, chunk_length: int = 2, sampling_rate: int = 16000):
+def make_glmasr_processor(feature_size: int = 16, chunk_length: int = 2, sampling_rate: int = 16000) -> GlmAsrProcessor:
     """GlmAsrProcessor: the WhisperFeatureExtractor-based audio processor that has a
     ``replace_audio_token`` hook in *every* version checked (5.14.1, 5.15.0, 5.23.0), so it reports
     offsets even on 5.14.1 (via ``text_kwargs``). Limits: one audio per text sample (``len(text) ==
     len(audio)``), ``return_tensors`` must be "pt" (the default), text is left-padded.
-    Each audio is cut into ``chunk_length``-second windows, each padded to ``chunk_length`` seconds.
+    Each audio is cut into ``chunk_length``-second windows, each padded to ``chunk_length`` seconds;
+    1.0 s expands to 12 ``<|pad|>`` tokens, 3.0 s to 37.
     Real values: feature_size=128, chunk_length=30, audio_token="<|pad|>".
     """
-    from transformers import GlmAsrProcessor, WhisperFeatureExtractor
-
-    feature_extractor = WhisperFeatureExtractor(
-        feature_size=feature_size, sampling_rate=sampling_rate, hop_length=160, chunk_length=chunk_length, n_fft=400
+    return GlmAsrProcessor(
+        feature_extractor=_whisper_feature_extractor(feature_size, chunk_length, sampling_rate),
+        tokenizer=make_glmasr_tokenizer(),
+        audio_token="<|pad|>",
     )
-    return GlmAsrProcessor(feature_extractor=feature_extractor, tokenizer=make_glmasr_tokenizer(), audio_token="<|pad|>")
 
 
 # --------------------------------------------------------------------------------------
-# Inputs and helpers
+# Reading processor outputs
 # --------------------------------------------------------------------------------------
 
 
-def make_image(width: int, height: int, seed: int = 0) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8), mode="RGB")
-
-
-def make_audio(seconds: float, sampling_rate: int = 16000, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return (0.1 * rng.standard_normal(int(seconds * sampling_rate))).astype(np.float32)
-
-
-def offsets_kwargs() -> dict:
+def offsets_kwargs() -> dict[str, Any]:
     """How to ask for ``text_replacement_offsets`` on this transformers version.
 
     5.15+ (5.23 checked): a top-level processor kwarg (``ProcessingKwargs.return_text_replacement_offsets``;
@@ -406,10 +393,11 @@ def offsets_kwargs() -> dict:
     return {"text_kwargs": {"return_text_replacement_offsets": True}}
 
 
-def expand_text(text: str, offsets_for_sample: list[dict]) -> str:
+def expand_text(text: str, offsets_for_sample: list[dict[str, Any]]) -> str:
     """Rebuild the expanded prompt from the unexpanded one and its reported offsets
     (``span`` indexes ``text``; replacements are applied left to right)."""
-    parts, last = [], 0
+    parts: list[str] = []
+    last = 0
     for entry in offsets_for_sample:
         start, end = entry["span"]
         parts += [text[last:start], entry["replacement"]]
@@ -418,7 +406,7 @@ def expand_text(text: str, offsets_for_sample: list[dict]) -> str:
     return "".join(parts)
 
 
-def token_runs(mask) -> list[tuple[int, int]]:
+def token_runs(mask: Any) -> list[tuple[int, int]]:
     """``[start, end)`` runs of non-zero entries (for mm_token_type_ids / token_type_ids /
     ``input_ids == token_id``) -- the transformers<5.15 way of locating placeholders."""
     m = np.asarray(mask).astype(bool).astype(np.int8)
@@ -426,12 +414,14 @@ def token_runs(mask) -> list[tuple[int, int]]:
     return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
 
 
-def spans_in_tokens(tokenizer, expanded_text: str, offsets_for_sample: list[dict], **tok_kwargs) -> list[tuple[str, int, int]]:
+def spans_in_tokens(
+    tokenizer: PreTrainedTokenizerFast, expanded_text: str, offsets_for_sample: list[dict[str, Any]], **tok_kwargs: Any
+) -> list[tuple[str, int, int]]:
     """Map each reported ``new_span`` (char offsets in the expanded text) to a token range
     ``[start, end)`` with the fast tokenizer's ``char_to_token`` (what Idefics3 does internally).
     The returned BatchFeature has no ``char_to_token``, so the expanded text is re-tokenized."""
     enc = tokenizer(expanded_text, **tok_kwargs)
-    out = []
+    out: list[tuple[str, int, int]] = []
     for entry in offsets_for_sample:
         start, end = entry["new_span"]
         out.append((entry["type"], enc.char_to_token(start), enc.char_to_token(end - 1) + 1))

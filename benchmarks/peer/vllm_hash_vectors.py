@@ -1,0 +1,84 @@
+"""Digests of tests/hashing_vectors.py computed by vLLM 0.33's own hasher (and, with ``--bench``,
+vLLM's hashing times for the inputs of benchmarks/bench_hashing.py).
+
+Run it in the vLLM peer environment (see /work/shared/reference/vllm-peer.md), never in mmfront's:
+
+    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer/.venv-vllm/bin/python \
+        benchmarks/peer/vllm_hash_vectors.py [--bench]
+
+It prints JSON: ``{"vllm": version, "digests": {name: hex}, "bench_ms": {...}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_vectors_module():
+    spec = importlib.util.spec_from_file_location("hashing_vectors", REPO / "tests" / "hashing_vectors.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _median_ms(fn, repeat: int = 31) -> float:
+    fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bench", action="store_true", help="also time vLLM on the benchmark inputs")
+    args = parser.parse_args()
+
+    import vllm
+    from vllm.multimodal.hasher import MultiModalHasher
+    from vllm.multimodal.media import MediaWithBytes
+
+    def media_with_bytes(media, original_bytes, io_config):
+        return MediaWithBytes(media, original_bytes, io_config)
+
+    vectors = _load_vectors_module().vectors(media_with_bytes)
+    digests = {name: MultiModalHasher.hash_kwargs(algorithm, **kwargs) for name, (algorithm, kwargs) in vectors.items()}
+    result: dict[str, object] = {"vllm": vllm.__version__, "digests": digests}
+    if args.bench:
+        import blake3
+
+        image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (1024, 1024, 3), dtype=np.uint8), "RGB")
+        png = io.BytesIO()
+        image.save(png, "PNG", compress_level=1)
+        media = MediaWithBytes(image, png.getvalue())
+        array = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)
+        bench = {}
+        for name, value, nbytes in [("pil_1024", image, 1024 * 1024 * 3), ("png_1024", media, len(png.getvalue())),
+                                    ("array_4mib", array, array.nbytes)]:
+            raw = bytes(nbytes)
+            bench[name] = {
+                "vllm_ms": _median_ms(lambda v=value: MultiModalHasher.hash_kwargs("blake3", image=v)),
+                "raw_blake3_ms": _median_ms(lambda r=raw: blake3.blake3(r).hexdigest()),
+            }
+        result["bench_ms"] = bench
+    json.dump(result, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()

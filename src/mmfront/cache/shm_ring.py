@@ -1,0 +1,314 @@
+"""A single-writer ring buffer in POSIX shared memory, and the segment it lives in.
+
+Segment layout: a 64-byte header (magic, data size, reader count, a random 32-byte secret the
+object store signs handles with), then the data region. The writer allocates chunks in FIFO
+order at *logical* addresses that grow without bound (physical offset = address mod data size),
+so a stale address can never be confused with a live one that happens to share its offset.
+Each chunk starts with ``[monotonic id: u64][chunk size: u64]``; readers check the id a handle
+carries against the chunk header, which turns every reuse of the memory into a detectable error.
+Chunks start on 64-byte boundaries so the tensors stored in them can be viewed in place.
+
+Cleanup: segments are named ``mmfront-shm-<writer pid>-<random>`` and are never registered with
+``multiprocessing``'s resource tracker (which would unlink a segment when a *reader* exits, or
+warn about "leaked" segments). The writer unlinks on :meth:`ShmSegment.close`, at interpreter exit,
+and a writer killed before either is cleaned up by :func:`cleanup_stale_segments`, which the next
+writer runs on start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import secrets
+import struct
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mmfront.errors import CacheError, ShmHandleError
+
+try:
+    import _posixshmem
+except ImportError:  # pragma: no cover - Windows has no POSIX shared memory
+    _posixshmem = None
+
+logger = logging.getLogger(__name__)
+
+SEGMENT_PREFIX = "mmfront-shm"
+SHM_DIR = "/dev/shm"
+ALIGN = 64
+"""Chunk and frame alignment: a cache line, and enough for every tensor dtype."""
+
+_MAGIC = b"MMFRSHM1"
+_SEGMENT_HEADER = struct.Struct("<8sQI4x32s")
+SEGMENT_HEADER_SIZE = 64
+SECRET_SIZE = 32
+CHUNK_HEADER = struct.Struct("<QQ")
+"""``[monotonic id][chunk size, header included]`` at the start of every chunk."""
+ID_MODULUS = 1 << 32
+"""Monotonic ids wrap here, so they fit the 4 bytes a vLLM-shaped handle signs."""
+
+
+def align_up(n: int, alignment: int = ALIGN) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _segment_pid(name: str) -> int | None:
+    parts = name.split("-")
+    if not name.startswith(SEGMENT_PREFIX + "-") or len(parts) != 4 or not parts[2].isdigit():
+        return None
+    return int(parts[2])
+
+
+def cleanup_stale_segments(directory: str = SHM_DIR) -> list[str]:
+    """Unlink mmfront segments whose writer process is gone; returns the names removed.
+
+    A writer killed by SIGKILL (or the OOM killer) cannot unlink its segment; its pid in the
+    name tells the next writer that nobody will. A reused pid keeps a stale segment until that
+    process exits too, which errs on the side of never unlinking a live segment.
+    """
+    if _posixshmem is None or not os.path.isdir(directory):
+        return []
+    removed = []
+    for name in os.listdir(directory):
+        pid = _segment_pid(name)
+        if pid is None or _pid_alive(pid):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + name)
+            removed.append(name)
+            logger.info("Removed shared-memory segment %s left by dead writer process %d", name, pid)
+    return removed
+
+
+def _close_mapping(mapping: mmap.mmap, view: memoryview) -> None:
+    view.release()
+    # Zero-copy tensors may still view the mapping; then it is unmapped when the last one is freed.
+    with contextlib.suppress(BufferError):
+        mapping.close()
+
+
+def _finalize_segment(mapping: mmap.mmap, view: memoryview, name: str, owner_pid: int | None) -> None:
+    _close_mapping(mapping, view)
+    if owner_pid is not None and os.getpid() == owner_pid and _posixshmem is not None:
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + name)
+
+
+class ShmSegment:
+    """A named POSIX shared-memory segment mapped into this process.
+
+    The creating process owns it: closing (explicitly, by garbage collection, or at interpreter
+    exit) unlinks it there, and only there, so a forked child that exits never removes its
+    parent's segment.
+    """
+
+    def __init__(self, name: str, mapping: mmap.mmap, owner: bool) -> None:
+        self.name = name
+        self.size = len(mapping)
+        self.buf = memoryview(mapping)
+        self._finalizer = weakref.finalize(
+            self, _finalize_segment, mapping, self.buf, name, os.getpid() if owner else None
+        )
+
+    @classmethod
+    def create(cls, size: int) -> ShmSegment:
+        if _posixshmem is None:
+            raise CacheError("The shm processor cache needs POSIX shared memory; use mm_processor_cache_type='lru'")
+        cleanup_stale_segments()
+        if os.path.isdir(SHM_DIR):
+            free = os.statvfs(SHM_DIR)
+            available = free.f_bavail * free.f_frsize
+            if available < size:
+                raise CacheError(
+                    f"{SHM_DIR} has {available / 2**20:.1f} MiB free but the shm cache needs {size / 2**20:.1f} MiB "
+                    "(writing past the limit would kill the process with SIGBUS). Lower mm_processor_cache_gb, or "
+                    "give the container more shared memory (docker run --shm-size)."
+                )
+        name = f"{SEGMENT_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
+        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        try:
+            os.ftruncate(fd, size)
+            mapping = mmap.mmap(fd, size)
+        except BaseException:
+            _posixshmem.shm_unlink("/" + name)
+            raise
+        finally:
+            os.close(fd)
+        return cls(name, mapping, owner=True)
+
+    @classmethod
+    def attach(cls, name: str) -> ShmSegment:
+        if _posixshmem is None:
+            raise CacheError("The shm processor cache needs POSIX shared memory; use mm_processor_cache_type='lru'")
+        try:
+            fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        except FileNotFoundError as e:
+            raise CacheError(
+                f"Shared-memory segment {name!r} does not exist: the writer (P0) has not created it yet or "
+                "has exited. Pass the name the writer's cache reports (ShmObjectStoreSenderCache.shm_name)."
+            ) from e
+        try:
+            size = os.fstat(fd).st_size
+            if size < SEGMENT_HEADER_SIZE:
+                raise CacheError(f"Shared-memory segment {name!r} is too small to be an mmfront shm cache")
+            mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        return cls(name, mapping, owner=False)
+
+    def close(self) -> None:
+        """Unmap (and, in the creating process, unlink) the segment; idempotent."""
+        self._finalizer()
+
+
+@dataclass(slots=True)
+class RingChunk:
+    address: int
+    """Logical address of the chunk header (physical offset = address mod data size)."""
+    monotonic_id: int
+    size: int
+    """Bytes, header included, a multiple of :data:`ALIGN`."""
+
+
+def write_segment_header(buf: memoryview, data_size: int, n_readers: int, secret: bytes) -> None:
+    _SEGMENT_HEADER.pack_into(buf, 0, _MAGIC, data_size, n_readers, secret)
+
+
+def read_segment_header(segment: ShmSegment) -> tuple[int, int, bytes]:
+    """``(data size, reader count, secret)`` of a segment, checked against its actual size."""
+    magic, data_size, n_readers, secret = _SEGMENT_HEADER.unpack_from(segment.buf, 0)
+    if magic != _MAGIC or SEGMENT_HEADER_SIZE + data_size > segment.size:
+        raise CacheError(
+            f"Shared-memory segment {segment.name!r} is not an mmfront shm cache of this version "
+            "(bad magic or size); check the segment name the reader was given"
+        )
+    return data_size, n_readers, secret
+
+
+class SingleWriterShmRingBuffer:
+    """FIFO allocator over the data region of a segment; only the creating process writes.
+
+    Allocation state (start, end, the live chunks) lives in the writer's memory, not in the
+    segment: readers never allocate, they only read chunks by address and verify the id.
+    """
+
+    def __init__(self, data_size: int, n_readers: int) -> None:
+        data_size = data_size // ALIGN * ALIGN
+        if data_size < ALIGN:
+            raise CacheError(f"The shm cache needs at least {ALIGN} bytes, got {data_size}")
+        self.data_size = data_size
+        self.segment = ShmSegment.create(SEGMENT_HEADER_SIZE + data_size)
+        self.secret = secrets.token_bytes(SECRET_SIZE)
+        write_segment_header(self.segment.buf, data_size, n_readers, self.secret)
+        self._data = self.segment.buf[SEGMENT_HEADER_SIZE:]
+        self._start = 0
+        self._end = 0
+        self._next_id = 0
+        self._chunks: deque[RingChunk] = deque()
+
+    @property
+    def name(self) -> str:
+        return self.segment.name
+
+    def __len__(self) -> int:
+        return len(self._chunks)
+
+    def allocate(self, nbytes: int) -> RingChunk | None:
+        """A chunk with room for ``nbytes`` after its header, or ``None`` while the ring is full.
+
+        A chunk never wraps: when the tail of the region is too short, the chunk starts at the
+        next lap and the tail stays unused until the chunks before it are freed.
+        """
+        size = align_up(CHUNK_HEADER.size + nbytes)
+        if size > self.data_size:
+            raise CacheError(f"A {nbytes}-byte object cannot fit a {self.data_size}-byte shm ring")
+        address = self._end
+        offset = address % self.data_size
+        if offset + size > self.data_size:
+            address += self.data_size - offset
+            offset = 0
+        if not self._chunks:
+            self._start = address  # nothing is live: the whole region is free
+        elif address + size - self._start > self.data_size:
+            return None
+        chunk = RingChunk(address, self._next_id, size)
+        self._next_id = (self._next_id + 1) % ID_MODULUS
+        CHUNK_HEADER.pack_into(self._data, offset, chunk.monotonic_id, size)
+        self._chunks.append(chunk)
+        self._end = address + size
+        return chunk
+
+    def view(self, chunk: RingChunk) -> memoryview:
+        """The whole chunk (header included) as a writable byte view."""
+        offset = chunk.address % self.data_size
+        return self._data[offset:offset + chunk.size]
+
+    def free_oldest(self, is_free: Callable[[RingChunk], bool], nbytes: int) -> list[RingChunk]:
+        """Free chunks in FIFO order until ``nbytes`` are freed or the oldest is still in use.
+
+        Stopping at the first busy chunk (head-of-line blocking) is what keeps the free space
+        one contiguous arc of the ring.
+        """
+        freed: list[RingChunk] = []
+        total = 0
+        chunks = self._chunks
+        while chunks and total < nbytes and is_free(chunks[0]):
+            chunk = chunks.popleft()
+            freed.append(chunk)
+            total += chunk.size
+        self._start = chunks[0].address if chunks else self._end
+        return freed
+
+    def clear(self) -> None:
+        """Forget every chunk. Ids keep increasing, so handles issued before fail the id check
+        as soon as their memory is reused, and still resolve until then."""
+        self._chunks.clear()
+        self._start = self._end
+
+    def close(self) -> None:
+        self._data.release()
+        self.segment.close()
+
+
+class ShmRingReader:
+    """Read-only access to a writer's chunks, by logical address and monotonic id."""
+
+    def __init__(self, name: str) -> None:
+        self.segment = ShmSegment.attach(name)
+        self.data_size, self.n_readers, self.secret = read_segment_header(self.segment)
+        self.data = self.segment.buf[SEGMENT_HEADER_SIZE:SEGMENT_HEADER_SIZE + self.data_size]
+
+    def chunk(self, address: int, monotonic_id: int) -> memoryview:
+        """The chunk at ``address`` if it still holds ``monotonic_id``; else :class:`ShmHandleError`."""
+        offset = address % self.data_size
+        if offset + CHUNK_HEADER.size <= self.data_size:
+            stored_id, size = CHUNK_HEADER.unpack_from(self.data, offset)
+            if stored_id == monotonic_id and CHUNK_HEADER.size <= size <= self.data_size - offset:
+                return self.data[offset:offset + size]
+        raise ShmHandleError(
+            f"Data for address:id '{address}:{monotonic_id}' has been modified or is invalid: the writer "
+            "reused that memory (the cache was cleared or the item was evicted). Resend the request with its data."
+        )
+
+    def holds(self, address: int, monotonic_id: int) -> bool:
+        """Whether the chunk at ``address`` still carries ``monotonic_id`` (re-checked after a copy)."""
+        offset = address % self.data_size
+        return CHUNK_HEADER.unpack_from(self.data, offset)[0] == monotonic_id
+
+    def close(self) -> None:
+        self.data.release()
+        self.segment.close()

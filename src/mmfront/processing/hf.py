@@ -1,0 +1,146 @@
+"""Calling a HuggingFace processor: kwargs routing, error wrapping, output dtype.
+
+HF processors take kwargs flat (``do_pan_and_scan=True``) or scoped (``images_kwargs={...}``) and
+refuse the same key given both ways. mmfront merges the deployment's and the request's kwargs with
+vLLM's precedence (config flat < config scoped < request flat < request scoped), routes every flat
+key into the scopes whose sub-processor declares it, and drops keys no sub-processor accepts, so a
+stray kwarg never reaches (or breaks) the HF call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmfront.errors import ProcessorError
+
+SCOPES = ("text_kwargs", "images_kwargs", "videos_kwargs", "audio_kwargs")
+MODALITY_SCOPES = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
+_SCOPE_OWNERS = {
+    "text_kwargs": ("tokenizer",),
+    "images_kwargs": ("image_processor",),
+    "videos_kwargs": ("video_processor",),
+    "audio_kwargs": ("feature_extractor", "audio_processor"),
+}
+
+
+def _annotations(typed_dict: Any) -> set[str]:
+    names: set[str] = set()
+    for cls in getattr(typed_dict, "__mro__", (typed_dict,)):
+        names.update(getattr(cls, "__annotations__", {}))
+    return names
+
+
+@lru_cache(maxsize=64)
+def _valid_keys_for(processor_type: Any, subprocessor_types: tuple[Any, ...]) -> dict[str, frozenset[str]]:
+    """Keys each scope accepts, plus top-level processor keys under ``""``."""
+    kwargs_cls = getattr(processor_type, "valid_processor_kwargs", None)
+    top = _annotations(kwargs_cls) if kwargs_cls is not None else set()
+    annotations = getattr(kwargs_cls, "__annotations__", {}) if kwargs_cls is not None else {}
+    out: dict[str, frozenset[str]] = {}
+    for scope, sub_type in zip(SCOPES, subprocessor_types):
+        keys = _annotations(annotations[scope]) if scope in annotations else set()
+        if sub_type is not None:
+            keys |= _annotations(getattr(sub_type, "valid_kwargs", None) or object)
+        out[scope] = frozenset(keys)
+    out[""] = frozenset(top - set(SCOPES))
+    return out
+
+
+def valid_hf_kwargs(hf_processor: Any) -> dict[str, frozenset[str]]:
+    """Which kwargs the processor accepts, per scope (``""`` holds top-level processor keys)."""
+    subs: list[Any] = []
+    for scope in SCOPES:
+        owner = next((getattr(hf_processor, n) for n in _SCOPE_OWNERS[scope] if getattr(hf_processor, n, None)), None)
+        subs.append(type(owner) if owner is not None else None)
+    processor_type: Any = type(hf_processor)
+    return _valid_keys_for(processor_type, tuple(subs))
+
+
+def resolve_hf_kwargs(
+    hf_processor: Any, *layers: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Merge kwarg layers (later wins; within a layer scoped beats flat) into scoped dicts.
+
+    Returns ``{"images_kwargs": {...}, ..., <top-level key>: value}`` with only accepted keys.
+    """
+    valid = valid_hf_kwargs(hf_processor)
+    out: dict[str, Any] = {}
+    scoped: dict[str, dict[str, Any]] = {scope: {} for scope in SCOPES}
+    for layer in layers:
+        if not layer:
+            continue
+        for key, value in layer.items():
+            if key in SCOPES:
+                continue
+            if key in valid[""]:
+                out[key] = value
+            for scope in SCOPES:
+                if key in valid[scope]:
+                    scoped[scope][key] = value
+        for scope in SCOPES:
+            for key, value in (layer.get(scope) or {}).items():
+                if key in valid[scope] or key in valid[""]:
+                    scoped[scope][key] = value
+    out.update({scope: values for scope, values in scoped.items() if values})
+    return out
+
+
+def scoped_request_kwargs(kwargs: Mapping[str, Any] | None, modality: str) -> dict[str, Any]:
+    """The request kwargs that concern ``modality``: every flat key plus its own scope (hash factors)."""
+    if not kwargs:
+        return {}
+    own = MODALITY_SCOPES.get(modality)
+    return {k: v for k, v in kwargs.items() if k not in SCOPES or k == own}
+
+
+def call_hf(fn: Any, *, what: str, data_desc: str, **kwargs: Any) -> Any:
+    """Run an HF processor call; any failure becomes a ProcessorError saying what was processed."""
+    try:
+        return fn(**kwargs)
+    except Exception as exc:
+        raise ProcessorError(
+            f"Failed to apply {what} on {data_desc}: {type(exc).__name__}: {exc}. Check the media and the "
+            "processor kwargs of the request."
+        ) from exc
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_dtype(setting: str, model_dir: str | Path | None) -> torch.dtype:
+    """``auto`` reads ``torch_dtype``/``dtype`` from the model folder's config.json (text config
+    first, as vLLM does), falling back to float32 when there is none."""
+    if setting != "auto":
+        return _DTYPES[setting]
+    if model_dir is None:
+        return torch.float32
+    path = Path(model_dir) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return torch.float32
+    for section in (config.get("text_config") or {}, config):
+        value = section.get("torch_dtype") or section.get("dtype")
+        if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
+            return _DTYPES[value.removeprefix("torch.")]
+    return torch.float32
+
+
+def cast_floating(data: Any, dtype: torch.dtype) -> Any:
+    """Cast floating tensors to the model dtype (halves the IPC payload for bf16 models) and move
+    everything to CPU; integer tensors and non-tensors pass through."""
+    if isinstance(data, torch.Tensor):
+        if data.device.type != "cpu":
+            data = data.cpu()
+        return data.to(dtype) if data.is_floating_point() and data.dtype != dtype else data
+    if isinstance(data, list):
+        return [cast_floating(x, dtype) for x in data]
+    if isinstance(data, tuple):
+        return tuple(cast_floating(x, dtype) for x in data)
+    return data

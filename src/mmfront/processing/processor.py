@@ -1,0 +1,397 @@
+"""``BaseMultiModalProcessor``: one request's items -> expanded prompt, per-item kwargs, hashes.
+
+The steps follow vLLM 0.33's ``apply`` (hash, find cached items, one HF call for the missing items
+only, split per item, prompt updates per item, commit to the cache, splice the prompt), with three
+changes that make the cache-hit path cheap and the P0/P1 mirror exact:
+
+* A hit needs nothing but the item's hash: its prompt updates come from the cache, so its media is
+  never decoded (lazily loaded items stay bytes) and its pixels are never touched.
+* Placeholders are located *before* the cache is updated, and the updates are committed in
+  placeholder-offset order, the order the engine-side cache walks. Interleaved image/audio prompts
+  therefore evolve both LRUs identically (vLLM walks modality by modality on P0 and drifts).
+* Missing items of one request that share a hash are processed once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import cached_property
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from mmfront.cache.base import BaseMultiModalProcessorCache, PromptUpdates
+from mmfront.config import MultiModalConfig
+from mmfront.errors import FieldConfigError, PromptUpdateError, ValidationError
+from mmfront.hashing import get_mm_hashes
+from mmfront.inputs import (
+    MultiModalFieldConfig,
+    MultiModalInputs,
+    MultiModalKwargsItem,
+    MultiModalKwargsItems,
+    PlaceholderRange,
+    mm_inputs,
+)
+from mmfront.parse import EmbeddingItems, MediaWithBytes, MultiModalDataItems, MultiModalDataParser
+from mmfront.processing.hf import cast_floating, resolve_hf_kwargs, resolve_model_dtype
+from mmfront.processing.matching import apply_prompt_updates
+from mmfront.processing.updates import (
+    PlaceholderFeaturesInfo,
+    PromptUpdate,
+    ResolvedPromptUpdate,
+)
+
+MultiModalUUIDs = Mapping[str, Sequence[str | None] | str | None]
+
+_decode_pool: ThreadPoolExecutor | None = None
+
+
+def _decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
+    """Decode lazy items, in parallel when there are several (Pillow releases the GIL)."""
+    global _decode_pool
+    if len(items) == 1:
+        _ = items[0].media
+        return
+    if _decode_pool is None:
+        _decode_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mmfront-decode")
+    for _ in _decode_pool.map(lambda item: item.media, items):
+        pass
+
+
+class ProcessingInfo:
+    """What a processor knows about its model: the HF processor and tokenizer (loaded once and
+    reused for every request), the id hashes are scoped to, the config, and the model's limits."""
+
+    def __init__(
+        self, hf_processor: Any, *, model_id: str, config: MultiModalConfig | None = None,
+        model_dir: str | Path | None = None,
+    ) -> None:
+        self.hf_processor = hf_processor
+        self.tokenizer = hf_processor.tokenizer
+        self.model_id = model_id
+        self.config = config or MultiModalConfig()
+        self.model_dir = model_dir
+        self.model_dtype: torch.dtype = resolve_model_dtype(self.config.dtype, model_dir)
+
+    def get_supported_mm_limits(self) -> Mapping[str, int | None]:
+        """Items per prompt the model supports, per modality (``None``: unlimited)."""
+        return {}
+
+    @cached_property
+    def allowed_mm_limits(self) -> dict[str, int]:
+        out = {}
+        for modality, supported in self.get_supported_mm_limits().items():
+            user = self.config.get_limit_per_prompt(modality)
+            out[modality] = user if supported is None else min(user, supported)
+        return out
+
+    def get_target_sample_rate(self) -> float | None:
+        extractor = getattr(self.hf_processor, "feature_extractor", None) or getattr(
+            self.hf_processor, "audio_processor", None
+        )
+        rate = getattr(extractor, "sampling_rate", None)
+        return float(rate) if rate else None
+
+    @cached_property
+    def data_parser(self) -> MultiModalDataParser:
+        return MultiModalDataParser(
+            target_sr=self.get_target_sample_rate(), enable_mm_embeds=self.config.enable_mm_embeds,
+            image_mode=self.config.image_mode, rgba_background_color=self.config.rgba_background_color,
+        )
+
+    def parse_mm_data(self, mm_data: Mapping[str, Any], *, validate: bool = True) -> MultiModalDataItems:
+        items = self.data_parser.parse_mm_data(mm_data)
+        if validate:
+            self.validate_mm_counts(items)
+        return items
+
+    def validate_mm_counts(self, items: MultiModalDataItems) -> None:
+        supported = self.get_supported_mm_limits()
+        for modality, data in items.items():
+            if modality not in supported:
+                raise ValidationError(
+                    f"This model does not support {modality} inputs (it accepts: {sorted(supported) or 'none'}).",
+                    parameter=modality,
+                )
+            count = data.get_count()
+            if isinstance(data, EmbeddingItems) and self.config.get_limit_per_prompt(modality) == 0:
+                continue
+            limit = self.allowed_mm_limits[modality]
+            if count > limit:
+                message = f"At most {limit} {modality}(s) may be provided in one prompt."
+                cap = supported[modality]
+                if cap is None or count <= cap:
+                    message += " Set `--limit-mm-per-prompt` (MultiModalConfig.limit_mm_per_prompt) to increase this limit."
+                raise ValidationError(message, parameter=modality)
+
+    @cached_property
+    def _encode_memo(self) -> dict[tuple[str, bool], list[int]]:
+        return {}
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """Tokenize constant strings (replacements, dummy text) once."""
+        key = (text, add_special_tokens)
+        ids = self._encode_memo.get(key)
+        if ids is None:
+            ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+            if len(self._encode_memo) >= 2048:
+                self._encode_memo.clear()
+            self._encode_memo[key] = ids
+        return ids
+
+
+class BaseMultiModalProcessor(ABC):
+    """Turns a prompt plus multimodal items into :class:`MultiModalInputs`.
+
+    Subclasses (one per model family) say how to call the HF processor, how its outputs split into
+    items, and how each item expands in the prompt — the same hooks as vLLM's, so a vLLM model
+    processor ports by renaming imports. See ``docs/processing.md`` for a worked example.
+    """
+
+    placeholder_str: ClassVar[Mapping[str, str]] = {}
+    """Default text placeholder per modality, when it does not come from the HF processor."""
+
+    def __init__(self, info: ProcessingInfo) -> None:
+        self.info = info
+
+    # --- hooks -----------------------------------------------------------------------------
+
+    def get_placeholder_str(self, modality: str, index: int) -> str:
+        """The text a chat template puts where item ``index`` of ``modality`` goes."""
+        try:
+            return self.placeholder_str[modality]
+        except KeyError:
+            raise ValidationError(f"This model has no placeholder for {modality} items.", parameter=modality) from None
+
+    def get_mm_special_tokens(self) -> set[str]:
+        """Token strings that only the frontend may place (placeholders and what they expand to);
+        a chat text part containing one is refused."""
+        return set(self.placeholder_str.values())
+
+    @abstractmethod
+    def _call_hf_processor(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Process ``mm_items`` (never the prompt) and return the HF outputs as a dict."""
+
+    @abstractmethod
+    def _get_mm_fields_config(
+        self, hf_inputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any],
+    ) -> Mapping[str, MultiModalFieldConfig]:
+        """How each HF output key splits into items."""
+
+    @abstractmethod
+    def _get_prompt_updates(
+        self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], out_mm_kwargs: MultiModalKwargsItems,
+    ) -> Sequence[PromptUpdate]:
+        """How each item expands in the prompt (callables receive the item index in ``mm_items``)."""
+
+    def _apply_prompt_updates(
+        self, prompt_ids: list[int], mm_prompt_updates: Mapping[str, Sequence[Sequence[ResolvedPromptUpdate]]],
+    ) -> tuple[list[int], Mapping[str, Sequence[PlaceholderFeaturesInfo]]]:
+        return apply_prompt_updates(prompt_ids, mm_prompt_updates, self.info.tokenizer)
+
+    def get_max_tokens_per_item(self) -> Mapping[str, int]:
+        """Most embedding tokens one item of each modality can produce (encoder budget checks)."""
+        return {}
+
+    # --- the pipeline ----------------------------------------------------------------------
+
+    def apply(
+        self,
+        prompt: str | list[int],
+        mm_data: Mapping[str, Any] | MultiModalDataItems | None,
+        *,
+        mm_uuids: MultiModalUUIDs | None = None,
+        hf_processor_mm_kwargs: Mapping[str, Any] | None = None,
+        media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        cache: BaseMultiModalProcessorCache | None = None,
+        add_special_tokens: bool = True,
+    ) -> MultiModalInputs:
+        """Process one prompt and its multimodal items.
+
+        ``prompt`` is a string (tokenized with ``add_special_tokens``) or token ids. ``mm_data``
+        maps a modality to its items (PIL images, arrays, ``MediaWithBytes`` — lazily decoded ones
+        stay undecoded on a cache hit — or ``None`` for an item named only by its UUID).
+        ``cache`` is a P0 processor cache; ``None`` processes every item.
+        """
+        prompt_ids = (
+            list(self.info.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+            if isinstance(prompt, str) else list(prompt)
+        )
+        mm_items = mm_data if isinstance(mm_data, MultiModalDataItems) else self.info.parse_mm_data(mm_data or {})
+        counts = {m: items.get_count() for m, items in mm_items.items() if items.get_count() > 0}
+        if not counts:
+            return mm_inputs(prompt_ids, MultiModalKwargsItems(), {}, {},
+                             prompt=prompt if isinstance(prompt, str) else None)
+
+        request_kwargs = dict(hf_processor_mm_kwargs or {})
+        hashes = get_mm_hashes(
+            {m: mm_items[m].get_all_items_for_hash() for m in counts}, self.info.model_id,
+            self.info.config.mm_hasher_algorithm, mm_uuids=normalize_mm_uuids(mm_uuids, counts),
+            hf_processor_mm_kwargs=request_kwargs, media_io_kwargs=media_io_kwargs,
+        )
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, request_kwargs)
+        if any(isinstance(mm_items[m], EmbeddingItems) for m in counts):
+            cache = None  # embeddings are given, not processed: nothing to cache (vLLM does the same)
+
+        # 1. Which items need processing (the first occurrence of each missing hash).
+        updates_by_hash: dict[str, PromptUpdates] = {}
+        missing: dict[str, list[int]] = {}
+        missing_hashes: set[str] = set()
+        for modality in counts:
+            for idx, mm_hash in enumerate(hashes[modality]):
+                if mm_hash in updates_by_hash or mm_hash in missing_hashes:
+                    continue
+                cached = cache.peek_prompt_updates(mm_hash) if cache is not None else None
+                if cached is not None:
+                    updates_by_hash[mm_hash] = cached
+                    continue
+                if mm_items[modality].get_item_for_hash(idx) is None:
+                    raise ValidationError(
+                        f"Cache miss for {modality} at index {idx} but data is not provided: the item was sent "
+                        "by UUID only and is no longer cached. Send its data again.", parameter=modality,
+                    )
+                missing_hashes.add(mm_hash)
+                missing.setdefault(modality, []).append(idx)
+
+        # 2. One HF call for every missing item.
+        new_items: dict[str, MultiModalKwargsItem] = {}
+        if missing:
+            new_items = self._process_items(mm_items, missing, hashes, hf_kwargs, updates_by_hash)
+
+        # 3. Splice the prompt with every item's updates.
+        mm_prompt_updates = {
+            m: [[u.with_item_idx(i) for u in updates_by_hash[h]] for i, h in enumerate(hashes[m])] for m in counts
+        }
+        new_ids, placeholders = self._apply_prompt_updates(prompt_ids, mm_prompt_updates)
+        self._validate_placeholders(placeholders, counts)
+
+        # 4. Commit to the cache in placeholder-offset order (the order P1 walks).
+        order = sorted((p.start_idx, m, p.item_idx) for m, ps in placeholders.items() for p in ps)
+        kwargs: dict[str, list[MultiModalKwargsItem | None]] = {m: [None] * n for m, n in counts.items()}
+        if cache is None:
+            for _, m, i in order:
+                kwargs[m][i] = new_items[hashes[m][i]]
+        else:
+            self._commit_to_cache(cache, order, hashes, new_items, updates_by_hash, kwargs, mm_items, hf_kwargs)
+
+        mm_placeholders = {m: [p.to_range() for p in sorted(ps, key=lambda p: p.item_idx)]
+                           for m, ps in placeholders.items()}
+        return mm_inputs(new_ids, MultiModalKwargsItems(kwargs), {m: list(hashes[m]) for m in counts},
+                         mm_placeholders, prompt=prompt if isinstance(prompt, str) else None)
+
+    def _process_items(
+        self, mm_items: MultiModalDataItems, selection: Mapping[str, Sequence[int]], hashes: Mapping[str, list[str]],
+        hf_kwargs: Mapping[str, Any], updates_by_hash: dict[str, PromptUpdates],
+    ) -> dict[str, MultiModalKwargsItem]:
+        """Process the selected items in one HF call; record their updates; return items by hash."""
+        subset = mm_items.subset(selection)
+        lazy = [
+            raw for items in subset.values() for raw in items.get_all_items_for_hash()
+            if isinstance(raw, MediaWithBytes) and not raw.is_decoded
+        ]
+        if lazy:
+            _decode_all(lazy)
+        kw_items, resolved = self.process_subset(subset, hf_kwargs)
+        out: dict[str, MultiModalKwargsItem] = {}
+        for modality, idxs in selection.items():
+            for j, idx in enumerate(idxs):
+                mm_hash = hashes[modality][idx]
+                item = kw_items[modality][j]
+                assert item is not None
+                out[mm_hash] = item
+                updates_by_hash[mm_hash] = resolved[modality][j]
+        return out
+
+    def process_subset(
+        self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
+    ) -> tuple[MultiModalKwargsItems, dict[str, list[list[ResolvedPromptUpdate]]]]:
+        """HF-process ``mm_items``; per-item kwargs and resolved updates, indexed within ``mm_items``."""
+        hf_out = self._call_hf_processor(mm_items, hf_kwargs)
+        for items in mm_items.values():
+            hf_out.update(items.get_passthrough_data())
+        hf_out = {k: cast_floating(v, self.info.model_dtype) for k, v in hf_out.items()}
+        kw_items = MultiModalKwargsItems.from_hf_inputs(hf_out, self._get_mm_fields_config(hf_out, hf_kwargs))
+        counts = mm_items.get_all_counts()
+        for modality, count in counts.items():
+            if kw_items.get_count(modality) != count:
+                raise FieldConfigError(
+                    f"Expected {count} {modality} item(s) from the processor outputs but found "
+                    f"{kw_items.get_count(modality)}: the processor's _call_hf_processor and _get_mm_fields_config "
+                    "disagree."
+                )
+        updates = self._get_prompt_updates(mm_items, hf_kwargs, kw_items)
+        resolved: dict[str, list[list[ResolvedPromptUpdate]]] = {}
+        for modality, count in counts.items():
+            own = [u for u in updates if u.modality == modality]
+            if not own:
+                raise PromptUpdateError(
+                    f"The processor defines no prompt update for {modality} items, so they cannot be placed.",
+                    modality=modality, expected=count, found=0,
+                )
+            resolved[modality] = [[u.resolve(i) for u in own] for i in range(count)]
+        return kw_items, resolved
+
+    def _commit_to_cache(
+        self, cache: BaseMultiModalProcessorCache, order: Sequence[tuple[int, str, int]],
+        hashes: Mapping[str, list[str]], new_items: dict[str, MultiModalKwargsItem],
+        updates_by_hash: Mapping[str, PromptUpdates], kwargs: dict[str, list[MultiModalKwargsItem | None]],
+        mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
+    ) -> None:
+        try:
+            for _, m, i in order:
+                cache.touch_sender_cache_item(hashes[m][i])
+            for _, m, i in order:
+                mm_hash = hashes[m][i]
+                item = new_items.get(mm_hash)
+                if item is None and not cache.is_cached_item(mm_hash):
+                    # Evicted by this very request's inserts (it holds more than the cache): process
+                    # it again so its data travels with the request.
+                    item = self._process_items(mm_items, {m: [i]}, hashes, hf_kwargs, {})[mm_hash]
+                    new_items[mm_hash] = item
+                send = (item, updates_by_hash[mm_hash]) if item is not None and not cache.is_cached_item(mm_hash) \
+                    else None
+                kwargs[m][i] = cache.get_and_update_item(send, mm_hash)[0]
+        finally:
+            cache.release_sender_touches()
+
+    @staticmethod
+    def _validate_placeholders(
+        placeholders: Mapping[str, Sequence[PlaceholderFeaturesInfo]], counts: Mapping[str, int],
+    ) -> None:
+        for modality, count in counts.items():
+            found = len(placeholders.get(modality, ()))
+            if found != count:
+                raise PromptUpdateError(
+                    f"Expected {count} prompt placeholder(s) for {modality} items but found {found}. Put one "
+                    f"placeholder in the prompt for each {modality}.", modality=modality, expected=count, found=found,
+                )
+
+    def placeholder_ranges(self, inputs: MultiModalInputs) -> list[tuple[str, int, PlaceholderRange]]:
+        """Every placeholder as ``(modality, item_idx, range)``, sorted by offset (stable)."""
+        flat = [(m, i, r) for m, rs in inputs["mm_placeholders"].items() for i, r in enumerate(rs)]
+        return sorted(flat, key=lambda x: x[2].offset)
+
+
+def normalize_mm_uuids(mm_uuids: MultiModalUUIDs | None, counts: Mapping[str, int]) -> dict[str, list[str | None]]:
+    """Lists of per-item UUIDs (a bare string is a one-item list), checked against item counts."""
+    if not mm_uuids:
+        return {}
+    out: dict[str, list[str | None]] = {}
+    for modality, value in mm_uuids.items():
+        if value is None:
+            continue
+        uuids: list[str | None] = [value] if isinstance(value, str) else list(value)
+        if not all(u is None or isinstance(u, str) for u in uuids):
+            raise ValidationError(f"multi_modal_uuids[{modality!r}] must hold strings or None.",
+                                  parameter="multi_modal_uuids")
+        count = counts.get(modality, 0)
+        if len(uuids) != count:
+            raise ValidationError(
+                f"multi_modal_uuids[{modality!r}] has {len(uuids)} entries but {count} {modality} item(s) were "
+                "given; send one UUID (or null) per item.", parameter="multi_modal_uuids",
+            )
+        out[modality] = uuids
+    return out

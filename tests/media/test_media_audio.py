@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from media_samples import float_wav_bytes, wav_bytes
+
+from mmfront.config import MultiModalConfig
+from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, MediaTooLargeError, ValidationError
+from mmfront.media import DecodeBudget, load_audio_bytes, resample_audio, resampled_length
+
+# --- WAV decoding -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("width", "ints", "expected"),
+    [
+        (1, [0, 64, 128, 255], [-1.0, -0.5, 0.0, 127 / 128]),
+        (2, [-32768, -16384, 0, 32767], [-1.0, -0.5, 0.0, 32767 / 32768]),
+        (3, [-(1 << 23), -(1 << 22), 0, (1 << 23) - 1], [-1.0, -0.5, 0.0, ((1 << 23) - 1) / (1 << 23)]),
+        (4, [-(1 << 31), -(1 << 30), 0, (1 << 31) - 1], [-1.0, -0.5, 0.0, ((1 << 31) - 1) / (1 << 31)]),
+    ],
+)
+def test_pcm_wav_of_every_width_decodes_to_float32(
+    config: MultiModalConfig, budget: DecodeBudget, width: int, ints: list[int], expected: list[float]
+) -> None:
+    data = wav_bytes(np.array(ints), width, rate=8000)
+    item = load_audio_bytes(data, config=config, budget=budget)
+    assert item.decode_count == 0
+    assert item.info == {"format": "WAV", "sample_rate": 8000, "channels": 1, "sample_width": width, "num_frames": 4}
+    assert budget.used_bytes == 16
+    waveform, rate = item.media
+    assert rate == 8000
+    assert waveform.dtype == np.float32
+    assert waveform.tolist() == pytest.approx(expected, abs=0, rel=1e-7)
+    assert item.decode_count == 1
+
+
+def test_stereo_is_averaged_to_mono(config: MultiModalConfig, budget: DecodeBudget) -> None:
+    frames = np.array([[16384, -8192], [-32768, 32767], [0, 0]])
+    item = load_audio_bytes(wav_bytes(frames, 2, rate=16000), config=config, budget=budget, lazy=False)
+    assert item.info["channels"] == 2 and item.info["num_frames"] == 3
+    waveform, rate = item.media
+    assert rate == 16000
+    assert waveform.tolist() == [0.125, -0.5 / 32768, 0.0]
+
+
+def test_not_a_wav_is_refused_naming_what_it_looks_like(config: MultiModalConfig, budget: DecodeBudget) -> None:
+    with pytest.raises(MediaFormatError, match=r"Only WAV audio is supported, and this looks like MP3\..*float array"):
+        load_audio_bytes(b"ID3\x04\x00" + b"\x00" * 64, config=config, budget=budget)
+    with pytest.raises(MediaFormatError, match="this is not a WAV"):
+        load_audio_bytes(b"\x00" * 64, config=config, budget=budget)
+
+
+def test_float_wav_is_refused_with_a_conversion_hint(config: MultiModalConfig, budget: DecodeBudget) -> None:
+    with pytest.raises(MediaFormatError, match=r"not plain integer PCM .*16-bit PCM WAV"):
+        load_audio_bytes(float_wav_bytes(np.zeros(8)), config=config, budget=budget)
+
+
+def test_truncated_wav_fails_at_decode_time(config: MultiModalConfig, budget: DecodeBudget) -> None:
+    data = wav_bytes(np.zeros(1000, dtype=np.int64), 2)
+    item = load_audio_bytes(data[:-500], config=config, budget=budget)
+    assert item.info["num_frames"] == 1000
+    with pytest.raises(MediaDecodeError, match=r"truncated: its header announces 1000 frames \(2000 bytes\) but only 1500"):
+        _ = item.media
+
+
+def test_truncated_wav_header_fails_at_load(config: MultiModalConfig, budget: DecodeBudget) -> None:
+    data = wav_bytes(np.zeros(10, dtype=np.int64), 2)
+    with pytest.raises(MediaDecodeError, match="WAV header is corrupt or truncated"):
+        load_audio_bytes(data[:20], config=config, budget=budget)
+
+
+def test_empty_wav_is_refused(config: MultiModalConfig, budget: DecodeBudget) -> None:
+    with pytest.raises(MediaDecodeError, match="holds no audio frames"):
+        load_audio_bytes(wav_bytes(np.zeros(0, dtype=np.int64), 2), config=config, budget=budget)
+
+
+def test_audio_budget_and_size_cap(config: MultiModalConfig) -> None:
+    data = wav_bytes(np.zeros(1000, dtype=np.int64), 2)
+    with pytest.raises(MediaTooLargeError, match="decodes to 4000 bytes, but this request has only 3999"):
+        load_audio_bytes(data, config=config, budget=DecodeBudget(3999))
+    with pytest.raises(MediaTooLargeError, match=rf"The audio is {len(data)} bytes, more than max_media_bytes=100"):
+        load_audio_bytes(data, config=MultiModalConfig(max_media_bytes=100), budget=DecodeBudget(1 << 20))
+
+
+def test_audio_wrong_python_type(config: MultiModalConfig, budget: DecodeBudget) -> None:
+    with pytest.raises(InputTypeError, match="audio bytes must be bytes, bytearray or memoryview, got list"):
+        load_audio_bytes([0, 1], config=config, budget=budget)  # type: ignore[arg-type]
+
+
+# --- resampling -------------------------------------------------------------------------------
+
+
+def _dominant_frequency(signal: np.ndarray, rate: float) -> float:
+    spectrum = np.abs(np.fft.rfft(signal * np.hanning(len(signal))))
+    return float(np.fft.rfftfreq(len(signal), 1 / rate)[int(np.argmax(spectrum))])
+
+
+@pytest.mark.parametrize(("orig", "target"), [(44100, 16000), (8000, 16000), (48000, 16000), (22050, 24000)])
+def test_resampled_sine_keeps_its_frequency_and_shape(orig: int, target: int) -> None:
+    n = orig  # one second
+    sine = np.sin(2 * np.pi * 440 * np.arange(n) / orig).astype(np.float32)
+    out = resample_audio(sine, orig_sr=orig, target_sr=target)
+    assert len(out) == round(n * target / orig) == target
+    assert out.dtype == np.float32
+    assert _dominant_frequency(out, target) == 440.0
+    ideal = np.sin(2 * np.pi * 440 * np.arange(len(out)) / target)
+    assert np.max(np.abs(out - ideal)[200:-200]) < 1e-3
+
+
+def test_downsampling_removes_frequencies_above_the_new_nyquist() -> None:
+    tone = np.sin(2 * np.pi * 12000 * np.arange(44100) / 44100)
+    out = resample_audio(tone, orig_sr=44100, target_sr=16000)
+    assert out.dtype == np.float64
+    assert np.max(np.abs(out[200:-200])) < 1e-3
+
+
+def test_equal_rates_return_the_input_itself() -> None:
+    audio = np.zeros(10, dtype=np.float32)
+    assert resample_audio(audio, orig_sr=16000, target_sr=16000) is audio
+
+
+def test_resample_rejects_bad_rates_and_shapes() -> None:
+    with pytest.raises(ValidationError, match="orig_sr must be a positive finite number, got 0"):
+        resample_audio(np.zeros(4), orig_sr=0, target_sr=16000)
+    with pytest.raises(ValidationError, match=r"Only 1-D \(mono\) audio can be resampled, got shape \(2, 4\)"):
+        resample_audio(np.zeros((2, 4)), orig_sr=8000, target_sr=16000)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(min_value=0, max_value=3000),
+    orig=st.sampled_from([8000, 11025, 16000, 22050, 44100, 44101, 48000]),
+    target=st.sampled_from([16000, 24000, 8000]),
+)
+def test_resample_length_and_dc_gain(n: int, orig: int, target: int) -> None:
+    out = resample_audio(np.full(n, 0.5), orig_sr=orig, target_sr=target)
+    assert len(out) == resampled_length(n, orig_sr=orig, target_sr=target) == round(n * target / orig)
+    if len(out) > 200:
+        assert np.allclose(out[100:-100], 0.5, atol=1e-6)
