@@ -50,7 +50,8 @@ class _Tracker:
     uuids: dict[str, list[str | None]] = field(default_factory=dict)
     embeds: dict[str, bool] = field(default_factory=dict)
 
-    def add(self, modality: str, is_embed: bool, item: Any, uuid: str | None) -> str:
+    def check(self, modality: str, is_embed: bool) -> None:
+        """Refuse an item before its media is loaded or fetched."""
         if self.embeds.setdefault(modality, is_embed) != is_embed:
             raise ChatFormatError(f"Mixing raw {modality} and embedding inputs is not allowed in one request.",
                                   parameter="messages")
@@ -63,6 +64,9 @@ class _Tracker:
                 f"At most {limit} {modality}(s) may be provided in one prompt. Set `--limit-mm-per-prompt` "
                 "(MultiModalConfig.limit_mm_per_prompt) to increase this limit.", parameter=modality,
             )
+
+    def add(self, modality: str, item: Any, uuid: str | None) -> str:
+        index = len(self.items.get(modality, ()))
         self.items.setdefault(modality, []).append(item)
         self.uuids.setdefault(modality, []).append(uuid)
         return self.processor.get_placeholder_str(modality, index)
@@ -145,8 +149,9 @@ def _render_parts(
         uuid = part.get("uuid")
         if uuid is not None and not isinstance(uuid, str):
             raise ChatFormatError(f"{where}.uuid must be a string.", parameter="messages")
+        tracker.check(modality, is_embed)
         item = _load_part(part, kind, where, uuid, connector, budget, media_io_kwargs)
-        placeholder = tracker.add(modality, is_embed, item, uuid)
+        placeholder = tracker.add(modality, item, uuid)
         modalities.add(modality)
         out.append({"type": modality})
         texts.append(placeholder)

@@ -71,7 +71,7 @@ def test_processor_only_deployment_has_no_receivers():
 
 
 def test_shm_deployment_gets_writer_and_worker_readers():
-    config = MultiModalConfig(mm_processor_cache_gb=SMALL_GB, mm_processor_cache_type="shm",
+    config = MultiModalConfig(mm_processor_cache_gb=2 * SMALL_GB, mm_processor_cache_type="shm",
                               mm_shm_cache_max_object_size_mb=1)
     p0 = processor_cache_from_config(config, n_readers=2)
     assert isinstance(p0, ShmObjectStoreSenderCache)

@@ -33,7 +33,7 @@ from PIL import Image
 
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.parse import MultiModalDataItems
-from mmfront.processing.hf import call_hf
+from mmfront.processing.hf import call_hf, resolve_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, ProcessingInfo
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
@@ -164,7 +164,8 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         return {tok.boi_token, tok.eoi_token, tok.image_token}
 
     def get_max_tokens_per_item(self) -> Mapping[str, int]:
-        settings = self.info.image_kwargs({})
+        settings = self.info.image_kwargs(
+            resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs))
         crops = int(settings["pan_and_scan_max_num_crops"] or 0) if settings.get("do_pan_and_scan") else 0
         return {"image": (crops + 1) * self.info.image_seq_length}
 

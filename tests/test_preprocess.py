@@ -1,0 +1,129 @@
+"""InputPreprocessor and InputProcessor on the offline tiny Gemma3 folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmfront import MultiModalConfig
+from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
+from mmfront.engine.structs import EngineCoreRequest, LoRARequest
+from mmfront.errors import InputTypeError, ValidationError
+from mmfront.media import image as media_image
+from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.testing.media import image_data_url, make_image
+
+PROMPT = "<start_of_turn>user\nA <start_of_image> B <start_of_image><end_of_turn>\n"
+
+
+def chat(*urls: str) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": "Compare."}]}]
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts real image decodes (the loader defers them until the pixels are needed)."""
+    counter: list[int] = []
+    real = media_image._decode
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counter.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(media_image, "_decode", counting)
+    return counter
+
+
+def test_chat_request_repeating_an_image_decodes_it_once(gemma3_dir: Path, decodes: list[int]) -> None:
+    pre = InputPreprocessor(gemma3_dir)
+    url = image_data_url(make_image(40, 30, seed=0))
+    first = pre.preprocess(chat(url, url))
+    assert len(decodes) == 1
+    assert first["mm_hashes"]["image"][0] == first["mm_hashes"]["image"][1]
+    second = pre.preprocess(chat(url, url, url))
+    assert len(decodes) == 1  # every item of the second request hits the cache
+    assert pre.stats.queries == 5 and pre.stats.hits == 4 and pre.stats.requests == 2
+    assert len(second["mm_placeholders"]["image"]) == 3
+
+
+def test_prompt_forms_agree(gemma3_dir: Path) -> None:
+    pre = InputPreprocessor(gemma3_dir)
+    images = [make_image(40, 30, seed=0), make_image(48, 64, seed=1)]
+    from_text = pre.preprocess(PROMPT, {"image": images})
+    ids = pre.tokenizer.encode(PROMPT)
+    from_ids = pre.preprocess(ids, {"image": images})
+    assert from_text["prompt_token_ids"] == from_ids["prompt_token_ids"]
+    assert from_text["mm_placeholders"] == from_ids["mm_placeholders"]
+    with pytest.raises(InputTypeError):
+        pre.preprocess(3.5)  # type: ignore[arg-type]
+    with pytest.raises(InputTypeError, match="content parts"):
+        pre.preprocess(chat(), {"image": images})
+
+
+def test_without_caches_items_get_per_request_uuids(gemma3_dir: Path) -> None:
+    config = MultiModalConfig(mm_processor_cache_gb=0, enable_prefix_caching=False)
+    pre = InputPreprocessor(gemma3_dir, config)
+    out = pre.preprocess(PROMPT, {"image": [make_image(40, 30, 0), make_image(48, 64, 1)]}, request_id="req-7",
+                         mm_uuids={"image": [None, "mine"]})
+    assert out["mm_hashes"] == {"image": ["req-7-image-0", "mine"]}
+    assert pre.cache is None and pre.tokenize_only_cache is None
+    hashed = InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processor_cache_gb=0))
+    assert len(hashed.preprocess(PROMPT, {"image": [make_image(40, 30, 0)] * 2})["mm_hashes"]["image"][0]) == 64
+
+
+def test_skip_mm_cache_leaves_the_mirror_alone(gemma3_dir: Path) -> None:
+    pre = InputPreprocessor(gemma3_dir)
+    image = make_image(40, 30, seed=5)
+    pre.preprocess(PROMPT, {"image": [image, image]}, skip_mm_cache=True)
+    assert pre.cache is not None and pre.cache.make_stats().total == 0
+    out = pre.preprocess(PROMPT, {"image": [image, image]})
+    assert out["mm_kwargs"]["image"][0] is not None  # the mirror never saw it: data is sent
+
+
+def test_engine_core_request(gemma3_dir: Path) -> None:
+    config = MultiModalConfig(enable_tower_connector_lora=True)
+    processor = InputProcessor(InputPreprocessor(gemma3_dir, config))
+    images = [make_image(40, 30, seed=0), make_image(48, 64, seed=1)]
+    request = processor.process_inputs("r1", PROMPT, mm_data={"image": images}, arrival_time=1.5,
+                                       lora_request=LoRARequest("ad", 1, "/lora"))
+    assert request.request_id == "r1" and request.arrival_time == 1.5
+    features = request.mm_features
+    assert features is not None and [f.mm_position.offset for f in features] == sorted(
+        f.mm_position.offset for f in features)
+    assert all(f.identifier == f"ad:{f.mm_hash}" for f in features)
+    plain = InputProcessor(InputPreprocessor(gemma3_dir)).process_inputs("r2", PROMPT, mm_data={"image": images},
+                                                                         lora_request=LoRARequest("ad", 1))
+    assert plain.mm_features is not None and all(f.identifier == f.mm_hash for f in plain.mm_features)
+
+    frames = MsgpackEncoder().encode(request)
+    decoded = MsgpackDecoder(EngineCoreRequest).decode(frames)
+    assert decoded.prompt_token_ids == request.prompt_token_ids
+    assert decoded.mm_features is not None and features is not None
+    assert [f.mm_position for f in decoded.mm_features] == [f.mm_position for f in features]
+    assert decoded.mm_features[0].data == features[0].data
+
+
+def test_request_checks(gemma3_dir: Path) -> None:
+    pre = InputPreprocessor(gemma3_dir, MultiModalConfig(max_model_len=30, encoder_cache_size=8))
+    processor = InputProcessor(pre)
+    with pytest.raises(ValidationError, match="The decoder prompt cannot be empty"):
+        processor.process_inputs("a", [])
+    with pytest.raises(ValidationError, match=r"The decoder prompt \(length 31\) is longer than the maximum model "
+                                              r"length of 30"):
+        processor.process_inputs("b", [1] * 31)
+    with pytest.raises(ValidationError, match="leaving no room for an output token"):
+        processor.process_inputs("c", [1] * 30)
+    with pytest.raises(ValidationError, match="Token id 999999 is out of vocabulary"):
+        processor.process_inputs("d", [1, 999999])
+    with pytest.raises(ValidationError, match="Token id -1 is out of vocabulary"):
+        processor.process_inputs("e", [-1, 1])
+    # The encoder budget is max(encoder_cache_size, most tokens one item can have) = 16 here.
+    assert processor.process_inputs("f", "<start_of_image>", mm_data={"image": [make_image(40, 30, 0)]})
+    wide = InputProcessor(InputPreprocessor(gemma3_dir, MultiModalConfig(encoder_cache_size=8)))
+    with pytest.raises(ValidationError, match="image item with 80 embedding tokens, which exceeds the pre-allocated "
+                                              "encoder cache size 16"):
+        wide.process_inputs("g", "<start_of_image>", mm_data={"image": [make_image(128, 32, 0)]},
+                            hf_processor_mm_kwargs={"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 16})
