@@ -127,6 +127,36 @@ def vectors(media_with_bytes: MediaWithBytesFactory) -> dict[str, tuple[str, dic
     }
 
 
+def mm_hash_cases(media_with_bytes: MediaWithBytesFactory) -> dict[str, tuple[dict[str, list[Any]], dict[str, Any]]]:
+    """Name -> (items per modality, keyword arguments of ``get_mm_hashes`` besides model and algorithm).
+
+    vLLM computes these through ``ProcessorInputs.get_mm_hashes`` after its own parser, which
+    leaves every item here unchanged (RGB images, a 1-D waveform, media with bytes)."""
+    media = media_with_bytes(Image.open(io.BytesIO(RGB_PNG)).convert("RGB"), RGB_PNG, None)
+    audio = np.linspace(-1, 1, 50, dtype=np.float32)
+    scoped_kwargs = {
+        "truncation": True,
+        "images_kwargs": {"size": {"shortest_edge": 224}},
+        "audio_kwargs": {"padding": "max_length"},
+        "videos_kwargs": {"fps": 2},
+    }
+    return {
+        "plain": ({"image": [rgb_image(), media], "audio": [audio]}, {}),
+        "partial_uuid": ({"image": [rgb_image(), media]}, {"mm_uuids": {"image": ["uuid-1", None]}}),
+        "scoped": ({"image": [rgb_image()], "audio": [audio]}, {
+            "hf_processor_mm_kwargs": scoped_kwargs,
+            "media_io_kwargs": {"image": {"rgba_background_color": [0, 0, 0]}, "audio": {}, "video": {"n": 2}},
+        }),
+        "uuid_with_factors_sha256": ({"image": [rgb_image()]}, {
+            "mm_uuids": {"image": ["uuid-1"]}, "hf_processor_mm_kwargs": {"images_kwargs": {"do_resize": False}},
+        }),
+        "uuid_unrelated_factors": ({"image": [rgb_image()]}, {
+            "mm_uuids": {"image": ["uuid-1"]}, "hf_processor_mm_kwargs": {"videos_kwargs": {"fps": 2}},
+            "media_io_kwargs": {"video": {"n": 2}},
+        }),
+    }
+
+
 def _list_palette_image() -> Image.Image:
     """A palette set from a list of ints stays a list in Pillow, so it hashes as a sequence."""
     image = Image.fromarray(pixels(2, 3, None, seed=6) % 2, "P")

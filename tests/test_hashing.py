@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from hashing_vectors import IMAGE_UUID, MODEL_ID, RGB_PNG, RGBA_PNG, rgb_image, uuid_image, vectors
+from hashing_vectors import IMAGE_UUID, MODEL_ID, RGB_PNG, RGBA_PNG, mm_hash_cases, rgb_image, uuid_image, vectors
 from mmfront import hashing
 from mmfront.errors import ConfigError, HashingTypeError, InputTypeError, MMFrontError, ValidationError
 from mmfront.hashing import MultiModalHasher, get_mm_hashes
@@ -74,6 +74,22 @@ VLLM_DIGESTS = {
     "uuid_with_factors": "78aa031ddbb75c2e5d9da24d9f191b45a026ebeac2023bf2458bc9e6c4cffbca",
 }
 
+# The same tool, through vLLM's `MultiModalDataParser` and `ProcessorInputs.get_mm_hashes`.
+VLLM_MM_HASHES = {
+    "plain": {
+        "image": ["d7b1b377f010f56d0148316e0509d4cc79e0dbab00f10d907876addc67676ac5",
+                  "180951dac16771b2bf43e6a1fdc80710f121290a6fb388a7b59c3f17c2e1efc0"],
+        "audio": ["7e60a107df7692bcce25094d455cbd8166f886fc0d27d72a9417194e509fc4cb"],
+    },
+    "partial_uuid": {"image": ["uuid-1", "180951dac16771b2bf43e6a1fdc80710f121290a6fb388a7b59c3f17c2e1efc0"]},
+    "scoped": {
+        "image": ["b867a6d0444b26d520fc8c802e2caf3ed106104bca62428f9deea41ea04b4f12"],
+        "audio": ["3e0c429da543966cfbc9fd956644c61f3d39fd5a2e42b56db832cb08c815fcf1"],
+    },
+    "uuid_with_factors_sha256": {"image": ["e7d3de15cbdc3b6b76271444be807f7a95746ebcec48a86a7974dc738a2fe502"]},
+    "uuid_unrelated_factors": {"image": ["uuid-1"]},
+}
+
 
 def mwb(media: Any, original_bytes: bytes, io_config: dict[str, Any] | None = None) -> MediaWithBytes[Any]:
     return MediaWithBytes(media, original_bytes, io_config)
@@ -110,6 +126,14 @@ def test_digest_equals_vllm(name: str) -> None:
 
 def test_vectors_and_digests_cover_the_same_inputs() -> None:
     assert set(vectors(mwb)) == set(VLLM_DIGESTS)
+    assert set(mm_hash_cases(mwb)) == set(VLLM_MM_HASHES)
+
+
+@pytest.mark.parametrize("name", sorted(VLLM_MM_HASHES))
+def test_get_mm_hashes_equals_vllm(name: str) -> None:
+    items, kwargs = mm_hash_cases(mwb)[name]
+    algorithm = "sha256" if name.endswith("sha256") else "blake3"
+    assert get_mm_hashes(items, MODEL_ID, algorithm, **kwargs) == VLLM_MM_HASHES[name]
 
 
 # --- the framing, built by hand -----------------------------------------------------------------
@@ -287,8 +311,8 @@ def test_malformed_exif_does_not_raise() -> None:
 def load_png(data: bytes, background: tuple[int, int, int] | None) -> MediaWithBytes[Image.Image]:
     """Like the media loader: io_config only when the conversion changed the image."""
     image = Image.open(io.BytesIO(data))
-    if background is None:
-        return mwb(image.convert(image.mode), data, {"image_mode": None, "rgba_background_color": None})
+    if background is None:  # image_mode=None: no conversion, so no io_config
+        return mwb(image, data, None)
     canvas = Image.new("RGBA", image.size, (*background, 255))
     converted = Image.alpha_composite(canvas, image.convert("RGBA")).convert("RGB")
     return mwb(converted, data, {"image_mode": "RGB", "rgba_background_color": list(background)})
@@ -297,6 +321,7 @@ def load_png(data: bytes, background: tuple[int, int, int] | None) -> MediaWithB
 def test_io_config_separates_decodes_of_the_same_bytes() -> None:
     white, black, unconverted = (digest(load_png(RGBA_PNG, bg)) for bg in ((255, 255, 255), (0, 0, 0), None))
     assert len({white, black, unconverted}) == 3
+    assert unconverted == digest(MediaWithBytes(original_bytes=RGBA_PNG, decode=lambda: None))
     assert digest(load_png(RGBA_PNG, (0, 0, 0))) == black
 
 
@@ -598,6 +623,11 @@ def test_model_id_scopes_content_hashes_but_not_bare_uuids() -> None:
     assert get_mm_hashes({"image": [image]}, "a/model", "blake3") != get_mm_hashes({"image": [image]}, "b/model",
                                                                                  "blake3")
     assert get_mm_hashes({"image": [None]}, "a/model", "blake3", mm_uuids={"image": ["u"]}) == {"image": ["u"]}
+
+
+def test_uuids_of_a_modality_without_items_are_ignored() -> None:
+    # vLLM iterates the data items only; the request validator owns this mismatch.
+    assert get_mm_hashes({}, MODEL_ID, "blake3", mm_uuids={"image": ["u"]}) == {}
 
 
 def test_none_item_without_uuid_is_a_validation_error() -> None:

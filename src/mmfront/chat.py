@@ -45,7 +45,14 @@ class ChatRequestInputs:
 
 @dataclass
 class _Tracker:
+    """One request's parsing state: the items so far and how to load more."""
+
     processor: BaseMultiModalProcessor
+    connector: MediaConnector
+    budget: DecodeBudget
+    media_io_kwargs: Mapping[str, Mapping[str, Any]] | None
+    reserved: set[str]
+    openai_format: Mapping[str, bool]
     items: dict[str, list[Any]] = field(default_factory=dict)
     uuids: dict[str, list[str | None]] = field(default_factory=dict)
     embeds: dict[str, bool] = field(default_factory=dict)
@@ -86,7 +93,6 @@ def parse_chat_messages(
     """Load every media part, place the placeholders and render the chat template."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
         raise ChatFormatError("`messages` must be a non-empty list of chat messages.", parameter="messages")
-    tracker = _Tracker(processor)
     reserved = processor.get_mm_special_tokens()
     tokenizer = processor.info.tokenizer
     template = chat_template or getattr(processor.info.hf_processor, "chat_template", None) or tokenizer.chat_template
@@ -94,6 +100,7 @@ def parse_chat_messages(
         raise ChatFormatError("The model has no chat template; send a prompt string instead of messages.",
                               parameter="messages")
     openai_format = {m: _template_walks_parts(tokenizer, template, m, processor) for m in ("image", "audio")}
+    tracker = _Tracker(processor, connector, budget, media_io_kwargs, reserved, openai_format)
 
     conversation = []
     for n, message in enumerate(messages):
@@ -104,8 +111,7 @@ def parse_chat_messages(
         if isinstance(content, str):
             _check_text(content, reserved, n)
         elif isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
-            rendered["content"] = _render_parts(content, n, tracker, reserved, connector, budget, media_io_kwargs,
-                                                openai_format)
+            rendered["content"] = _render_parts(content, n, tracker)
         elif content is not None:
             raise ChatFormatError(f"messages[{n}].content must be a string or a list of content parts.",
                                   parameter="messages")
@@ -122,10 +128,7 @@ def parse_chat_messages(
     return ChatRequestInputs(prompt=str(prompt), mm_data=tracker.items, mm_uuids=tracker.uuids)
 
 
-def _render_parts(
-    parts: Sequence[Any], n: int, tracker: _Tracker, reserved: set[str], connector: MediaConnector,
-    budget: DecodeBudget, media_io_kwargs: Mapping[str, Mapping[str, Any]] | None, openai_format: Mapping[str, bool],
-) -> list[dict[str, Any]] | str:
+def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[str, Any]] | str:
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     modalities: set[str] = set()
@@ -138,7 +141,7 @@ def _render_parts(
             text = part.get("text")
             if not isinstance(text, str):
                 raise ChatFormatError(f"{where} is a text part without a string `text`.", parameter="messages")
-            _check_text(text, reserved, n)
+            _check_text(text, tracker.reserved, n)
             out.append({"type": "text", "text": text})
             texts.append(text)
             continue
@@ -150,20 +153,19 @@ def _render_parts(
         if uuid is not None and not isinstance(uuid, str):
             raise ChatFormatError(f"{where}.uuid must be a string.", parameter="messages")
         tracker.check(modality, is_embed)
-        item = _load_part(part, kind, where, uuid, connector, budget, media_io_kwargs)
+        item = _load_part(part, kind, where, uuid, tracker)
         placeholder = tracker.add(modality, item, uuid)
         modalities.add(modality)
         out.append({"type": modality})
         texts.append(placeholder)
-    walks_parts = all(openai_format[m] for m in modalities) if modalities else any(openai_format.values())
+    formats = tracker.openai_format
+    walks_parts = all(formats[m] for m in modalities) if modalities else any(formats.values())
     return out if walks_parts else "\n".join(texts)
 
 
-def _load_part(
-    part: Mapping[str, Any], kind: str, where: str, uuid: str | None, connector: MediaConnector,
-    budget: DecodeBudget, media_io_kwargs: Mapping[str, Mapping[str, Any]] | None,
-) -> Any:
+def _load_part(part: Mapping[str, Any], kind: str, where: str, uuid: str | None, tracker: _Tracker) -> Any:
     payload = part.get(kind)
+    connector, budget, media_io_kwargs = tracker.connector, tracker.budget, tracker.media_io_kwargs
     if payload is None:
         if uuid is None:
             raise ChatFormatError(f"{where} has no `{kind}` data and no `uuid`: send the media, or the `uuid` of an "

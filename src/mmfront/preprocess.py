@@ -93,6 +93,8 @@ class InputPreprocessor:
             raise InputTypeError("prompt must be a string, a list of token ids, or a list of chat messages; got "
                                  f"{type(prompt).__name__}.")
         cache = self.tokenize_only_cache if skip_mm_cache else self.cache
+        if cache is not None:
+            cache.begin_request(request_id)
         if mm_data and cache is None and not self.config.enable_prefix_caching:
             mm_uuids = _per_request_uuids(request_id, mm_data, mm_uuids)
         out = self.processor.apply(

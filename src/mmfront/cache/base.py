@@ -88,6 +88,16 @@ class BaseMultiModalProcessorCache(BaseMultiModalCache[ProcessorCacheInput | Non
     def invalidate(self, mm_hash: str) -> None:
         """Forget ``mm_hash`` because P1 reported it missing; the next use resends its data."""
 
+    def begin_request(self, request_id: str) -> None:
+        """Attribute what the following updates issue (shm handles, mirror operations) to
+        ``request_id``, until :meth:`release_sender_touches`."""
+
+    def on_request_finished(self, request_id: str) -> None:
+        """The request has left the engine: what was held for it (shm chunks) may be reused."""
+
+    def on_request_aborted(self, request_id: str) -> None:
+        """The request was aborted: what was held for it is reclaimed after a grace period."""
+
     @abstractmethod
     def make_stats(self, *, delta: bool = False) -> CacheInfo:
         """Cumulative statistics, or the change since the previous ``delta=True`` call."""

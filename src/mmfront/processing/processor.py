@@ -275,7 +275,8 @@ class BaseMultiModalProcessor(ABC):
             for _, m, i in order:
                 kwargs[m][i] = new_items[hashes[m][i]]
         else:
-            self._commit_to_cache(cache, order, hashes, new_items, updates_by_hash, kwargs, mm_items, hf_kwargs)
+            self._commit_to_cache(cache, order, hashes=hashes, new_items=new_items, updates_by_hash=updates_by_hash,
+                                  kwargs=kwargs, mm_items=mm_items, hf_kwargs=hf_kwargs)
 
         mm_placeholders = {m: [p.to_range() for p in sorted(ps, key=lambda p: p.item_idx)]
                            for m, ps in placeholders.items()}
@@ -335,7 +336,7 @@ class BaseMultiModalProcessor(ABC):
         return kw_items, resolved
 
     def _commit_to_cache(
-        self, cache: BaseMultiModalProcessorCache, order: Sequence[tuple[int, str, int]],
+        self, cache: BaseMultiModalProcessorCache, order: Sequence[tuple[int, str, int]], *,
         hashes: Mapping[str, list[str]], new_items: dict[str, MultiModalKwargsItem],
         updates_by_hash: Mapping[str, PromptUpdates], kwargs: dict[str, list[MultiModalKwargsItem | None]],
         mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
