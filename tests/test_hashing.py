@@ -482,6 +482,25 @@ def test_large_image_streams_in_several_strips() -> None:
     assert joined(chunks) == reference_image_bytes(image)
 
 
+def test_pillow_encoder_error_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    class FailingEncoder:
+        cleaned_up = False
+
+        def setimage(self, *args: object) -> None:
+            pass
+
+        def encode(self, bufsize: int) -> tuple[int, int, bytes]:
+            return 0, -2, b""
+
+        def cleanup(self) -> None:
+            FailingEncoder.cleaned_up = True
+
+    monkeypatch.setattr(Image, "_getencoder", lambda *args: FailingEncoder())
+    with pytest.raises(HashingTypeError, match="could not pack the pixels of a 'RGB' image"):
+        digest(rgb_image())
+    assert FailingEncoder.cleaned_up
+
+
 @pytest.mark.parametrize("size", [(0, 5), (5, 0)])
 def test_empty_image(size: tuple[int, int]) -> None:
     image = Image.new("RGB", size)

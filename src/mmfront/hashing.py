@@ -31,7 +31,7 @@ from PIL import Image
 
 from mmfront.config import HasherAlgorithm as HashAlgorithm
 from mmfront.errors import ConfigError, HashingTypeError, ValidationError
-from mmfront.parse import MediaWithBytes, exif_image_uuid
+from mmfront.media.base import MediaWithBytes, exif_image_uuid
 
 __all__ = ["HashAlgorithm", "MultiModalHasher", "get_mm_hashes"]
 
@@ -364,21 +364,23 @@ def _uuids_for(modality: str, count: int, mm_uuids: Mapping[str, Sequence[str | 
     given = mm_uuids.get(modality)
     if given is None:
         return [None] * count
-    uuids: list[object] = [given] if isinstance(given, str) else list(given)
-    if len(uuids) != count:
+    given_list: list[object] = [given] if isinstance(given, str) else list(given)
+    if len(given_list) != count:
         raise ValidationError(
-            f"multi_modal_uuids has {len(uuids)} UUID(s) for {modality!r} but the request has {count} "
+            f"multi_modal_uuids has {len(given_list)} UUID(s) for {modality!r} but the request has {count} "
             f"{modality} item(s); give one UUID (or None) per item.",
             parameter="multi_modal_uuids", value=given,
         )
-    for index, uuid in enumerate(uuids):
+    uuids: list[str | None] = []
+    for index, uuid in enumerate(given_list):
         if uuid is not None and not isinstance(uuid, str):
             raise ValidationError(
                 f"multi_modal_uuids[{modality!r}][{index}] is a {type(uuid).__name__}; a UUID must be a string "
                 "or None.",
                 parameter="multi_modal_uuids", value=uuid,
             )
-    return uuids  # type: ignore[return-value]
+        uuids.append(uuid)
+    return uuids
 
 
 def get_mm_hashes(

@@ -1,9 +1,7 @@
 """Typed multimodal items: what the user passed, normalised per modality.
 
-:class:`MediaWithBytes` keeps a media item's encoded bytes next to it. Hashing uses the bytes
-(cheaper than pixels, and stable), and the decode can be deferred: a lazily loaded item holds
-only its bytes and a decode function, so a request whose items all hit the processor cache never
-decodes anything.
+:class:`MediaWithBytes` (defined in :mod:`mmfront.media.base`, re-exported here as in vLLM)
+keeps a media item's encoded bytes next to it, and can defer its decode.
 
 :class:`MultiModalDataParser` turns a ``multi_modal_data`` mapping into
 :class:`MultiModalDataItems`: one typed container per modality (vLLM's names), with PIL images
@@ -14,8 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import threading
-import uuid
 from abc import ABC, abstractmethod
 from collections import UserDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -26,107 +22,9 @@ import torch
 from PIL import Image
 
 from mmfront.errors import InputTypeError, UnsupportedModalityError, ValidationError
+from mmfront.media.base import MediaWithBytes
 from mmfront.media.image import normalize_pil_image
 from mmfront.media.resample import resample_audio, resampled_length
-
-T = TypeVar("T")
-
-_EXIF_IMAGE_ID = 0xA420
-
-
-def exif_image_uuid(image: Image.Image) -> uuid.UUID | None:
-    """The EXIF ``ImageID`` of ``image`` when it is a :class:`uuid.UUID` object, else ``None``.
-
-    Only images built in memory can carry a UUID object there (EXIF read from bytes yields
-    strings), which is how a client pins an image's identity. Malformed EXIF is ignored.
-    """
-    try:
-        value = image.getexif().get(_EXIF_IMAGE_ID)
-    except Exception:
-        return None
-    return value if isinstance(value, uuid.UUID) else None
-
-
-class MediaWithBytes(Generic[T]):
-    """A media object together with the bytes it was decoded from.
-
-    ``io_config`` records the decode settings that changed the media (e.g. an RGBA image
-    composited onto a background colour); it is ``None`` when decoding was a plain decode, so
-    the same bytes hash the same whichever way they were loaded. Attribute access, ``__array__``,
-    iteration and indexing are forwarded to the media, so the wrapper behaves like it.
-
-    Built with ``decode=`` instead of ``media``, the item is *lazy*: :attr:`media` decodes on
-    first access (once, thread-safe), and :attr:`decode_count` tells tests how often that happened.
-    ``info`` carries what the loader learned from the header without decoding (format, size, mode).
-    """
-
-    __slots__ = ("_decode", "_lock", "_media", "decode_count", "info", "io_config", "original_bytes")
-
-    def __init__(
-        self,
-        media: T | None = None,
-        original_bytes: bytes = b"",
-        io_config: dict[str, Any] | None = None,
-        *,
-        decode: Callable[[], T] | None = None,
-        info: Mapping[str, Any] | None = None,
-    ) -> None:
-        if (media is None) == (decode is None):
-            raise TypeError("MediaWithBytes needs exactly one of `media` and `decode`")
-        self._media = media
-        self._decode = decode
-        self._lock = threading.Lock()
-        self.original_bytes = original_bytes
-        self.io_config = io_config
-        self.info: dict[str, Any] = dict(info or {})
-        self.decode_count = 0
-
-    @property
-    def is_decoded(self) -> bool:
-        return self._media is not None
-
-    @property
-    def media(self) -> T:
-        if self._media is None:
-            with self._lock:
-                if self._media is None:
-                    assert self._decode is not None
-                    self._media = self._decode()
-                    self.decode_count += 1
-                    self._decode = None
-        return self._media
-
-    def exif_image_uuid(self) -> uuid.UUID | None:
-        """UUID ``ImageID`` of the decoded image, without forcing a decode: an item that is
-        still lazy was read from bytes, and bytes cannot carry a UUID object."""
-        if self._media is None or not isinstance(self._media, Image.Image):
-            return None
-        return exif_image_uuid(self._media)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.media, name)
-
-    def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        import numpy as np
-
-        return np.asarray(self.media, *args, **kwargs)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.media)  # type: ignore[call-overload]
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.media[index]  # type: ignore[index]
-
-    def __len__(self) -> int:
-        return len(self.media)  # type: ignore[arg-type]
-
-    def __repr__(self) -> str:
-        state = type(self._media).__name__ if self._media is not None else "lazy"
-        return (f"MediaWithBytes({state}, {len(self.original_bytes)} bytes, io_config={self.io_config!r}, "
-                f"info={self.info!r})")
-
 
 # --- parsed containers (vLLM: vllm.multimodal.parse) ------------------------------------------
 

@@ -312,10 +312,10 @@ def test_normalize_transposes_by_exif_and_converts() -> None:
 
 def test_normalize_copies_an_image_with_a_uuid_image_id_as_vllm_does() -> None:
     image = noise_image(4, 4)
-    image.getexif()[0xA420] = uuid.uuid4()
+    image.getexif()[0x800D] = uuid.uuid4()
     result = normalize_pil_image(image)
     assert result is not image
-    assert result.getexif().get(0xA420) is None
+    assert result.getexif().get(0x800D) is None
     assert np.array_equal(np.asarray(result), np.asarray(image))
 
 

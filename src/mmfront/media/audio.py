@@ -11,16 +11,13 @@ from __future__ import annotations
 import functools
 import wave
 from io import BytesIO
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError
+from mmfront.media.base import MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
-
-if TYPE_CHECKING:
-    from mmfront.parse import MediaWithBytes
 
 AudioWithRate = tuple[np.ndarray, int]
 """A mono float32 waveform in [-1, 1] and its sampling rate in Hz."""
@@ -41,7 +38,6 @@ def load_audio_bytes(
     8/16/24/32-bit PCM is accepted; several channels are averaged down to mono. ``info`` holds
     ``format``, ``sample_rate``, ``channels``, ``sample_width`` (bytes) and ``num_frames``.
     """
-    from mmfront.parse import MediaWithBytes  # parse imports this package; a call-time import breaks the cycle
 
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InputTypeError(f"audio bytes must be bytes, bytearray or memoryview, got {type(data).__name__}")

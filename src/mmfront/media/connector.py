@@ -18,7 +18,7 @@ import stat
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from PIL import Image
@@ -34,12 +34,10 @@ from mmfront.errors import (
     ValidationError,
 )
 from mmfront.media.audio import AudioWithRate, load_audio_bytes
+from mmfront.media.base import MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
 from mmfront.media.fetch import HttpFetcher, describe_url
 from mmfront.media.image import load_image_bytes, resolve_image_options
-
-if TYPE_CHECKING:
-    from mmfront.parse import MediaWithBytes
 
 MediaSource = str | bytes | bytearray | memoryview
 """A URL (``http(s)://``, ``file://``, ``data:``), a local path, a base64 string, or raw bytes."""

@@ -14,19 +14,16 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from io import BytesIO
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from PIL import Image, ImageMode, ImageOps, UnidentifiedImageError
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, MediaTooLargeError, ValidationError
+from mmfront.media.base import EXIF_IMAGE_ID, MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
 
-if TYPE_CHECKING:
-    from mmfront.parse import MediaWithBytes
-
 _ORIENTATION = 0x0112
-_EXIF_IMAGE_ID = 0xA420
 _TRANSPOSE = {
     2: Image.Transpose.FLIP_LEFT_RIGHT,
     3: Image.Transpose.ROTATE_180,
@@ -139,7 +136,7 @@ def normalize_pil_image(
         exif = Image.Exif()
     if exif.get(_ORIENTATION) in _TRANSPOSE:
         image = ImageOps.exif_transpose(image)
-    elif isinstance(exif.get(_EXIF_IMAGE_ID), uuid.UUID):
+    elif isinstance(exif.get(EXIF_IMAGE_ID), uuid.UUID):
         image = image.copy()
     return convert_image_mode(image, image_mode, background)
 
@@ -158,7 +155,6 @@ def load_image_bytes(
     have them), ``mode`` (after conversion) and ``source_mode``. With ``lazy=False`` the image is
     decoded before returning, so decode errors surface here.
     """
-    from mmfront.parse import MediaWithBytes  # parse imports this package; a call-time import breaks the cycle
 
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InputTypeError(f"image bytes must be bytes, bytearray or memoryview, got {type(data).__name__}")

@@ -15,13 +15,28 @@ from PIL import Image
 
 from mmfront.errors import InputTypeError, ValidationError
 
-__all__ = ["image_data_url", "make_audio", "make_image", "wav_bytes"]
+__all__ = ["image_data_url", "make_audio", "make_image", "natural_image", "wav_bytes"]
 
 
 def make_image(width: int, height: int, seed: int = 0) -> Image.Image:
     """An RGB image of uniform noise; the same ``seed`` gives the same pixels on every platform."""
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8), mode="RGB")
+
+
+def natural_image(width: int = 1024, height: int = 1024, seed: int = 0, tag: int = 0) -> Image.Image:
+    """A photo-like RGB image (smooth gradients plus mild noise), so PNG and JPEG sizes are
+    realistic where pure noise would make a PNG as large as the raw pixels. ``tag`` changes a few
+    pixels to make distinct images cheaply. Identical to the vLLM peer benchmark's images."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    r = 127 + 100 * np.sin(x / 97.0) * np.cos(y / 131.0)
+    g = 127 + 100 * np.sin((x + y) / 173.0)
+    b = 127 + 100 * np.cos(np.hypot(x - width / 2, y - height / 2) / 61.0)
+    pixels = np.clip(np.stack([r, g, b], -1) + rng.normal(0, 6, (height, width, 3)), 0, 255).astype(np.uint8)
+    if tag:
+        pixels[0, :8, 0] = np.frombuffer(int(tag).to_bytes(8, "little"), np.uint8)
+    return Image.fromarray(pixels, "RGB")
 
 
 def make_audio(seconds: float, sampling_rate: int = 16000, seed: int = 0) -> np.ndarray:

@@ -1,0 +1,112 @@
+"""``apply()`` latency for one 1024x1024 image on the real-size Gemma3 fixture, cache miss and hit,
+for PNG bytes and for a PIL image, side by side with vLLM 0.33 when its peer venv is present.
+
+mmfront's PNG items are loaded lazily (header only, outside the timed region), so a PNG miss *includes*
+the decode; vLLM decodes at load time, so its miss is reported both alone and plus its decode (the
+fair comparison). Timed region on both sides: parse + apply with the default LRU sender cache.
+
+The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python), its
+model folder is ``<venv>/models/tiny-gemma3-896`` (built by /work/shared/peer/vllm_peer_setup.sh).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _harness import Report
+
+from mmfront import MultiModalConfig
+from mmfront.cache.processor import LruKeyReplicatedSenderCache
+from mmfront.media import DecodeBudget
+from mmfront.media.image import load_image_bytes
+from mmfront.models.registry import create_processor
+from mmfront.testing.media import natural_image
+from mmfront.testing.models import cached_model_dir
+
+PROMPT = "<start_of_turn>user\n<start_of_image>Describe this image in detail.<end_of_turn>\n<start_of_turn>model\n"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _png(img: Any) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _median_ms(fn: Callable[[Any], object], items: list[Any]) -> float:
+    samples = []
+    for item in items:
+        t0 = time.perf_counter()
+        fn(item)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e3
+
+
+def measure_mmfront(quick: bool) -> dict[str, float]:
+    config = MultiModalConfig()
+    proc = create_processor(cached_model_dir("gemma3-896"), config)
+    prompt = proc.info.tokenizer.encode(PROMPT)
+    cache = LruKeyReplicatedSenderCache(config.mm_processor_cache_bytes)
+    n_miss, n_hit = (6, 40) if quick else (20, 150)
+
+    def run(item: Any) -> None:
+        proc.apply(prompt, {"image": [item]}, cache=cache)
+
+    def lazy(data: bytes) -> Any:
+        return load_image_bytes(data, config=config, budget=DecodeBudget(config.max_media_request_decode_bytes))
+
+    out: dict[str, float] = {}
+    run(natural_image(tag=99_999))
+    out["miss_pil_ms"] = _median_ms(run, [natural_image(tag=i + 1) for i in range(n_miss)])
+    base = natural_image()
+    run(base)
+    out["hit_pil_ms"] = _median_ms(run, [base] * n_hit)
+    out["miss_png_ms"] = _median_ms(run, [lazy(_png(natural_image(tag=1000 + i))) for i in range(n_miss)])
+    base_png = _png(base)
+    run(lazy(base_png))
+    hit_item = lazy(base_png)
+    out["hit_png_ms"] = _median_ms(run, [hit_item] * n_hit)
+    assert hit_item.decode_count == 0, "a cache hit must never decode"
+    return out
+
+
+def measure_vllm(quick: bool) -> dict[str, float] | None:
+    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer/.venv-vllm/bin/python"))
+    model_dir = python.parents[1] / "models" / "tiny-gemma3-896"
+    if not python.exists() or not model_dir.is_dir():
+        return None
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO / "src"))
+    cmd = [str(python), str(REPO / "benchmarks" / "peer" / "vllm_apply.py"), str(model_dir)]
+    done = subprocess.run(cmd + (["--quick"] if quick else []), env=env, capture_output=True, text=True,
+                          check=False, timeout=900)
+    if done.returncode != 0:
+        print(f"  vLLM peer failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(report: Report, quick: bool) -> None:
+    vllm = measure_vllm(quick)
+    ours = measure_mmfront(quick)
+    group = "apply gemma3-896"
+    for key in ("miss_pil_ms", "hit_pil_ms", "miss_png_ms", "hit_png_ms"):
+        report.add(group, f"mmfront {key[:-3]}", ours[key], "ms")
+    if vllm is None:
+        report.add(group, "vLLM peer not found: ratios skipped", 0.0, "")
+        return
+    for key in ("miss_pil_ms", "hit_pil_ms", "miss_png_ms", "hit_png_ms", "png_decode_ms"):
+        report.add(group, f"vLLM {key[:-3]}", vllm[key], "ms")
+    report.ratio(group, "hit PNG: mmfront / vLLM", ours["hit_png_ms"] / vllm["hit_png_ms"], at_most=0.5)
+    report.ratio(group, "hit PIL: mmfront / vLLM", ours["hit_pil_ms"] / vllm["hit_pil_ms"], at_most=0.5)
+    report.ratio(group, "miss PIL: mmfront / vLLM", ours["miss_pil_ms"] / vllm["miss_pil_ms"], at_most=1.0)
+    report.ratio(group, "miss PNG: mmfront / (vLLM decode + miss)",
+                 ours["miss_png_ms"] / (vllm["miss_png_ms"] + vllm["png_decode_ms"]), at_most=1.0)
