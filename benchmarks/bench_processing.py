@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from _harness import Report
-
 from mmfront import MultiModalConfig
 from mmfront.cache.processor import LruKeyReplicatedSenderCache
 from mmfront.media import DecodeBudget
