@@ -52,8 +52,15 @@ _PIXEL_CHUNK_BYTES = 1 << 18
 more), small enough that a strip is still in cache when the hasher reads it."""
 
 _BLAKE3_THREADS_MIN_BYTES = 16 << 20
-"""From this payload size on, blake3 hashes on all cores. Below it, waking the idle thread pool
-costs more than it saves (2-vCPU VM: no gain up to 16 MiB, up to 2x faster above)."""
+"""From this payload size on, blake3 hashes on all cores. Below it the gain is unreliable: on a
+quiet 2-vCPU VM a 2-3 MiB buffer hashes up to 2x faster, but as soon as the other core is busy
+(torch's thread pool, another request) it is slower than one core, so the latency of a cache hit
+would depend on the neighbours. Pillow's pixel packing holds the GIL, so it cannot overlap the
+hashing either (tried: packer thread, whole-image packing, 0.25-1.5 MiB strips)."""
+
+_SMALL_CHUNK_BYTES = 4096
+"""Chunks shorter than this are buffered before they reach the hasher (the digest is unchanged:
+every algorithm here hashes a byte stream, however it is split)."""
 
 _MODALITY_PROCESSOR_KWARGS = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
 """The HF processor kwargs scoped to one modality; another modality's scope never enters a hash."""
@@ -67,11 +74,6 @@ class _Hasher(Protocol):
 
 def _length(value: int) -> bytes:
     return value.to_bytes(_LENGTH_BYTES, "little")
-
-
-def _framed(chunk: Chunk) -> Iterator[Chunk]:
-    yield _length(chunk.nbytes if isinstance(chunk, memoryview) else len(chunk))
-    yield chunk
 
 
 def _int_bytes(value: int) -> bytes:
@@ -104,6 +106,185 @@ class _PixelData:
     image: Image.Image
 
 
+class _Writer:
+    """Emits the framed digest input into ``out`` in one pass.
+
+    Tags, lengths and short values gather in a buffer and large payloads go through untouched
+    (no copy), so a hasher sees a few large updates instead of dozens of tiny ones (each update
+    is a call into C). With ``gather=False`` every piece is emitted separately, which is what
+    the generator API hands out."""
+
+    __slots__ = ("_buffer", "_gather", "_out")
+
+    def __init__(self, out: Callable[[Chunk], object], *, gather: bool = True) -> None:
+        self._out = out
+        self._gather = gather
+        self._buffer = bytearray()
+
+    def chunk(self, data: Chunk) -> None:
+        if self._gather and len(data) < _SMALL_CHUNK_BYTES:
+            self._buffer += data
+            return
+        self.flush()
+        self._out(data)
+
+    def framed(self, data: Chunk) -> None:
+        self.chunk(_length(data.nbytes if isinstance(data, memoryview) else len(data)))
+        self.chunk(data)
+
+    def flush(self) -> None:
+        if self._buffer:
+            self._out(self._buffer)
+            self._buffer = bytearray()
+
+    # --- values ---
+
+    def item(self, key: str, obj: object) -> None:
+        self.framed(key.encode("utf-8"))
+        self.value(obj)
+
+    def value(self, obj: object) -> None:
+        if obj is None:
+            self.chunk(_TAG_NONE)
+        elif isinstance(obj, (list, tuple)):
+            self.chunk(_TAG_SEQUENCE + _length(len(obj)))
+            for element in obj:
+                self.value(element)
+        elif isinstance(obj, Mapping):
+            self.chunk(_TAG_MAPPING + _length(len(obj)))
+            for key, value in obj.items():
+                self.framed(str(key).encode("utf-8", "surrogatepass"))
+                self.value(value)
+        else:
+            self.chunk(_TAG_LEAF)
+            self.leaf(obj)
+
+    def leaf(self, obj: object) -> None:
+        if isinstance(obj, (bytes, bytearray)):
+            self.framed(obj)
+        elif isinstance(obj, memoryview):
+            self.framed(_flat_bytes(obj))
+        elif isinstance(obj, str):
+            # "surrogatepass" equals strict UTF-8 for every valid string, and gives lone
+            # surrogates (which vLLM cannot hash at all) bytes no valid string has.
+            self.framed(obj.encode("utf-8", "surrogatepass"))
+        elif isinstance(obj, int):
+            if isinstance(obj, bool) or _INT64_MIN <= obj <= _UINT64_MAX:
+                self.framed(_int_bytes(obj))
+            else:
+                # Beyond 64 bits numpy makes an object array whose bytes are pointers (vLLM's
+                # digest changes from run to run); the decimal string under its own label is stable.
+                self.item("int", str(obj))
+        elif isinstance(obj, float):
+            self.framed(_FLOAT64.pack(obj))
+        elif isinstance(obj, Image.Image):
+            self.image(obj)
+        elif isinstance(obj, MediaWithBytes):
+            self.media_with_bytes(obj)
+        elif isinstance(obj, torch.Tensor):
+            self.tensor(obj)
+        elif isinstance(obj, np.ndarray):
+            self.ndarray(obj)
+        elif isinstance(obj, np.generic):
+            # vLLM pickles numpy scalars; mmfront hashes them as the 0-d array they convert to,
+            # which keeps the dtype (np.int32(1) != np.int64(1) != 1).
+            self.ndarray(np.asarray(obj))
+        elif isinstance(obj, _PixelData):
+            self.pixels(obj.image)
+        else:
+            raise HashingTypeError(
+                f"Cannot hash a value of type {type(obj).__module__}.{type(obj).__qualname__}: mmfront never "
+                "falls back to pickle. Pass bytes, a str, a number, a numpy array, a torch tensor or a PIL image "
+                "instead, or identify the item with a UUID (multi_modal_uuids)."
+            )
+
+    def image(self, image: Image.Image) -> None:
+        image_id = exif_image_uuid(image)
+        if image_id is not None:
+            self.framed(image_id.bytes)
+            return
+        image.load()  # numpy's view loads the image before vLLM reads the palette
+        fields: dict[str, object] = {"mode": image.mode, "data": _PixelData(image)}
+        palette = image.palette
+        if palette is not None:
+            fields["palette"] = palette.palette
+            if palette.rawmode is not None:
+                fields["palette_rawmode"] = palette.rawmode
+        self.item("image", fields)
+
+    def pixels(self, image: Image.Image) -> None:
+        shape, typestr = Image._conv_type_shape(image)
+        dtype = np.dtype(typestr)
+        nbytes = math.prod(shape) * dtype.itemsize
+        self.array_header(dtype.str, shape)
+        self.chunk(_TAG_LEAF + _length(nbytes))
+        if nbytes:
+            for strip in _iter_pixel_strips(image, nbytes // shape[0]):
+                self.chunk(strip)
+
+    def media_with_bytes(self, item: MediaWithBytes[Any]) -> None:
+        image_id = item.exif_image_uuid()  # never decodes a lazy item
+        if image_id is not None:
+            self.framed(image_id.bytes)
+            return
+        if item.is_decoded:
+            frames = item.media
+            if isinstance(frames, (np.ndarray, torch.Tensor)) and frames.ndim >= 3:
+                # Video frames: hash whichever is smaller, the frames or their source bytes.
+                self.item("video", frames if frames.nbytes < len(item.original_bytes) else item.original_bytes)
+                return
+        if item.io_config:
+            self.item("image", {"io_config": item.io_config, "data": item.original_bytes})
+        else:
+            self.item("image", item.original_bytes)
+
+    def tensor(self, tensor: torch.Tensor) -> None:
+        if tensor.layout != torch.strided or tensor.is_quantized:
+            raise HashingTypeError(
+                f"Cannot hash a {tensor.layout} {tensor.dtype} tensor; convert it to a dense, unquantized "
+                "tensor first (.to_dense() / .dequantize())."
+            )
+        tensor = tensor.detach().cpu().resolve_conj().resolve_neg()
+        try:
+            array = tensor.numpy()
+        except TypeError:
+            # numpy has no such dtype (bfloat16, float8, ...): hash the raw bytes, with the dtype
+            # and shape beside them.
+            flat = tensor.contiguous().view((tensor.numel(),)).view(torch.uint8)
+            self.item("tensor", {
+                "original_dtype": str(tensor.dtype),
+                "original_shape": tuple(tensor.shape),
+                "data": flat.numpy(),
+            })
+            return
+        self.item("tensor", array)
+
+    def ndarray(self, array: np.ndarray) -> None:
+        data: object
+        if array.ndim == 0:
+            data = array.item()
+        elif array.dtype.hasobject:
+            raise HashingTypeError(
+                f"Cannot hash a numpy array of dtype {array.dtype}: its bytes are object pointers. "
+                "Convert it to a numeric or string dtype first."
+            )
+        elif array.flags.c_contiguous:
+            data = array.reshape(-1).view(np.uint8).data
+        else:
+            data = array.tobytes()  # the C-order copy: same digest as np.ascontiguousarray(array)
+        self.array_header(array.dtype.str, array.shape)
+        self.value(data)
+
+    def array_header(self, dtype: str, shape: tuple[int, ...]) -> None:
+        """vLLM's array rule, ``iter_item_to_bytes("ndarray", {"dtype", "shape", "data"})``, up
+        to the data value, which the caller writes (so pixels can stream in)."""
+        self.framed(b"ndarray")
+        self.chunk(_TAG_MAPPING + _length(3))
+        self.item("dtype", dtype)
+        self.item("shape", shape)
+        self.framed(b"data")
+
+
 def _iter_pixel_strips(image: Image.Image, linesize: int) -> Iterator[bytes]:
     # Mode "1" is the one mode whose array is not the raw packing: numpy sees one 0/255 byte per
     # pixel, which is Pillow's "L" raw packing of the same image.
@@ -126,18 +307,18 @@ def _iter_pixel_strips(image: Image.Image, linesize: int) -> Iterator[bytes]:
         encoder.cleanup()
 
 
-def _iter_pixel_value(image: Image.Image, nbytes: int, rows: int) -> Iterator[Chunk]:
-    yield _TAG_LEAF
-    yield _length(nbytes)
-    if nbytes:
-        yield from _iter_pixel_strips(image, nbytes // rows)
+def _chunks(write: Callable[[_Writer], None]) -> Iterator[Chunk]:
+    chunks: list[Chunk] = []
+    write(_Writer(chunks.append, gather=False))
+    return iter(chunks)
 
 
 class MultiModalHasher:
     """Derives multimodal cache keys (vLLM: ``vllm.multimodal.hasher.MultiModalHasher``).
 
-    Every method yields *framed* chunks (a length before every chunk, a tag before every value),
-    so the concatenation fed to the digest is uniquely decodable.
+    The digest input is *framed* (a length before every chunk, a tag before every value), so it
+    is uniquely decodable. The ``iter_*``/``serialize_item`` methods return its pieces, for
+    tests and tools; :meth:`hash_kwargs` streams them into the hasher without materializing them.
     """
 
     @classmethod
@@ -145,164 +326,29 @@ class MultiModalHasher:
         """The framed bytes of one leaf value (anything that is not None, a list/tuple or a mapping).
 
         Raises :class:`HashingTypeError` for a type with no deterministic encoding."""
-        if isinstance(obj, (bytes, bytearray)):
-            return _framed(obj)
-        if isinstance(obj, memoryview):
-            return _framed(_flat_bytes(obj))
-        if isinstance(obj, str):
-            # "surrogatepass" equals strict UTF-8 for every valid string, and gives lone
-            # surrogates (which vLLM cannot hash at all) bytes no valid string has.
-            return _framed(obj.encode("utf-8", "surrogatepass"))
-        if isinstance(obj, int):
-            if isinstance(obj, bool) or _INT64_MIN <= obj <= _UINT64_MAX:
-                return _framed(_int_bytes(obj))
-            # Beyond 64 bits numpy makes an object array whose bytes are pointers (vLLM's digest
-            # changes from run to run); the decimal string under its own label is stable.
-            return cls.iter_item_to_bytes("int", str(obj))
-        if isinstance(obj, float):
-            return _framed(_FLOAT64.pack(obj))
-        if isinstance(obj, Image.Image):
-            return cls._serialize_image(obj)
-        if isinstance(obj, MediaWithBytes):
-            return cls._serialize_media_with_bytes(obj)
-        if isinstance(obj, torch.Tensor):
-            return cls._serialize_tensor(obj)
-        if isinstance(obj, np.ndarray):
-            return cls._serialize_ndarray(obj)
-        if isinstance(obj, np.generic):
-            # vLLM pickles numpy scalars; mmfront hashes them as the 0-d array they convert to,
-            # which keeps the dtype (np.int32(1) != np.int64(1) != 1).
-            return cls._serialize_ndarray(np.asarray(obj))
-        if isinstance(obj, _PixelData):
-            return cls._serialize_pixels(obj.image)
-        raise HashingTypeError(
-            f"Cannot hash a value of type {type(obj).__module__}.{type(obj).__qualname__}: mmfront never falls "
-            "back to pickle. Pass bytes, a str, a number, a numpy array, a torch tensor or a PIL image instead, "
-            "or identify the item with a UUID (multi_modal_uuids)."
-        )
-
-    @classmethod
-    def _serialize_image(cls, image: Image.Image) -> Iterator[Chunk]:
-        image_id = exif_image_uuid(image)
-        if image_id is not None:
-            return _framed(image_id.bytes)
-        image.load()  # numpy's view loads the image before vLLM reads the palette
-        fields: dict[str, object] = {"mode": image.mode, "data": _PixelData(image)}
-        palette = image.palette
-        if palette is not None:
-            fields["palette"] = palette.palette
-            if palette.rawmode is not None:
-                fields["palette_rawmode"] = palette.rawmode
-        return cls.iter_item_to_bytes("image", fields)
-
-    @classmethod
-    def _serialize_pixels(cls, image: Image.Image) -> Iterator[Chunk]:
-        shape, typestr = Image._conv_type_shape(image)
-        dtype = np.dtype(typestr)
-        nbytes = math.prod(shape) * dtype.itemsize
-        return cls._iter_array(dtype.str, shape, _iter_pixel_value(image, nbytes, shape[0]))
-
-    @classmethod
-    def _serialize_media_with_bytes(cls, item: MediaWithBytes[Any]) -> Iterator[Chunk]:
-        image_id = item.exif_image_uuid()  # never decodes a lazy item
-        if image_id is not None:
-            return _framed(image_id.bytes)
-        if item.is_decoded:
-            frames = item.media
-            if isinstance(frames, (np.ndarray, torch.Tensor)) and frames.ndim >= 3:
-                # Video frames: hash whichever is smaller, the frames or their source bytes.
-                if frames.nbytes < len(item.original_bytes):
-                    return cls.iter_item_to_bytes("video", frames)
-                return cls.iter_item_to_bytes("video", item.original_bytes)
-        if item.io_config:
-            return cls.iter_item_to_bytes("image", {"io_config": item.io_config, "data": item.original_bytes})
-        return cls.iter_item_to_bytes("image", item.original_bytes)
-
-    @classmethod
-    def _serialize_tensor(cls, tensor: torch.Tensor) -> Iterator[Chunk]:
-        if tensor.layout != torch.strided or tensor.is_quantized:
-            raise HashingTypeError(
-                f"Cannot hash a {tensor.layout} {tensor.dtype} tensor; convert it to a dense, unquantized "
-                "tensor first (.to_dense() / .dequantize())."
-            )
-        tensor = tensor.detach().cpu().resolve_conj().resolve_neg()
-        try:
-            array = tensor.numpy()
-        except TypeError:
-            # numpy has no such dtype (bfloat16, float8, ...): hash the raw bytes, with the dtype
-            # and shape beside them.
-            flat = tensor.contiguous().view((tensor.numel(),)).view(torch.uint8)
-            return cls.iter_item_to_bytes("tensor", {
-                "original_dtype": str(tensor.dtype),
-                "original_shape": tuple(tensor.shape),
-                "data": flat.numpy(),
-            })
-        return cls.iter_item_to_bytes("tensor", array)
-
-    @classmethod
-    def _serialize_ndarray(cls, array: np.ndarray) -> Iterator[Chunk]:
-        data: object
-        if array.ndim == 0:
-            data = array.item()
-        elif array.dtype.hasobject:
-            raise HashingTypeError(
-                f"Cannot hash a numpy array of dtype {array.dtype}: its bytes are object pointers. "
-                "Convert it to a numeric or string dtype first."
-            )
-        elif array.flags.c_contiguous:
-            data = array.reshape(-1).view(np.uint8).data
-        else:
-            data = array.tobytes()  # the C-order copy: same digest as np.ascontiguousarray(array)
-        return cls._iter_array(array.dtype.str, array.shape, cls.iter_value_to_bytes(data))
-
-    @classmethod
-    def _iter_array(cls, dtype: str, shape: tuple[int, ...], data_value: Iterator[Chunk]) -> Iterator[Chunk]:
-        """vLLM's array rule, ``iter_item_to_bytes("ndarray", {"dtype", "shape", "data"})``, with
-        the data value given as its serialized chunks (so pixels can stream in)."""
-        yield from _framed(b"ndarray")
-        yield _TAG_MAPPING
-        yield _length(3)
-        yield from cls.iter_item_to_bytes("dtype", dtype)
-        yield from cls.iter_item_to_bytes("shape", shape)
-        yield from _framed(b"data")
-        yield from data_value
+        return _chunks(lambda writer: writer.leaf(obj))
 
     @classmethod
     def iter_item_to_bytes(cls, key: str, obj: object) -> Iterator[Chunk]:
         """The digest input for one ``key``/``obj`` pair: the framed key, then the value."""
-        yield from _framed(key.encode("utf-8"))
-        yield from cls.iter_value_to_bytes(obj)
+        return _chunks(lambda writer: writer.item(key, obj))
 
     @classmethod
     def iter_value_to_bytes(cls, obj: object) -> Iterator[Chunk]:
         """The digest input for a value, tagged by its kind: None, sequence, mapping or leaf.
 
         Mappings keep their insertion order (only :meth:`hash_kwargs` sorts, at the top level)."""
-        if obj is None:
-            yield _TAG_NONE
-        elif isinstance(obj, (list, tuple)):
-            yield _TAG_SEQUENCE
-            yield _length(len(obj))
-            for element in obj:
-                yield from cls.iter_value_to_bytes(element)
-        elif isinstance(obj, Mapping):
-            yield _TAG_MAPPING
-            yield _length(len(obj))
-            for key, value in obj.items():
-                yield from _framed(str(key).encode("utf-8", "surrogatepass"))
-                yield from cls.iter_value_to_bytes(value)
-        else:
-            yield _TAG_LEAF
-            yield from cls.serialize_item(obj)
+        return _chunks(lambda writer: writer.value(obj))
 
     @classmethod
     def hash_kwargs(cls, algorithm: HashAlgorithm, /, **kwargs: object) -> str:
         """Hex digest of ``kwargs`` (sorted by name) with ``algorithm``: 64 hex characters for
         blake3 and sha256, 128 for sha512."""
         hasher = _new_hasher(algorithm, kwargs.values())
+        writer = _Writer(hasher.update)
         for key, value in sorted(kwargs.items()):
-            for chunk in cls.iter_item_to_bytes(key, value):
-                hasher.update(chunk)
+            writer.item(key, value)
+        writer.flush()
         return hasher.hexdigest()
 
 

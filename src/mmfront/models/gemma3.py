@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -257,48 +258,68 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         self, prompt_ids: list[int], mm_prompt_updates: Mapping[str, Sequence[Sequence[ResolvedPromptUpdate]]],
     ) -> tuple[list[int], Mapping[str, Sequence[PlaceholderFeaturesInfo]]]:
         ids, placeholders = super()._apply_prompt_updates(prompt_ids, mm_prompt_updates)
-        spans = [[p.start_idx, p.start_idx + len(p.tokens), 0] for ps in placeholders.values() for p in ps]
-        spans.sort()
-        for first, second, merged in self._merges:
-            ids = _merge_pairs(ids, first, second, merged, spans)
-        out: dict[str, list[PlaceholderFeaturesInfo]] = {}
-        span_of = {id(p): s for p, s in zip(
-            sorted((p for ps in placeholders.values() for p in ps), key=lambda p: p.start_idx), spans)}
+        merges = _plan_newline_merges(ids, self._merges)
+        if not merges:
+            return ids, placeholders
+        merged_at = dict(merges)
+        out: list[int] = []
+        prev = 0
+        for pos, token in merges:
+            out += ids[prev:pos]
+            out.append(token)
+            prev = pos + 2
+        out += ids[prev:]
+        positions = [pos for pos, _ in merges]
+
+        def new_index(old: int) -> int:  # the position in ``out`` of the token at ``old``
+            return old - bisect_right(positions, old - 1)
+
+        spans = [(p.start_idx, p.start_idx + len(p.tokens)) for ps in placeholders.values() for p in ps]
+        moved: dict[str, list[PlaceholderFeaturesInfo]] = {}
         for modality, ps in placeholders.items():
+            found = moved[modality] = []
             for p in ps:
-                start, end, dropped = span_of[id(p)]
-                mask = p.is_embed[dropped:] if p.is_embed is not None else None
-                tokens = ids[start:end]
-                out.setdefault(modality, []).append(
-                    PlaceholderFeaturesInfo(modality, p.item_idx, start, tokens, mask))
-        return ids, out
-
-
-def _merge_pairs(ids: list[int], first: int, second: int, merged: int, spans: list[list[int]]) -> list[int]:
-    """Replace each ``[first, second]`` pair with ``[merged]`` left to right, moving the
-    ``[start, end, dropped]`` spans along; a merged token that ends one span and starts the next
-    stays with the first span (the second gives up its first token: ``dropped`` counts them)."""
-    i = 0
-    n = len(ids)
-    while True:
-        try:
-            i = ids.index(first, i, n - 1)
-        except ValueError:
-            return ids
-        if ids[i + 1] != second:
-            i += 1
-            continue
-        ids[i:i + 2] = [merged]
-        n -= 1
-        owner_ends_here = any(s[0] <= i < s[1] for s in spans)
-        for span in spans:
-            for k in (0, 1):
-                if span[k] > i + 1:
-                    span[k] -= 1
-                elif span[k] == i + 1 and k == 0:
-                    if owner_ends_here:
-                        span[2] += 1
+                start, end = p.start_idx, p.start_idx + len(p.tokens)
+                dropped = 0
+                if start - 1 in merged_at:  # this placeholder's first token was merged into the previous one
+                    if any(s <= start - 1 < e for s, e in spans):
+                        dropped = 1  # it ends another placeholder: it stays there
                     else:
-                        span[0] = i
-        # A span that ended at i+1 (its last token was merged into i) keeps end = i + 1.
-        i += 1
+                        start -= 1
+                new_start = new_index(start) + dropped
+                last = end - 1
+                new_end = new_index(last - 1 if last - 1 in merged_at else last) + 1
+                if (new_start, new_end - new_start) == (p.start_idx, len(p.tokens)):
+                    found.append(p)
+                    continue
+                mask = p.is_embed[dropped:] if p.is_embed is not None and dropped else p.is_embed
+                found.append(PlaceholderFeaturesInfo(modality, p.item_idx, new_start, out[new_start:new_end], mask))
+        return out, moved
+
+
+def _plan_newline_merges(ids: list[int], rules: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    """vLLM's three whole-prompt passes (``[a, b] -> [c]`` each, non-overlapping, left to right),
+    computed on the positions of the newline tokens only: ``(position, merged token)`` per merge,
+    in the original coordinates, sorted.
+
+    A merged token never takes part in a later pass, and the token a merge removes sits right
+    after a merged one, so two remaining candidates are neighbours exactly when their original
+    positions are consecutive. Each candidate token costs one C-level scan of ``ids``."""
+    candidates = {token for rule in rules for token in rule[:2]}
+    token_at: dict[int, int] = {}
+    for token in candidates:
+        i = -1
+        try:
+            while True:
+                i = ids.index(token, i + 1)
+                token_at[i] = token
+        except ValueError:
+            pass
+    merges: list[tuple[int, int]] = []
+    for first, second, merged in rules:
+        for pos in sorted(token_at):
+            if token_at.get(pos) == first and token_at.get(pos + 1) == second:
+                merges.append((pos, merged))
+                del token_at[pos], token_at[pos + 1]
+    merges.sort()
+    return merges

@@ -8,9 +8,11 @@ local_files_only=True)``, so nothing is ever fetched from a model hub.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,24 @@ def resolve_factory(hf_processor: Any, config: MultiModalConfig, model_type: str
     return _transformers_backend(config)
 
 
+@cache
+def make_pil_image_processors_reachable() -> None:
+    """transformers 5.14.1 cannot auto-load ``Idefics3ImageProcessorPil`` without torchvision: its
+    lazy-import scanner marks any ``image_processing_*`` file whose text mentions
+    ``TorchvisionBackend`` as needing torchvision (that file's docstrings do), so the package's lazy
+    attribute is a placeholder that ``AutoProcessor`` skips. Setting the real class (imported
+    directly) on the package is what a correct lazy module holds. No-op on 5.15+, where the
+    attribute already is the real class."""
+    try:
+        module = importlib.import_module("transformers.models.idefics3.image_processing_pil_idefics3")
+    except ImportError:
+        return
+    real = module.Idefics3ImageProcessorPil
+    package = importlib.import_module("transformers.models.idefics3")
+    if getattr(package, real.__name__, None) is not real:
+        setattr(package, real.__name__, real)
+
+
 def load_hf_processor(folder: str | Path) -> Any:
     path = Path(folder)
     if not path.is_dir():
@@ -81,6 +101,7 @@ def load_hf_processor(folder: str | Path) -> Any:
         )
     from transformers import AutoProcessor
 
+    make_pil_image_processors_reachable()
     try:
         return AutoProcessor.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:

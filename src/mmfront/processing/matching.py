@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from itertools import pairwise
+from itertools import islice, pairwise
 from typing import NamedTuple
 
 from mmfront.errors import PromptUpdateError
@@ -340,6 +340,9 @@ def apply_token_matches(
     """
     if not isinstance(prompt_ids, list):
         prompt_ids = list(prompt_ids)
+    fast = _apply_same_target_replacements(prompt_ids, mm_prompt_updates, tokenizer)
+    if fast is not None:
+        return fast
     planned, result = _plan(mm_prompt_updates, _token_finder(prompt_ids, tokenizer))
     out: list[int] = []
     placeholders: dict[str, list[PlaceholderFeaturesInfo]] = {}
@@ -358,6 +361,46 @@ def apply_token_matches(
         pos = max(pos, p.match.end_idx)
     out += prompt_ids[pos:]
     return out, _in_item_order(placeholders), result
+
+
+def _apply_same_target_replacements(
+    prompt_ids: list[int], mm_prompt_updates: MultiModalPromptUpdates, tokenizer: TokenizerLike | None
+) -> tuple[list[int], dict[str, list[PlaceholderFeaturesInfo]], dict[str, list[int | None]]] | None:
+    """The common request in one pass: one modality whose items each have a single REPLACE of
+    the same token target (every image model with a placeholder token). The planner gives item
+    ``k`` the ``k``-th non-overlapping occurrence, so the queues and rounds can be skipped; any
+    other shape, or too few occurrences, returns None and takes the general path."""
+    if len(mm_prompt_updates) != 1:
+        return None
+    ((modality, items),) = mm_prompt_updates.items()
+    target: list[int] | None = None
+    for alternatives in items:
+        if len(alternatives) != 1:
+            return None
+        update = alternatives[0]
+        if update.mode is not UpdateMode.REPLACE or type(update.target) is not list or not update.target:
+            return None
+        if target is None:
+            target = update.target
+        elif update.target != target:
+            return None
+    if target is None:
+        return None
+    matches = list(islice(iter_token_matches(prompt_ids, target), len(items)))
+    if len(matches) < len(items):
+        return None
+    out: list[int] = []
+    found: list[PlaceholderFeaturesInfo] = []
+    pos = 0
+    for item_pos, ((start, end), (update,)) in enumerate(zip(matches, items)):
+        out += prompt_ids[pos:start]
+        ids = update.content.token_ids(tokenizer)
+        if ids:
+            found.append(_placeholder(modality, item_pos, len(out), update, ids))
+            out += ids
+        pos = end
+    out += prompt_ids[pos:]
+    return out, ({modality: found} if found else {}), {modality: [0] * len(items)}
 
 
 def apply_text_matches(

@@ -232,7 +232,6 @@ class BaseMultiModalProcessor(ABC):
             self.info.config.mm_hasher_algorithm, mm_uuids=normalize_mm_uuids(mm_uuids, counts),
             hf_processor_mm_kwargs=request_kwargs, media_io_kwargs=media_io_kwargs,
         )
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, request_kwargs)
         if any(isinstance(mm_items[m], EmbeddingItems) for m in counts):
             cache = None  # embeddings are given, not processed: nothing to cache (vLLM does the same)
 
@@ -259,7 +258,7 @@ class BaseMultiModalProcessor(ABC):
         # 2. One HF call for every missing item.
         new_items: dict[str, MultiModalKwargsItem] = {}
         if missing:
-            new_items = self._process_items(mm_items, missing, hashes, hf_kwargs, updates_by_hash)
+            new_items = self._process_items(mm_items, missing, hashes, request_kwargs, updates_by_hash)
 
         # 3. Splice the prompt with every item's updates.
         mm_prompt_updates = {
@@ -276,7 +275,7 @@ class BaseMultiModalProcessor(ABC):
                 kwargs[m][i] = new_items[hashes[m][i]]
         else:
             self._commit_to_cache(cache, order, hashes=hashes, new_items=new_items, updates_by_hash=updates_by_hash,
-                                  kwargs=kwargs, mm_items=mm_items, hf_kwargs=hf_kwargs)
+                                  kwargs=kwargs, mm_items=mm_items, request_kwargs=request_kwargs)
 
         mm_placeholders = {m: [p.to_range() for p in sorted(ps, key=lambda p: p.item_idx)]
                            for m, ps in placeholders.items()}
@@ -285,9 +284,12 @@ class BaseMultiModalProcessor(ABC):
 
     def _process_items(
         self, mm_items: MultiModalDataItems, selection: Mapping[str, Sequence[int]], hashes: Mapping[str, list[str]],
-        hf_kwargs: Mapping[str, Any], updates_by_hash: dict[str, PromptUpdates],
+        request_kwargs: Mapping[str, Any], updates_by_hash: dict[str, PromptUpdates],
     ) -> dict[str, MultiModalKwargsItem]:
-        """Process the selected items in one HF call; record their updates; return items by hash."""
+        """Process the selected items in one HF call; record their updates; return items by hash.
+
+        The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, request_kwargs)
         subset = mm_items.subset(selection)
         lazy = [
             raw for items in subset.values() for raw in items.get_all_items_for_hash()
@@ -339,7 +341,7 @@ class BaseMultiModalProcessor(ABC):
         self, cache: BaseMultiModalProcessorCache, order: Sequence[tuple[int, str, int]], *,
         hashes: Mapping[str, list[str]], new_items: dict[str, MultiModalKwargsItem],
         updates_by_hash: Mapping[str, PromptUpdates], kwargs: dict[str, list[MultiModalKwargsItem | None]],
-        mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
+        mm_items: MultiModalDataItems, request_kwargs: Mapping[str, Any],
     ) -> None:
         try:
             for _, m, i in order:
@@ -350,7 +352,7 @@ class BaseMultiModalProcessor(ABC):
                 if item is None and not cache.is_cached_item(mm_hash):
                     # Evicted by this very request's inserts (it holds more than the cache): process
                     # it again so its data travels with the request.
-                    item = self._process_items(mm_items, {m: [i]}, hashes, hf_kwargs, {})[mm_hash]
+                    item = self._process_items(mm_items, {m: [i]}, hashes, request_kwargs, {})[mm_hash]
                     new_items[mm_hash] = item
                 send = (item, updates_by_hash[mm_hash]) if item is not None and not cache.is_cached_item(mm_hash) \
                     else None

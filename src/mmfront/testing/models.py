@@ -21,7 +21,6 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,28 +135,14 @@ def build_model_folder(kind: str, folder: Path, **sizes: int) -> Path:
     return folder
 
 
-@cache
-def _make_pil_image_processors_reachable() -> None:
-    """transformers 5.14.1 cannot auto-load ``Idefics3ImageProcessorPil`` without torchvision: its
-    lazy-import scanner marks any ``image_processing_*`` file whose text mentions
-    ``TorchvisionBackend`` as needing torchvision (that file's docstrings do), so the package's lazy
-    attribute is a placeholder that ``AutoProcessor`` skips. Setting the real class (imported
-    directly) on the package is what a correct lazy module holds. No-op on 5.15+, where the
-    attribute already is the real class."""
-    from mmfront.testing.processors import image_processor_class
-
-    real = image_processor_class("idefics3", "Idefics3ImageProcessor", "pil")
-    package = importlib.import_module("transformers.models.idefics3")
-    if getattr(package, real.__name__, None) is not real:
-        setattr(package, real.__name__, real)
-
-
 def load_processor(folder: Path | str, **kwargs: Any) -> ProcessorMixin:
     """``AutoProcessor.from_pretrained(folder, **kwargs)``, as users load a model, after making
     the PIL image processors reachable on transformers versions whose auto-loading misses them."""
     from transformers import AutoProcessor
 
-    _make_pil_image_processors_reachable()
+    from mmfront.models.registry import make_pil_image_processors_reachable
+
+    make_pil_image_processors_reachable()
     return AutoProcessor.from_pretrained(str(folder), **kwargs)
 
 

@@ -1,0 +1,483 @@
+"""What both transformers-backend processors share: reading the HF processor, calling it, and
+splitting its outputs into one kwargs item per multimodal item.
+
+The backend serves any HF processor mmfront has no native processor for, so nothing here knows a
+model by name (Gemma3's text placeholder aside, see :meth:`TransformersProcessingInfo.placeholder`).
+Everything is read from the processor: which modalities it has (its sub-processors), which key
+belongs to which modality (the sub-processor's ``model_input_names``), and how many data rows each
+item owns (``image_grid_thw``, ``_get_num_multimodal_tokens`` or the replacement text).
+
+An item's data must not depend on the other items of its request, or a cached item would differ
+from the same item processed alone. Two HF behaviours break that and are undone here: a batch of
+images padded to its largest image (Emu3; each is cropped back to its ``image_sizes``), and audio
+padded to the longest audio of the call (each audio is then processed alone).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
+from mmfront.inputs import MultiModalFieldConfig
+from mmfront.parse import AudioProcessorItems, EmbeddingItems, ImageProcessorItems, MultiModalDataItems
+from mmfront.processing.hf import SCOPES, call_hf
+from mmfront.processing.processor import BaseMultiModalProcessor, ProcessingInfo
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_KEY = "__mmfront_layout__"
+"""Key under which a processed HF output carries its :class:`OutputLayout` (never a model input:
+keys without a field config are dropped when the outputs are split into items)."""
+
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "text_replacement_offsets")
+"""Outputs about the text HF processed, not about the items; the model must not receive them."""
+
+MM_TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
+"""The values ``mm_token_type_ids`` marks each modality's tokens with."""
+
+_SUBPROCESSORS = {"image": ("image_processor",), "audio": ("feature_extractor", "audio_processor")}
+_HF_DATA_ARG = {"image": "images", "audio": "audio"}
+_MAIN_KEYS = {"image": ("pixel_values", "image_patches"), "audio": ("input_features", "input_values")}
+_WRAPPER_ATTRS = {
+    "image": (("boi_token", "image_start_token", "fake_image_token"),
+              ("eoi_token", "image_end_token", "fake_image_token")),
+    "audio": (("audio_bos_token", "audio_start_token"), ("audio_eos_token", "audio_end_token")),
+}
+_STRUCTURE_ATTRS = ("global_image_tag", "image_wrapper_token")
+_warned_dropped: set[tuple[str, str]] = set()
+
+
+class TransformersProcessingInfo(ProcessingInfo):
+    """What the backend reads from an HF processor it has no native knowledge of."""
+
+    @cached_property
+    def modalities(self) -> tuple[str, ...]:
+        """The modalities this processor can place: a sub-processor for the data and a text
+        placeholder for the prompt. Video is not served (vLLM gates it on transformers >= 5.18)."""
+        proc = self.hf_processor
+        found = []
+        for modality, attrs in _SUBPROCESSORS.items():
+            if not any(getattr(proc, a, None) is not None for a in attrs):
+                continue
+            if not isinstance(getattr(proc, f"{modality}_token", None), str):
+                raise UnsupportedModelError(
+                    f"{type(proc).__name__} has a {modality} sub-processor but no `{modality}_token` text "
+                    f"placeholder, so the transformers backend cannot place {modality} items in a prompt. It is "
+                    "not a chat-style multimodal processor mmfront can serve."
+                )
+            found.append(modality)
+        if not found:
+            raise UnsupportedModelError(
+                f"{type(proc).__name__} exposes no image processor or audio feature extractor, so the "
+                "transformers backend has nothing to process."
+            )
+        return tuple(found)
+
+    def get_supported_mm_limits(self) -> Mapping[str, int | None]:
+        return dict.fromkeys(self.modalities)
+
+    def subprocessor(self, modality: str) -> Any:
+        proc = self.hf_processor
+        return next(getattr(proc, a) for a in _SUBPROCESSORS[modality] if getattr(proc, a, None) is not None)
+
+    def placeholder(self, modality: str) -> str:
+        """The text placeholder of ``modality``. Gemma3's is ``<start_of_image>`` in every version
+        although transformers < 5.15 names the soft token ``processor.image_token``."""
+        proc = self.hf_processor
+        if modality == "image" and "gemma3" in type(proc).__name__.lower() and isinstance(
+                getattr(proc, "boi_token", None), str):
+            return str(proc.boi_token)
+        return str(getattr(proc, f"{modality}_token"))
+
+    def placeholder_ids(self, modality: str) -> list[int]:
+        return self.encode(self.placeholder(modality))
+
+    def embed_token_ids(self, modality: str) -> list[int]:
+        """Token ids that receive embeddings, as the processor's ``mm_token_type_ids`` counts them
+        (``image_token_ids`` where defined: Gemma3's soft token, not its placeholder)."""
+        proc = self.hf_processor
+        ids = getattr(proc, f"{modality}_token_ids", None)
+        if isinstance(ids, (list, tuple)) and ids:
+            return [int(i) for i in ids]
+        token_id = getattr(proc, f"{modality}_token_id", None)
+        if isinstance(token_id, int):
+            return [token_id]
+        return [int(self.tokenizer.convert_tokens_to_ids(getattr(proc, f"{modality}_token")))]
+
+    def _token_attr(self, name: str) -> str | None:
+        for owner in (self.hf_processor, self.tokenizer):
+            value = getattr(owner, name, None)
+            if isinstance(value, str) and value:
+                return value
+        return None
+
+    def wrapper_ids(self, modality: str) -> tuple[frozenset[int], frozenset[int]]:
+        """Token ids that open and close an item's expansion (``<start_of_image>``/``<end_of_image>``)."""
+        begin_attrs, end_attrs = _WRAPPER_ATTRS[modality]
+        tok = self.tokenizer
+
+        def ids(attrs: Sequence[str]) -> frozenset[int]:
+            out = set()
+            for attr in attrs:
+                token = self._token_attr(attr)
+                if token is not None:
+                    out.add(int(tok.convert_tokens_to_ids(token)))
+            return frozenset(out)
+
+        return ids(begin_attrs), ids(end_attrs)
+
+    def mm_special_tokens(self) -> set[str]:
+        tok = self.tokenizer
+        out: set[str] = set()
+        for modality in self.modalities:
+            out.add(self.placeholder(modality))
+            out.update(str(t) for t in tok.convert_ids_to_tokens(self.embed_token_ids(modality)))
+            for attrs in _WRAPPER_ATTRS[modality]:
+                out.update(t for t in (self._token_attr(a) for a in attrs) if t is not None)
+        out.update(t for t in (self._token_attr(a) for a in _STRUCTURE_ATTRS) if t is not None)
+        return out
+
+
+@dataclass
+class ModalityLayout:
+    """How one modality's outputs split into items.
+
+    ``rows[i]`` is how many rows item ``i`` owns along a key's slice dimension (image tiles or crops,
+    audio windows). ``size_keys`` are per-item counts sent along with the data (kept on CPU);
+    ``replacement_sizes`` splits ``{modality}_replacement_ids`` (Offsets only).
+    """
+
+    count: int
+    keys: list[str]
+    rows: list[int]
+    size_keys: list[str] = field(default_factory=list)
+    replacement_sizes: list[int] | None = None
+
+
+OutputLayout = dict[str, ModalityLayout]
+
+
+def split_text_outputs(hf_out: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(text outputs, data outputs)`` of one HF call."""
+    text = {k: v for k, v in hf_out.items() if k in TEXT_KEYS}
+    data = {k: v for k, v in hf_out.items() if k not in TEXT_KEYS}
+    return text, data
+
+
+def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], keys: Sequence[str]
+                   ) -> dict[str, list[str]]:
+    """Which modality owns each data key: the one whose sub-processor declares it in
+    ``model_input_names`` (with its ``_mask`` variant and ``{modality}_embeds``). With one modality
+    it owns everything; a key nobody declares is dropped, with a warning the first time."""
+    if len(modalities) == 1:
+        return {modalities[0]: list(keys)}
+    declared: dict[str, str] = {}
+    for modality in modalities:
+        names = list(getattr(info.subprocessor(modality), "model_input_names", None) or ())
+        for name in [*names, *(f"{n}_mask" for n in names), f"{modality}_embeds"]:
+            declared.setdefault(name, modality)
+    out: dict[str, list[str]] = {m: [] for m in modalities}
+    for key in keys:
+        owner = declared.get(key)
+        if owner is None:
+            warned = (type(info.hf_processor).__name__, key)
+            if warned not in _warned_dropped:
+                _warned_dropped.add(warned)
+                logger.warning("%s output %r is declared by no sub-processor's model_input_names; it is dropped.",
+                               *warned)
+            continue
+        out[owner].append(key)
+    return out
+
+
+def slice_dim(data: torch.Tensor, total_rows: int) -> int:
+    """1 for outputs with a leading batch dimension (Idefics3's ``[1, tiles, C, H, W]``), else 0."""
+    if data.ndim >= 2 and data.shape[0] != total_rows and data.shape[1] == total_rows:
+        return 1
+    return 0
+
+
+def field_config(modality: str, key: str, data: Any, layout: ModalityLayout) -> MultiModalFieldConfig:
+    """Lists hold one element per item (batched); tensors are split by rows (flat along their slice
+    dimension), or one row per item when only the item count fits."""
+    if isinstance(data, (list, tuple)):
+        if len(data) != layout.count:
+            raise FieldConfigError(
+                f"{modality} output {key!r} is a list of {len(data)} entries for {layout.count} item(s); the "
+                "transformers backend cannot attribute it to items."
+            )
+        return MultiModalFieldConfig.batched(modality)
+    if not isinstance(data, torch.Tensor) or data.ndim == 0:
+        raise FieldConfigError(f"{modality} output {key!r} ({type(data).__name__}) has no item dimension.")
+    total = sum(layout.rows)
+    dim = slice_dim(data, total)
+    if data.shape[dim] == total:
+        return MultiModalFieldConfig.flat_from_sizes(modality, torch.tensor(layout.rows), dim=dim)
+    if data.shape[0] == layout.count:
+        return MultiModalFieldConfig.batched(modality)
+    raise FieldConfigError(
+        f"{modality} output {key!r} of shape {tuple(data.shape)} matches neither {layout.count} item(s) nor their "
+        f"{total} row(s) ({layout.rows}); the transformers backend cannot attribute it to items."
+    )
+
+
+def unpad_images(data: dict[str, Any]) -> None:
+    """Crop batch-padded ``pixel_values`` back to each image's ``image_sizes`` (Emu3 pads every
+    image of a call to the largest one), leaving one tensor per image."""
+    pixels, sizes = data.get("pixel_values"), data.get("image_sizes")
+    if not (isinstance(pixels, torch.Tensor) and isinstance(sizes, torch.Tensor)):
+        return
+    if pixels.ndim != 4 or sizes.ndim != 2 or sizes.shape != (pixels.shape[0], 2):
+        return
+    if tuple(sizes.max(dim=0).values.tolist()) != tuple(pixels.shape[-2:]):
+        return
+    data["pixel_values"] = [pixels[i, :, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
+
+
+def merge_item_outputs(outputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Outputs of one HF call per item, as one output: concatenated along rows where the shapes
+    allow it, else one tensor per item."""
+    merged: dict[str, Any] = {}
+    for key in outputs[0]:
+        parts = [out[key] for out in outputs]
+        if all(isinstance(p, torch.Tensor) and p.ndim > 0 for p in parts) and all(
+                p.shape[1:] == parts[0].shape[1:] for p in parts):
+            merged[key] = torch.cat(parts)
+        else:
+            merged[key] = parts
+    return merged
+
+
+def main_key(modality: str, data: Mapping[str, Any]) -> str | None:
+    """The key whose rows define an item's rows (``pixel_values``, ``input_features``...)."""
+    for key in (*_MAIN_KEYS[modality], *data):
+        value = data.get(key)
+        if isinstance(value, list) or (isinstance(value, torch.Tensor) and value.ndim > 0):
+            return key
+    return None
+
+
+def row_count(value: Any) -> int:
+    """Rows along dim 0 (audio features: one row per audio or per window)."""
+    return len(value) if isinstance(value, list) else int(value.shape[0])
+
+
+def most_frequent_token(ids: Sequence[int]) -> int:
+    """The token an expansion repeats most: the one that receives embeddings (vLLM's rule). Ties
+    go to the token seen first."""
+    counts: dict[int, int] = {}
+    for token in ids:
+        counts[token] = counts.get(token, 0) + 1
+    return max(counts, key=counts.__getitem__)
+
+
+class _MultiModalProcessorBase(BaseMultiModalProcessor):
+    """Calls the HF processor on a dummy text (one placeholder per item) and lays out its outputs.
+
+    Subclasses decide how items are placed in the prompt: from the replacements HF reports
+    (Offsets) or from HF's expansion of the whole prompt (Legacy).
+    """
+
+    info: TransformersProcessingInfo
+
+    def __init__(self, info: ProcessingInfo) -> None:
+        if not isinstance(info, TransformersProcessingInfo):
+            raise InputTypeError(
+                f"{type(self).__name__} needs a TransformersProcessingInfo, got {type(info).__name__}; build it with "
+                "TransformersProcessingInfo(hf_processor, model_id=...)."
+            )
+        super().__init__(info)
+        self.modalities = info.modalities
+
+    def get_placeholder_str(self, modality: str, index: int) -> str:
+        if modality in self.modalities:
+            return self.info.placeholder(modality)
+        return super().get_placeholder_str(modality, index)
+
+    def get_mm_special_tokens(self) -> set[str]:
+        return self.info.mm_special_tokens()
+
+    # --- calling HF --------------------------------------------------------------------------
+
+    def _offsets_kwargs(self) -> dict[str, Any]:
+        """Kwargs that ask HF for ``text_replacement_offsets`` (only Offsets uses them)."""
+        return {}
+
+    def run_hf(self, text: str | list[str], data: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any],
+               **extra: Any) -> dict[str, Any]:
+        """One HF processor call; ``extra`` adds kwargs (scoped ones merge into their scope)."""
+        kwargs: dict[str, Any] = dict(hf_kwargs)
+        for key, value in extra.items():
+            kwargs[key] = {**kwargs.get(key, {}), **value} if key in SCOPES else value
+        if "audio" in data:
+            rate = self.info.get_target_sample_rate()
+            if rate is not None:
+                kwargs["audio_kwargs"] = {"sampling_rate": int(rate), **kwargs.get("audio_kwargs", {})}
+        kwargs["return_tensors"] = "pt"
+        proc = self.info.hf_processor
+        desc = ", ".join(f"{len(items)} {m}(s)" for m, items in data.items()) or "text only"
+        out = call_hf(proc, what=type(proc).__name__, data_desc=desc, text=text,
+                      **{_HF_DATA_ARG[m]: items for m, items in data.items()}, **kwargs)
+        return dict(out)
+
+    def _call_hf_processor(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Process ``mm_items`` on dummy text: one HF call for the images, and for audio one call
+        per audio when their lengths differ (HF pads a batch to its longest audio)."""
+        refuse_embeddings(mm_items)
+        out: dict[str, Any] = {}
+        layout: OutputLayout = {}
+        for modality in mm_items:
+            items = mm_items[modality]
+            if modality == "image":
+                outputs = [self._call_on_dummy_text("image", items.get_all(), hf_kwargs)]
+            else:
+                audios = mm_items.get_items("audio", AudioProcessorItems)
+                lengths = {audios.get_audio_length(i) for i in range(audios.get_count())}
+                groups = [audios.get_all()] if len(lengths) == 1 else [[a] for a in audios.get_all()]
+                outputs = [self._call_on_dummy_text("audio", group, hf_kwargs) for group in groups]
+            data, lay = self._lay_out(modality, items, outputs, hf_kwargs)
+            self._add_item_sizes(modality, outputs, data, lay)
+            for key in data:
+                if key in out:
+                    raise FieldConfigError(f"{type(self.info.hf_processor).__name__} returned {key!r} for two "
+                                           "modalities; the transformers backend cannot attribute it.")
+            out.update(data)
+            layout[modality] = lay
+        out[LAYOUT_KEY] = layout
+        return out
+
+    def _call_on_dummy_text(self, modality: str, items: list[Any], hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        placeholder = self.info.placeholder(modality)
+        # Images go in one text sample (several samples pad Idefics3's tiles); audio one per sample
+        # (GLM-ASR and AudioFlamingo3 take exactly one audio per text).
+        text: str | list[str] = placeholder * len(items) if modality == "image" else [placeholder] * len(items)
+        return self.run_hf(text, {modality: items}, hf_kwargs, **self._offsets_kwargs())
+
+    def _lay_out(
+        self, modality: str, items: Any, outputs: Sequence[Mapping[str, Any]], hf_kwargs: Mapping[str, Any],
+    ) -> tuple[dict[str, Any], ModalityLayout]:
+        """The data keys of ``outputs`` (one call for all items, or one per item) and their layout."""
+        datas = [split_text_outputs(o)[1] for o in outputs]
+        if modality == "image":
+            for d in datas:
+                unpad_images(d)
+        if len(datas) == 1:
+            data = datas[0]
+            rows = self.item_rows(modality, items, data, hf_kwargs, outputs[0])
+        else:
+            rows = [self.item_rows(modality, items.subset([i]), d, hf_kwargs, o)[0]
+                    for i, (d, o) in enumerate(zip(datas, outputs))]
+            data = merge_item_outputs(datas)
+        return data, ModalityLayout(count=items.get_count(), keys=list(data), rows=rows)
+
+    def _add_item_sizes(self, modality: str, outputs: Sequence[Mapping[str, Any]], data: dict[str, Any],
+                        layout: ModalityLayout) -> None:
+        """Per-item counts the model receives with the data (``num_image_patches``)."""
+        if modality == "image":
+            data["num_image_patches"] = torch.tensor(layout.rows)
+            layout.size_keys.append("num_image_patches")
+
+    def item_rows(self, modality: str, items: Any, data: Mapping[str, Any], hf_kwargs: Mapping[str, Any],
+                  hf_out: Mapping[str, Any]) -> list[int]:
+        """Rows each item owns in one call's outputs, checked against the data."""
+        count = items.get_count()
+        key = main_key(modality, data)
+        if modality == "image":
+            rows = self.image_rows(items, data, hf_kwargs, hf_out)
+        else:
+            total = row_count(data[key]) if key is not None else count
+            if total % count:
+                raise ProcessorError(
+                    f"{type(self.info.hf_processor).__name__} returned {total} {modality} feature rows for {count} "
+                    f"{modality}(s) of equal length; the transformers backend cannot split them per item."
+                )
+            rows = [total // count] * count
+        if key is not None:
+            self.check_rows(modality, key, data[key], rows)
+        return rows
+
+    def image_rows(self, images: ImageProcessorItems, data: Mapping[str, Any], hf_kwargs: Mapping[str, Any],
+                   hf_out: Mapping[str, Any]) -> list[int]:
+        """Rows (tiles, crops, patches) per image: ``image_grid_thw``, else the processor's
+        ``num_image_patches``, else one."""
+        count = images.get_count()
+        grid = data.get("image_grid_thw")
+        if isinstance(grid, torch.Tensor) and grid.ndim == 2 and grid.shape[0] == count:
+            return [int(x) for x in grid.prod(-1).tolist()]
+        sizes = [images.get_image_size(i) for i in range(count)]
+        query = self.query_mm_tokens(hf_kwargs, image_sizes=[(s.height, s.width) for s in sizes])
+        patches = getattr(query, "num_image_patches", None)
+        if isinstance(patches, (list, tuple)) and len(patches) == count:
+            # Idefics3 reports 0 for an image it does not split; that image still has one tile.
+            return [max(1, int(p)) for p in patches]
+        return [1] * count
+
+    def query_mm_tokens(self, hf_kwargs: Mapping[str, Any], **sizes: Any) -> Any:
+        """``hf_processor._get_num_multimodal_tokens(...)``, or None where it is missing or fails.
+
+        It is optional: what it says is checked against the data (or the located tokens) by the
+        callers. Idefics3 on transformers < 5.15 writes its kwargs into the class-wide defaults,
+        so those are snapshotted and restored around the call.
+        """
+        proc = self.info.hf_processor
+        method = getattr(proc, "_get_num_multimodal_tokens", None)
+        if method is None:
+            return None
+        kwargs_cls = getattr(type(proc), "valid_processor_kwargs", None)
+        defaults = getattr(kwargs_cls, "_defaults", None)
+        snapshot = copy.deepcopy(defaults) if isinstance(defaults, dict) else None
+        try:
+            return method(**sizes, **dict(hf_kwargs.get("images_kwargs") or {}))
+        except (AttributeError, NotImplementedError, TypeError, ValueError, KeyError):
+            return None
+        finally:
+            if snapshot is not None and isinstance(defaults, dict):
+                defaults.clear()
+                defaults.update(snapshot)
+
+    def check_rows(self, modality: str, key: str, value: Any, rows: Sequence[int]) -> None:
+        """The per-item row counts must cover ``value`` exactly (a list holds one entry per item)."""
+        total = sum(rows)
+        found = len(value) if isinstance(value, list) else int(value.shape[slice_dim(value, total)])
+        expected = len(rows) if isinstance(value, list) else total
+        if found != expected:
+            raise ProcessorError(
+                f"{type(self.info.hf_processor).__name__} returned {found} rows of {key!r} but its per-item counts "
+                f"say {list(rows)} (total {expected}); the transformers backend cannot split {modality} data per item. "
+                "Known case: Gemma3 with do_pan_and_scan on transformers < 5.15 (upgrade transformers, or turn "
+                "do_pan_and_scan off)."
+            )
+
+    # --- laying out outputs ----------------------------------------------------------------
+
+    def _get_mm_fields_config(
+        self, hf_inputs: Mapping[str, Any], hf_kwargs: Mapping[str, Any],
+    ) -> Mapping[str, MultiModalFieldConfig]:
+        layout: OutputLayout = hf_inputs[LAYOUT_KEY]
+        config: dict[str, MultiModalFieldConfig] = {}
+        for modality, lay in layout.items():
+            for key in lay.keys:
+                config[key] = field_config(modality, key, hf_inputs[key], lay)
+            for key in lay.size_keys:
+                config[key] = MultiModalFieldConfig.batched(modality, keep_on_cpu=True)
+            if lay.replacement_sizes is not None:
+                config[f"{modality}_replacement_ids"] = MultiModalFieldConfig.flat_from_sizes(
+                    modality, torch.tensor(lay.replacement_sizes), keep_on_cpu=True)
+        return config
+
+
+def refuse_embeddings(mm_items: MultiModalDataItems) -> None:
+    for modality, items in mm_items.items():
+        if isinstance(items, EmbeddingItems):
+            raise ValidationError(
+                f"The transformers backend cannot place precomputed {modality} embeddings: it learns each item's "
+                "expansion from the HF processor, which needs the media. Send the media instead.",
+                parameter=modality,
+            )

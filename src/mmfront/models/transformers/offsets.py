@@ -1,0 +1,158 @@
+"""``OffsetsMultiModalProcessor``: the transformers backend for transformers >= 5.15.
+
+From 5.15 an HF processor can say what each placeholder expanded to
+(``text_replacement_offsets``), so the backend never lets HF see the user's prompt: it processes
+the items on a dummy text (one placeholder per item), encodes each reported replacement, and
+splices it into the prompt with a :class:`PromptReplacement` on the modality's placeholder. That is
+the shape every native processor has, so this path goes through the cached ``apply()``: a repeated
+image is a cache hit and never reaches HF again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import transformers
+from packaging.version import Version
+from transformers import ProcessorMixin
+
+from mmfront.errors import FieldConfigError, MissingOffsetsError, ProcessorError
+from mmfront.inputs import MultiModalKwargsItems
+from mmfront.models.transformers.base import (
+    ModalityLayout,
+    _MultiModalProcessorBase,
+    most_frequent_token,
+)
+from mmfront.parse import ImageProcessorItems, MultiModalDataItems
+from mmfront.processing.processor import ProcessingInfo
+from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+OFFSETS_MIN_VERSION = Version("5.15.0")
+"""From this version HF processors report ``text_replacement_offsets`` (Gemma3, Emu3 and most
+others; Idefics3 and GLM-ASR already did in 5.14.1, Qwen2-Audio only from 5.16)."""
+
+
+def offsets_request_kwargs(version: Version = TRANSFORMERS_VERSION) -> dict[str, Any]:
+    """How to ask for the offsets: a processor kwarg from 5.15 (``text_kwargs`` still works there
+    but warns from 5.23), only through ``text_kwargs`` before (a flat kwarg is dropped)."""
+    if version < OFFSETS_MIN_VERSION:
+        return {"text_kwargs": {"return_text_replacement_offsets": True}}
+    return {"return_text_replacement_offsets": True}
+
+
+def has_replacement_hook(processor_cls: type, modality: str) -> bool:
+    """Whether a class below ``ProcessorMixin`` defines ``replace_<modality>_token`` (the base's
+    raises NotImplementedError)."""
+    name = f"replace_{modality}_token"
+    return any(name in vars(cls) for cls in processor_cls.__mro__
+               if cls is not ProcessorMixin and issubclass(cls, ProcessorMixin))
+
+
+def _advice() -> str:
+    return (
+        "Please report it to transformers (https://github.com/huggingface/transformers/issues) so the processor "
+        "gets the hook. Until then, pin `transformers<5.15`, which selects the Legacy backend, or keep this "
+        "transformers and set MultiModalConfig(transformers_backend=\"legacy\") (one HF call on the whole prompt, "
+        "no processor cache)."
+    )
+
+
+def missing_hook_error(processor: Any, modality: str) -> MissingOffsetsError:
+    name = type(processor).__name__
+    return MissingOffsetsError(
+        f"{name} does not implement `replace_{modality}_token`, so under transformers {TRANSFORMERS_VERSION} it "
+        f"reports no text_replacement_offsets for {modality} items and the transformers backend cannot tell where "
+        f"each item's placeholder expands. {_advice()}"
+    )
+
+
+def no_offsets_error(processor: Any, modality: str) -> MissingOffsetsError:
+    name = type(processor).__name__
+    return MissingOffsetsError(
+        f"{name} returned no text_replacement_offsets for its {modality} items, so the transformers backend cannot "
+        f"tell where each item's placeholder expands. Its `__call__` has to reach "
+        f"`ProcessorMixin.get_text_with_replacements` with one replacement per item through "
+        f"`replace_{modality}_token`. {_advice()}"
+    )
+
+
+class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
+    """Places each item with the replacement its HF processor reports (transformers >= 5.15)."""
+
+    def __init__(self, info: ProcessingInfo) -> None:
+        super().__init__(info)
+        proc = self.info.hf_processor
+        for modality in self.modalities:
+            if not has_replacement_hook(type(proc), modality):
+                raise missing_hook_error(proc, modality)
+
+    def _offsets_kwargs(self) -> dict[str, Any]:
+        return offsets_request_kwargs()
+
+    def replacements(self, modality: str, outputs: Sequence[Mapping[str, Any]], count: int) -> list[str]:
+        """The replacement text of each item, in item order, across the calls' text samples."""
+        entries = [
+            entry for out in outputs for sample in (out.get("text_replacement_offsets") or ())
+            for entry in sample if entry.get("type") == modality
+        ]
+        if not entries:
+            raise no_offsets_error(self.info.hf_processor, modality)
+        if len(entries) != count:
+            raise ProcessorError(
+                f"{type(self.info.hf_processor).__name__} reported {len(entries)} {modality} replacement(s) for "
+                f"{count} {modality} item(s); the transformers backend needs exactly one per item."
+            )
+        return [str(entry["replacement"]) for entry in entries]
+
+    def image_rows(self, images: ImageProcessorItems, data: Mapping[str, Any], hf_kwargs: Mapping[str, Any],
+                   hf_out: Mapping[str, Any]) -> list[int]:
+        """Where the placeholder is a structure token rather than the embedding token (Gemma3's
+        ``<start_of_image>``), a replacement repeats it once per sub-image it holds: pan-and-scan
+        gives the original plus one per crop. That count is the only per-image one, since Gemma3
+        drops ``num_crops`` and its ``_get_num_multimodal_tokens`` ignores pan-and-scan."""
+        if "image_grid_thw" not in data:
+            placeholder = self.info.placeholder("image")
+            texts = self.replacements("image", [hf_out], images.get_count())
+            placeholder_ids = self.info.placeholder_ids("image")
+            embeds = [most_frequent_token(self.info.encode(text) or placeholder_ids) for text in texts]
+            subs = [text.count(placeholder) for text in texts]
+            if all(placeholder_ids != [e] for e in embeds) and all(subs):
+                return subs
+        return super().image_rows(images, data, hf_kwargs, hf_out)
+
+    def _add_item_sizes(self, modality: str, outputs: Sequence[Mapping[str, Any]], data: dict[str, Any],
+                        layout: ModalityLayout) -> None:
+        super()._add_item_sizes(modality, outputs, data, layout)
+        texts = self.replacements(modality, outputs, layout.count)
+        encoded = [self.info.encode(text) for text in texts]
+        if not all(encoded):
+            raise ProcessorError(f"{type(self.info.hf_processor).__name__} reported an empty {modality} replacement.")
+        data[f"{modality}_replacement_ids"] = torch.tensor([t for ids in encoded for t in ids], dtype=torch.int64)
+        layout.replacement_sizes = [len(ids) for ids in encoded]
+        if modality == "audio":
+            data["num_audio_tokens"] = torch.tensor([ids.count(most_frequent_token(ids)) for ids in encoded])
+            layout.size_keys.append("num_audio_tokens")
+
+    def _get_prompt_updates(
+        self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], out_mm_kwargs: MultiModalKwargsItems,
+    ) -> Sequence[PromptUpdate]:
+        """One replacement per modality; item ``i`` takes its own reported expansion, whose most
+        frequent token receives embeddings. The ids are taken out of the items: the updates are
+        cached with the item, so neither the cache nor the engine needs them as data."""
+        updates: list[PromptUpdate] = []
+        for modality in mm_items:
+            key = f"{modality}_replacement_ids"
+            contents: list[PromptUpdateDetails[list[int]]] = []
+            for item in out_mm_kwargs[modality]:
+                data = item[key].data if item is not None and key in item else None
+                if item is None or not isinstance(data, torch.Tensor):
+                    raise FieldConfigError(f"A {modality} item lacks its {key}; it was not processed by this backend.")
+                ids = [int(t) for t in data.tolist()]
+                del item[key]
+                contents.append(PromptUpdateDetails.select_token_id(ids, most_frequent_token(ids)))
+            updates.append(PromptReplacement(modality, target=self.info.placeholder_ids(modality),
+                                             replacement=contents.__getitem__))
+        return updates
