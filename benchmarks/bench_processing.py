@@ -1,9 +1,11 @@
 """``apply()`` latency for one 1024x1024 image on the real-size Gemma3 fixture, cache miss and hit,
 for PNG bytes and for a PIL image, side by side with vLLM 0.33 when its peer venv is present.
 
-mmfront's PNG items are loaded lazily (header only, outside the timed region), so a PNG miss *includes*
-the decode; vLLM decodes at load time, so its miss is reported both alone and plus its decode (the
-fair comparison). Timed region on both sides: parse + apply with the default LRU sender cache.
+Timed region on both sides: parse + apply with the default LRU sender cache. Loading PNG bytes is
+timed separately, because the two frontends put different work there: vLLM decodes the image at
+load; mmfront reads the header and hashes the bytes (on the loading threads, off the processing
+lane) and decodes only on a miss, inside ``apply``. So the table also gives load + apply, the
+end-to-end cost of a PNG item, where a hit is compared with vLLM's decode + hit.
 
 The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python), its
 model folder is ``<venv>/models/tiny-gemma3-896`` (built by /work/shared/peer/vllm_peer_setup.sh).
@@ -25,8 +27,8 @@ from typing import Any
 from _harness import Report
 from mmfront import MultiModalConfig
 from mmfront.cache.processor import LruKeyReplicatedSenderCache
-from mmfront.media import DecodeBudget
-from mmfront.media.image import load_image_bytes
+from mmfront.hashing import prehash_media
+from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import natural_image
 from mmfront.testing.models import cached_model_dir
@@ -60,8 +62,13 @@ def measure_mmfront(quick: bool) -> dict[str, float]:
     def run(item: Any) -> None:
         proc.apply(prompt, {"image": [item]}, cache=cache)
 
+    connector = MediaConnector(config)
+
     def lazy(data: bytes) -> Any:
-        return load_image_bytes(data, config=config, budget=DecodeBudget(config.max_media_request_decode_bytes))
+        """What the chat path does with an image part: load lazily, then prehash."""
+        item = connector.load_image(data, budget=DecodeBudget(config.max_media_request_decode_bytes))
+        prehash_media(item, "image", config.mm_hasher_algorithm)
+        return item
 
     out: dict[str, float] = {}
     run(natural_image(tag=99_999))
@@ -72,9 +79,10 @@ def measure_mmfront(quick: bool) -> dict[str, float]:
     out["miss_png_ms"] = _median_ms(run, [lazy(_png(natural_image(tag=1000 + i))) for i in range(n_miss)])
     base_png = _png(base)
     run(lazy(base_png))
-    hit_item = lazy(base_png)
-    out["hit_png_ms"] = _median_ms(run, [hit_item] * n_hit)
-    assert hit_item.decode_count == 0, "a cache hit must never decode"
+    out["load_png_ms"] = _median_ms(lazy, [base_png] * n_hit)
+    hit_items = [lazy(base_png) for _ in range(n_hit)]
+    out["hit_png_ms"] = _median_ms(run, hit_items)
+    assert all(item.decode_count == 0 for item in hit_items), "a cache hit must never decode"
     return out
 
 
@@ -97,7 +105,7 @@ def run(report: Report, quick: bool) -> None:
     vllm = measure_vllm(quick)
     ours = measure_mmfront(quick)
     group = "apply gemma3-896"
-    for key in ("miss_pil_ms", "hit_pil_ms", "miss_png_ms", "hit_png_ms"):
+    for key in ("miss_pil_ms", "hit_pil_ms", "load_png_ms", "miss_png_ms", "hit_png_ms"):
         report.add(group, f"mmfront {key[:-3]}", ours[key], "ms")
     if vllm is None:
         report.add(group, "vLLM peer not found: ratios skipped", 0.0, "")
@@ -107,5 +115,7 @@ def run(report: Report, quick: bool) -> None:
     report.ratio(group, "hit PNG: mmfront / vLLM", ours["hit_png_ms"] / vllm["hit_png_ms"], at_most=0.5)
     report.ratio(group, "hit PIL: mmfront / vLLM", ours["hit_pil_ms"] / vllm["hit_pil_ms"], at_most=0.5)
     report.ratio(group, "miss PIL: mmfront / vLLM", ours["miss_pil_ms"] / vllm["miss_pil_ms"], at_most=1.0)
-    report.ratio(group, "miss PNG: mmfront / (vLLM decode + miss)",
-                 ours["miss_png_ms"] / (vllm["miss_png_ms"] + vllm["png_decode_ms"]), at_most=1.0)
+    report.ratio(group, "load+hit PNG: mmfront / vLLM", (ours["load_png_ms"] + ours["hit_png_ms"])
+                 / (vllm["png_decode_ms"] + vllm["hit_png_ms"]))
+    report.ratio(group, "load+miss PNG: mmfront / vLLM", (ours["load_png_ms"] + ours["miss_png_ms"])
+                 / (vllm["png_decode_ms"] + vllm["miss_png_ms"]), at_most=1.0)

@@ -13,12 +13,14 @@ the item count or, worse, pair the typed token with another part's image.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mmfront.errors import ChatFormatError, MediaFormatError, ValidationError
+from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
+from mmfront.media.base import MediaWithBytes
 
 if TYPE_CHECKING:
     from mmfront.processing.processor import BaseMultiModalProcessor
@@ -72,11 +74,20 @@ class _Tracker:
                 "(MultiModalConfig.limit_mm_per_prompt) to increase this limit.", parameter=modality,
             )
 
-    def add(self, modality: str, item: Any, uuid: str | None) -> str:
+    def add(self, modality: str, load: Callable[[], Any], uuid: str | None) -> str:
         index = len(self.items.get(modality, ()))
-        self.items.setdefault(modality, []).append(item)
+        self.items.setdefault(modality, []).append(load)
         self.uuids.setdefault(modality, []).append(uuid)
         return self.processor.get_placeholder_str(modality, index)
+
+    def load_all(self) -> dict[str, list[Any]]:
+        """Run every media part's load, concurrently (fetches, and the prehashing, overlap)."""
+        keys = [(modality, i) for modality, loads in self.items.items() for i in range(len(loads))]
+        results = self.connector.load_all([self.items[m][i] for m, i in keys])
+        out: dict[str, list[Any]] = {m: [None] * len(loads) for m, loads in self.items.items()}
+        for (modality, i), item in zip(keys, results):
+            out[modality][i] = item
+        return out
 
 
 def parse_chat_messages(
@@ -125,7 +136,7 @@ def parse_chat_messages(
     except Exception as exc:
         raise ChatFormatError(f"The chat template failed to render these messages: {exc}",
                               parameter="messages") from exc
-    return ChatRequestInputs(prompt=str(prompt), mm_data=tracker.items, mm_uuids=tracker.uuids)
+    return ChatRequestInputs(prompt=str(prompt), mm_data=tracker.load_all(), mm_uuids=tracker.uuids)
 
 
 def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[str, Any]] | str:
@@ -153,8 +164,8 @@ def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[
         if uuid is not None and not isinstance(uuid, str):
             raise ChatFormatError(f"{where}.uuid must be a string.", parameter="messages")
         tracker.check(modality, is_embed)
-        item = _load_part(part, kind, where, uuid, tracker)
-        placeholder = tracker.add(modality, item, uuid)
+        load = _part_loader(part, kind, where, uuid, tracker)
+        placeholder = tracker.add(modality, _prehashing(load, modality, uuid, tracker), uuid)
         modalities.add(modality)
         out.append({"type": modality})
         texts.append(placeholder)
@@ -163,16 +174,34 @@ def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[
     return out if walks_parts else "\n".join(texts)
 
 
-def _load_part(part: Mapping[str, Any], kind: str, where: str, uuid: str | None, tracker: _Tracker) -> Any:
+def _prehashing(load: Callable[[], Any], modality: str, uuid: str | None, tracker: _Tracker) -> Callable[[], Any]:
+    """Hash a loaded item's bytes right after loading it, when its content will be its key: on
+    the loading threads rather than in the processing lane (see ``prehash_media``)."""
+    config = tracker.processor.info.config
+    if uuid is not None or not (config.mm_processor_cache_gb > 0 or config.enable_prefix_caching):
+        return load
+
+    def load_and_hash() -> Any:
+        item = load()
+        if isinstance(item, MediaWithBytes):
+            prehash_media(item, modality, config.mm_hasher_algorithm)
+        return item
+
+    return load_and_hash
+
+
+def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | None,
+                 tracker: _Tracker) -> Callable[[], Any]:
+    """Validate a media part now; return the function that loads its item."""
     payload = part.get(kind)
     connector, budget, media_io_kwargs = tracker.connector, tracker.budget, tracker.media_io_kwargs
     if payload is None:
         if uuid is None:
             raise ChatFormatError(f"{where} has no `{kind}` data and no `uuid`: send the media, or the `uuid` of an "
                                   "item sent before.", parameter="messages")
-        return None
+        return lambda: None
     if kind in ("image_embeds", "audio_embeds", "image_pil"):
-        return payload
+        return lambda: payload
     if kind == "input_audio":
         if not isinstance(payload, Mapping) or not isinstance(payload.get("data"), str):
             raise ChatFormatError(f"{where}.input_audio must be an object with base64 `data` and a `format`.",
@@ -181,15 +210,16 @@ def _load_part(part: Mapping[str, Any], kind: str, where: str, uuid: str | None,
         if fmt != "wav":
             raise MediaFormatError(f"{where}: audio format {fmt!r} is not supported; send WAV audio.",
                                    parameter="messages")
-        return connector.load_audio(payload["data"], budget=budget, media_io_kwargs=media_io_kwargs)
+        data = payload["data"]
+        return lambda: connector.load_audio(data, budget=budget, media_io_kwargs=media_io_kwargs)
     url = payload.get("url") if isinstance(payload, Mapping) else payload
     if url is None and uuid is not None:
-        return None
+        return lambda: None
     if not isinstance(url, str):
         raise ChatFormatError(f"{where}.{kind} must be a URL string or an object with a `url`.", parameter="messages")
     if kind == "image_url":
-        return connector.load_image(url, budget=budget, media_io_kwargs=media_io_kwargs)
-    return connector.load_audio(url, budget=budget, media_io_kwargs=media_io_kwargs)
+        return lambda: connector.load_image(url, budget=budget, media_io_kwargs=media_io_kwargs)
+    return lambda: connector.load_audio(url, budget=budget, media_io_kwargs=media_io_kwargs)
 
 
 def _check_text(text: str, reserved: set[str], n: int) -> None:

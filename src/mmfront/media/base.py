@@ -45,7 +45,7 @@ class MediaWithBytes(Generic[T]):
     ``info`` carries what the loader learned from the header without decoding (format, size, mode).
     """
 
-    __slots__ = ("_decode", "_lock", "_media", "decode_count", "info", "io_config", "original_bytes")
+    __slots__ = ("_decode", "_lock", "_media", "decode_count", "info", "io_config", "original_bytes", "prehashed")
 
     def __init__(
         self,
@@ -65,6 +65,9 @@ class MediaWithBytes(Generic[T]):
         self.io_config = io_config
         self.info: dict[str, Any] = dict(info or {})
         self.decode_count = 0
+        self.prehashed: dict[tuple[str, str], Any] = {}
+        """Hasher states that already absorbed this item under a key, by ``(algorithm, key)``
+        (see :func:`mmfront.hashing.prehash_media`)."""
 
     @property
     def is_decoded(self) -> bool:

@@ -15,8 +15,9 @@ import functools
 import os
 import re
 import stat
+import threading
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -43,6 +44,7 @@ MediaSource = str | bytes | bytearray | memoryview
 """A URL (``http(s)://``, ``file://``, ``data:``), a local path, a base64 string, or raw bytes."""
 
 _T = TypeVar("_T")
+_S = TypeVar("_S")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -92,6 +94,8 @@ class MediaConnector:
         root = config.allowed_local_media_path
         self._root = None if root is None else os.path.realpath(root)
         self._http = HttpFetcher(config.allowed_media_domains, config.max_media_bytes)
+        self._pool: ThreadPoolExecutor | None = None  # created on the first multi-item load, then reused
+        self._pool_lock = threading.Lock()
 
     # --- loading ---
 
@@ -142,16 +146,24 @@ class MediaConnector:
         load = functools.partial(self.load_audio, budget=budget, media_io_kwargs=media_io_kwargs, lazy=lazy)
         return self._load_many(load, sources)
 
-    def _load_many(self, load: Callable[[MediaSource], _T], sources: Iterable[MediaSource]) -> list[_T]:
+    def load_all(self, loads: Sequence[Callable[[], _T]]) -> list[_T]:
+        """Run independent loads concurrently (a request's media parts); results keep the order
+        of ``loads``, and the first failing load (in that order) raises its error."""
+        return self._load_many(lambda load: load(), loads)
+
+    def _load_many(self, load: Callable[[_S], _T], sources: Iterable[_S]) -> list[_T]:
         items = list(sources)
         if len(items) <= 1 or self.max_workers == 1:
             return [load(source) for source in items]
-        pool = ThreadPoolExecutor(max_workers=min(self.max_workers, len(items)), thread_name_prefix="mmfront-media")
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="mmfront-media")
+        futures = [self._pool.submit(load, source) for source in items]
         try:
-            futures = [pool.submit(load, source) for source in items]
             return [future.result() for future in futures]
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            for future in futures:
+                future.cancel()
 
     # --- sources ---
 

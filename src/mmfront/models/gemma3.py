@@ -258,7 +258,8 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         self, prompt_ids: list[int], mm_prompt_updates: Mapping[str, Sequence[Sequence[ResolvedPromptUpdate]]],
     ) -> tuple[list[int], Mapping[str, Sequence[PlaceholderFeaturesInfo]]]:
         ids, placeholders = super()._apply_prompt_updates(prompt_ids, mm_prompt_updates)
-        merges = _plan_newline_merges(ids, self._merges)
+        contents = sorted((p.start_idx, p.start_idx + len(p.tokens)) for ps in placeholders.values() for p in ps)
+        merges = _plan_newline_merges(ids, contents, self._merges)
         if not merges:
             return ids, placeholders
         merged_at = dict(merges)
@@ -297,24 +298,36 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         return out, moved
 
 
-def _plan_newline_merges(ids: list[int], rules: Sequence[tuple[int, int, int]]) -> list[tuple[int, int]]:
+def _plan_newline_merges(
+    ids: list[int], contents: Sequence[tuple[int, int]], rules: Sequence[tuple[int, int, int]],
+) -> list[tuple[int, int]]:
     """vLLM's three whole-prompt passes (``[a, b] -> [c]`` each, non-overlapping, left to right),
     computed on the positions of the newline tokens only: ``(position, merged token)`` per merge,
     in the original coordinates, sorted.
 
     A merged token never takes part in a later pass, and the token a merge removes sits right
     after a merged one, so two remaining candidates are neighbours exactly when their original
-    positions are consecutive. Each candidate token costs one C-level scan of ``ids``."""
+    positions are consecutive. Candidates are the prompt's own tokens plus the first and last
+    token of each spliced content (``contents``: sorted ``[start, end)`` spans): a content is
+    tokenizer output, and the tokenizer already merged every newline run inside it. So only the
+    prompt's few tokens are scanned, not the expansion."""
     candidates = {token for rule in rules for token in rule[:2]}
     token_at: dict[int, int] = {}
-    for token in candidates:
-        i = -1
-        try:
-            while True:
-                i = ids.index(token, i + 1)
-                token_at[i] = token
-        except ValueError:
-            pass
+    prompt_start = 0
+    for start, end in (*contents, (len(ids), len(ids))):
+        for token in candidates:
+            i = prompt_start - 1
+            try:
+                while True:
+                    i = ids.index(token, i + 1, start)
+                    token_at[i] = token
+            except ValueError:
+                pass
+        if start < end:
+            for edge in (start, end - 1):
+                if ids[edge] in candidates:
+                    token_at[edge] = ids[edge]
+        prompt_start = end
     merges: list[tuple[int, int]] = []
     for first, second, merged in rules:
         for pos in sorted(token_at):
