@@ -1,7 +1,8 @@
-"""Processor caches: the P0+P1 LRU round per item, and shm put/read of a Gemma3-sized item.
+"""Processor caches: the P0+P1 LRU round per item, the drift stamp's cost per request, and shm
+put/read of a Gemma3-sized item.
 
-Baselines, measured in the same run: a dict lookup per item for the LRU rounds, and a plain
-memcpy of the item's bytes for the shm store. The memcpy writes warm memory in turn over as many
+Baselines, measured in the same run: a dict lookup per item for the LRU rounds, the unstamped
+mirror for the stamped one, and a plain memcpy of the item's bytes for the shm store. The memcpy writes warm memory in turn over as many
 item-sized slots as the ring holds, because that is the memory a put writes: copying into one
 buffer that stays in the CPU cache would flatter the baseline, copying over a working set larger
 than the cache costs up to twice as much per byte, whoever does it.
@@ -14,17 +15,27 @@ from __future__ import annotations
 
 import itertools
 import mmap
+from collections.abc import Callable
 
 import torch
 
 from _harness import Report, median_time
+from mmfront.cache.base import BaseMultiModalProcessorCache, BaseMultiModalReceiverCache
+from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
 from mmfront.cache.processor import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
-from mmfront.inputs import MultiModalFieldElem, MultiModalFlatField, MultiModalKwargsItem
+from mmfront.inputs import (
+    MultiModalFeatureSpec,
+    MultiModalFieldElem,
+    MultiModalFlatField,
+    MultiModalKwargsItem,
+    PlaceholderRange,
+)
 
 GROUP = "cache"
 N_ITEMS = 1000
 ITEM_BYTES = 48 * 1024
+ITEMS_PER_REQUEST = 4
 UPDATES = ["resolved prompt update"]
 
 
@@ -80,6 +91,55 @@ def _lru_rounds(report: Report, repeat: int) -> None:
     report.add(GROUP, "LRU miss round per item (P0 + P1, evicting)", miss * 1e6, "us", target="<= 5 us",
                ok=miss <= 5e-6)
     report.ratio(GROUP, "LRU miss round / dict lookup", miss / base)
+
+
+def _request_rounds(
+    sender: BaseMultiModalProcessorCache, receiver: BaseMultiModalReceiverCache, stamped: bool,
+) -> Callable[[], None]:
+    """One P0 commit and one P1 fill per request of ``ITEMS_PER_REQUEST`` hits, as the
+    preprocessor and the engine receiver run them."""
+    hashes = [f"{i:064x}" for i in range(N_ITEMS)]
+    requests = []
+    for r in range(0, N_ITEMS, ITEMS_PER_REQUEST):
+        keys = hashes[r:r + ITEMS_PER_REQUEST]
+        features = [MultiModalFeatureSpec(None, "image", h, PlaceholderRange(8 * i, 4), h) for i, h in enumerate(keys)]
+        requests.append((f"req-{r}", keys, features))
+    take_stamp = sender.take_stamp if isinstance(sender, MirroredSenderCache) else None
+    receive = receiver.receive if isinstance(receiver, MirroredReceiverCache) else None
+
+    def round_() -> None:
+        for request_id, keys, features in requests:
+            sender.begin_request(request_id)
+            for h in keys:
+                sender.touch_sender_cache_item(h)
+            for f, h in zip(features, keys):
+                miss = None if sender.is_cached_item(h) else (MultiModalKwargsItem.dummy(ITEM_BYTES), UPDATES)
+                f.data = sender.get_and_update_item(miss, h)[0]
+            sender.release_sender_touches()
+            if stamped:
+                receive(take_stamp(request_id), features, request_id)  # type: ignore[misc]
+            else:
+                receiver.get_and_update_features(features)
+
+    round_()  # the first round inserts every item; the timed ones hit
+    if receiver.make_stats().hits or (stamped and receiver.resets):  # type: ignore[attr-defined]
+        raise RuntimeError("the warm-up round must insert every item without drift")
+    return round_
+
+
+def _mirror_rounds(report: Report, repeat: int) -> None:
+    plain = _request_rounds(LruKeyReplicatedSenderCache(1 << 40), LruKeyReplicatedReceiverCache(1 << 40), False)
+    stamped = _request_rounds(MirroredSenderCache(1 << 40), MirroredReceiverCache(1 << 40), True)
+    n_requests = N_ITEMS // ITEMS_PER_REQUEST
+    plain_s = median_time(plain, repeat=repeat) / N_ITEMS
+    stamped_s = median_time(stamped, repeat=repeat) / N_ITEMS
+    per_request = (stamped_s - plain_s) * N_ITEMS / n_requests
+    report.add(GROUP, f"hit round per item, {ITEMS_PER_REQUEST}-item requests, unstamped (baseline)",
+               plain_s * 1e6, "us")
+    report.add(GROUP, f"hit round per item, {ITEMS_PER_REQUEST}-item requests, stamped", stamped_s * 1e6, "us")
+    report.add(GROUP, "drift stamp cost per request (P0 stamp + P1 check)", per_request * 1e6, "us",
+               target="<= 10 us", ok=per_request <= 10e-6)
+    report.ratio(GROUP, "stamped / unstamped hit round", stamped_s / plain_s)
 
 
 def _shm(report: Report, repeat: int) -> None:
@@ -147,4 +207,5 @@ def _shm(report: Report, repeat: int) -> None:
 def run(report: Report, quick: bool) -> None:
     repeat = 7 if quick else 21
     _lru_rounds(report, repeat)
+    _mirror_rounds(report, repeat)
     _shm(report, repeat)

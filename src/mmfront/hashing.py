@@ -48,8 +48,9 @@ _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 _FLOAT64 = struct.Struct("<d")
 
 _PIXEL_CHUNK_BYTES = 1 << 19
-"""Pixel bytes per strip: big enough that per-call overhead vanishes (64 KiB strips cost ~20%,
-more), small enough that a strip is still in cache when the hasher reads it."""
+"""Pixel bytes per strip: big enough that per-call overhead vanishes (on a 1024x1024 RGB image,
+64 KiB strips cost ~20% more and 256 KiB ~3% more), small enough that a strip is still in cache
+when the hasher reads it."""
 
 _BLAKE3_THREADS_MIN_BYTES = 16 << 20
 """From this payload size on, blake3 hashes on all cores. Below it the gain is unreliable: on a

@@ -3,7 +3,8 @@
 * no cache when ``mm_processor_cache_gb <= 0``;
 * ``processor_only`` when P0 cannot mirror P1: several API processes, or data parallelism with
   internal load balancing (a P0 cannot know which engine, hence which P1 cache, gets a request);
-* otherwise the configured ``mm_processor_cache_type``: ``lru`` (default) or ``shm``.
+* otherwise the configured ``mm_processor_cache_type``: ``lru`` (default) or ``shm``. In ``lru``
+  mode the pair is the stamped mirror (:mod:`mmfront.cache.mirror`), which detects drift.
 """
 
 from __future__ import annotations
@@ -11,11 +12,8 @@ from __future__ import annotations
 from typing import Literal
 
 from mmfront.cache.base import BaseMultiModalProcessorCache
-from mmfront.cache.processor import (
-    LruKeyReplicatedReceiverCache,
-    LruKeyReplicatedSenderCache,
-    MultiModalProcessorOnlyCache,
-)
+from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
+from mmfront.cache.processor import MultiModalProcessorOnlyCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
 from mmfront.cache.shm_store import Lock
 from mmfront.config import MultiModalConfig
@@ -44,7 +42,7 @@ def processor_cache_from_config(
     if cache_type == "processor_only":
         return MultiModalProcessorOnlyCache(capacity)
     if cache_type == "lru":
-        return LruKeyReplicatedSenderCache(capacity)
+        return MirroredSenderCache(capacity)
     return ShmObjectStoreSenderCache(
         capacity, max_object_size=config.mm_shm_cache_max_object_size_bytes, n_readers=n_readers, lock=lock,
     )
@@ -60,11 +58,12 @@ def processor_only_cache_from_config(config: MultiModalConfig) -> MultiModalProc
     return MultiModalProcessorOnlyCache(config.mm_processor_cache_bytes)
 
 
-def engine_receiver_cache_from_config(config: MultiModalConfig) -> LruKeyReplicatedReceiverCache | None:
-    """P1's engine-core cache: only in ``lru`` mode."""
+def engine_receiver_cache_from_config(config: MultiModalConfig) -> MirroredReceiverCache | None:
+    """P1's engine-core cache: only in ``lru`` mode. It checks the drift stamps P0's
+    :class:`MirroredSenderCache` puts on each request (see docs/caching.md, "Drift")."""
     if get_processor_cache_type(config) != "lru":
         return None
-    return LruKeyReplicatedReceiverCache(config.mm_processor_cache_bytes)
+    return MirroredReceiverCache(config.mm_processor_cache_bytes)
 
 
 def worker_receiver_cache_from_config(

@@ -87,11 +87,13 @@ class LRUCache(Generic[K, V]):
         if key in self._data:
             self._data.move_to_end(key)
 
-    def put_if_fits(self, key: K, value: V, size: int) -> bool:
+    def put_if_fits(self, key: K, value: V, size: int, evicted: list[K] | None = None) -> bool:
         """Insert (or replace) ``key`` as most recently used, evicting LRU entries to make room.
 
         Returns ``False`` and changes nothing when ``size`` exceeds the whole capacity. ``value``
-        must not be ``None`` (``None`` is what :meth:`get` returns for a miss).
+        must not be ``None`` (``None`` is what :meth:`get` returns for a miss). The evicted keys
+        are appended to ``evicted`` when one is given: the mirrored caches fold them into their
+        drift digest, and the check costs nothing unless something is evicted.
         """
         if size > self._capacity:
             return False
@@ -105,6 +107,8 @@ class LRUCache(Generic[K, V]):
             while currsize > self._capacity:
                 old, _ = data.popitem(last=False)
                 currsize -= sizes.pop(old)
+                if evicted is not None:
+                    evicted.append(old)
         data[key] = value
         self._sizes[key] = size
         self._currsize = currsize
