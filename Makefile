@@ -1,22 +1,38 @@
 # Two commands set up everything on a fresh machine: `make demo` and `make test`.
-# Each creates .venv and installs what it needs; the CPU torch pin goes in first unless torch is
-# already importable (an unpinned torch would pull a multi-GB CUDA build).
+# Each creates its virtual environment(s) and installs what it needs; the CPU torch pin goes in
+# first unless torch is already importable (an unpinned torch would pull a multi-GB CUDA build).
+#
+# `make test` runs ruff and mypy, then the whole suite twice: in .venv (the newest transformers
+# pyproject.toml allows: the Offsets backend) and in .venv-legacy (transformers 5.14.1: the
+# Legacy backend, selected for real).
 
 PYTHON ?= python3
-VENV ?= .venv
 TORCH_PIN ?= torch==2.13.0
+VENV ?= .venv
+LEGACY_VENV ?= .venv-legacy
+LEGACY_TRANSFORMERS ?= 5.14.1
+PIP_FLAGS := --disable-pip-version-check
+
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmfront-installed
+LEGACY_PY := $(LEGACY_VENV)/bin/python
+LEGACY_STAMP := $(LEGACY_VENV)/.mmfront-installed
 
-.PHONY: demo test bench lint pytest install
+.PHONY: demo test bench lint pytest pytest-legacy install
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --disable-pip-version-check "$(TORCH_PIN)"
-	$(PY) -m pip install --disable-pip-version-check -e ".[test]"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[test]"
 	touch $(STAMP)
+
+$(LEGACY_STAMP): pyproject.toml
+	test -x $(LEGACY_PY) || $(PYTHON) -m venv $(LEGACY_VENV)
+	$(LEGACY_PY) -c "import torch" 2>/dev/null || $(LEGACY_PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(LEGACY_PY) -m pip install $(PIP_FLAGS) -e ".[test]" "transformers==$(LEGACY_TRANSFORMERS)"
+	touch $(LEGACY_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/mmfront demo
@@ -28,7 +44,11 @@ lint: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest
 
-test: lint pytest
+pytest-legacy: $(LEGACY_STAMP)
+	$(LEGACY_PY) -c "import transformers; assert transformers.__version__ == '$(LEGACY_TRANSFORMERS)', transformers.__version__"
+	$(LEGACY_PY) -m pytest
+
+test: lint pytest pytest-legacy
 
 bench: $(STAMP)
 	$(VENV)/bin/mmfront bench

@@ -21,7 +21,7 @@ from mmfront.cache import shm_ring, shm_store
 from mmfront.cache.base import CacheInfo
 from mmfront.cache.factory import processor_cache_from_config, worker_receiver_cache_from_config
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
-from mmfront.cache.shm_ring import SEGMENT_PREFIX, ShmSegment, cleanup_stale_segments
+from mmfront.cache.shm_ring import SEGMENT_PREFIX, ShmSegment, _pid_alive, _segment_pid, cleanup_stale_segments
 from mmfront.config import GiB_bytes, MiB_bytes, MultiModalConfig
 from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.errors import CacheError, MultiModalCacheMissError, ShmHandleError
@@ -39,7 +39,13 @@ FORK = multiprocessing.get_context("fork")
 
 
 def _segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(SEGMENT_PREFIX)}
+    """This test run's segments: written by this process, or by a writer that is gone (a killed
+    child). Other processes on the machine may hold segments of their own meanwhile."""
+    own = os.getpid()
+    return {
+        n for n in os.listdir("/dev/shm")
+        if n.startswith(SEGMENT_PREFIX) and (_segment_pid(n) == own or not _pid_alive(_segment_pid(n) or 0))
+    }
 
 
 @pytest.fixture(autouse=True)
