@@ -17,11 +17,17 @@ from mmfront.inputs import (
     MultiModalKwargsItems,
     PlaceholderRange,
 )
+from mmfront.models.registry import create_processor
 from mmfront.parse import MediaWithBytes
+from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.processing.processor import BaseMultiModalProcessor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BaseMultiModalProcessor",
+    "InputPreprocessor",
+    "InputProcessor",
     "MMFrontError",
     "MediaWithBytes",
     "MultiModalConfig",
@@ -32,4 +38,5 @@ __all__ = [
     "MultiModalKwargsItems",
     "PlaceholderRange",
     "__version__",
+    "create_processor",
 ]

@@ -24,6 +24,7 @@ from mmfront.errors import InputTypeError, ValidationError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
+from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.processor import BaseMultiModalProcessor, MultiModalUUIDs
 
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]]
@@ -105,6 +106,19 @@ class InputPreprocessor:
             delta = cache.make_stats(delta=True)
             self.stats.record(delta.total, delta.hits)
         return out
+
+    def warmup(self) -> None:
+        """Run one largest dummy item per supported modality, as vLLM's renderer does at start-up,
+        so the first real request finds the HF processor and torch warm. It goes through the
+        processor-only cache (never the P0/P1 mirror), which is cleared afterwards."""
+        counts = {m: 1 for m, limit in self.processor.info.allowed_mm_limits.items() if limit > 0}
+        if not counts:
+            return
+        ids, data = BaseDummyInputsBuilder(self.processor).get_dummy_processor_inputs(
+            counts, self.config.limit_mm_per_prompt)
+        self.processor.apply(ids, data, cache=self.tokenize_only_cache)
+        if self.tokenize_only_cache is not None:
+            self.tokenize_only_cache.clear_cache()
 
     def clear_cache(self) -> None:
         """Reset the P0 cache (vLLM's ``reset_mm_cache``); P1 must be reset alongside it."""

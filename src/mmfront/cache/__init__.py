@@ -19,6 +19,7 @@ from mmfront.cache.factory import (
     worker_receiver_cache_from_config,
 )
 from mmfront.cache.lru import LRUCache
+from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
 from mmfront.cache.processor import (
     LruKeyReplicatedReceiverCache,
     LruKeyReplicatedSenderCache,
@@ -36,6 +37,8 @@ __all__ = [
     "LRUCache",
     "LruKeyReplicatedReceiverCache",
     "LruKeyReplicatedSenderCache",
+    "MirroredReceiverCache",
+    "MirroredSenderCache",
     "MultiModalCacheStats",
     "MultiModalProcessorOnlyCache",
     "ShmObjectStoreReceiverCache",

@@ -170,6 +170,13 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         crops = int(settings["pan_and_scan_max_num_crops"] or 0) if settings.get("do_pan_and_scan") else 0
         return {"image": (crops + 1) * self.info.image_seq_length}
 
+    def get_dummy_image_size(self) -> tuple[int, int]:
+        """The tallest image pan-and-scan still cuts into the most crops (vLLM's profiling size)."""
+        settings = self.info.image_kwargs(resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs))
+        height, width = _target_size(settings)
+        crops = int(settings["pan_and_scan_max_num_crops"] or 1) if settings.get("do_pan_and_scan") else 1
+        return width, height * crops
+
     # --- HF step ---
 
     def _call_hf_processor(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:

@@ -196,6 +196,22 @@ class BaseMultiModalProcessor(ABC):
         """Most embedding tokens one item of each modality can produce (encoder budget checks)."""
         return {}
 
+    def get_dummy_image_size(self) -> tuple[int, int]:
+        """``(width, height)`` of the image with the most features (warm-up and profiling)."""
+        size = getattr(getattr(self.info.hf_processor, "image_processor", None), "size", None)
+        edges = [
+            size.get(name) if isinstance(size, Mapping) else getattr(size, name, None)
+            for name in ("height", "width", "longest_edge", "shortest_edge")
+        ]
+        edge = max((e for e in edges if isinstance(e, int)), default=224)
+        return edge, edge
+
+    def get_dummy_audio_length(self) -> int:
+        """Samples of the longest audio the feature extractor takes in one window."""
+        extractor = getattr(self.info.hf_processor, "feature_extractor", None)
+        seconds = getattr(extractor, "chunk_length", None) or 30
+        return int(seconds * (self.info.get_target_sample_rate() or 16000))
+
     # --- the pipeline ----------------------------------------------------------------------
 
     def apply(
