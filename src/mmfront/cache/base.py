@@ -45,6 +45,30 @@ class CacheInfo:
         return CacheInfo(hits=self.hits - other.hits, total=self.total - other.total)
 
 
+class HitCounter:
+    """Lookups and hits, cumulative and as deltas since the previous ``delta=True`` read."""
+
+    __slots__ = ("_last", "hits", "total")
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.total = 0
+        self._last = CacheInfo()
+
+    def reset(self) -> None:
+        self.hits = 0
+        self.total = 0
+        self._last = CacheInfo()
+
+    def stat(self, *, delta: bool = False) -> CacheInfo:
+        info = CacheInfo(hits=self.hits, total=self.total)
+        if not delta:
+            return info
+        change = info - self._last
+        self._last = info
+        return change
+
+
 class BaseMultiModalCache(ABC, Generic[I, O]):
     """A cache keyed by ``mm_hash`` whose update both reads and writes."""
 

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
-from mmfront.cache.base import CacheInfo
+from mmfront.cache.base import CacheInfo, HitCounter
 from mmfront.errors import CacheError
 
 K = TypeVar("K", bound=Hashable)
@@ -30,7 +30,7 @@ class LRUCache(Generic[K, V]):
     measure exactly the lookups that decided something.
     """
 
-    __slots__ = ("_capacity", "_currsize", "_data", "_hits", "_last", "_sizes", "_total")
+    __slots__ = ("_capacity", "_counter", "_currsize", "_data", "_sizes")
 
     def __init__(self, capacity: int) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
@@ -39,9 +39,7 @@ class LRUCache(Generic[K, V]):
         self._currsize = 0
         self._data: OrderedDict[K, V] = OrderedDict()
         self._sizes: dict[K, int] = {}
-        self._hits = 0
-        self._total = 0
-        self._last = CacheInfo()
+        self._counter = HitCounter()
 
     @property
     def capacity(self) -> int:
@@ -75,10 +73,11 @@ class LRUCache(Generic[K, V]):
 
     def get(self, key: K) -> V | None:
         """The value of ``key`` (moved to most recently used), or ``None``; counted in the stats."""
-        self._total += 1
+        counter = self._counter
+        counter.total += 1
         value = self._data.get(key)
         if value is not None:
-            self._hits += 1
+            counter.hits += 1
             self._data.move_to_end(key)
         return value
 
@@ -126,15 +125,8 @@ class LRUCache(Generic[K, V]):
         self._data.clear()
         self._sizes.clear()
         self._currsize = 0
-        self._hits = 0
-        self._total = 0
-        self._last = CacheInfo()
+        self._counter.reset()
 
     def stat(self, *, delta: bool = False) -> CacheInfo:
         """Cumulative ``CacheInfo``, or its change since the previous ``delta=True`` call."""
-        info = CacheInfo(hits=self._hits, total=self._total)
-        if not delta:
-            return info
-        change = info - self._last
-        self._last = info
-        return change
+        return self._counter.stat(delta=delta)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 from mmfront.cache.base import (
     BaseMultiModalProcessorCache,
@@ -27,6 +28,8 @@ from mmfront.cache.lru import LRUCache
 from mmfront.config import GiB_bytes
 from mmfront.errors import CacheError, MultiModalCacheMissError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
+
+V = TypeVar("V")
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +67,31 @@ def _no_data_error(mm_hash: str) -> CacheError:
     )
 
 
-class MultiModalProcessorOnlyCache(BaseMultiModalProcessorCache):
+class _LruProcessorCache(BaseMultiModalProcessorCache, Generic[V]):
+    """A P0 cache over one byte-budgeted LRU keyed by ``mm_hash``; subclasses say what an entry
+    holds (``get_and_update_item`` stays in each subclass: it is the hot path)."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self._cache: LRUCache[str, V] = LRUCache(capacity_bytes)
+        self._oversize = OversizeWarning("mm_processor_cache_gb")
+
+    def is_cached_item(self, mm_hash: str) -> bool:
+        return mm_hash in self._cache
+
+    def touch_sender_cache_item(self, mm_hash: str) -> None:
+        self._cache.touch(mm_hash)
+
+    def invalidate(self, mm_hash: str) -> None:
+        self._cache.pop(mm_hash)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def make_stats(self, *, delta: bool = False) -> CacheInfo:
+        return self._cache.stat(delta=delta)
+
+
+class MultiModalProcessorOnlyCache(_LruProcessorCache[ProcessorCacheInput]):
     """P0 cache of full items and prompt updates, for when P1 keeps no mirror.
 
     Used when IPC caching is impossible (several API processes, or internal DP load balancing)
@@ -72,19 +99,9 @@ class MultiModalProcessorOnlyCache(BaseMultiModalProcessorCache):
     mirror.
     """
 
-    def __init__(self, capacity_bytes: int) -> None:
-        self._cache: LRUCache[str, ProcessorCacheInput] = LRUCache(capacity_bytes)
-        self._oversize = OversizeWarning("mm_processor_cache_gb")
-
-    def is_cached_item(self, mm_hash: str) -> bool:
-        return mm_hash in self._cache
-
     def peek_prompt_updates(self, mm_hash: str) -> PromptUpdates | None:
         entry = self._cache.peek(mm_hash)
         return None if entry is None else entry[1]
-
-    def touch_sender_cache_item(self, mm_hash: str) -> None:
-        self._cache.touch(mm_hash)
 
     def get_and_update_item(self, mm_item: ProcessorCacheInput | None, mm_hash: str) -> ProcessorCacheOutput:
         cached = self._cache.get(mm_hash)
@@ -97,35 +114,16 @@ class MultiModalProcessorOnlyCache(BaseMultiModalProcessorCache):
             self._oversize(nbytes, self._cache.capacity)
         return mm_item
 
-    def invalidate(self, mm_hash: str) -> None:
-        self._cache.pop(mm_hash)
 
-    def clear_cache(self) -> None:
-        self._cache.clear()
-
-    def make_stats(self, *, delta: bool = False) -> CacheInfo:
-        return self._cache.stat(delta=delta)
-
-
-class LruKeyReplicatedSenderCache(BaseMultiModalProcessorCache):
+class LruKeyReplicatedSenderCache(_LruProcessorCache[PromptUpdates]):
     """P0's shadow of P1's LRU: sizes and prompt updates only; a hit sends ``data=None``.
 
     The stored value is the prompt-update sequence itself and the LRU weighs it by the item's
     ``nbytes``, so the shadow charges exactly what P1 charges for the real item.
     """
 
-    def __init__(self, capacity_bytes: int) -> None:
-        self._cache: LRUCache[str, PromptUpdates] = LRUCache(capacity_bytes)
-        self._oversize = OversizeWarning("mm_processor_cache_gb")
-
-    def is_cached_item(self, mm_hash: str) -> bool:
-        return mm_hash in self._cache
-
     def peek_prompt_updates(self, mm_hash: str) -> PromptUpdates | None:
         return self._cache.peek(mm_hash)
-
-    def touch_sender_cache_item(self, mm_hash: str) -> None:
-        self._cache.touch(mm_hash)
 
     def get_and_update_item(self, mm_item: ProcessorCacheInput | None, mm_hash: str) -> ProcessorCacheOutput:
         updates = self._cache.get(mm_hash)
@@ -137,15 +135,6 @@ class LruKeyReplicatedSenderCache(BaseMultiModalProcessorCache):
         if not self._cache.put_if_fits(mm_hash, mm_item[1], nbytes):
             self._oversize(nbytes, self._cache.capacity)
         return mm_item
-
-    def invalidate(self, mm_hash: str) -> None:
-        self._cache.pop(mm_hash)
-
-    def clear_cache(self) -> None:
-        self._cache.clear()
-
-    def make_stats(self, *, delta: bool = False) -> CacheInfo:
-        return self._cache.stat(delta=delta)
 
 
 class LruKeyReplicatedReceiverCache(BaseMultiModalReceiverCache):

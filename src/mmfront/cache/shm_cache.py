@@ -19,6 +19,7 @@ from mmfront.cache.base import (
     BaseMultiModalProcessorCache,
     BaseMultiModalReceiverCache,
     CacheInfo,
+    HitCounter,
     ProcessorCacheInput,
     ProcessorCacheOutput,
     PromptUpdates,
@@ -55,9 +56,7 @@ class ShmObjectStoreSenderCache(BaseMultiModalProcessorCache):
         self._encoder = MsgpackEncoder()
         limited_by_ring = self._store.max_object_size < max_object_size
         self._oversize = OversizeWarning("mm_processor_cache_gb" if limited_by_ring else "mm_shm_cache_max_object_size_mb")
-        self._hits = 0
-        self._total = 0
-        self._last = CacheInfo()
+        self._counter = HitCounter()
 
     def _forget(self, key: str) -> None:
         self._updates.pop(key, None)
@@ -100,9 +99,9 @@ class ShmObjectStoreSenderCache(BaseMultiModalProcessorCache):
         self._store.end_request(request_id, aborted=True)
 
     def get_and_update_item(self, mm_item: ProcessorCacheInput | None, mm_hash: str) -> ProcessorCacheOutput:
-        self._total += 1
+        self._counter.total += 1
         if mm_hash in self._store:
-            self._hits += 1
+            self._counter.hits += 1
             return self._store.get_cached(mm_hash), self._updates[mm_hash]
         if mm_item is None:
             raise CacheError(
@@ -127,17 +126,10 @@ class ShmObjectStoreSenderCache(BaseMultiModalProcessorCache):
     def clear_cache(self) -> None:
         self._store.clear()
         self._updates.clear()
-        self._hits = 0
-        self._total = 0
-        self._last = CacheInfo()
+        self._counter.reset()
 
     def make_stats(self, *, delta: bool = False) -> CacheInfo:
-        info = CacheInfo(hits=self._hits, total=self._total)
-        if not delta:
-            return info
-        change = info - self._last
-        self._last = info
-        return change
+        return self._counter.stat(delta=delta)
 
     def close(self) -> None:
         self._store.close()
