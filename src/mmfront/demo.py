@@ -1,21 +1,29 @@
 """``mmfront demo``: the main job, end to end, on the embedded default model.
 
-Builds (once) the offline Gemma 3 processor at real sizes, then turns three chat requests with
-images sent as PNG data URLs into ``EngineCoreRequest``s and encodes them for the wire: the first
-request processes its image, the second reuses it from the cache and processes a new one, the
-third is all cache hits and sends no image data at all.
+Builds (once) the offline Gemma 3 processor at real sizes, then sends three chat requests with
+images as PNG data URLs from the frontend (P0) to an engine-side receiver (P1, in process here):
+the first request processes its image, the second reuses it from the cache and processes a new
+one, the third is all cache hits. Before the third, P1's cache is cleared behind P0's back (what
+vLLM reports as "P0/P1 cache drift" and fails the request for); the client notices, resends the
+missing images itself, and the request is admitted all the same.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 import torch
 
+from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.config import MultiModalConfig
-from mmfront.engine.codec import MsgpackEncoder
+from mmfront.engine.client import EngineClient, RequestAdmitted
+from mmfront.engine.codec import MsgpackDecoder
+from mmfront.engine.codec_tensors import Frame
+from mmfront.engine.receiver import EngineReceiver
 from mmfront.engine.structs import EngineCoreRequest
+from mmfront.engine.transport import REQUEST, decode_envelope
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import default_model_dir
@@ -26,18 +34,49 @@ def _messages(urls: list[str], text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
-def _describe(request: EngineCoreRequest, seconds: float, frames: list[Any], verbose: bool) -> None:
-    features = request.mm_features or []
-    sent = [f for f in features if f.data is not None]
-    print(f"  {request.request_id}: {len(request.prompt_token_ids or [])} prompt tokens, {len(features)} image(s), "
-          f"{len(sent)} sent with data, {len(features) - len(sent)} left to the engine cache; "
-          f"{seconds * 1e3:.1f} ms; wire: {len(frames)} frame(s), {sum(len(memoryview(f)) for f in frames):,} bytes")
-    for f in features:
-        shape = tuple(torch.as_tensor(f.data["pixel_values"].data).shape) if f.data is not None else "cached in P1"
+class _InProcessLink:
+    """P0 -> P1 -> P0 without a socket: envelopes queue up and are delivered in order."""
+
+    def __init__(self, receiver: EngineReceiver) -> None:
+        self.receiver = receiver
+        self.to_engine: deque[list[Frame]] = deque()
+        self.wire_bytes = 0
+        self.sent: list[EngineCoreRequest] = []
+        self.admitted: list[EngineCoreRequest] = []
+        self._decode = MsgpackDecoder(EngineCoreRequest)
+
+    def send(self, frames: list[Frame]) -> None:
+        self.wire_bytes += sum(len(memoryview(f)) for f in frames)
+        envelope = decode_envelope(frames)
+        if envelope.kind == REQUEST:
+            self.sent.append(self._decode.decode(envelope.message))
+        self.to_engine.append(frames)
+
+    def pump(self, client: EngineClient) -> list[RequestAdmitted]:
+        events: list[RequestAdmitted] = []
+        while self.to_engine:
+            ready, replies = self.receiver.handle(self.to_engine.popleft())
+            self.admitted += ready
+            for reply in replies:
+                events += [e for e in client.handle_reply(reply) if isinstance(e, RequestAdmitted)]
+        return events
+
+
+def _describe(sent: list[EngineCoreRequest], engine: EngineCoreRequest, seconds: float, wire: int) -> None:
+    sends = []
+    for attempt in sent:
+        features = attempt.mm_features or []
+        cached = sum(f.data is None for f in features)
+        sends.append(f"{len(features) - cached} with data, {cached} as cache references")
+    print(f"  {engine.request_id}: {len(engine.prompt_token_ids or [])} prompt tokens, "
+          f"{len(engine.mm_features or [])} image(s); sent {' / resent '.join(sends)}; {seconds * 1e3:.1f} ms; "
+          f"{wire:,} bytes on the wire")
+    for f in engine.mm_features or []:
+        assert f.data is not None
+        shape = tuple(torch.as_tensor(f.data["pixel_values"].data).shape)
         print(f"    {f.modality} {(f.mm_hash or f.identifier)[:16]}…  placeholder offset={f.mm_position.offset} "
-              f"length={f.mm_position.length} embeds={f.mm_position.get_num_embeds()}  pixel_values={shape}")
-    if verbose:
-        print(f"    prompt ids (first 12): {(request.prompt_token_ids or [])[:12]}")
+              f"length={f.mm_position.length} embeds={f.mm_position.get_num_embeds()}  engine has pixel_values "
+              f"{shape}")
 
 
 def run_demo(*, verbose: bool = False) -> int:
@@ -45,27 +84,41 @@ def run_demo(*, verbose: bool = False) -> int:
     model_dir = default_model_dir()
     print(f"default model: {model_dir} (ready in {time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
-    preprocessor = InputPreprocessor(model_dir, MultiModalConfig())
-    processor = InputProcessor(preprocessor)
-    print(f"processor: {type(preprocessor.processor).__name__} over "
-          f"{type(preprocessor.processor.info.hf_processor).__name__}, cache: {type(preprocessor.cache).__name__} "
-          f"(loaded in {time.perf_counter() - t0:.1f} s)")
+    config = MultiModalConfig()
+    preprocessor = InputPreprocessor(model_dir, config)
+    preprocessor.warmup()
+    receiver = EngineReceiver(engine_receiver_cache_from_config(config))
+    link = _InProcessLink(receiver)
+    client = EngineClient(InputProcessor(preprocessor), link.send)
+    print(f"frontend: {type(preprocessor.processor).__name__} over {type(preprocessor.processor.info.hf_processor).__name__}, "
+          f"P0 cache {type(preprocessor.cache).__name__}, P1 cache {type(receiver.cache).__name__} "
+          f"(ready in {time.perf_counter() - t0:.1f} s)")
 
-    photo, chart = make_image(1024, 768, seed=1), make_image(640, 480, seed=2)
-    urls = {"photo": image_data_url(photo), "chart": image_data_url(chart)}
+    urls = {"photo": image_data_url(make_image(1024, 768, seed=1)), "chart": image_data_url(make_image(640, 480, seed=2))}
     print(f"sample images as PNG data URLs: photo {len(urls['photo']):,} chars, chart {len(urls['chart']):,} chars")
     requests = [
         ("req-1", [urls["photo"]], "Describe this photo."),
         ("req-2", [urls["photo"], urls["chart"]], "Compare the photo with the chart."),
         ("req-3", [urls["chart"], urls["photo"]], "And the other way round?"),
     ]
-    encoder = MsgpackEncoder()
     for request_id, request_urls, text in requests:
+        if request_id == "req-3":
+            receiver.reset_cache()
+            print("  (P1's processor cache is cleared now; P0 still believes it holds both images)")
         t0 = time.perf_counter()
-        request = processor.process_inputs(request_id, _messages(request_urls, text))
+        before = link.wire_bytes
+        client.add_request(request_id, _messages(request_urls, text))
+        admitted = link.pump(client)
         seconds = time.perf_counter() - t0
-        _describe(request, seconds, encoder.encode(request), verbose)
-    stats = preprocessor.stats
-    print(f"cache: {stats.requests} requests, {stats.queries} item lookups, {stats.hits} hits "
-          f"(hit ratio {stats.hit_ratio:.0%})")
-    return 0
+        if not any(e.request_id == request_id for e in admitted):
+            print(f"  {request_id} was not admitted")
+            return 1
+        engine = next(r for r in link.admitted if r.request_id == request_id)
+        _describe([r for r in link.sent if r.request_id == request_id], engine, seconds, link.wire_bytes - before)
+        if verbose:
+            print(f"    prompt ids (first 12): {(engine.prompt_token_ids or [])[:12]}")
+    stats, drift = preprocessor.stats, client.stats
+    print(f"P0 cache: {stats.requests} requests, {stats.queries} item lookups, {stats.hits} hits; drift handled "
+          f"without an error: {drift.resends} resend(s), {drift.shadow_resets} shadow reset(s); "
+          f"{len(link.admitted)} of {len(requests)} requests admitted by the engine")
+    return 0 if len(link.admitted) == len(requests) else 1
