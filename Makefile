@@ -22,13 +22,13 @@ LEGACY_STAMP := $(LEGACY_VENV)/.mmfront-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[test]"
 	touch $(STAMP)
 
-$(LEGACY_STAMP): pyproject.toml
+$(LEGACY_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	test -x $(LEGACY_PY) || $(PYTHON) -m venv $(LEGACY_VENV)
 	$(LEGACY_PY) -c "import torch" 2>/dev/null || $(LEGACY_PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
 	$(LEGACY_PY) -m pip install $(PIP_FLAGS) -e ".[test]" "transformers==$(LEGACY_TRANSFORMERS)"

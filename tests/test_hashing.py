@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from hashing_vectors import IMAGE_UUID, MODEL_ID, RGB_PNG, RGBA_PNG, mm_hash_cases, rgb_image, uuid_image, vectors
-from mmfront import hashing
+from mmfront import hashing, pixels
 from mmfront.errors import ConfigError, HashingTypeError, InputTypeError, MMFrontError, ValidationError
 from mmfront.hashing import MultiModalHasher, get_mm_hashes
 from mmfront.parse import MediaWithBytes
@@ -120,6 +120,13 @@ def leaf(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("name", sorted(VLLM_DIGESTS))
 def test_digest_equals_vllm(name: str) -> None:
+    algorithm, kwargs = vectors(mwb)[name]
+    assert H.hash_kwargs(algorithm, **kwargs) == VLLM_DIGESTS[name]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(name for name in VLLM_DIGESTS if name.startswith("pil_")))
+def test_pil_digests_equal_vllm_without_the_c_extension(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.setattr(pixels, "_pack", None)  # Pillow's packer, as on an install without a C compiler
     algorithm, kwargs = vectors(mwb)[name]
     assert H.hash_kwargs(algorithm, **kwargs) == VLLM_DIGESTS[name]  # type: ignore[arg-type]
 
@@ -463,22 +470,38 @@ def make_mode_image(mode: str, width: int, height: int, seed: int) -> Image.Imag
     return base.convert(mode)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mode=st.sampled_from(MODES), width=st.integers(1, 40), height=st.integers(1, 30), seed=st.integers(0, 9),
-       strip_bytes=st.sampled_from([1, 7, 64, 1 << 18]))
+       strip_bytes=st.sampled_from([1, 7, 64, 1 << 18]), fast=st.booleans())
 def test_streamed_pixels_equal_numpy_array(monkeypatch: pytest.MonkeyPatch, mode: str, width: int, height: int,
-                                           seed: int, strip_bytes: int) -> None:
-    monkeypatch.setattr(hashing, "_PIXEL_CHUNK_BYTES", strip_bytes)
+                                           seed: int, strip_bytes: int, fast: bool) -> None:
+    monkeypatch.setattr(pixels, "_STRIP_BYTES", strip_bytes)
+    if not fast:
+        monkeypatch.setattr(pixels, "_pack", None)
     image = make_mode_image(mode, width, height, seed)
     assert image.mode == mode
-    assert joined(H.serialize_item(image)) == reference_image_bytes(image)
+    expected = reference_image_bytes(image)
+    assert joined(H.serialize_item(image)) == expected
+    # hash_kwargs streams the strips through the thread's scratch buffer; the generator API does not.
+    assert H.hash_kwargs("blake3", image=image) == blake3.blake3(framed(b"image") + b"\x03" + expected).hexdigest()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["c-extension", "pillow"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_hashes_like_numpy_on_both_paths(monkeypatch: pytest.MonkeyPatch, mode: str, fast: bool) -> None:
+    if not fast:
+        monkeypatch.setattr(pixels, "_pack", None)
+    image = make_mode_image(mode, 37, 11, seed=3)
+    expected = reference_image_bytes(image)
+    assert joined(H.serialize_item(image)) == expected
+    assert H.hash_kwargs("blake3", image=image) == blake3.blake3(framed(b"image") + b"\x03" + expected).hexdigest()
 
 
 def test_large_image_streams_in_several_strips() -> None:
     image = make_mode_image("RGB", 1023, 1000, seed=0)  # ~3 MB: several strips at any sane strip size
     chunks = list(H.serialize_item(image))
     assert sum(len(c) >= 100_000 for c in chunks) >= 3
-    assert max(len(c) for c in chunks) <= hashing._PIXEL_CHUNK_BYTES
+    assert max(len(c) for c in chunks) <= pixels._STRIP_BYTES
     assert joined(chunks) == reference_image_bytes(image)
 
 
@@ -496,6 +519,7 @@ def test_pillow_encoder_error_is_a_typed_error(monkeypatch: pytest.MonkeyPatch) 
             FailingEncoder.cleaned_up = True
 
     monkeypatch.setattr(Image, "_getencoder", lambda *args: FailingEncoder())
+    monkeypatch.setattr(pixels, "_pack", None)  # RGB would take the C extension's path
     with pytest.raises(HashingTypeError, match="could not pack the pixels of a 'RGB' image"):
         digest(rgb_image())
     assert FailingEncoder.cleaned_up

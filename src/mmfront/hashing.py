@@ -8,8 +8,9 @@ shifting bytes between fields).
 Where vLLM is slow or unsafe, mmfront differs; digests differ only where vLLM's is not
 deterministic, or where vLLM crashes or falls back to pickle:
 
-* PIL pixels are packed row strip by row strip straight into the hasher instead of being copied
-  into one fresh array first (same bytes as ``np.asarray(image)``, no multi-MiB allocation).
+* PIL pixels are packed strip by strip straight into the hasher instead of being copied into
+  one fresh array first (same bytes as ``np.asarray(image)``, no multi-MiB allocation; see
+  :mod:`mmfront.pixels`, which does it in C where it can).
 * A lazily loaded ``MediaWithBytes`` is hashed from its encoded bytes and never decoded.
 * Nothing is pickled. Values vLLM would pickle either get a documented deterministic encoding
   (numpy scalars, integers beyond 64 bits) or raise :class:`~mmfront.errors.HashingTypeError`.
@@ -17,11 +18,11 @@ deterministic, or where vLLM crashes or falls back to pickle:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import blake3
@@ -32,6 +33,7 @@ from PIL import Image
 from mmfront.config import HasherAlgorithm as HashAlgorithm
 from mmfront.errors import ConfigError, HashingTypeError, ValidationError
 from mmfront.media.base import MediaWithBytes, exif_image_uuid
+from mmfront.pixels import iter_pixel_strips
 
 __all__ = ["HashAlgorithm", "MultiModalHasher", "get_mm_hashes", "prehash_media"]
 
@@ -47,17 +49,13 @@ _TAG_LEAF = b"\x03"
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 _FLOAT64 = struct.Struct("<d")
 
-_PIXEL_CHUNK_BYTES = 1 << 19
-"""Pixel bytes per strip: big enough that per-call overhead vanishes (on a 1024x1024 RGB image,
-64 KiB strips cost ~20% more and 256 KiB ~3% more), small enough that a strip is still in cache
-when the hasher reads it."""
-
 _BLAKE3_THREADS_MIN_BYTES = 16 << 20
 """From this payload size on, blake3 hashes on all cores. Below it the gain is unreliable: on a
 quiet 2-vCPU VM a 2-3 MiB buffer hashes up to 2x faster, but as soon as the other core is busy
 (torch's thread pool, another request) it is slower than one core, so the latency of a cache hit
-would depend on the neighbours. Pillow's pixel packing holds the GIL, so it cannot overlap the
-hashing either (tried: packer thread, whole-image packing, 0.25-1.5 MiB strips)."""
+would depend on the neighbours. Packing PIL pixels on a second thread does not pay either
+(measured with Pillow's packer, which holds the GIL, and with mmfront's C packer, which does not:
+handing strips between threads costs more than the packing it hides)."""
 
 _SMALL_CHUNK_BYTES = 4096
 """Chunks shorter than this are buffered before they reach the hasher (the digest is unchanged:
@@ -103,29 +101,25 @@ def _flat_bytes(view: memoryview) -> Chunk:
 _PLAIN_LEAVES = (bytes, str, int, float, MediaWithBytes, Image.Image, np.ndarray, torch.Tensor)
 
 
-@dataclass(frozen=True)
-class _PixelData:
-    """An image's pixels, serialized exactly like ``np.asarray(image)`` but streamed in strips."""
-
-    image: Image.Image
-
-
 class _Writer:
     """Emits the framed digest input into ``out`` in one pass.
 
     Tags, lengths and short values gather in a buffer and large payloads go through untouched
     (no copy), so a hasher sees a few large updates instead of dozens of tiny ones (each update
     is a call into C). With ``gather=False`` every piece is emitted separately, which is what
-    the generator API hands out."""
+    the generator API hands out. ``_position`` counts the bytes written, so that pixel strips
+    can be cut where the hasher works fastest."""
 
-    __slots__ = ("_buffer", "_gather", "_out")
+    __slots__ = ("_buffer", "_gather", "_out", "_position")
 
     def __init__(self, out: Callable[[Chunk], object], *, gather: bool = True) -> None:
         self._out = out
         self._gather = gather
         self._buffer = bytearray()
+        self._position = 0
 
     def chunk(self, data: Chunk) -> None:
+        self._position += len(data)
         if self._gather and len(data) < _SMALL_CHUNK_BYTES:
             self._buffer += data
             return
@@ -196,8 +190,6 @@ class _Writer:
             # vLLM pickles numpy scalars; mmfront hashes them as the 0-d array they convert to,
             # which keeps the dtype (np.int32(1) != np.int64(1) != 1).
             self.ndarray(np.asarray(obj))
-        elif isinstance(obj, _PixelData):
-            self.pixels(obj.image)
         else:
             raise HashingTypeError(
                 f"Cannot hash a value of type {type(obj).__module__}.{type(obj).__qualname__}: mmfront never "
@@ -206,28 +198,31 @@ class _Writer:
             )
 
     def image(self, image: Image.Image) -> None:
+        """The item ``"image"``: ``{"mode", "data": np.asarray(image), ["palette", "palette_rawmode"]}``,
+        with the pixels streamed in strips instead of copied into one array first."""
         image_id = exif_image_uuid(image)
         if image_id is not None:
             self.framed(image_id.bytes)
             return
         image.load()  # numpy's view loads the image before vLLM reads the palette
-        fields: dict[str, object] = {"mode": image.mode, "data": _PixelData(image)}
+        palette_fields: dict[str, object] = {}
         palette = image.palette
         if palette is not None:
-            fields["palette"] = palette.palette
+            palette_fields["palette"] = palette.palette
             if palette.rawmode is not None:
-                fields["palette_rawmode"] = palette.rawmode
-        self.item("image", fields)
-
-    def pixels(self, image: Image.Image) -> None:
+                palette_fields["palette_rawmode"] = palette.rawmode
         shape, typestr = Image._conv_type_shape(image)
-        dtype = np.dtype(typestr)
-        nbytes = math.prod(shape) * dtype.itemsize
-        self.array_header(dtype.str, shape)
-        self.chunk(_TAG_LEAF + _length(nbytes))
+        prefix, nbytes = _image_prefix(image.mode, typestr, shape, 2 + len(palette_fields))
+        self.chunk(prefix)
         if nbytes:
-            for strip in _iter_pixel_strips(image, nbytes // shape[0]):
+            # A gathering writer hands each strip to the hasher before taking the next, so the
+            # strips may share one scratch buffer; the generator API keeps them all.
+            strips = iter_pixel_strips(image, nbytes // shape[0], reuse_buffer=self._gather,
+                                       stream_offset=self._position)
+            for strip in strips:
                 self.chunk(strip)
+        for key, value in palette_fields.items():
+            self.item(key, value)
 
     def media_with_bytes(self, item: MediaWithBytes[Any]) -> None:
         image_id = item.exif_image_uuid()  # never decodes a lazy item
@@ -292,26 +287,24 @@ class _Writer:
         self.framed(b"data")
 
 
-def _iter_pixel_strips(image: Image.Image, linesize: int) -> Iterator[bytes]:
-    # Mode "1" is the one mode whose array is not the raw packing: numpy sees one 0/255 byte per
-    # pixel, which is Pillow's "L" raw packing of the same image.
-    rawmode = "L" if image.mode == "1" else image.mode
-    encoder = Image._getencoder(image.mode, "raw", rawmode)
-    try:
-        encoder.setimage(image.im, (0, 0, *image.size))
-        bufsize = max(_PIXEL_CHUNK_BYTES // linesize, 1) * linesize
-        while True:
-            _, status, data = encoder.encode(bufsize)
-            if status < 0:
-                raise HashingTypeError(
-                    f"Pillow could not pack the pixels of a {image.mode!r} image (encoder status {status}); "
-                    "convert the image to RGB first, or pass its encoded bytes in a MediaWithBytes."
-                )
-            yield data
-            if status:
-                return
-    finally:
-        encoder.cleanup()
+@functools.lru_cache(maxsize=64)
+def _image_prefix(mode: str, typestr: str, shape: tuple[int, ...], field_count: int) -> tuple[bytes, int]:
+    """An image's digest input up to its pixels, and the pixels' byte count.
+
+    It depends only on the mode, the size and whether there is a palette, so it is built once
+    (framing it value by value costs ~15 µs, as much as hashing 80 KB)."""
+    pieces: list[Chunk] = []
+    writer = _Writer(pieces.append, gather=False)
+    writer.framed(b"image")
+    writer.chunk(_TAG_MAPPING + _length(field_count))
+    writer.item("mode", mode)
+    writer.framed(b"data")
+    writer.chunk(_TAG_LEAF)
+    dtype = np.dtype(typestr)
+    nbytes = math.prod(shape) * dtype.itemsize
+    writer.array_header(dtype.str, shape)
+    writer.chunk(_TAG_LEAF + _length(nbytes))
+    return b"".join(pieces), nbytes
 
 
 def _chunks(write: Callable[[_Writer], None]) -> Iterator[Chunk]:

@@ -1,0 +1,368 @@
+/* mmfront._pixels: pack a PIL image's 4-byte pixels into the bytes numpy's array of it holds.
+
+Pillow stores an RGB pixel in 4 bytes (RGBX), while np.asarray(image) -- which vLLM hashes --
+holds 3. Pillow's own packer does the conversion holding the GIL, so it can neither overlap the
+hashing nor run beside other threads. This module reads Pillow's pixel memory through the Arrow
+C data interface (Image.__arrow_c_array__, Pillow >= 11.2: a zero-copy, reference-counted export)
+and packs any byte range of numpy's array into a caller's buffer with the GIL released.
+
+Everything that comes from Python is checked; anything unexpected raises TypeError or
+ValueError, and the caller falls back to Pillow's packer. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define MMFRONT_X86_SIMD 1
+#include <immintrin.h>
+#endif
+
+/* The Arrow C data interface structs (https://arrow.apache.org/docs/format/CDataInterface.html),
+   a stable ABI that every producer and consumer declares itself. */
+struct ArrowSchema {
+    const char *format;
+    const char *name;
+    const char *metadata;
+    int64_t flags;
+    int64_t n_children;
+    struct ArrowSchema **children;
+    struct ArrowSchema *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+typedef void (*pack_fn)(uint8_t *dst, const uint8_t *src, size_t pixels);
+
+/* --- kernels: the first 3 of every 4 bytes --------------------------------------------------- */
+
+static void
+pack3_portable(uint8_t *dst, const uint8_t *src, size_t pixels)
+{
+    for (size_t i = 0; i < pixels; i++) {
+        dst[3 * i] = src[4 * i];
+        dst[3 * i + 1] = src[4 * i + 1];
+        dst[3 * i + 2] = src[4 * i + 2];
+    }
+}
+
+#ifdef MMFRONT_X86_SIMD
+
+/* 8 pixels per step: compact each 128-bit lane's 4 pixels into its low 12 bytes, move the two
+   12-byte runs together, store 32 bytes of which the last 8 are rewritten by the next step. The
+   loop stops while a full 32-byte store still fits; the rest goes through the portable loop. */
+__attribute__((target("avx2"))) static void
+pack3_avx2(uint8_t *dst, const uint8_t *src, size_t pixels)
+{
+    const __m256i compact = _mm256_setr_epi8(
+        0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1,
+        0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    const __m256i join = _mm256_setr_epi32(0, 1, 2, 4, 5, 6, 3, 7);
+    size_t i = 0;
+    for (; i + 11 <= pixels; i += 8) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(src + 4 * i));
+        v = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, compact), join);
+        _mm256_storeu_si256((__m256i *)(dst + 3 * i), v);
+    }
+    pack3_portable(dst + 3 * i, src + 4 * i, pixels - i);
+}
+
+/* The same with 16-byte vectors: 4 pixels per step, 16-byte stores overlapping by 4. */
+__attribute__((target("ssse3"))) static void
+pack3_ssse3(uint8_t *dst, const uint8_t *src, size_t pixels)
+{
+    const __m128i compact = _mm_setr_epi8(0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, -1, -1, -1, -1);
+    size_t i = 0;
+    for (; i + 6 <= pixels; i += 4) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(src + 4 * i));
+        _mm_storeu_si128((__m128i *)(dst + 3 * i), _mm_shuffle_epi8(v, compact));
+    }
+    pack3_portable(dst + 3 * i, src + 4 * i, pixels - i);
+}
+
+static int
+kernel_supported(pack_fn fn)
+{
+    __builtin_cpu_init();
+    if (fn == pack3_avx2) {
+        return __builtin_cpu_supports("avx2");
+    }
+    if (fn == pack3_ssse3) {
+        return __builtin_cpu_supports("ssse3");
+    }
+    return 1;
+}
+
+static pack_fn
+best_pack3(void)
+{
+    if (kernel_supported(pack3_avx2)) {
+        return pack3_avx2;
+    }
+    if (kernel_supported(pack3_ssse3)) {
+        return pack3_ssse3;
+    }
+    return pack3_portable;
+}
+
+#else
+
+static int
+kernel_supported(pack_fn fn)
+{
+    (void)fn;
+    return 1;
+}
+
+static pack_fn
+best_pack3(void)
+{
+    return pack3_portable;
+}
+
+#endif
+
+/* The loop in use; only ever read or written with the GIL held. */
+static pack_fn pack3 = pack3_portable;
+
+/* --- the Arrow export ------------------------------------------------------------------------ */
+
+/* Pillow's 4-byte pixels, when `schema`/`array` are the capsules of a single-block export:
+   a fixed-size list of 4 uint8 per pixel, no nulls, no offsets. */
+static int
+arrow_pixels(PyObject *schema_capsule, PyObject *array_capsule, const uint8_t **data, int64_t *count)
+{
+    if (!PyCapsule_IsValid(schema_capsule, "arrow_schema")) {
+        PyErr_SetString(PyExc_TypeError, "schema must be an 'arrow_schema' capsule (Image.__arrow_c_array__()[0])");
+        return -1;
+    }
+    if (!PyCapsule_IsValid(array_capsule, "arrow_array")) {
+        PyErr_SetString(PyExc_TypeError, "array must be an 'arrow_array' capsule (Image.__arrow_c_array__()[1])");
+        return -1;
+    }
+    const struct ArrowSchema *schema = PyCapsule_GetPointer(schema_capsule, "arrow_schema");
+    const struct ArrowArray *array = PyCapsule_GetPointer(array_capsule, "arrow_array");
+    if (schema == NULL || array == NULL) {
+        return -1;
+    }
+    if (schema->release == NULL || array->release == NULL) {
+        PyErr_SetString(PyExc_ValueError, "the Arrow export has been released (moved to another consumer)");
+        return -1;
+    }
+    if (schema->format == NULL || strcmp(schema->format, "+w:4") != 0 || schema->n_children != 1
+        || schema->children == NULL || schema->children[0] == NULL || schema->children[0]->format == NULL
+        || strcmp(schema->children[0]->format, "C") != 0 || schema->dictionary != NULL) {
+        PyErr_SetString(PyExc_ValueError, "the Arrow schema is not a fixed-size list of 4 uint8 per pixel");
+        return -1;
+    }
+    if (array->length < 0 || array->length > INT64_MAX / 4 || array->null_count != 0 || array->offset != 0 || array->n_children != 1
+        || array->children == NULL || array->children[0] == NULL || array->dictionary != NULL) {
+        PyErr_SetString(PyExc_ValueError, "the Arrow array is not a plain list of pixels (nulls, offset or no child)");
+        return -1;
+    }
+    const struct ArrowArray *values = array->children[0];
+    if (values->null_count != 0 || values->offset != 0 || values->n_buffers != 2 || values->buffers == NULL
+        || values->length != 4 * array->length || (array->length > 0 && values->buffers[1] == NULL)) {
+        PyErr_SetString(PyExc_ValueError, "the Arrow array's values are not 4 bytes per pixel in one buffer");
+        return -1;
+    }
+    *data = values->buffers[1];
+    *count = array->length;
+    return 0;
+}
+
+/* An int argument as a Py_ssize_t: TypeError for a non-int, ValueError for one out of range. */
+static int
+index_arg(PyObject *arg, const char *name, Py_ssize_t *value)
+{
+    if (!PyLong_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    *value = PyLong_AsSsize_t(arg);
+    if (*value == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s is out of range", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Bytes [start, stop) of the 3-byte packing: whole pixels through the kernel, a partial pixel
+   at either end byte by byte. */
+static void
+pack3_range(pack_fn loop, uint8_t *dst, const uint8_t *pixels, size_t start, size_t stop)
+{
+    while (start < stop && start % 3 != 0) {
+        *dst++ = pixels[start / 3 * 4 + start % 3];
+        start++;
+    }
+    size_t whole = (stop - start) / 3;
+    loop(dst, pixels + start / 3 * 4, whole);
+    dst += 3 * whole;
+    start += 3 * whole;
+    while (start < stop) {
+        *dst++ = pixels[start / 3 * 4 + start % 3];
+        start++;
+    }
+}
+
+PyDoc_STRVAR(pack_doc,
+"pack(schema, array, channels, start, stop, out, /) -> int\n"
+"\n"
+"Write bytes [start, stop) of the image's pixels, `channels` bytes per pixel, into `out` (a\n"
+"writable contiguous buffer) and return how many were written. (schema, array) are the capsules\n"
+"of Image.__arrow_c_array__(). channels=3 keeps the first three of Pillow's four bytes per pixel\n"
+"(RGB, YCbCr, HSV), 4 copies all four (RGBA, RGBX, RGBa, CMYK): the bytes of\n"
+"np.asarray(image). Runs without the GIL. Raises TypeError or ValueError for anything but a\n"
+"single-block export of 4-byte pixels and a range within it.");
+
+static PyObject *
+pack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "pack() takes 6 positional arguments (%zd given)", nargs);
+        return NULL;
+    }
+    const uint8_t *pixels;
+    int64_t count;
+    if (arrow_pixels(args[0], args[1], &pixels, &count) < 0) {
+        return NULL;
+    }
+    Py_ssize_t channels, start, stop;
+    if (index_arg(args[2], "channels", &channels) < 0 || index_arg(args[3], "start", &start) < 0
+        || index_arg(args[4], "stop", &stop) < 0) {
+        return NULL;
+    }
+    if (channels != 3 && channels != 4) {
+        PyErr_Format(PyExc_ValueError, "channels must be 3 or 4, not %zd", channels);
+        return NULL;
+    }
+    /* count * 4 bytes exist in memory, so count * channels fits in int64. */
+    int64_t total = count * channels;
+    if (start < 0 || stop < start || (int64_t)stop > total) {
+        PyErr_Format(PyExc_ValueError, "bytes [%zd, %zd) are not within the image's %lld pixel bytes",
+                     start, stop, (long long)total);
+        return NULL;
+    }
+    Py_buffer out;
+    if (PyObject_GetBuffer(args[5], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "out must be a writable contiguous buffer (a bytearray), not %.100s",
+                     Py_TYPE(args[5])->tp_name);
+        return NULL;
+    }
+    size_t nbytes = (size_t)(stop - start);
+    if ((size_t)out.len < nbytes) {
+        PyErr_Format(PyExc_ValueError, "out holds %zd bytes; bytes [%zd, %zd) need %zu", out.len, start, stop,
+                     nbytes);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    uint8_t *dst = out.buf;
+    pack_fn loop = pack3; /* read with the GIL held, as kernel() writes it */
+    if (nbytes > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        if (channels == 3) {
+            pack3_range(loop, dst, pixels, (size_t)start, (size_t)stop);
+        } else {
+            memcpy(dst, pixels + start, nbytes);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&out);
+    return PyLong_FromSize_t(nbytes);
+}
+
+PyDoc_STRVAR(kernel_doc,
+"kernel(name=None, /) -> str\n"
+"\n"
+"The 3-byte packing loop in use: 'avx2', 'ssse3' or 'portable' (chosen for this CPU at import).\n"
+"With a name, switch to that loop first (the tests compare them); ValueError if this CPU or\n"
+"build lacks it.");
+
+static PyObject *
+kernel(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    static const struct {
+        const char *name;
+        pack_fn fn;
+    } kernels[] = {
+#ifdef MMFRONT_X86_SIMD
+        {"avx2", pack3_avx2},
+        {"ssse3", pack3_ssse3},
+#endif
+        {"portable", pack3_portable},
+    };
+    const size_t n_kernels = sizeof(kernels) / sizeof(kernels[0]);
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "kernel() takes at most 1 argument (%zd given)", nargs);
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        const char *wanted = PyUnicode_Check(args[0]) ? PyUnicode_AsUTF8(args[0]) : NULL;
+        if (wanted == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "kernel() name must be a str or None");
+            }
+            return NULL;
+        }
+        size_t k = 0;
+        while (k < n_kernels && strcmp(kernels[k].name, wanted) != 0) {
+            k++;
+        }
+        if (k == n_kernels || !kernel_supported(kernels[k].fn)) {
+            PyErr_Format(PyExc_ValueError, "kernel %R is not available on this CPU or build", args[0]);
+            return NULL;
+        }
+        pack3 = kernels[k].fn;
+    }
+    for (size_t k = 0; k < n_kernels; k++) {
+        if (kernels[k].fn == pack3) {
+            return PyUnicode_FromString(kernels[k].name);
+        }
+    }
+    PyErr_SetString(PyExc_RuntimeError, "unknown packing kernel");
+    return NULL;
+}
+
+static PyMethodDef pixels_methods[] = {
+    {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, pack_doc},
+    {"kernel", (PyCFunction)(void (*)(void))kernel, METH_FASTCALL, kernel_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef pixels_module = {
+    PyModuleDef_HEAD_INIT,
+    "mmfront._pixels",
+    "Packs PIL pixels from Pillow's Arrow export without the GIL (optional; mmfront.pixels falls back).",
+    -1,
+    pixels_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__pixels(void)
+{
+    pack3 = best_pack3();
+    return PyModule_Create(&pixels_module);
+}
