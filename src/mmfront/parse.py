@@ -63,12 +63,11 @@ class ModalityDataItems(ABC, Generic[_T, _I]):
 
     @abstractmethod
     def get_count(self) -> int:
-        raise NotImplementedError
+        """How many items the user gave (``None`` items included)."""
 
     @abstractmethod
     def get(self, index: int) -> _I:
         """The item as the HF processor takes it (decoded)."""
-        raise NotImplementedError
 
     def get_all(self) -> list[_I]:
         return [self.get(index) for index in range(self.get_count())]
@@ -92,12 +91,10 @@ class ModalityDataItems(ABC, Generic[_T, _I]):
     @abstractmethod
     def get_processor_data(self) -> Mapping[str, object]:
         """Keyword arguments for the HF processor."""
-        raise NotImplementedError
 
     @abstractmethod
     def get_passthrough_data(self) -> Mapping[str, object]:
         """Keyword arguments that skip the HF processor and go straight to the model."""
-        raise NotImplementedError
 
 
 class ProcessorBatchItems(ModalityDataItems[Sequence[Any], _T]):
