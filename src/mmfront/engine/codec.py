@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
@@ -102,35 +103,33 @@ class MsgpackEncoder:
 
     def encode(self, obj: Any) -> list[Frame]:
         frames: list[Frame] = [b""]
-        local = self._local
-        outer = getattr(local, "aux", None)
-        local.aux = frames
-        try:
+        with self._collecting(frames):
             frames[0] = self._encoder.encode(obj)
-        except EncodeError:
-            raise
-        except (TypeError, ValueError, OverflowError, RecursionError) as e:
-            raise EncodeError(f"Cannot encode the message: {e}") from e
-        finally:
-            local.aux = outer
         return frames
 
     def encode_into(self, obj: Any, buf: bytearray) -> list[Frame]:
         """Like :meth:`encode`, but writes the body into ``buf`` (reused across messages) and
         returns it as frame 0."""
         frames: list[Frame] = [buf]
+        with self._collecting(frames):
+            self._encoder.encode_into(obj, buf)
+        return frames
+
+    @contextmanager
+    def _collecting(self, frames: list[Frame]) -> Iterator[None]:
+        """Aux buffers of this thread's message go to ``frames`` (re-entrant: an encode inside a
+        hook restores the outer message's list); msgspec's errors become EncodeError."""
         local = self._local
         outer = getattr(local, "aux", None)
         local.aux = frames
         try:
-            self._encoder.encode_into(obj, buf)
+            yield
         except EncodeError:
             raise
         except (TypeError, ValueError, OverflowError, RecursionError) as e:
             raise EncodeError(f"Cannot encode the message: {e}") from e
         finally:
             local.aux = outer
-        return frames
 
     def enc_hook(self, obj: Any) -> Any:
         """Called by msgspec for every object it has no native encoding for."""
