@@ -21,8 +21,8 @@ import torch
 
 from _harness import Report, median_time
 from mmfront.cache.base import BaseMultiModalProcessorCache, BaseMultiModalReceiverCache
+from mmfront.cache.lru import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache
 from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
-from mmfront.cache.processor import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
 from mmfront.inputs import (
     MultiModalFeatureSpec,

@@ -26,7 +26,7 @@ from typing import Any
 
 from _harness import Report
 from mmfront import MultiModalConfig
-from mmfront.cache.processor import LruKeyReplicatedSenderCache
+from mmfront.cache.lru import LruKeyReplicatedSenderCache
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor

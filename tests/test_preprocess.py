@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from mmfront import MultiModalConfig
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
-from mmfront.engine.structs import EngineCoreRequest, LoRARequest
 from mmfront.errors import InputTypeError, ValidationError
 from mmfront.media import image as media_image
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
+from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
+from mmfront.wire.structs import EngineCoreRequest, LoRARequest
 
 PROMPT = "<start_of_turn>user\nA <start_of_image> B <start_of_image><end_of_turn>\n"
 

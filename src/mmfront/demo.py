@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,14 +20,13 @@ import torch
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.config import MultiModalConfig
 from mmfront.engine.client import EngineClient, RequestAdmitted
-from mmfront.engine.codec import MsgpackDecoder
-from mmfront.engine.codec_tensors import Frame
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.structs import EngineCoreRequest
-from mmfront.engine.transport import REQUEST, decode_envelope
+from mmfront.engine.transport import BaseTransport
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import default_model_dir
+from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder
+from mmfront.wire.messages import REQUEST, decode_envelope
 
 
 def _messages(urls: list[str], text: str) -> list[dict[str, Any]]:
@@ -34,30 +34,42 @@ def _messages(urls: list[str], text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": text}]}]
 
 
-class _InProcessLink:
-    """P0 -> P1 -> P0 without a socket: envelopes queue up and are delivered in order."""
+class _InProcessLink(BaseTransport):
+    """P0 -> P1 -> P0 without a socket: envelopes queue up and are delivered in order; P1's
+    replies queue up for :meth:`recv`."""
 
     def __init__(self, receiver: EngineReceiver) -> None:
         self.receiver = receiver
         self.to_engine: deque[list[Frame]] = deque()
+        self.to_client: deque[list[Frame]] = deque()
         self.wire_bytes = 0
         self.sent: list[EngineCoreRequest] = []
         self.admitted: list[EngineCoreRequest] = []
         self._decode = MsgpackDecoder(EngineCoreRequest)
 
-    def send(self, frames: list[Frame]) -> None:
+    def send(self, frames: Sequence[Frame]) -> None:
+        frames = list(frames)
         self.wire_bytes += sum(len(memoryview(f)) for f in frames)
         envelope = decode_envelope(frames)
         if envelope.kind == REQUEST:
             self.sent.append(self._decode.decode(envelope.message))
         self.to_engine.append(frames)
 
+    def recv(self, timeout: float | None = None) -> list[Frame] | None:
+        return self.to_client.popleft() if self.to_client else None
+
+    def close(self) -> None:
+        self.to_engine.clear()
+        self.to_client.clear()
+
     def pump(self, client: EngineClient) -> list[RequestAdmitted]:
+        """Let P1 handle everything sent, and P0 everything P1 answered, until both are quiet."""
         events: list[RequestAdmitted] = []
         while self.to_engine:
             ready, replies = self.receiver.handle(self.to_engine.popleft())
             self.admitted += ready
-            for reply in replies:
+            self.to_client.extend(replies)
+            while (reply := self.recv()) is not None:
                 events += [e for e in client.handle_reply(reply) if isinstance(e, RequestAdmitted)]
         return events
 
@@ -89,7 +101,7 @@ def run_demo(*, verbose: bool = False) -> int:
     preprocessor.warmup()
     receiver = EngineReceiver(engine_receiver_cache_from_config(config))
     link = _InProcessLink(receiver)
-    client = EngineClient(InputProcessor(preprocessor), link.send)
+    client = EngineClient(InputProcessor(preprocessor), link)
     print(f"frontend: {type(preprocessor.processor).__name__} over {type(preprocessor.processor.info.hf_processor).__name__}, "
           f"P0 cache {type(preprocessor.cache).__name__}, P1 cache {type(receiver.cache).__name__} "
           f"(ready in {time.perf_counter() - t0:.1f} s)")

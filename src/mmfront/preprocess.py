@@ -19,13 +19,13 @@ from mmfront.cache.factory import processor_cache_from_config, processor_only_ca
 from mmfront.cache.stats import MultiModalCacheStats
 from mmfront.chat import parse_chat_messages
 from mmfront.config import MultiModalConfig
-from mmfront.engine.structs import EngineCoreRequest, LoRARequest, SamplingParams
 from mmfront.errors import InputTypeError, ValidationError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
 from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.processor import BaseMultiModalProcessor, MultiModalUUIDs
+from mmfront.wire import EngineCoreRequest, LoRARequest, SamplingParams
 
 PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]]
 """A prompt string, token ids, or a list of OpenAI chat messages."""

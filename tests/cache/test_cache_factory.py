@@ -9,7 +9,7 @@ from mmfront.cache.factory import (
     processor_only_cache_from_config,
     worker_receiver_cache_from_config,
 )
-from mmfront.cache.processor import (
+from mmfront.cache.lru import (
     LruKeyReplicatedReceiverCache,
     LruKeyReplicatedSenderCache,
     MultiModalProcessorOnlyCache,

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmfront.cache._lrumap import LRUCache
 from mmfront.cache.base import CacheInfo
-from mmfront.cache.lru import LRUCache
 from mmfront.errors import CacheError
 
 

@@ -10,7 +10,7 @@ import torch
 
 from mmfront.cache.base import BaseMultiModalProcessorCache, BaseMultiModalReceiverCache, CacheInfo
 from mmfront.cache.factory import engine_receiver_cache_from_config, processor_cache_from_config
-from mmfront.cache.processor import (
+from mmfront.cache.lru import (
     LruKeyReplicatedReceiverCache,
     LruKeyReplicatedSenderCache,
     MultiModalProcessorOnlyCache,
@@ -146,7 +146,7 @@ def test_oversize_items_are_served_uncached_with_one_warning(caplog):
     only = MultiModalProcessorOnlyCache(1024)
     sender = LruKeyReplicatedSenderCache(1024)
     receiver = LruKeyReplicatedReceiverCache(1024)
-    with caplog.at_level(logging.WARNING, logger="mmfront.cache.processor"):
+    with caplog.at_level(logging.WARNING, logger="mmfront.cache.lru"):
         for _ in range(2):
             assert only.get_and_update_item((big, UPD), "big") == (big, UPD)
             item, updates = sender.get_and_update_item((big, UPD), "big")

@@ -23,7 +23,6 @@ from mmfront.cache.factory import processor_cache_from_config, worker_receiver_c
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
 from mmfront.cache.shm_ring import SEGMENT_PREFIX, ShmSegment, _pid_alive, _segment_pid, cleanup_stale_segments
 from mmfront.config import GiB_bytes, MiB_bytes, MultiModalConfig
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.errors import CacheError, MultiModalCacheMissError, ShmHandleError
 from mmfront.inputs import (
     MultiModalFeatureSpec,
@@ -32,6 +31,7 @@ from mmfront.inputs import (
     MultiModalSharedField,
     PlaceholderRange,
 )
+from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs POSIX shared memory in /dev/shm")
 
@@ -317,7 +317,7 @@ def test_every_reader_must_read_before_a_chunk_is_freed():
 def test_oversize_item_goes_inline_with_one_warning(pair, caplog):
     sender, receiver = pair(4 * MiB_bytes, max_object_size=MiB_bytes)
     big = _item(MiB_bytes)  # the object layout adds a header, so it exceeds 1 MiB
-    with caplog.at_level(logging.WARNING, logger="mmfront.cache.processor"):
+    with caplog.at_level(logging.WARNING, logger="mmfront.cache.lru"):
         for _ in range(2):
             out, _ = sender.get_and_update_item((big, ["u"]), "big")
             assert out is big
@@ -551,7 +551,7 @@ def test_put_frees_only_what_it_needs(pair):
 def test_object_larger_than_the_ring_goes_inline(pair, caplog):
     sender, _ = pair(MiB_bytes)  # max object size stays at its 128 MiB default
     big = _item(2 * MiB_bytes)
-    with caplog.at_level(logging.WARNING, logger="mmfront.cache.processor"):
+    with caplog.at_level(logging.WARNING, logger="mmfront.cache.lru"):
         out, _ = sender.get_and_update_item((big, []), "big")
     assert out is big
     assert sender.store.max_object_size == MiB_bytes - 16

@@ -14,10 +14,6 @@ from mmfront.cache.mirror import (
     MirrorDelivery,
     MirroredReceiverCache,
     MirroredSenderCache,
-    MirrorOnly,
-    MirrorOp,
-    MirrorReset,
-    MirrorStamp,
     chain_digest,
     initial_digest,
 )
@@ -29,6 +25,7 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     PlaceholderRange,
 )
+from mmfront.wire.messages import MirrorOnly, MirrorOp, MirrorReset, MirrorStamp
 
 UPD = ["update"]
 

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from msgspec import msgpack
 
 from mmfront import inputs
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.errors import ConfigError, DecodeError, EncodeError
 from mmfront.inputs import (
     MultiModalBatchedField,
@@ -30,6 +29,7 @@ from mmfront.inputs import (
     MultiModalSharedField,
     PlaceholderRange,
 )
+from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 
 DATA = Path(__file__).parent / "data"
 

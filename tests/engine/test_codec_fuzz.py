@@ -15,7 +15,6 @@ import numpy as np
 import torch
 from msgspec import msgpack
 
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.errors import DecodeError
 from mmfront.inputs import (
     MultiModalBatchedField,
@@ -27,6 +26,7 @@ from mmfront.inputs import (
     MultiModalSharedField,
     PlaceholderRange,
 )
+from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 
 SEED = 1234
 CASES = 10_000

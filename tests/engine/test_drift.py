@@ -12,7 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,14 @@ import pytest
 
 from mmfront import MultiModalConfig
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
-from mmfront.engine.codec import MsgpackEncoder
 from mmfront.engine.receiver import serve_pipe
-from mmfront.engine.structs import EngineCoreRequest
-from mmfront.engine.transport import RESET_CACHE, PipeTransport, encode_envelope
+from mmfront.engine.transport import BaseTransport, PipeTransport
 from mmfront.errors import ValidationError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, make_image
+from mmfront.wire.codec import MsgpackEncoder
+from mmfront.wire.messages import RESET_CACHE, encode_envelope
+from mmfront.wire.structs import EngineCoreRequest
 from toy_models import toy
 
 GiB = 1 << 30
@@ -35,7 +36,7 @@ CTX = mp.get_context("forkserver")
 CTX.set_forkserver_preload(["mmfront.engine.receiver"])
 
 
-class P1:
+class P1(BaseTransport):
     """P1 in a child process, behind a link that can swap, clear and restart."""
 
     def __init__(self, config: MultiModalConfig) -> None:
@@ -53,7 +54,8 @@ class P1:
         self.link = PipeTransport(parent)
         self.started += 1
 
-    def send(self, frames: list[Any]) -> None:
+    def send(self, frames: Sequence[Any]) -> None:
+        frames = list(frames)
         if self.swap_armed and self.held is None:
             self.swap_armed, self.held = False, frames
             return
@@ -82,6 +84,9 @@ class P1:
         self.proc.join(5)
         self.link.close()
         self._start()
+
+    def recv(self, timeout: float | None = None) -> list[Any] | None:
+        return self.link.recv(timeout)
 
     def close(self) -> None:
         self.link.close()  # EOF: serve_pipe returns
@@ -119,7 +124,7 @@ class Harness:
 
     def __init__(self, processor: InputProcessor, baseline: InputProcessor, p1: P1) -> None:
         self.p1 = p1
-        self.client = EngineClient(processor, p1.send)
+        self.client = EngineClient(processor, p1)
         self.baseline = baseline
         self.expected: dict[str, EngineCoreRequest] = {}
         self.admitted: dict[str, EngineCoreRequest] = {}
@@ -135,8 +140,9 @@ class Harness:
         while self.client.in_flight:
             remaining = deadline - time.monotonic()
             assert remaining > 0, f"requests lost: {self.client.in_flight}"
-            if self.p1.link.poll(min(remaining, 0.5)):
-                for event in self.client.handle_reply(self.p1.link.recv()):
+            reply = self.p1.link.recv(min(remaining, 0.5))
+            if reply is not None:
+                for event in self.client.handle_reply(reply):
                     assert not isinstance(event, RequestFailed), f"caller saw an error: {event.error}"
                     assert isinstance(event, RequestAdmitted) and event.request is not None
                     assert event.request_id not in self.admitted, "admitted twice"

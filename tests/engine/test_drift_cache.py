@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirroredSenderCache, MirrorReset
+from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirroredSenderCache
 from mmfront.inputs import (
     MultiModalBatchedField,
     MultiModalFeatureSpec,
@@ -24,6 +24,7 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     PlaceholderRange,
 )
+from mmfront.wire.messages import MirrorReset
 
 CAPACITY = 256
 N_REQUESTS = 10_000

@@ -5,31 +5,18 @@ from __future__ import annotations
 import multiprocessing as mp
 import struct
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
 
 from mmfront import MultiModalConfig
-from mmfront.cache.mirror import MirroredReceiverCache, MirrorOnly, MirrorReset, MirrorStamp
-from mmfront.cache.processor import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache
+from mmfront.cache.lru import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache
+from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.structs import EngineCoreRequest
-from mmfront.engine.transport import (
-    ADMITTED,
-    CACHE_MISS,
-    MIRROR_ONLY,
-    MIRROR_RESET,
-    REQUEST,
-    RESET_CACHE,
-    Admitted,
-    CacheMiss,
-    PipeTransport,
-    decode_envelope,
-    encode_envelope,
-)
+from mmfront.engine.transport import BaseTransport, PipeTransport
 from mmfront.errors import DecodeError, MultiModalCacheMissError, TransportError, ValidationError
 from mmfront.inputs import (
     MultiModalBatchedField,
@@ -40,6 +27,23 @@ from mmfront.inputs import (
 )
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, make_image
+from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
+from mmfront.wire.messages import (
+    ADMITTED,
+    CACHE_MISS,
+    MIRROR_ONLY,
+    MIRROR_RESET,
+    REQUEST,
+    RESET_CACHE,
+    Admitted,
+    CacheMiss,
+    MirrorOnly,
+    MirrorReset,
+    MirrorStamp,
+    decode_envelope,
+    encode_envelope,
+)
+from mmfront.wire.structs import EngineCoreRequest
 from toy_models import ToyProcessor, toy
 
 GiB = 1 << 30
@@ -59,12 +63,29 @@ def toy_processor(capacity: int) -> InputProcessor:
     return InputProcessor(InputPreprocessor("toy", config, processor=toy(config)))
 
 
+class QueueTransport(BaseTransport):
+    """Sent envelopes queue until the test delivers them (in any order it likes)."""
+
+    def __init__(self) -> None:
+        self.queue: list[list[Any]] = []
+
+    def send(self, frames: Sequence[Any]) -> None:
+        self.queue.append(list(frames))
+
+    def recv(self, timeout: float | None = None) -> list[Any] | None:
+        return None  # replies are fed to the client directly by Loop.deliver
+
+    def close(self) -> None:
+        self.queue.clear()
+
+
 class Loop:
     """Client and receiver wired in process: sent envelopes queue until delivered."""
 
     def __init__(self, processor: InputProcessor, receiver: EngineReceiver) -> None:
-        self.queue: list[list[Any]] = []
-        self.client = EngineClient(processor, self.queue.append)
+        self.transport = QueueTransport()
+        self.queue = self.transport.queue
+        self.client = EngineClient(processor, self.transport)
         self.receiver = receiver
         self.events: list[Any] = []
 
@@ -102,8 +123,8 @@ def test_pipe_transport_carries_frames_into_writable_buffers() -> None:
     item = MultiModalKwargsItem({"pixel_values": MultiModalFieldElem(tensor, MultiModalBatchedField())})
     sent = encode_envelope(REQUEST, ENC.encode(request("r", feature("h", item))), MirrorStamp(1, 1, b"d"))
     left.send(sent)
-    assert right.poll(1.0)
-    got = right.recv()
+    got = right.recv(1.0)
+    assert got is not None
     assert [bytes(memoryview(f).cast("B")) for f in got] == [bytes(memoryview(f).cast("B")) for f in sent]
     assert got[1] and all(isinstance(f, bytearray) for f in got)
     with warnings.catch_warnings():

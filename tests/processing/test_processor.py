@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from mmfront import MediaWithBytes, MultiModalConfig
-from mmfront.cache.processor import (
+from mmfront.cache.lru import (
     LruKeyReplicatedReceiverCache,
     LruKeyReplicatedSenderCache,
     MultiModalProcessorOnlyCache,

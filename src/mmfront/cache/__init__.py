@@ -5,6 +5,7 @@ See docs/caching.md for the modes, the P0/P1 mirror invariant and how to size th
 
 from __future__ import annotations
 
+from mmfront.cache._lrumap import LRUCache
 from mmfront.cache.base import (
     BaseMultiModalCache,
     BaseMultiModalProcessorCache,
@@ -18,13 +19,12 @@ from mmfront.cache.factory import (
     processor_only_cache_from_config,
     worker_receiver_cache_from_config,
 )
-from mmfront.cache.lru import LRUCache
-from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
-from mmfront.cache.processor import (
+from mmfront.cache.lru import (
     LruKeyReplicatedReceiverCache,
     LruKeyReplicatedSenderCache,
     MultiModalProcessorOnlyCache,
 )
+from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
 from mmfront.cache.shm_ring import cleanup_stale_segments
 from mmfront.cache.stats import MultiModalCacheStats

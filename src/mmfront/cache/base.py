@@ -15,14 +15,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
+from mmfront.errors import ValidationError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
 
-if TYPE_CHECKING:
-    from mmfront.processing.updates import ResolvedPromptUpdate
-
-PromptUpdates = Sequence["ResolvedPromptUpdate"]
+PromptUpdates = Sequence[Any]
+"""An item's resolved prompt updates (``mmfront.processing.updates.ResolvedPromptUpdate``): the
+cache stores them for the processor and never looks inside, so it need not import the layer above."""
 ProcessorCacheInput = tuple[MultiModalKwargsItem, PromptUpdates]
 ProcessorCacheOutput = tuple[MultiModalKwargsItem | None, PromptUpdates]
 
@@ -78,7 +78,8 @@ class BaseMultiModalCache(ABC, Generic[I, O]):
 
     def get_and_update(self, mm_items: Sequence[I], mm_hashes: Sequence[str]) -> list[O]:
         if len(mm_items) != len(mm_hashes):
-            raise ValueError(f"Got {len(mm_items)} items for {len(mm_hashes)} hashes")
+            raise ValidationError(f"Got {len(mm_items)} items for {len(mm_hashes)} hashes: pass one mm_hash per item",
+                                  parameter="mm_hashes")
         return [self.get_and_update_item(item, h) for item, h in zip(mm_items, mm_hashes)]
 
     @abstractmethod

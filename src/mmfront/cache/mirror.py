@@ -26,22 +26,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any
 
 import msgspec
 
 from mmfront.cache.base import ProcessorCacheInput, ProcessorCacheOutput
-from mmfront.cache.processor import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache, _no_data_error
+from mmfront.cache.lru import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache, _no_data_error
 from mmfront.errors import CacheError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
+from mmfront.wire.messages import EVICT, HIT, INSERT, OVERSIZE, MirrorOnly, MirrorOp, MirrorReset, MirrorStamp
 
 logger = logging.getLogger(__name__)
-
-# Mirror operation kinds, as they enter the digest.
-HIT: Final = "H"
-INSERT: Final = "N"
-OVERSIZE: Final = "O"
-EVICT: Final = "E"
 
 DEFAULT_GAP_TIMEOUT_S = 5.0
 """How long P1 waits for a missing ``seq`` before it gives up on the epoch and resets."""
@@ -51,43 +46,6 @@ DEFAULT_MAX_PENDING = 1024
 
 _DIGEST_SIZE = 16
 _encode = msgspec.msgpack.Encoder().encode
-
-
-class MirrorStamp(msgspec.Struct, array_like=True, frozen=True):
-    """Where a request stands in P0's mirror history; travels with the request.
-
-    ``invalidated`` lists the keys P0 dropped from its shadow since the previous stamped request
-    (P1 reported them missing, or their request was aborted after its commit); P1 drops them too
-    before it applies the request."""
-
-    epoch: int
-    seq: int
-    digest: bytes
-    invalidated: tuple[str, ...] = ()
-
-
-class MirrorOp(msgspec.Struct, array_like=True, frozen=True):
-    """One item's operation in a mirror-only message (``nbytes`` is the size an insert charged)."""
-
-    kind: Literal["H", "N", "O"]
-    mm_hash: str
-    nbytes: int = 0
-
-
-class MirrorOnly(msgspec.Struct, array_like=True, frozen=True):
-    """The mirror operations of a request that was committed on P0 but will never be sent.
-
-    P1 replays them without the data: an insert stores a data-less placeholder of the same size,
-    so both LRUs evict the same keys; P0 invalidates the inserted keys, and the next stamp tells
-    P1 to drop the placeholders."""
-
-    ops: list[MirrorOp]
-
-
-class MirrorReset(msgspec.Struct, array_like=True, frozen=True):
-    """P1 reset its cache and retired ``epoch``: a P0 still in that epoch must clear its shadow."""
-
-    epoch: int
 
 
 def initial_digest(epoch: int, capacity_bytes: int) -> bytes:
@@ -545,10 +503,6 @@ __all__ = [
     "DEFAULT_MAX_PENDING",
     "MirrorDelivery",
     "MirrorEvent",
-    "MirrorOnly",
-    "MirrorOp",
-    "MirrorReset",
-    "MirrorStamp",
     "MirroredReceiverCache",
     "MirroredSenderCache",
     "chain_digest",

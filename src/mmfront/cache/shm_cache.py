@@ -24,12 +24,11 @@ from mmfront.cache.base import (
     ProcessorCacheOutput,
     PromptUpdates,
 )
-from mmfront.cache.processor import OversizeWarning
+from mmfront.cache.lru import OversizeWarning
 from mmfront.cache.shm_store import Lock, ShmObjectReader, ShmObjectStore, is_address_item
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
-from mmfront.engine.codec_tensors import frame_views
 from mmfront.errors import CacheError, MultiModalCacheMissError, ShmHandleError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
+from mmfront.wire import MsgpackDecoder, MsgpackEncoder, frame_views
 
 DEFAULT_MAX_OBJECT_SIZE = 128 << 20
 

@@ -10,15 +10,17 @@ requests and real errors only.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mmfront.cache.mirror import MirroredSenderCache, MirrorReset
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
-from mmfront.engine.codec_tensors import Frame
-from mmfront.engine.structs import EngineCoreRequest, LoRARequest, SamplingParams
-from mmfront.engine.transport import (
+from mmfront.cache.mirror import MirroredSenderCache
+from mmfront.engine.transport import BaseTransport
+from mmfront.errors import DecodeError, MMFrontError, MultiModalCacheMissError, ValidationError
+from mmfront.preprocess import InputProcessor, PromptInput
+from mmfront.processing.processor import MultiModalUUIDs
+from mmfront.wire import EngineCoreRequest, Frame, LoRARequest, MsgpackDecoder, MsgpackEncoder, SamplingParams
+from mmfront.wire.messages import (
     ADMITTED,
     CACHE_MISS,
     MIRROR_ONLY,
@@ -26,14 +28,10 @@ from mmfront.engine.transport import (
     REQUEST,
     Admitted,
     CacheMiss,
+    MirrorReset,
     decode_envelope,
     encode_envelope,
 )
-from mmfront.errors import DecodeError, MMFrontError, MultiModalCacheMissError, ValidationError
-from mmfront.preprocess import InputProcessor, PromptInput
-from mmfront.processing.processor import MultiModalUUIDs
-
-Send = Callable[[list[Frame]], None]
 
 
 @dataclass(frozen=True)
@@ -77,16 +75,16 @@ class ClientStats:
 
 
 class EngineClient:
-    """Sends requests to P1 over any transport (``send`` takes one envelope's frames) and handles
+    """Sends requests to P1 over any :class:`~mmfront.engine.transport.BaseTransport` and handles
     P1's replies (feed every arriving envelope to :meth:`handle_reply`).
 
     Drop-in for the part of vLLM's ``EngineCoreClient`` that adds requests: ``add_request`` takes
     the arguments of ``InputProcessor.process_inputs``.
     """
 
-    def __init__(self, processor: InputProcessor, send: Send) -> None:
+    def __init__(self, processor: InputProcessor, transport: BaseTransport) -> None:
         self.processor = processor
-        self.send = send
+        self.transport = transport
         self.stats = ClientStats()
         self._in_flight: dict[str, _InFlight] = {}
         self._encoder = MsgpackEncoder()
@@ -222,7 +220,7 @@ class EngineClient:
                 self._send_mirror_only(mirror, request_id)
             raise
         stamp = mirror.take_stamp(request_id) if mirror is not None else None
-        self.send(encode_envelope(REQUEST, message, stamp))
+        self.transport.send(encode_envelope(REQUEST, message, stamp))
 
     def _send_mirror_only(self, mirror: MirroredSenderCache, request_id: str) -> None:
         """The request changed the shadow but will not be sent: P1 must replay the change."""
@@ -230,7 +228,7 @@ class EngineClient:
         if taken is not None:
             stamp, message = taken
             self.stats.mirror_only += 1
-            self.send(encode_envelope(MIRROR_ONLY, self._encoder.encode(message), stamp))
+            self.transport.send(encode_envelope(MIRROR_ONLY, self._encoder.encode(message), stamp))
 
 
-__all__ = ["ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed", "Send"]
+__all__ = ["ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed"]

@@ -15,12 +15,13 @@ from multiprocessing.connection import Connection
 
 from mmfront.cache.base import BaseMultiModalReceiverCache
 from mmfront.cache.factory import engine_receiver_cache_from_config
-from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirrorEvent, MirrorOnly, MirrorReset
+from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirrorEvent
 from mmfront.config import MultiModalConfig
-from mmfront.engine.codec import MsgpackDecoder, MsgpackEncoder
-from mmfront.engine.codec_tensors import Frame
-from mmfront.engine.structs import EngineCoreRequest
-from mmfront.engine.transport import (
+from mmfront.engine.transport import PipeTransport
+from mmfront.errors import DecodeError, MultiModalCacheMissError, TransportError
+from mmfront.inputs import MultiModalFeatureSpec
+from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder
+from mmfront.wire.messages import (
     ADMITTED,
     CACHE_MISS,
     MIRROR_ONLY,
@@ -29,12 +30,11 @@ from mmfront.engine.transport import (
     RESET_CACHE,
     Admitted,
     CacheMiss,
-    PipeTransport,
+    MirrorOnly,
+    MirrorReset,
     decode_envelope,
     encode_envelope,
 )
-from mmfront.errors import DecodeError, MultiModalCacheMissError, TransportError
-from mmfront.inputs import MultiModalFeatureSpec
 
 logger = logging.getLogger(__name__)
 
@@ -139,10 +139,8 @@ def serve_pipe(
     receiver = EngineReceiver(engine_receiver_cache_from_config(config), echo=echo)
     try:
         while True:
-            if transport.poll(poll_interval_s):
-                _, replies = receiver.handle(transport.recv())
-            else:
-                _, replies = receiver.poll()
+            frames = transport.recv(poll_interval_s)
+            _, replies = receiver.poll() if frames is None else receiver.handle(frames)
             for reply in replies:
                 transport.send(reply)
     except (EOFError, TransportError):

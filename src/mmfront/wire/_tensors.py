@@ -124,10 +124,10 @@ def frame_view(frame: Any, index: int) -> memoryview:
         view = memoryview(frame)
         if view.ndim != 1 or view.format != "B":
             view = view.cast("B")
-        if not view.c_contiguous:
-            raise TypeError("the buffer is strided")
     except TypeError as e:
         raise DecodeError(f"Frame {index} is a {type(frame).__name__}, not a contiguous bytes-like buffer: {e}") from e
+    if not view.c_contiguous:
+        raise DecodeError(f"Frame {index} is a {type(frame).__name__}, not a contiguous bytes-like buffer: it is strided")
     return view
 
 

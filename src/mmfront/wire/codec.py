@@ -31,7 +31,19 @@ import numpy as np
 import torch
 from msgspec import msgpack
 
-from mmfront.engine.codec_tensors import (
+from mmfront.errors import ConfigError, DecodeError, EncodeError, InputTypeError
+from mmfront.inputs import (
+    BaseMultiModalField,
+    MultiModalBatchedField,
+    MultiModalFieldConfig,
+    MultiModalFieldElem,
+    MultiModalFlatField,
+    MultiModalKwargsItem,
+    MultiModalKwargsItems,
+    MultiModalSharedField,
+    NestedTensors,
+)
+from mmfront.wire._tensors import (
     CUSTOM_TYPE_CLOUDPICKLE,
     CUSTOM_TYPE_PICKLE,
     CUSTOM_TYPE_RAW_VIEW,
@@ -44,18 +56,6 @@ from mmfront.engine.codec_tensors import (
     encode_tensor,
     frame_view,
     short,
-)
-from mmfront.errors import ConfigError, DecodeError, EncodeError, InputTypeError
-from mmfront.inputs import (
-    BaseMultiModalField,
-    MultiModalBatchedField,
-    MultiModalFieldConfig,
-    MultiModalFieldElem,
-    MultiModalFlatField,
-    MultiModalKwargsItem,
-    MultiModalKwargsItems,
-    MultiModalSharedField,
-    NestedTensors,
 )
 
 DEFAULT_SIZE_THRESHOLD = 256
