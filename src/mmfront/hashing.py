@@ -34,8 +34,9 @@ from mmfront.config import HasherAlgorithm as HashAlgorithm
 from mmfront.errors import ConfigError, HashingTypeError, ValidationError
 from mmfront.media.base import MediaWithBytes, exif_image_uuid
 from mmfront.pixels import iter_pixel_strips
+from mmfront.text import check_text
 
-__all__ = ["HashAlgorithm", "MultiModalHasher", "get_mm_hashes", "prehash_media"]
+__all__ = ["MAX_VALUE_DEPTH", "HashAlgorithm", "MultiModalHasher", "get_mm_hashes", "prehash_media"]
 
 Chunk = bytes | bytearray | memoryview
 """One piece of the digest input."""
@@ -60,6 +61,11 @@ handing strips between threads costs more than the packing it hides)."""
 _SMALL_CHUNK_BYTES = 4096
 """Chunks shorter than this are buffered before they reach the hasher (the digest is unchanged:
 every algorithm here hashes a byte stream, however it is split)."""
+
+MAX_VALUE_DEPTH = 64
+"""Deepest nesting of lists, tuples and mappings a hashed value may have. Real processor kwargs
+nest two or three levels; the limit keeps the recursive writer far below Python's recursion limit
+(a 10,000-deep value, or a list that contains itself, would otherwise raise ``RecursionError``)."""
 
 _MODALITY_PROCESSOR_KWARGS = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
 """The HF processor kwargs scoped to one modality; another modality's scope never enters a hash."""
@@ -110,13 +116,15 @@ class _Writer:
     the generator API hands out. ``_position`` counts the bytes written, so that pixel strips
     can be cut where the hasher works fastest."""
 
-    __slots__ = ("_buffer", "_gather", "_out", "_position")
+    __slots__ = ("_buffer", "_gather", "_out", "_position", "parameter")
 
     def __init__(self, out: Callable[[Chunk], object], *, gather: bool = True) -> None:
         self._out = out
         self._gather = gather
         self._buffer = bytearray()
         self._position = 0
+        self.parameter: str | None = None
+        """The request field being written (the top-level key), named by a too-deep error."""
 
     def chunk(self, data: Chunk) -> None:
         self._position += len(data)
@@ -141,24 +149,35 @@ class _Writer:
         self.framed(key.encode("utf-8"))
         self.value(obj)
 
-    def value(self, obj: object) -> None:
+    def value(self, obj: object, depth: int = 0) -> None:
         if isinstance(obj, _PLAIN_LEAVES):  # most values: skip the (slow) Mapping ABC check
             self.chunk(_TAG_LEAF)
             self.leaf(obj)
         elif obj is None:
             self.chunk(_TAG_NONE)
         elif isinstance(obj, (list, tuple)):
+            self._check_depth(depth)
             self.chunk(_TAG_SEQUENCE + _length(len(obj)))
             for element in obj:
-                self.value(element)
+                self.value(element, depth + 1)
         elif isinstance(obj, Mapping):
+            self._check_depth(depth)
             self.chunk(_TAG_MAPPING + _length(len(obj)))
             for key, value in obj.items():
                 self.framed(str(key).encode("utf-8", "surrogatepass"))
-                self.value(value)
+                self.value(value, depth + 1)
         else:
             self.chunk(_TAG_LEAF)
             self.leaf(obj)
+
+    def _check_depth(self, depth: int) -> None:
+        if depth >= MAX_VALUE_DEPTH:
+            where = self.parameter or "The value"
+            raise ValidationError(
+                f"{where} nests lists and mappings more than {MAX_VALUE_DEPTH} levels deep, so it cannot be "
+                "hashed. Flatten it; no processor option needs that depth.",
+                parameter=self.parameter,
+            )
 
     def leaf(self, obj: object) -> None:
         if isinstance(obj, (bytes, bytearray)):
@@ -358,6 +377,7 @@ class MultiModalHasher:
             hasher = _new_hasher(algorithm, kwargs.values())
         writer = _Writer(hasher.update)
         for key, value in items:
+            writer.parameter = key
             writer.item(key, value)
         writer.flush()
         return hasher.hexdigest()
@@ -436,27 +456,48 @@ def _hash_factors(
     return {key: value for key, value in factors.items() if value}
 
 
-def _uuids_for(modality: str, count: int, mm_uuids: Mapping[str, Sequence[str | None] | str | None]) -> list[str | None]:
-    given = mm_uuids.get(modality)
-    if given is None:
-        return [None] * count
-    given_list: list[object] = [given] if isinstance(given, str) else list(given)
-    if len(given_list) != count:
-        raise ValidationError(
-            f"multi_modal_uuids has {len(given_list)} UUID(s) for {modality!r} but the request has {count} "
-            f"{modality} item(s); give one UUID (or None) per item.",
-            parameter="multi_modal_uuids", value=given,
-        )
-    uuids: list[str | None] = []
-    for index, uuid in enumerate(given_list):
-        if uuid is not None and not isinstance(uuid, str):
+def normalize_mm_uuids(mm_uuids: Mapping[str, Sequence[str | None] | str | None] | None, counts: Mapping[str, int]) -> dict[str, list[str | None]]:
+    """Lists of per-item UUIDs (a bare string is a one-item list), checked against item counts."""
+    if not mm_uuids:
+        return {}
+    out: dict[str, list[str | None]] = {}
+    for modality, value in mm_uuids.items():
+        if value is None:
+            continue
+        uuids: list[str | None] = [value] if isinstance(value, str) else list(value)
+        if not all(u is None or isinstance(u, str) for u in uuids):
+            raise ValidationError(f"multi_modal_uuids[{modality!r}] must hold strings or None.",
+                                  parameter="multi_modal_uuids")
+        for index, uuid in enumerate(uuids):
+            if uuid is not None:
+                check_text(uuid, parameter="multi_modal_uuids", where=f"multi_modal_uuids[{modality!r}][{index}]")
+        count = counts.get(modality, 0)
+        if len(uuids) != count:
             raise ValidationError(
-                f"multi_modal_uuids[{modality!r}][{index}] is a {type(uuid).__name__}; a UUID must be a string "
-                "or None.",
-                parameter="multi_modal_uuids", value=uuid,
+                f"multi_modal_uuids[{modality!r}] has {len(uuids)} entries but {count} {modality} item(s) were "
+                "given; send one UUID (or null) per item.", parameter="multi_modal_uuids",
             )
-        uuids.append(uuid)
-    return uuids
+        out[modality] = uuids
+    return out
+
+def scope_uuids(
+    mm_uuids: Mapping[str, Sequence[str | None] | str | None], cache_salt: str | None,
+) -> dict[str, list[str | None] | str | None]:
+    """User-supplied UUIDs, scoped to ``cache_salt``: a UUID names an item only among requests
+    with the same salt, so one tenant cannot fetch another's cached item by naming its UUID.
+    Without a salt the UUID is the key unchanged, as in vLLM."""
+    if cache_salt is None:
+        return {m: v if v is None or isinstance(v, str) else list(v) for m, v in mm_uuids.items()}
+    prefix = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    out: dict[str, list[str | None] | str | None] = {}
+    for modality, value in mm_uuids.items():
+        if isinstance(value, str):
+            out[modality] = f"{prefix}:{value}"
+        elif value is None:
+            out[modality] = None
+        else:
+            out[modality] = [None if u is None or not isinstance(u, str) else f"{prefix}:{u}" for u in value]
+    return out
 
 
 def get_mm_hashes(
@@ -475,13 +516,13 @@ def get_mm_hashes(
     An item is keyed by ``model_id``, its content (or its UUID, if given) and the request-level
     options that change its processing. A UUID with no such options *is* the key, unhashed.
     """
-    uuids_by_modality = mm_uuids or {}
+    normalized = normalize_mm_uuids(mm_uuids, {modality: len(items) for modality, items in mm_items.items()})
     processor_kwargs = hf_processor_mm_kwargs or {}
     media_kwargs = media_io_kwargs or {}
     hashes: dict[str, list[str]] = {}
     for modality, items in mm_items.items():
         factors = _hash_factors(modality, processor_kwargs, media_kwargs)
-        uuids = _uuids_for(modality, len(items), uuids_by_modality)
+        uuids = normalized.get(modality) or [None] * len(items)
         modality_hashes: list[str] = []
         for index, (item, uuid) in enumerate(zip(items, uuids)):
             if item is None and uuid is None:

@@ -23,7 +23,7 @@ from typing import Any, Literal, TypedDict, Union
 
 import torch
 
-from mmfront.errors import FieldConfigError
+from mmfront.errors import FieldConfigError, ModalityNotFoundError
 
 NestedTensors = Union[  # noqa: UP007 (a string forward reference cannot take part in `|`)
     list["NestedTensors"], list[torch.Tensor], torch.Tensor, tuple[torch.Tensor, ...], int, float]
@@ -404,7 +404,7 @@ class MultiModalKwargsItems(UserDict[str, Sequence[MultiModalKwargsItem | None]]
 
     def __getitem__(self, modality: str) -> Sequence[MultiModalKwargsItem | None]:
         if modality not in self.data:
-            raise KeyError(f"Modality {modality!r} not found. Available modalities: {set(self.data)}")
+            raise ModalityNotFoundError(f"Modality {modality!r} not found. Available modalities: {set(self.data)}")
         return self.data[modality]
 
     def get_count(self, modality: str) -> int:
@@ -508,6 +508,10 @@ class MultiModalInputs(_MultiModalInputsBase, total=False):
 
     prompt: str
     cache_salt: str
+    mm_pending: Any
+    """Present while the inputs are prepared but not committed to the P0 cache: a
+    ``mmfront.processing.commit.PendingCommit``. Items that were cache hits have ``None`` kwargs
+    until the commit decides whether they travel with data."""
 
 
 def mm_inputs(

@@ -1,16 +1,31 @@
 """Requests in, processed inputs and ``EngineCoreRequest``s out.
 
-:class:`InputPreprocessor` takes a chat conversation, a prompt string, or token ids plus
-multimodal data, and returns vLLM's ``MultiModalInputs``. :class:`InputProcessor` adds the
-request-level checks of vLLM's ``InputProcessor`` (empty prompt, model length, encoder budget,
-vocabulary) and flattens the items into ``MultiModalFeatureSpec``s sorted by placeholder offset.
+:class:`InputPreprocessor` takes a chat conversation, a prompt string, token ids, or a vLLM
+prompt dict, plus multimodal data, and returns vLLM's ``MultiModalInputs``. :class:`InputProcessor`
+adds the request-level checks of vLLM's ``InputProcessor`` (empty prompt, model length, encoder
+budget, vocabulary) and flattens the items into ``MultiModalFeatureSpec``s sorted by placeholder
+offset.
+
+Preparing a request only *reads* the P0 cache. The caches P1 depends on (the mirrored LRU, shared
+memory) change only when a request is committed, and a request is committed only by the step
+that hands it to the transport (:meth:`InputProcessor.commit`, run by
+``mmfront.engine.client.EngineClient`` in its ordered lane). So a request that is processed and
+never sent leaves no trace, and ``preprocess`` then ``process_inputs`` on the same messages gives
+a request that carries all of its data.
+
+Thread-safety: :meth:`InputPreprocessor.preprocess`, :meth:`InputProcessor.prepare` and
+:meth:`InputProcessor.process_inputs` may run on many threads at once (media loading, hashing and
+HF processing run in parallel); :meth:`InputProcessor.commit` must be called from one lane at a
+time, in the order the requests are sent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +34,94 @@ from mmfront.cache.factory import processor_cache_from_config, processor_only_ca
 from mmfront.cache.stats import MultiModalCacheStats
 from mmfront.chat import parse_chat_messages
 from mmfront.config import MultiModalConfig
-from mmfront.errors import InputTypeError, ValidationError
+from mmfront.errors import ConfigError, InputTypeError, ValidationError
+from mmfront.hashing import scope_uuids
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
+from mmfront.processing.commit import commit_mm_inputs, is_committed
 from mmfront.processing.dummy import BaseDummyInputsBuilder
+from mmfront.processing.hf import unknown_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, MultiModalUUIDs
 from mmfront.wire import EngineCoreRequest, LoRARequest, SamplingParams
+from mmfront.wire.messages import MirrorOnly, MirrorStamp
 
-PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]]
-"""A prompt string, token ids, or a list of OpenAI chat messages."""
+PromptInput = str | Sequence[int] | Sequence[Mapping[str, Any]] | Mapping[str, Any]
+"""A prompt string, token ids, a list of OpenAI chat messages, or a vLLM prompt dict
+(``{"prompt" | "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids"}``)."""
+
+_PROMPT_DICT_KEYS = frozenset({"prompt", "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs",
+                               "multi_modal_uuids", "cache_salt"})
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """Everything about one request besides its prompt and sampling parameters: the one home of
+    the per-request options that ``preprocess``, ``process_inputs`` and the client all take
+    (as keyword arguments, or as one ``options=`` value)."""
+
+    mm_data: Mapping[str, Any] | None = None
+    mm_uuids: MultiModalUUIDs | None = None
+    hf_processor_mm_kwargs: Mapping[str, Any] | None = None
+    media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None
+    arrival_time: float | None = None
+    lora_request: LoRARequest | None = None
+    cache_salt: str | None = None
+    priority: int = 0
+    data_parallel_rank: int | None = None
+    chat_template: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: Sequence[Mapping[str, Any]] | None = None
+
+    @classmethod
+    def of(cls, options: RequestOptions | None, kwargs: Mapping[str, Any]) -> RequestOptions:
+        """``options`` updated with keyword arguments; an unknown keyword is refused by name."""
+        unknown = set(kwargs) - _OPTION_NAMES
+        if unknown:
+            raise InputTypeError(f"Unknown request option(s) {sorted(unknown)}; the options are "
+                                 f"{sorted(_OPTION_NAMES)}.")
+        base = options or _DEFAULT_OPTIONS
+        return replace(base, **kwargs) if kwargs else base
+
+    def chat_kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"add_generation_prompt": self.add_generation_prompt,
+                               "chat_template": self.chat_template, "chat_template_kwargs": self.chat_template_kwargs}
+        if self.continue_final_message:
+            out["continue_final_message"] = True
+        if self.tools is not None:
+            out["tools"] = self.tools
+        return out
+
+
+_OPTION_NAMES = frozenset(f.name for f in fields(RequestOptions))
+_DEFAULT_OPTIONS = RequestOptions()
 
 
 def _is_chat(prompt: object) -> bool:
     return isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)) and len(prompt) > 0 \
         and all(isinstance(m, Mapping) for m in prompt)
+
+
+def _from_prompt_dict(prompt: Mapping[str, Any], options: RequestOptions) -> tuple[Any, RequestOptions]:
+    """vLLM's ``TextPrompt``/``TokensPrompt`` dicts: the prompt and the options they carry."""
+    unknown = set(prompt) - _PROMPT_DICT_KEYS
+    if unknown:
+        raise InputTypeError(f"Unknown prompt key(s) {sorted(unknown)}; a prompt dict takes "
+                             f"{sorted(_PROMPT_DICT_KEYS)}.")
+    if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+        raise ValidationError("A prompt dict needs exactly one of `prompt` and `prompt_token_ids`.", parameter="prompt")
+    text = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
+    updates: dict[str, Any] = {}
+    for key, option in (("multi_modal_data", "mm_data"), ("mm_processor_kwargs", "hf_processor_mm_kwargs"),
+                        ("multi_modal_uuids", "mm_uuids"), ("cache_salt", "cache_salt")):
+        if prompt.get(key) is not None:
+            if getattr(options, option) not in (None, {}):
+                raise InputTypeError(f"`{key}` is given both in the prompt dict and as the `{option}` option; give it "
+                                     "once.")
+            updates[option] = prompt[key]
+    return text, replace(options, **updates) if updates else options
 
 
 class InputPreprocessor:
@@ -46,6 +134,9 @@ class InputPreprocessor:
     ) -> None:
         self.config = config or MultiModalConfig()
         self.processor = processor or create_processor(model, self.config, model_id=model_id)
+        if self.config.mm_processor_kwargs:
+            _refuse_unknown_hf_kwargs(self.processor, self.config.mm_processor_kwargs, "mm_processor_kwargs",
+                                      error=ConfigError)
         self.cache: BaseMultiModalProcessorCache | None = processor_cache_from_config(self.config)
         self.tokenize_only_cache = processor_only_cache_from_config(self.config)
         self.connector = MediaConnector(self.config)
@@ -61,27 +152,54 @@ class InputPreprocessor:
         prompt: PromptInput,
         mm_data: Mapping[str, Any] | None = None,
         *,
-        mm_uuids: MultiModalUUIDs | None = None,
-        hf_processor_mm_kwargs: Mapping[str, Any] | None = None,
-        media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         request_id: str | None = None,
         skip_mm_cache: bool = False,
-        add_generation_prompt: bool = True,
-        chat_template: str | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
+        options: RequestOptions | None = None,
+        **kwargs: Any,
     ) -> MultiModalInputs:
-        """Process one request. Chat messages carry their media as content parts; a string or
-        token-id prompt takes ``mm_data``. ``skip_mm_cache`` (warm-up, tokenize-only requests) uses
-        a separate processor-only cache so the P0/P1 mirror is never disturbed."""
-        request_id = request_id or f"mmfront-{next(self._request_counter)}"
+        """Process one request (keyword options: the fields of :class:`RequestOptions`). Chat
+        messages carry their media as content parts; a string or token-id prompt takes
+        ``mm_data``. ``skip_mm_cache`` (warm-up, tokenize-only requests) uses a separate
+        processor-only cache so the P0/P1 mirror is never disturbed.
+
+        The result is *prepared*: a cache P1 depends on is only read, and the items it would
+        send as references are committed (or processed again) when the inputs become a request."""
+        opts = RequestOptions.of(options, kwargs if mm_data is None else {**kwargs, "mm_data": mm_data})
+        cache = self.tokenize_only_cache if skip_mm_cache else self.cache
+        out = self._prepare(prompt, opts, request_id or f"mmfront-{next(self._request_counter)}", cache)
+        if cache is not None and not cache.commit_at_send and not is_committed(out):
+            out = commit_mm_inputs(out, cache)
+            self.stats.record_request(cache)
+        return out
+
+    async def preprocess_async(
+        self, prompt: PromptInput, mm_data: Mapping[str, Any] | None = None, **kwargs: Any,
+    ) -> MultiModalInputs:
+        """:meth:`preprocess` on a worker thread, so the event loop stays free while media load
+        and the HF processor runs."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: self.preprocess(prompt, mm_data, **kwargs))
+
+    def _prepare(
+        self, prompt: PromptInput, opts: RequestOptions, request_id: str, cache: BaseMultiModalProcessorCache | None,
+    ) -> MultiModalInputs:
+        if isinstance(prompt, Mapping):
+            prompt, opts = _from_prompt_dict(prompt, opts)
+        if opts.hf_processor_mm_kwargs:
+            _refuse_unknown_hf_kwargs(self.processor, opts.hf_processor_mm_kwargs, "mm_processor_kwargs")
+        mm_data, mm_uuids = opts.mm_data, opts.mm_uuids
+        if isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)) and not prompt:
+            raise ValidationError("The decoder prompt cannot be empty: send a non-empty list of chat messages, a "
+                                  "prompt string, or token ids.", parameter="prompt")
+        if not _is_chat(prompt):
+            _refuse_chat_options(opts)
         if _is_chat(prompt):
             if mm_data:
                 raise InputTypeError("Chat messages carry their media as content parts; do not pass mm_data too.")
             chat = parse_chat_messages(
                 prompt, self.processor, self.connector,  # type: ignore[arg-type]
-                budget=DecodeBudget(self.config.max_media_request_decode_bytes), media_io_kwargs=media_io_kwargs,
-                add_generation_prompt=add_generation_prompt, chat_template=chat_template,
-                chat_template_kwargs=chat_template_kwargs,
+                budget=DecodeBudget(self.config.max_media_request_decode_bytes),
+                media_io_kwargs=opts.media_io_kwargs, **opts.chat_kwargs(),
             )
             text: str | list[int] = chat.prompt
             mm_data, mm_uuids = chat.mm_data, chat.mm_uuids
@@ -91,21 +209,16 @@ class InputPreprocessor:
         elif isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             text, add_special_tokens = list(prompt), False  # type: ignore[arg-type]
         else:
-            raise InputTypeError("prompt must be a string, a list of token ids, or a list of chat messages; got "
-                                 f"{type(prompt).__name__}.")
-        cache = self.tokenize_only_cache if skip_mm_cache else self.cache
-        if cache is not None:
-            cache.begin_request(request_id)
+            raise InputTypeError("prompt must be a string, a list of token ids, a list of chat messages or a vLLM "
+                                 f"prompt dict; got {type(prompt).__name__}.")
         if mm_data and cache is None and not self.config.enable_prefix_caching:
             mm_uuids = _per_request_uuids(request_id, mm_data, mm_uuids)
-        out = self.processor.apply(
-            text, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=hf_processor_mm_kwargs,
-            media_io_kwargs=media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
+        elif mm_uuids:
+            mm_uuids = scope_uuids(mm_uuids, opts.cache_salt)
+        return self.processor.prepare(
+            text, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=opts.hf_processor_mm_kwargs,
+            media_io_kwargs=opts.media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
         )
-        if cache is not None and out["mm_hashes"]:
-            delta = cache.make_stats(delta=True)
-            self.stats.record(delta.total, delta.hits)
-        return out
 
     def warmup(self) -> None:
         """Run one largest dummy item per supported modality, as vLLM's renderer does at start-up,
@@ -121,11 +234,42 @@ class InputPreprocessor:
             self.tokenize_only_cache.clear_cache()
 
     def clear_cache(self) -> None:
-        """Reset the P0 cache (vLLM's ``reset_mm_cache``); P1 must be reset alongside it."""
+        """Reset the P0 cache (vLLM's ``reset_mm_cache``); P1 must be reset alongside it (the
+        mirrored cache starts a new epoch, which tells P1 with the next request)."""
         for cache in (self.cache, self.tokenize_only_cache):
             if cache is not None:
                 cache.clear_cache()
         self.stats.reset = True
+
+    reset_mm_cache = clear_cache
+
+
+def _refuse_unknown_hf_kwargs(processor: BaseMultiModalProcessor, kwargs: Mapping[str, Any], parameter: str, *,
+                              error: type[ValidationError | ConfigError] = ValidationError) -> None:
+    """A kwarg no sub-processor takes would be dropped (vLLM drops it with a warning): a typo
+    such as ``do_pan_and_scn`` would silently change nothing. Refuse it, listing the accepted names."""
+    if not isinstance(kwargs, Mapping):
+        raise error(f"{parameter} must be an object of HF processor kwargs, got {type(kwargs).__name__}.",
+                    **({"parameter": parameter} if error is ValidationError else {}))
+    unknown, accepted = unknown_hf_kwargs(processor.info.hf_processor, kwargs)
+    if unknown:
+        message = (f"{parameter} has key(s) {unknown} that {type(processor.info.hf_processor).__name__} does not accept. "
+                   f"Accepted: {', '.join(accepted)}.")
+        raise error(message, **({"parameter": parameter} if error is ValidationError else {}))
+
+
+_CHAT_DEFAULTS = {"chat_template": None, "chat_template_kwargs": None, "add_generation_prompt": True,
+                  "continue_final_message": False, "tools": None}
+
+
+def _refuse_chat_options(opts: RequestOptions) -> None:
+    """Chat options on a prompt string or token ids would be ignored: refuse them by name."""
+    for name, default in _CHAT_DEFAULTS.items():
+        value = getattr(opts, name)
+        if value != default and not (default is None and not value):
+            raise ValidationError(f"`{name}` applies to chat messages only; this prompt is a string or token ids, "
+                                  "so nothing would render it. Send the prompt as messages, or drop the option.",
+                                  parameter=name)
 
 
 def _per_request_uuids(
@@ -142,8 +286,22 @@ def _per_request_uuids(
     return out
 
 
+@dataclass
+class PreparedRequest:
+    """A request processed and checked but not yet committed to the P0 cache: what
+    :meth:`InputProcessor.commit` turns into the ``EngineCoreRequest`` that is sent. It keeps its
+    prepared inputs, so a resend after a P1 cache miss commits them again without reprocessing."""
+
+    request_id: str
+    inputs: MultiModalInputs
+    params: SamplingParams
+    options: RequestOptions
+    arrival_time: float
+
+
 class InputProcessor:
-    """Builds ``EngineCoreRequest``s with vLLM's request-level checks."""
+    """Builds ``EngineCoreRequest``s with vLLM's request-level checks, and owns the commit step
+    of the P0 cache (see the module docstring for which methods are thread-safe)."""
 
     def __init__(self, preprocessor: InputPreprocessor) -> None:
         self.preprocessor = preprocessor
@@ -152,43 +310,91 @@ class InputProcessor:
         self.vocab_size = len(tokenizer)
         self.max_tokens_per_item = preprocessor.processor.get_max_tokens_per_item()
 
-    def process_inputs(
-        self,
-        request_id: str,
-        prompt: PromptInput | MultiModalInputs,
-        params: SamplingParams | None = None,
-        *,
-        mm_data: Mapping[str, Any] | None = None,
-        mm_uuids: MultiModalUUIDs | None = None,
-        hf_processor_mm_kwargs: Mapping[str, Any] | None = None,
-        media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-        arrival_time: float | None = None,
-        lora_request: LoRARequest | None = None,
-        cache_salt: str | None = None,
-        priority: int = 0,
-        data_parallel_rank: int | None = None,
-    ) -> EngineCoreRequest:
-        if isinstance(prompt, Mapping):
-            if prompt.get("type") != "multimodal":
-                raise InputTypeError("A mapping prompt must be a MultiModalInputs returned by InputPreprocessor.")
-            inputs = prompt
+    @property
+    def cache(self) -> BaseMultiModalProcessorCache | None:
+        return self.preprocessor.cache
+
+    def prepare(
+        self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
+        options: RequestOptions | None = None, **kwargs: Any,
+    ) -> PreparedRequest:
+        """Process and check one request without committing it (thread-safe)."""
+        opts = RequestOptions.of(options, kwargs)
+        if isinstance(prompt, Mapping) and prompt.get("type") == "multimodal":
+            inputs: MultiModalInputs = prompt  # type: ignore[assignment]
         else:
-            inputs = self.preprocessor.preprocess(
-                prompt, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=hf_processor_mm_kwargs,
-                media_io_kwargs=media_io_kwargs, request_id=request_id,
-            )
+            cache = self.preprocessor.cache
+            inputs = self.preprocessor._prepare(prompt, opts, request_id, cache)
+            if cache is not None and not cache.commit_at_send:
+                inputs = commit_mm_inputs(inputs, cache)
+                self.preprocessor.stats.record_request(cache)
         self._validate(inputs)
+        arrival = opts.arrival_time if opts.arrival_time is not None else time.time()
+        return PreparedRequest(request_id, inputs, params or SamplingParams(), opts, arrival)
+
+    def process_inputs(
+        self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
+        options: RequestOptions | None = None, **kwargs: Any,
+    ) -> EngineCoreRequest:
+        """One self-contained ``EngineCoreRequest``: every item carries its data unless a cache
+        that P1 does not depend on already served it. The P0/P1 mirror is not touched; send
+        requests through ``EngineClient`` to use it."""
+        prepared = self.prepare(request_id, prompt, params, options=options, **kwargs)
+        return self._build(prepared, commit_mm_inputs(prepared.inputs, None))
+
+    def commit(self, prepared: PreparedRequest) -> EngineCoreRequest:
+        """Commit ``prepared`` to the P0 cache and build the request to send. Not thread-safe: the
+        client calls it from one ordered lane, right before the transport, so the mirror's order
+        is the order on the wire. Then exactly one of :meth:`take_stamp` (it is sent) and
+        :meth:`take_mirror_only` (it is not) must follow."""
+        cache = self.preprocessor.cache
+        if cache is None or not cache.commit_at_send or is_committed(prepared.inputs):
+            return self._build(prepared, commit_mm_inputs(prepared.inputs, None))
+        cache.begin_request(prepared.request_id)
+        committed = commit_mm_inputs(prepared.inputs, cache)
+        self.preprocessor.stats.record_request(cache)
+        return self._build(prepared, committed)
+
+    def take_stamp(self, request_id: str) -> MirrorStamp | None:
+        """The stamp of ``request_id``'s commit, to send with it (``None``: it changed nothing)."""
+        take = getattr(self.preprocessor.cache, "take_stamp", None)
+        return take(request_id) if take is not None else None
+
+    def take_mirror_only(self, request_id: str) -> tuple[MirrorStamp, MirrorOnly] | None:
+        """For a committed request that will not be sent after all: what P1 must replay."""
+        take = getattr(self.preprocessor.cache, "take_mirror_only", None)
+        return take(request_id) if take is not None else None
+
+    def invalidate(self, mm_hashes: Sequence[str]) -> None:
+        """P1 lacks these items: the next commit sends their data."""
+        cache = self.preprocessor.cache
+        if cache is not None:
+            for mm_hash in mm_hashes:
+                cache.invalidate(mm_hash)
+
+    def reset_shadow(self, epoch: int | None = None) -> bool:
+        """Clear the mirror's P0 shadow (a new epoch), if it is still in ``epoch`` (``None``: any)."""
+        cache = self.preprocessor.cache
+        current = getattr(cache, "epoch", None)
+        if cache is None or current is None or (epoch is not None and current != epoch):
+            return False
+        cache.clear_cache()
+        self.preprocessor.stats.reset = True
+        return True
+
+    def _build(self, prepared: PreparedRequest, inputs: MultiModalInputs) -> EngineCoreRequest:
+        opts = prepared.options
         return EngineCoreRequest(
-            request_id=request_id,
+            request_id=prepared.request_id,
             prompt_token_ids=inputs["prompt_token_ids"],
-            mm_features=self.build_mm_features(inputs, lora_request) or None,
-            sampling_params=params or SamplingParams(),
+            mm_features=self.build_mm_features(inputs, opts.lora_request) or None,
+            sampling_params=prepared.params,
             pooling_params=None,
-            arrival_time=arrival_time if arrival_time is not None else time.time(),
-            lora_request=lora_request,
-            cache_salt=cache_salt,
-            data_parallel_rank=data_parallel_rank,
-            priority=priority,
+            arrival_time=prepared.arrival_time,
+            lora_request=opts.lora_request,
+            cache_salt=opts.cache_salt,
+            data_parallel_rank=opts.data_parallel_rank,
+            priority=opts.priority,
         )
 
     def build_mm_features(

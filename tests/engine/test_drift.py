@@ -22,7 +22,7 @@ from mmfront import MultiModalConfig
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
 from mmfront.engine.receiver import serve_pipe
 from mmfront.engine.transport import BaseTransport, PipeTransport
-from mmfront.errors import ValidationError
+from mmfront.errors import EncodeError, ValidationError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, make_image
 from mmfront.wire.codec import MsgpackEncoder
@@ -282,13 +282,38 @@ def test_oversize_items_are_never_cached_on_either_side(p1_factory: Any) -> None
     assert h.client.stats.resends == 0 and h.client.stats.shadow_resets == 0
 
 
-def test_request_rejected_after_its_commit_keeps_the_mirror(p1_factory: Any) -> None:
+def test_request_rejected_while_prepared_leaves_the_mirror_as_it_was(p1_factory: Any) -> None:
     h = toy_harness(p1_factory, capacity=3 * IMAGE_BYTES, max_model_len=16)
     h.add("warm", "a <img> b <img>", {"image": IMAGES[:2]})
     h.pump()
+    cache = h.client.processor.cache
+    epoch, seq = cache.epoch, cache.seq  # type: ignore[union-attr]
+    held = list(cache._cache)  # type: ignore[union-attr]
     too_long = " ".join(["<img>"] * 5)
     with pytest.raises(ValidationError, match="maximum model length"):
         h.client.add_request("rejected", too_long, mm_data={"image": IMAGES[2:7]})
+    # Rejected before its commit: nothing to replay, nothing moved.
+    assert h.client.stats.mirror_only == 0
+    assert (cache.epoch, cache.seq) == (epoch, seq)  # type: ignore[union-attr]
+    assert list(cache._cache) == held  # type: ignore[union-attr]
+    h.add("after", "a <img> b <img> c <img>", {"image": [IMAGES[0], IMAGES[5], IMAGES[6]]})
+    h.check()
+    assert h.client.stats.resends == 0 and h.client.stats.shadow_resets == 0
+
+
+def test_request_failing_after_its_commit_keeps_the_mirror(p1_factory: Any, monkeypatch: Any) -> None:
+    h = toy_harness(p1_factory, capacity=3 * IMAGE_BYTES)
+    h.add("warm", "a <img> b <img>", {"image": IMAGES[:2]})
+    h.pump()
+    encode = h.client._encoder.encode
+
+    def fail_once(obj: Any) -> Any:
+        monkeypatch.setattr(h.client._encoder, "encode", encode)
+        raise EncodeError("injected")
+
+    monkeypatch.setattr(h.client._encoder, "encode", fail_once)
+    with pytest.raises(EncodeError, match="injected"):
+        h.client.add_request("rejected", "<img> <img> <img>", mm_data={"image": IMAGES[2:5]})
     assert h.client.stats.mirror_only == 1
     # The rejected request's inserts evicted the warm items on P0; P1 replays that without data.
     h.add("after", "a <img> b <img> c <img>", {"image": [IMAGES[0], IMAGES[5], IMAGES[6]]})

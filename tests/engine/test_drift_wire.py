@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import struct
 import warnings
@@ -249,8 +250,11 @@ def test_client_bookkeeping() -> None:
 class ModalityOrderToy(ToyProcessor):
     """Commits cache updates modality by modality, as vLLM 0.33's P0 does."""
 
-    def _commit_to_cache(self, cache: Any, order: Any, **kwargs: Any) -> None:
-        super()._commit_to_cache(cache, sorted(order, key=lambda o: (o[1], o[2])), **kwargs)
+    def prepare(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().prepare(*args, **kwargs)
+        pending = out["mm_pending"]
+        out["mm_pending"] = dataclasses.replace(pending, order=sorted(pending.order, key=lambda o: (o[1], o[2])))
+        return out
 
 
 @pytest.mark.parametrize("commit_order", ["placeholder offset", "modality (vLLM 0.33)"])

@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from mmfront.errors import ValidationError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
@@ -89,6 +89,11 @@ class BaseMultiModalCache(ABC, Generic[I, O]):
 
 class BaseMultiModalProcessorCache(BaseMultiModalCache[ProcessorCacheInput | None, ProcessorCacheOutput]):
     """P0's side: input is ``(item, prompt_updates)`` on a miss or ``None`` for a cached item."""
+
+    commit_at_send: ClassVar[bool] = False
+    """Whether P1 depends on this cache's state (the mirrored LRU, shared memory): then a
+    request's items are committed only when the request is handed to the transport, never while
+    it is prepared, so a request that is never sent leaves no trace."""
 
     @abstractmethod
     def is_cached_item(self, mm_hash: str) -> bool:

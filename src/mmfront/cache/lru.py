@@ -122,6 +122,8 @@ class LruKeyReplicatedSenderCache(_LruProcessorCache[PromptUpdates]):
     ``nbytes``, so the shadow charges exactly what P1 charges for the real item.
     """
 
+    commit_at_send = True
+
     def peek_prompt_updates(self, mm_hash: str) -> PromptUpdates | None:
         return self._cache.peek(mm_hash)
 

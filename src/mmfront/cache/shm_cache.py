@@ -44,6 +44,8 @@ class ShmObjectStoreSenderCache(BaseMultiModalProcessorCache):
     :meth:`on_request_finished` or :meth:`on_request_aborted`.
     """
 
+    commit_at_send = True
+
     def __init__(
         self, capacity_bytes: int, *, max_object_size: int = DEFAULT_MAX_OBJECT_SIZE, n_readers: int = 1,
         lock: Lock | None = None, abort_grace_s: float = 10.0,

@@ -1,25 +1,32 @@
-"""P0's side of the envelope: sends requests, and resends them itself when P1 lacks an item.
+"""P0's side of the link: prepares requests in parallel, commits and sends them in one lane,
+and resends them itself when P1 lacks an item.
 
 vLLM 0.33 answers a processor-cache miss by failing the request with a retryable error, and
-leaves the retry to whoever called the API. :class:`EngineClient` keeps each request's
-arguments until P1 admits it; when P1 reports missing items it invalidates them and runs the
-request through preprocessing again, which now sends their data. The caller sees admitted
-requests and real errors only.
+leaves the retry to whoever called the API. :class:`EngineClient` keeps each request, prepared,
+until P1 admits it; when P1 reports missing items it invalidates them and commits the request
+again, which now sends their data. The caller sees admitted requests and real errors only.
+
+Concurrency: :meth:`EngineClient.add_request` may be called from any number of threads, and
+:meth:`EngineClient.add_request_async` from any number of tasks. Media loading, hashing and HF
+processing run on the caller's thread (a worker thread for the async form); the commit to the
+P0 cache, the stamp, the encoding and the send run under one lock, the *commit lane*, so the
+order in which the mirror changes is the order of the requests on the wire. Replies from P1 are
+handled in the same lane.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+import asyncio
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mmfront.cache.mirror import MirroredSenderCache
 from mmfront.engine.transport import BaseTransport
 from mmfront.errors import DecodeError, MMFrontError, MultiModalCacheMissError, ValidationError
-from mmfront.preprocess import InputProcessor, PromptInput
-from mmfront.processing.processor import MultiModalUUIDs
-from mmfront.wire import EngineCoreRequest, Frame, LoRARequest, MsgpackDecoder, MsgpackEncoder, SamplingParams
+from mmfront.inputs import MultiModalInputs
+from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
+from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder, SamplingParams
 from mmfront.wire.messages import (
     ADMITTED,
     CACHE_MISS,
@@ -56,9 +63,7 @@ ClientEvent = RequestAdmitted | RequestFailed
 
 @dataclass
 class _InFlight:
-    prompt: Any
-    params: SamplingParams | None
-    kwargs: dict[str, Any]
+    prepared: PreparedRequest
     resent: bool = False
 
 
@@ -86,6 +91,7 @@ class EngineClient:
         self.processor = processor
         self.transport = transport
         self.stats = ClientStats()
+        self._lane = threading.RLock()
         self._in_flight: dict[str, _InFlight] = {}
         self._encoder = MsgpackEncoder()
         self._admitted = MsgpackDecoder(Admitted)
@@ -95,77 +101,99 @@ class EngineClient:
     @property
     def in_flight(self) -> list[str]:
         """Requests sent and not yet admitted, oldest first."""
-        return list(self._in_flight)
-
-    @property
-    def _mirror(self) -> MirroredSenderCache | None:
-        cache = self.processor.preprocessor.cache
-        return cache if isinstance(cache, MirroredSenderCache) else None
+        with self._lane:
+            return list(self._in_flight)
 
     def add_request(
-        self,
-        request_id: str,
-        prompt: PromptInput,
-        params: SamplingParams | None = None,
-        *,
-        mm_data: Mapping[str, Any] | None = None,
-        mm_uuids: MultiModalUUIDs | None = None,
-        hf_processor_mm_kwargs: Mapping[str, Any] | None = None,
-        media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-        arrival_time: float | None = None,
-        lora_request: LoRARequest | None = None,
-        cache_salt: str | None = None,
-        priority: int = 0,
-        data_parallel_rank: int | None = None,
+        self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
+        options: RequestOptions | None = None, **kwargs: Any,
     ) -> None:
-        """Preprocess and send one request (the arguments of ``InputProcessor.process_inputs``).
-        Errors in the request itself raise here; drift never does. The media must stay readable
-        until the request is admitted: a resend processes them again."""
-        if request_id in self._in_flight:
-            raise ValidationError(f"Request {request_id!r} is already in flight; use a new request id.",
-                                  parameter="request_id")
-        entry = _InFlight(prompt, params, {
-            "mm_data": mm_data, "mm_uuids": mm_uuids, "hf_processor_mm_kwargs": hf_processor_mm_kwargs,
-            "media_io_kwargs": media_io_kwargs,
-            "arrival_time": arrival_time if arrival_time is not None else time.time(),
-            "lora_request": lora_request, "cache_salt": cache_salt, "priority": priority,
-            "data_parallel_rank": data_parallel_rank,
-        })
-        self._submit(request_id, entry)
-        self._in_flight[request_id] = entry
+        """Prepare (on this thread) and send one request; keyword options are the fields of
+        :class:`~mmfront.preprocess.RequestOptions`. Errors in the request itself raise here;
+        drift never does. The request's media stay referenced until it is admitted: a resend
+        may need to process an item again."""
+        self._reserve(request_id)
+        try:
+            prepared = self.processor.prepare(request_id, prompt, params, options=options, **kwargs)
+        except BaseException:
+            self._release(request_id)
+            raise
+        self._send_new(prepared)
+
+    async def add_request_async(
+        self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
+        options: RequestOptions | None = None, **kwargs: Any,
+    ) -> None:
+        """:meth:`add_request` for asyncio: preparation and the commit lane run on worker
+        threads, so the event loop never waits for media, the HF processor or the lane."""
+        loop = asyncio.get_running_loop()
+        self._reserve(request_id)
+        try:
+            prepared = await loop.run_in_executor(
+                None, lambda: self.processor.prepare(request_id, prompt, params, options=options, **kwargs))
+        except BaseException:
+            self._release(request_id)
+            raise
+        await loop.run_in_executor(None, self._send_new, prepared)
 
     def abort_request(self, request_id: str) -> None:
         """Stop tracking ``request_id``: later replies for it are ignored, and it is not resent."""
-        self._in_flight.pop(request_id, None)
+        self._release(request_id)
 
     def handle_reply(self, frames: Sequence[Frame]) -> list[ClientEvent]:
         """Act on one envelope from P1; the events the caller must see (often none)."""
         envelope = decode_envelope(frames)
-        if envelope.kind == ADMITTED:
-            admitted = self._admitted.decode(envelope.message)
-            if self._in_flight.pop(admitted.request_id, None) is None:
+        with self._lane:
+            if envelope.kind == ADMITTED:
+                admitted = self._admitted.decode(envelope.message)
+                if self._in_flight.pop(admitted.request_id, None) is None:
+                    return []
+                return [RequestAdmitted(admitted.request_id, admitted.request)]
+            if envelope.kind == MIRROR_RESET:
+                self._reset_shadow(self._reset.decode(envelope.message).epoch)
                 return []
-            return [RequestAdmitted(admitted.request_id, admitted.request)]
-        if envelope.kind == MIRROR_RESET:
-            self._reset_shadow(self._reset.decode(envelope.message).epoch)
-            return []
-        if envelope.kind == CACHE_MISS:
-            return self._on_miss(self._miss.decode(envelope.message))
+            if envelope.kind == CACHE_MISS:
+                return self._on_miss(self._miss.decode(envelope.message))
         raise DecodeError(f"P0 does not accept {envelope.kind!r} messages; they are requests for P1.")
 
     def engine_restarted(self) -> list[ClientEvent]:
         """P1 was replaced by an empty one and what was in transit to the old one is lost: clear
         the shadow and send every request that was not admitted again. Returns the requests
         whose resend could not be prepared."""
-        mirror = self._mirror
-        if mirror is not None:
-            self._clear_shadow(mirror)
-        events: list[ClientEvent] = []
-        for request_id, entry in list(self._in_flight.items()):
-            failed = self._resubmit(request_id, entry)
-            if failed is not None:
-                events.append(failed)
-        return events
+        with self._lane:
+            if self.processor.reset_shadow():
+                self.stats.shadow_resets += 1
+            events: list[ClientEvent] = []
+            for request_id, entry in list(self._in_flight.items()):
+                failed = self._resubmit(request_id, entry)
+                if failed is not None:
+                    events.append(failed)
+            return events
+
+    # --- the commit lane ----------------------------------------------------------------------
+
+    def _reserve(self, request_id: str) -> None:
+        with self._lane:
+            if request_id in self._in_flight:
+                raise ValidationError(f"Request {request_id!r} is already in flight; use a new request id.",
+                                      parameter="request_id")
+            self._in_flight[request_id] = None  # type: ignore[assignment]  # reserved while it is prepared
+
+    def _release(self, request_id: str) -> None:
+        with self._lane:
+            self._in_flight.pop(request_id, None)
+
+    def _send_new(self, prepared: PreparedRequest) -> None:
+        with self._lane:
+            if prepared.request_id not in self._in_flight:
+                return  # aborted while it was being prepared
+            entry = _InFlight(prepared)
+            self._in_flight[prepared.request_id] = entry
+            try:
+                self._submit(prepared)
+            except BaseException:
+                self._in_flight.pop(prepared.request_id, None)
+                raise
 
     def _on_miss(self, miss: CacheMiss) -> list[ClientEvent]:
         entry = self._in_flight.get(miss.request_id)
@@ -184,16 +212,15 @@ class EngineClient:
         self.stats.resends += 1
         if miss.stale_epoch is not None:
             self._reset_shadow(miss.stale_epoch)
-        cache = self.processor.preprocessor.cache
-        if cache is not None:
-            for mm_hash in miss.mm_hashes:
-                cache.invalidate(mm_hash)
+        self.processor.invalidate(miss.mm_hashes)
         failed = self._resubmit(miss.request_id, entry)
         return [] if failed is None else [failed]
 
-    def _resubmit(self, request_id: str, entry: _InFlight) -> RequestFailed | None:
+    def _resubmit(self, request_id: str, entry: _InFlight | None) -> RequestFailed | None:
+        if entry is None:
+            return None  # still being prepared: it is sent after the reset, from the new shadow
         try:
-            self._submit(request_id, entry)
+            self._submit(entry.prepared)
         except MMFrontError as e:
             del self._in_flight[request_id]
             self.stats.failures += 1
@@ -201,30 +228,21 @@ class EngineClient:
         return None
 
     def _reset_shadow(self, epoch: int) -> None:
-        mirror = self._mirror
-        if mirror is not None and mirror.epoch == epoch:
-            self._clear_shadow(mirror)
+        if self.processor.reset_shadow(epoch):
+            self.stats.shadow_resets += 1
 
-    def _clear_shadow(self, mirror: MirroredSenderCache) -> None:
-        mirror.clear_cache()
-        self.processor.preprocessor.stats.reset = True
-        self.stats.shadow_resets += 1
-
-    def _submit(self, request_id: str, entry: _InFlight) -> None:
-        mirror = self._mirror
+    def _submit(self, prepared: PreparedRequest) -> None:
+        """Commit, stamp, encode and send one request; the caller holds the lane."""
         try:
-            request = self.processor.process_inputs(request_id, entry.prompt, entry.params, **entry.kwargs)
-            message = self._encoder.encode(request)
+            message = self._encoder.encode(self.processor.commit(prepared))
         except BaseException:
-            if mirror is not None:
-                self._send_mirror_only(mirror, request_id)
+            self._send_mirror_only(prepared.request_id)
             raise
-        stamp = mirror.take_stamp(request_id) if mirror is not None else None
-        self.transport.send(encode_envelope(REQUEST, message, stamp))
+        self.transport.send(encode_envelope(REQUEST, message, self.processor.take_stamp(prepared.request_id)))
 
-    def _send_mirror_only(self, mirror: MirroredSenderCache, request_id: str) -> None:
+    def _send_mirror_only(self, request_id: str) -> None:
         """The request changed the shadow but will not be sent: P1 must replay the change."""
-        taken = mirror.take_mirror_only(request_id)
+        taken = self.processor.take_mirror_only(request_id)
         if taken is not None:
             stamp, message = taken
             self.stats.mirror_only += 1

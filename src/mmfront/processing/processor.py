@@ -14,6 +14,7 @@ changes that make the cache-hit path cheap and the P0/P1 mirror exact:
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +26,8 @@ import torch
 
 from mmfront.cache.base import BaseMultiModalProcessorCache, PromptUpdates
 from mmfront.config import MultiModalConfig
-from mmfront.errors import FieldConfigError, PromptUpdateError, ValidationError
-from mmfront.hashing import get_mm_hashes
+from mmfront.errors import ConfigError, FieldConfigError, PromptUpdateError, ValidationError
+from mmfront.hashing import get_mm_hashes, normalize_mm_uuids
 from mmfront.inputs import (
     MultiModalFieldConfig,
     MultiModalInputs,
@@ -36,13 +37,16 @@ from mmfront.inputs import (
     mm_inputs,
 )
 from mmfront.parse import EmbeddingItems, MediaWithBytes, MultiModalDataItems, MultiModalDataParser
+from mmfront.processing.commit import PendingCommit, commit_mm_inputs
 from mmfront.processing.hf import cast_floating, resolve_hf_kwargs, resolve_model_dtype
 from mmfront.processing.matching import apply_prompt_updates
+from mmfront.processing.stray import refuse_stray_tokens
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
     ResolvedPromptUpdate,
 )
+from mmfront.text import check_text
 
 MultiModalUUIDs = Mapping[str, Sequence[str | None] | str | None]
 
@@ -61,9 +65,20 @@ def _decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
         pass
 
 
-class ProcessingInfo:
+_MAX_PROCESSOR_VARIANTS = 8
+"""HF processors ``get_hf_processor(**kwargs)`` keeps per info: one per distinct kwargs, so a
+kwargs churn reloads rather than holding one processor per combination ever asked for."""
+
+
+class BaseProcessingInfo:
     """What a processor knows about its model: the HF processor and tokenizer (loaded once and
-    reused for every request), the id hashes are scoped to, the config, and the model's limits."""
+    reused for every request), the id hashes are scoped to, the config, and the model's limits.
+
+    The accessors are vLLM's (``get_tokenizer()``, ``get_hf_processor(**kwargs)``,
+    ``get_hf_config()``, ``model_id``), so model code ported from vLLM reads its model the same
+    way; the constructor differs: vLLM passes an ``InputProcessingContext``, mmfront the loaded HF
+    processor and, when it came from one, the model folder (``create_processor`` does this).
+    """
 
     def __init__(
         self, hf_processor: Any, *, model_id: str, config: MultiModalConfig | None = None,
@@ -75,6 +90,62 @@ class ProcessingInfo:
         self.config = config or MultiModalConfig()
         self.model_dir = model_dir
         self.model_dtype: torch.dtype = resolve_model_dtype(self.config.dtype, model_dir)
+        self._processor_variants: dict[str, Any] = {}
+
+    def get_tokenizer(self) -> Any:
+        """The tokenizer prompts are encoded with (the HF processor's own)."""
+        return self.tokenizer
+
+    def get_hf_processor(self, **kwargs: Any) -> Any:
+        """The HF processor. Without kwargs, the one every request uses (nothing is loaded).
+
+        With kwargs, as in vLLM, a processor built with those overrides of the folder's settings
+        (``AutoProcessor.from_pretrained(model_dir, **kwargs)``, offline, sharing this tokenizer),
+        kept for reuse. Request and deployment kwargs need no rebuilt processor: the pipeline
+        applies them at call time. Overrides need the model folder to load from.
+        """
+        if not kwargs:
+            return self.hf_processor
+        if self.model_dir is None:
+            raise ConfigError(
+                f"get_hf_processor({', '.join(sorted(kwargs))}=...) rebuilds the HF processor from its model folder, "
+                f"but this {type(self).__name__} was given a ready {type(self.hf_processor).__name__} without one. "
+                "Create the processor from a folder (create_processor(folder)), pass model_dir= to the info, or "
+                "call get_hf_processor() without kwargs."
+            )
+        key = json.dumps(kwargs, sort_keys=True, default=repr)
+        processor = self._processor_variants.get(key)
+        if processor is None:
+            from mmfront.models.registry import load_hf_processor  # the models layer owns loading
+
+            processor = load_hf_processor(self.model_dir, tokenizer=self.tokenizer, **kwargs)
+            if len(self._processor_variants) >= _MAX_PROCESSOR_VARIANTS:
+                self._processor_variants.pop(next(iter(self._processor_variants)))
+            self._processor_variants[key] = processor
+        return processor
+
+    def get_hf_config(self) -> Any:
+        """The model's ``transformers.PretrainedConfig``, read once from the folder's
+        ``config.json`` (offline). A processor given without its folder has no config to read."""
+        return self._hf_config
+
+    @cached_property
+    def _hf_config(self) -> Any:
+        if self.model_dir is None:
+            raise ConfigError(
+                f"get_hf_config() reads config.json from the model folder, but this {type(self).__name__} was given "
+                f"a ready {type(self.hf_processor).__name__} without one. Create the processor from its folder "
+                "(create_processor(folder)) or pass model_dir= to the info."
+            )
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(str(self.model_dir), local_files_only=True)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(
+                f"Could not read the model config from {str(self.model_dir)!r}: {exc}. The folder needs the "
+                "checkpoint's config.json with a `model_type` this transformers knows."
+            ) from exc
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         """Items per prompt the model supports, per modality (``None``: unlimited)."""
@@ -143,18 +214,23 @@ class ProcessingInfo:
         return ids
 
 
+ProcessingInfo = BaseProcessingInfo
+"""The name mmfront used before it took vLLM's; kept so existing code keeps working."""
+
+
 class BaseMultiModalProcessor(ABC):
     """Turns a prompt plus multimodal items into :class:`MultiModalInputs`.
 
     Subclasses (one per model family) say how to call the HF processor, how its outputs split into
-    items, and how each item expands in the prompt — the same hooks as vLLM's, so a vLLM model
-    processor ports by renaming imports. See ``docs/processing.md`` for a worked example.
+    items, and how each item expands in the prompt. The hooks carry vLLM's names; two differ in
+    signature (``_call_hf_processor`` takes parsed items, as vLLM's ``_apply_hf_processor_main``
+    does). ``docs/processing.md`` maps every hook to its vLLM counterpart and has a worked example.
     """
 
     placeholder_str: ClassVar[Mapping[str, str]] = {}
     """Default text placeholder per modality, when it does not come from the HF processor."""
 
-    def __init__(self, info: ProcessingInfo) -> None:
+    def __init__(self, info: BaseProcessingInfo) -> None:
         self.info = info
 
     # --- hooks -----------------------------------------------------------------------------
@@ -225,13 +301,36 @@ class BaseMultiModalProcessor(ABC):
         cache: BaseMultiModalProcessorCache | None = None,
         add_special_tokens: bool = True,
     ) -> MultiModalInputs:
-        """Process one prompt and its multimodal items.
+        """Process one prompt and its multimodal items, and commit them to ``cache`` (vLLM's
+        ``apply``): :meth:`prepare` followed by :func:`~mmfront.processing.commit.commit_mm_inputs`.
 
         ``prompt`` is a string (tokenized with ``add_special_tokens``) or token ids. ``mm_data``
         maps a modality to its items (PIL images, arrays, ``MediaWithBytes`` — lazily decoded ones
         stay undecoded on a cache hit — or ``None`` for an item named only by its UUID).
         ``cache`` is a P0 processor cache; ``None`` processes every item.
         """
+        prepared = self.prepare(
+            prompt, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=hf_processor_mm_kwargs,
+            media_io_kwargs=media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
+        )
+        return commit_mm_inputs(prepared, cache)
+
+    def prepare(
+        self,
+        prompt: str | list[int],
+        mm_data: Mapping[str, Any] | MultiModalDataItems | None,
+        *,
+        mm_uuids: MultiModalUUIDs | None = None,
+        hf_processor_mm_kwargs: Mapping[str, Any] | None = None,
+        media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+        cache: BaseMultiModalProcessorCache | None = None,
+        add_special_tokens: bool = True,
+    ) -> MultiModalInputs:
+        """Everything :meth:`apply` does except the commit: ``cache`` is only read, so requests
+        can be prepared concurrently, and one that is never committed leaves no trace in it. The
+        result carries ``"mm_pending"`` until it is committed."""
+        if isinstance(prompt, str):
+            check_text(prompt, parameter="prompt", where="The prompt")
         prompt_ids = (
             list(self.info.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
             if isinstance(prompt, str) else list(prompt)
@@ -282,21 +381,23 @@ class BaseMultiModalProcessor(ABC):
         }
         new_ids, placeholders = self._apply_prompt_updates(prompt_ids, mm_prompt_updates)
         self._validate_placeholders(placeholders, counts)
+        refuse_stray_tokens(self, new_ids, placeholders)
 
-        # 4. Commit to the cache in placeholder-offset order (the order P1 walks).
         order = sorted((p.start_idx, m, p.item_idx) for m, ps in placeholders.items() for p in ps)
-        kwargs: dict[str, list[MultiModalKwargsItem | None]] = {m: [None] * n for m, n in counts.items()}
-        if cache is None:
-            for _, m, i in order:
-                kwargs[m][i] = new_items[hashes[m][i]]
-        else:
-            self._commit_to_cache(cache, order, hashes=hashes, new_items=new_items, updates_by_hash=updates_by_hash,
-                                  kwargs=kwargs, mm_items=mm_items, request_kwargs=request_kwargs)
+        kwargs: dict[str, list[MultiModalKwargsItem | None]] = {
+            m: [new_items.get(h) for h in hashes[m]] for m in counts
+        }
+
+        def reprocess(modality: str, index: int) -> MultiModalKwargsItem:
+            return self._process_items(mm_items, {modality: [index]}, hashes, request_kwargs, {})[hashes[modality][index]]
 
         mm_placeholders = {m: [p.to_range() for p in sorted(ps, key=lambda p: p.item_idx)]
                            for m, ps in placeholders.items()}
-        return mm_inputs(new_ids, MultiModalKwargsItems(kwargs), {m: list(hashes[m]) for m in counts},
-                         mm_placeholders, prompt=prompt if isinstance(prompt, str) else None)
+        out = mm_inputs(new_ids, MultiModalKwargsItems(kwargs), {m: list(hashes[m]) for m in counts},
+                        mm_placeholders, prompt=prompt if isinstance(prompt, str) else None)
+        out["mm_pending"] = PendingCommit(order, {m: list(hashes[m]) for m in counts}, new_items, updates_by_hash,
+                                          reprocess)
+        return out
 
     def _process_items(
         self, mm_items: MultiModalDataItems, selection: Mapping[str, Sequence[int]], hashes: Mapping[str, list[str]],
@@ -353,29 +454,6 @@ class BaseMultiModalProcessor(ABC):
             resolved[modality] = [[u.resolve(i) for u in own] for i in range(count)]
         return kw_items, resolved
 
-    def _commit_to_cache(
-        self, cache: BaseMultiModalProcessorCache, order: Sequence[tuple[int, str, int]], *,
-        hashes: Mapping[str, list[str]], new_items: dict[str, MultiModalKwargsItem],
-        updates_by_hash: Mapping[str, PromptUpdates], kwargs: dict[str, list[MultiModalKwargsItem | None]],
-        mm_items: MultiModalDataItems, request_kwargs: Mapping[str, Any],
-    ) -> None:
-        try:
-            for _, m, i in order:
-                cache.touch_sender_cache_item(hashes[m][i])
-            for _, m, i in order:
-                mm_hash = hashes[m][i]
-                item = new_items.get(mm_hash)
-                if item is None and not cache.is_cached_item(mm_hash):
-                    # Evicted by this very request's inserts (it holds more than the cache): process
-                    # it again so its data travels with the request.
-                    item = self._process_items(mm_items, {m: [i]}, hashes, request_kwargs, {})[mm_hash]
-                    new_items[mm_hash] = item
-                send = (item, updates_by_hash[mm_hash]) if item is not None and not cache.is_cached_item(mm_hash) \
-                    else None
-                kwargs[m][i] = cache.get_and_update_item(send, mm_hash)[0]
-        finally:
-            cache.release_sender_touches()
-
     @staticmethod
     def _validate_placeholders(
         placeholders: Mapping[str, Sequence[PlaceholderFeaturesInfo]], counts: Mapping[str, int],
@@ -392,25 +470,3 @@ class BaseMultiModalProcessor(ABC):
         """Every placeholder as ``(modality, item_idx, range)``, sorted by offset (stable)."""
         flat = [(m, i, r) for m, rs in inputs["mm_placeholders"].items() for i, r in enumerate(rs)]
         return sorted(flat, key=lambda x: x[2].offset)
-
-
-def normalize_mm_uuids(mm_uuids: MultiModalUUIDs | None, counts: Mapping[str, int]) -> dict[str, list[str | None]]:
-    """Lists of per-item UUIDs (a bare string is a one-item list), checked against item counts."""
-    if not mm_uuids:
-        return {}
-    out: dict[str, list[str | None]] = {}
-    for modality, value in mm_uuids.items():
-        if value is None:
-            continue
-        uuids: list[str | None] = [value] if isinstance(value, str) else list(value)
-        if not all(u is None or isinstance(u, str) for u in uuids):
-            raise ValidationError(f"multi_modal_uuids[{modality!r}] must hold strings or None.",
-                                  parameter="multi_modal_uuids")
-        count = counts.get(modality, 0)
-        if len(uuids) != count:
-            raise ValidationError(
-                f"multi_modal_uuids[{modality!r}] has {len(uuids)} entries but {count} {modality} item(s) were "
-                "given; send one UUID (or null) per item.", parameter="multi_modal_uuids",
-            )
-        out[modality] = uuids
-    return out
