@@ -67,7 +67,7 @@ MAX_VALUE_DEPTH = 64
 nest two or three levels; the limit keeps the recursive writer far below Python's recursion limit
 (a 10,000-deep value, or a list that contains itself, would otherwise raise ``RecursionError``)."""
 
-_MODALITY_PROCESSOR_KWARGS = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
+MODALITY_SCOPES = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
 """The HF processor kwargs scoped to one modality; another modality's scope never enters a hash."""
 
 
@@ -440,13 +440,13 @@ def _hash_factors(
     media_io_kwargs: Mapping[str, Mapping[str, object]],
 ) -> dict[str, object]:
     """The request options that change how ``modality``'s items are processed, empty ones dropped."""
-    if modality in _MODALITY_PROCESSOR_KWARGS:
+    if modality in MODALITY_SCOPES:
         own_media_io = media_io_kwargs.get(modality)
         media_io: dict[str, object] = {modality: own_media_io} if own_media_io else {}
-        scoped = _MODALITY_PROCESSOR_KWARGS[modality]
+        scoped = MODALITY_SCOPES[modality]
         processor = {
             key: value for key, value in hf_processor_mm_kwargs.items()
-            if key not in _MODALITY_PROCESSOR_KWARGS.values() or key == scoped
+            if key not in MODALITY_SCOPES.values() or key == scoped
         }
     else:
         # A unified modality (e.g. "vision_chunk") mixes media kinds: every option may apply.
@@ -456,7 +456,9 @@ def _hash_factors(
     return {key: value for key, value in factors.items() if value}
 
 
-def normalize_mm_uuids(mm_uuids: Mapping[str, Sequence[str | None] | str | None] | None, counts: Mapping[str, int]) -> dict[str, list[str | None]]:
+def normalize_mm_uuids(
+    mm_uuids: Mapping[str, Sequence[str | None] | str | None] | None, counts: Mapping[str, int],
+) -> dict[str, list[str | None]]:
     """Lists of per-item UUIDs (a bare string is a one-item list), checked against item counts."""
     if not mm_uuids:
         return {}
@@ -465,17 +467,21 @@ def normalize_mm_uuids(mm_uuids: Mapping[str, Sequence[str | None] | str | None]
         if value is None:
             continue
         uuids: list[str | None] = [value] if isinstance(value, str) else list(value)
-        if not all(u is None or isinstance(u, str) for u in uuids):
-            raise ValidationError(f"multi_modal_uuids[{modality!r}] must hold strings or None.",
-                                  parameter="multi_modal_uuids")
         for index, uuid in enumerate(uuids):
-            if uuid is not None:
-                check_text(uuid, parameter="multi_modal_uuids", where=f"multi_modal_uuids[{modality!r}][{index}]")
+            if uuid is None:
+                continue
+            if not isinstance(uuid, str):
+                raise ValidationError(
+                    f"multi_modal_uuids[{modality!r}][{index}] is a {type(uuid).__name__}; a UUID must be a string "
+                    "or None.", parameter="multi_modal_uuids", value=uuid,
+                )
+            check_text(uuid, parameter="multi_modal_uuids", where=f"multi_modal_uuids[{modality!r}][{index}]")
         count = counts.get(modality, 0)
         if len(uuids) != count:
             raise ValidationError(
-                f"multi_modal_uuids[{modality!r}] has {len(uuids)} entries but {count} {modality} item(s) were "
-                "given; send one UUID (or null) per item.", parameter="multi_modal_uuids",
+                f"multi_modal_uuids[{modality!r}] has {len(uuids)} entries but {count} {modality} item(s) were given "
+                f"({len(uuids)} UUIDs for {count} {modality} items); send one UUID (or null) per item.",
+                parameter="multi_modal_uuids", value=value,
             )
         out[modality] = uuids
     return out
@@ -516,7 +522,9 @@ def get_mm_hashes(
     An item is keyed by ``model_id``, its content (or its UUID, if given) and the request-level
     options that change its processing. A UUID with no such options *is* the key, unhashed.
     """
-    normalized = normalize_mm_uuids(mm_uuids, {modality: len(items) for modality, items in mm_items.items()})
+    # vLLM walks the data items only: UUIDs of a modality without items are the validator's concern.
+    given = {m: v for m, v in (mm_uuids or {}).items() if m in mm_items}
+    normalized = normalize_mm_uuids(given, {modality: len(items) for modality, items in mm_items.items()})
     processor_kwargs = hf_processor_mm_kwargs or {}
     media_kwargs = media_io_kwargs or {}
     hashes: dict[str, list[str]] = {}

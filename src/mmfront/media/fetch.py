@@ -1,30 +1,54 @@
-"""Fetching media over http(s), only from allowed hosts, with a timeout and a size cap.
+"""Fetching media over http(s), only from allowed hosts, under one deadline and a size cap.
 
-The stdlib ``urllib`` does the work (no new dependency). Redirects are followed only to allowed
-hosts, so an allowed host cannot bounce the server to an internal address. The body is read in
-chunks and abandoned as soon as it passes ``max_media_bytes``; a ``Content-Length`` over the
-cap is refused before reading anything.
+The stdlib ``urllib`` does the work (no new dependency). Every URL, the first and each redirect
+target, is checked and rewritten into the exact ASCII form that goes on the wire (IDNA host,
+percent-encoded path) before the allowlist sees it, so the host that was allowed is the host
+that is contacted. Redirects are followed only to allowed hosts, so an allowed host cannot
+bounce the server to an internal address.
+
+One monotonic deadline covers a whole fetch: connect, TLS handshake, request, status line,
+headers, body, and every redirect hop. urllib's own ``timeout`` applies per socket operation,
+so a server sending a byte every second would hold a request forever; here each socket
+operation first sets the socket's timeout to the time *left*. Only the name lookup is not
+covered (``getaddrinfo`` takes no timeout).
+
+The body is read in chunks and abandoned as soon as it passes ``max_media_bytes``; a
+``Content-Length`` over the cap is refused before reading anything, and one that is not a plain
+decimal number is refused outright.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
+import io
+import ipaddress
+import re
+import socket
+import string
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
-from typing import IO, Any
-from urllib.parse import urlsplit
+from collections.abc import Callable, Sequence
+from typing import IO, Any, cast
+from urllib.parse import quote, urlsplit
 
-from mmfront.errors import MediaFetchError, MediaTooLargeError
+from mmfront.errors import MediaFetchError, MediaTooLargeError, MMFrontError
 
 _CHUNK_BYTES = 1 << 16
 _RETRYABLE_4XX = frozenset({408, 429})
+_HEADERS = {"User-Agent": "mmfront", "Accept": "*/*"}
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+_ASCII_HOST = re.compile(r"[a-z0-9_.-]+")
+_DECIMAL = re.compile(r"[0-9]+")
+_MAX_HOST_CHARS = 253
 
 
 def describe_url(url: str, limit: int = 200) -> str:
-    """``url`` shortened for an error message (data URLs can be megabytes long)."""
-    return url if len(url) <= limit else f"{url[:limit]}... ({len(url)} characters)"
+    """``url`` shortened for an error message (data URLs can be megabytes long); escapes make
+    control characters and lone surrogates printable."""
+    shown = url if len(url) <= limit else f"{url[:limit]}... ({len(url)} characters)"
+    return shown if shown.isprintable() else shown.encode("unicode_escape").decode("ascii")
 
 
 def is_domain_allowed(host: str, allowed: Sequence[str]) -> bool:
@@ -42,16 +66,11 @@ def is_domain_allowed(host: str, allowed: Sequence[str]) -> bool:
     return False
 
 
-def check_url_allowed(url: str, allowed: Sequence[str] | None) -> None:
-    """Refuse ``url`` unless it is http(s) with a host in ``allowed``."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise MediaFetchError(f"Media URL {describe_url(url)} uses the unsupported scheme {parts.scheme!r}; use "
-                              "http(s)://, file://, a data: URL or base64.", parameter="multi_modal_data")
-    host = parts.hostname
-    if not host:
-        raise MediaFetchError(f"Media URL {describe_url(url)} has no host name; send a full http(s) URL.",
-                              parameter="multi_modal_data")
+def check_url_allowed(url: str, allowed: Sequence[str] | None) -> str:
+    """Refuse ``url`` unless it is a well-formed http(s) URL with a host in ``allowed``; return
+    it as sent on the wire (ASCII host, non-ASCII path and query percent-encoded as UTF-8, no
+    fragment). The host is matched in its ASCII (IDNA) form, the name actually resolved."""
+    scheme, host, port, target = _split_url(url)
     if allowed is None:
         raise MediaFetchError(
             f"Fetching media from URLs is disabled, so {describe_url(url)} cannot be loaded. Set "
@@ -59,16 +78,185 @@ def check_url_allowed(url: str, allowed: Sequence[str] | None) -> None:
             "or send the media inline as a data: URL.",
             parameter="multi_modal_data",
         )
-    if not is_domain_allowed(host, allowed):
+    if not is_domain_allowed(host.strip("[]"), _ascii_patterns(tuple(allowed))):
         raise MediaFetchError(
             f"The host {host!r} of media URL {describe_url(url)} is not in allowed_media_domains. Host the media on "
             "an allowed domain, send it inline as a data: URL, or add the host to allowed_media_domains.",
             parameter="multi_modal_data",
         )
+    return f"{scheme}://{host}{'' if port is None else f':{port}'}{target}"
+
+
+def _split_url(url: str) -> tuple[str, str, int | None, str]:
+    """``(scheme, wire host, port, path?query)`` of ``url``, or a typed error saying what is wrong."""
+    shown = describe_url(url)
+
+    def bad(problem: str) -> MediaFetchError:
+        return MediaFetchError(f"Media URL {shown} is malformed: {problem}.", parameter="multi_modal_data")
+
+    if _CONTROL_CHARS.search(url):
+        raise bad("it contains control characters (tab, line break, ...); percent-encode them")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a bad IPv6 literal, a port that is not a number in 0..65535
+        raise bad(str(exc)) from None
+    if parts.scheme not in ("http", "https"):
+        raise MediaFetchError(f"Media URL {shown} uses the unsupported scheme {parts.scheme!r}; use "
+                              "http(s)://, file://, a data: URL or base64.", parameter="multi_modal_data")
+    if "@" in parts.netloc:
+        raise bad("it carries credentials (user@host), which media URLs may not; remove them")
+    host = parts.hostname
+    if not host:
+        raise MediaFetchError(f"Media URL {shown} has no host name; send a full http(s) URL.",
+                              parameter="multi_modal_data")
+    if parts.netloc.startswith("["):
+        try:
+            host = f"[{ipaddress.IPv6Address(host).compressed}]"
+        except ValueError as exc:
+            raise bad(str(exc)) from None
+    else:
+        host = _ascii_host(host, bad)
+    target = parts.path or "/"
+    if parts.query:
+        target += f"?{parts.query}"
+    try:
+        target = quote(target, safe=string.punctuation)
+    except UnicodeEncodeError:
+        raise bad("its path or query holds a lone surrogate, which is not valid Unicode text") from None
+    return parts.scheme, host, port, target
+
+
+def _ascii_host(host: str, bad: Callable[[str], MediaFetchError]) -> str:
+    try:
+        ascii_host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise bad(f"the host name {host!r} is not a valid domain name (a label is empty, longer than 63 "
+                  "characters, or not valid Unicode)") from None
+    if len(ascii_host.rstrip(".")) > _MAX_HOST_CHARS:
+        raise bad(f"the host name is {len(ascii_host)} characters long in its ASCII form, more than the "
+                  f"{_MAX_HOST_CHARS} DNS allows")
+    if not _ASCII_HOST.fullmatch(ascii_host.lower()):
+        raise bad(f"the host name {host!r} holds characters no domain name has")
+    return ascii_host.lower()
+
+
+@functools.lru_cache(maxsize=64)
+def _ascii_patterns(allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """``allowed`` with internationalized names in their IDNA form, as hosts are matched;
+    a pattern with no valid IDNA form can match no valid host, so it is dropped."""
+    out = []
+    for pattern in allowed:
+        try:
+            out.append(pattern if pattern.isascii() else pattern.encode("idna").decode("ascii"))
+        except UnicodeError:
+            continue
+    return tuple(out)
+
+
+class _Deadline:
+    """The monotonic instant a fetch must be done by."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the {self.seconds:g} s fetch deadline passed")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The response's byte stream: every receive waits at most until the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        super().__init__()
+        self._sock = sock
+        self._stream = sock.makefile("rb", buffering=0)
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int | None:
+        self._sock.settimeout(self._deadline.remaining())
+        return self._stream.readinto(buffer)
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """Stands in for a connection's socket toward ``http.client``: it sends with the time left
+    and hands out a reader that receives with the time left."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.settimeout(self._deadline.remaining())
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str = "rb") -> IO[bytes]:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, host: str, *, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        self.timeout = self.deadline.remaining()
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self.deadline)
+
+
+class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, host: str, *, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(host, **kwargs)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        self.timeout = self.deadline.remaining()  # the TLS handshake takes it as one budget
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self.deadline)
+
+
+class _FetchRequest(urllib.request.Request):
+    """A GET carrying its fetch's deadline through urllib's handlers to the connection."""
+
+    def __init__(self, url: str, deadline: _Deadline) -> None:
+        super().__init__(url, headers=_HEADERS)
+        self.deadline = deadline
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        deadline = cast(_FetchRequest, req).deadline
+        return self.do_open(functools.partial(_DeadlineHTTPConnection, deadline=deadline), req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        deadline = cast(_FetchRequest, req).deadline
+        return self.do_open(functools.partial(_DeadlineHTTPSConnection, deadline=deadline), req)
 
 
 class _AllowlistRedirectHandler(urllib.request.HTTPRedirectHandler):
-    """Follows a redirect only when its target passes the same allowlist as the first URL."""
+    """Follows a redirect only when its target passes the same checks as the first URL, under
+    the first URL's deadline."""
 
     def __init__(self, allowed: Sequence[str] | None) -> None:
         super().__init__()
@@ -78,12 +266,12 @@ class _AllowlistRedirectHandler(urllib.request.HTTPRedirectHandler):
         self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Any, newurl: str
     ) -> urllib.request.Request | None:
         try:
-            check_url_allowed(newurl, self.allowed)
+            target = check_url_allowed(newurl, self.allowed)
         except MediaFetchError as exc:
             fp.close()
             raise MediaFetchError(f"Media URL {describe_url(req.full_url)} redirects (HTTP {code}) to a URL that is "
                                   f"not allowed: {exc}", parameter="multi_modal_data") from None
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+        return _FetchRequest(target, cast(_FetchRequest, req).deadline)
 
 
 class HttpFetcher:
@@ -92,17 +280,18 @@ class HttpFetcher:
     def __init__(self, allowed_domains: Sequence[str] | None, max_bytes: int) -> None:
         self.allowed_domains = allowed_domains
         self.max_bytes = max_bytes
-        self._opener = urllib.request.build_opener(_AllowlistRedirectHandler(allowed_domains))
+        self._opener = urllib.request.build_opener(
+            _DeadlineHTTPHandler(), _DeadlineHTTPSHandler(), _AllowlistRedirectHandler(allowed_domains))
 
     def fetch(self, url: str, *, timeout: float) -> bytes:
-        """The body of ``url``. ``timeout`` bounds each network wait and the whole download."""
-        check_url_allowed(url, self.allowed_domains)
-        request = urllib.request.Request(url, headers={"User-Agent": "mmfront", "Accept": "*/*"})
-        deadline = time.monotonic() + timeout
+        """The body of ``url``; ``timeout`` seconds bound the whole fetch, redirects included."""
+        request = _FetchRequest(check_url_allowed(url, self.allowed_domains), _Deadline(timeout))
         shown = describe_url(url)
         try:
-            with self._opener.open(request, timeout=timeout) as response:
-                return self._read_body(response, shown, deadline, timeout)
+            with self._opener.open(request) as response:
+                return self._read_body(response, shown)
+        except MMFrontError:
+            raise  # already typed (refused redirect, size cap); must not fall into the ValueError branch
         except urllib.error.HTTPError as exc:
             exc.close()
             raise _status_error(shown, exc.code, exc.reason) from None
@@ -120,12 +309,15 @@ class HttpFetcher:
         except (http.client.HTTPException, OSError) as exc:
             raise MediaFetchError(f"The download of media from {shown} broke off: {exc!r}. Retry the request.",
                                   parameter="multi_modal_data", retryable=True) from None
+        except ValueError as exc:  # urllib parsing what the host sent, e.g. a redirect to "http://[::g]/"
+            raise MediaFetchError(f"The media host's answer for {shown} is malformed ({exc}). Fix the server, or send "
+                                  "the media inline as a data: URL.", parameter="multi_modal_data") from None
 
-    def _read_body(self, response: Any, shown: str, deadline: float, timeout: float) -> bytes:
-        length = response.headers.get("Content-Length")
-        if length is not None and length.strip().isdigit() and int(length) > self.max_bytes:
+    def _read_body(self, response: Any, shown: str) -> bytes:
+        length = _content_length(response.headers.get_all("Content-Length"), shown)
+        if length is not None and length > self.max_bytes:
             raise MediaTooLargeError(
-                f"Media at {shown} is {int(length)} bytes (Content-Length), more than max_media_bytes="
+                f"Media at {shown} is {length} bytes (Content-Length), more than max_media_bytes="
                 f"{self.max_bytes}. Send a smaller file, or raise max_media_bytes.",
                 parameter="multi_modal_data",
             )
@@ -143,8 +335,23 @@ class HttpFetcher:
                     parameter="multi_modal_data",
                 )
             chunks.append(chunk)
-            if time.monotonic() > deadline:
-                raise _timeout_error(shown, timeout)
+
+
+def _content_length(values: list[str] | None, shown: str) -> int | None:
+    """The declared body size: ASCII digits only (RFC 9110), repeats allowed if they agree.
+    ``http.client`` would read ``"0x10"`` or ``"-1"`` as "until the connection closes" and
+    Arabic-Indic digits as a number; a host sending either is refused instead."""
+    if not values:
+        return None
+    declared = {part.strip() for value in values for part in value.split(",")}
+    if len(declared) != 1 or not _DECIMAL.fullmatch(next(iter(declared))):
+        raise MediaFetchError(
+            f"The media host sent an invalid Content-Length for {shown} ({', '.join(map(repr, values))}); it must be "
+            "one decimal number. Fix the server, or send the media inline as a data: URL.",
+            parameter="multi_modal_data",
+        )
+    digits = next(iter(declared)).lstrip("0") or "0"
+    return int(digits) if len(digits) <= 18 else 10**18  # a longer number passes any cap; int() of it may refuse
 
 
 def _status_error(shown: str, status: int, reason: object) -> MediaFetchError:
@@ -157,8 +364,8 @@ def _status_error(shown: str, status: int, reason: object) -> MediaFetchError:
 
 def _timeout_error(shown: str, timeout: float) -> MediaFetchError:
     return MediaFetchError(
-        f"Fetching media from {shown} timed out after {timeout:g} s. Retry later, send the media inline as a data: "
-        "URL, or raise image_fetch_timeout / audio_fetch_timeout.",
+        f"Fetching media from {shown} timed out after {timeout:g} s (one deadline for connect, headers and body). "
+        "Retry later, send the media inline as a data: URL, or raise image_fetch_timeout / audio_fetch_timeout.",
         parameter="multi_modal_data",
         retryable=True,
     )

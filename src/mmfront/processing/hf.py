@@ -20,7 +20,6 @@ import torch
 from mmfront.errors import ProcessorError
 
 SCOPES = ("text_kwargs", "images_kwargs", "videos_kwargs", "audio_kwargs")
-MODALITY_SCOPES = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
 _SCOPE_OWNERS = {
     "text_kwargs": ("tokenizer",),
     "images_kwargs": ("image_processor",),
@@ -91,12 +90,22 @@ def resolve_hf_kwargs(
     return out
 
 
-def scoped_request_kwargs(kwargs: Mapping[str, Any] | None, modality: str) -> dict[str, Any]:
-    """The request kwargs that concern ``modality``: every flat key plus its own scope (hash factors)."""
-    if not kwargs:
-        return {}
-    own = MODALITY_SCOPES.get(modality)
-    return {k: v for k, v in kwargs.items() if k not in SCOPES or k == own}
+def unknown_hf_kwargs(hf_processor: Any, kwargs: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The keys of ``kwargs`` no sub-processor accepts (``images_kwargs.x`` for scoped ones), and
+    every accepted flat key: what :func:`resolve_hf_kwargs` would drop, for an entry point that
+    refuses instead."""
+    valid = valid_hf_kwargs(hf_processor)
+    accepted: set[str] = set().union(*valid.values())
+    unknown: list[str] = []
+    for key, value in kwargs.items():
+        if key in SCOPES:
+            if not isinstance(value, Mapping):
+                unknown.append(key)
+                continue
+            unknown += [f"{key}.{k}" for k in value if k not in valid[key] and k not in valid[""]]
+        elif key not in accepted:
+            unknown.append(key)
+    return unknown, sorted(accepted)
 
 
 def call_hf(fn: Any, *, what: str, data_desc: str, **kwargs: Any) -> Any:

@@ -40,7 +40,7 @@ class TokenizerLike(Protocol):
 _MEMO_MAXSIZE = 2048
 """Entries kept per tokenizer and direction (vLLM's ``cached_encode`` keeps 2048 too)."""
 
-_ENCODE_MEMO: weakref.WeakKeyDictionary[object, dict[str, list[int]]] = weakref.WeakKeyDictionary()
+_ENCODE_MEMO: weakref.WeakKeyDictionary[object, dict[str | tuple[str, bool], list[int]]] = weakref.WeakKeyDictionary()
 _DECODE_MEMO: weakref.WeakKeyDictionary[object, dict[tuple[int, ...], str]] = weakref.WeakKeyDictionary()
 
 
@@ -76,20 +76,22 @@ def _require_tokenizer(tokenizer: TokenizerLike | None, what: str) -> TokenizerL
     return tokenizer
 
 
-def cached_encode(tokenizer: TokenizerLike | None, text: str) -> list[int]:
-    """``tokenizer.encode(text, add_special_tokens=False)``, memoized per tokenizer.
+def cached_encode(tokenizer: TokenizerLike | None, text: str, *, add_special_tokens: bool = False) -> list[int]:
+    """``tokenizer.encode(text, add_special_tokens=...)``, memoized per tokenizer: the one memo
+    for constant strings (prompt update targets and contents, dummy text).
 
     The returned list is shared between callers: read it, never mutate it.
     """
     tok = _require_tokenizer(tokenizer, f"encode the prompt update text {text!r}")
     memo = _memo_for(_ENCODE_MEMO, tok)
+    key: str | tuple[str, bool] = (text, True) if add_special_tokens else text
     if memo is not None:
-        ids = memo.get(text)
+        ids = memo.get(key)
         if ids is not None:
             return ids
-    ids = list(tok.encode(text, add_special_tokens=False))
+    ids = list(tok.encode(text, add_special_tokens=add_special_tokens))
     if memo is not None:
-        _remember(memo, text, ids)
+        _remember(memo, key, ids)
     return ids
 
 
