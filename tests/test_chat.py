@@ -58,9 +58,10 @@ def test_uuid_only_part_reuses_a_cached_item(proc: BaseMultiModalProcessor) -> N
     assert out.mm_data == {"image": [None]}
 
 
-def test_template_without_parts_gets_placeholders_in_the_text(proc: BaseMultiModalProcessor) -> None:
+def test_template_without_parts_gets_placeholders_in_the_text(gemma3_dir: Path) -> None:
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-    out = parse(proc, user({"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": URL}}),
+    trusting = create_processor(gemma3_dir, MultiModalConfig(trust_request_chat_template=True))
+    out = parse(trusting, user({"type": "text", "text": "Look:"}, {"type": "image_url", "image_url": {"url": URL}}),
                 chat_template=template)
     assert out.prompt == "[user] Look:\n<start_of_image>\n"
 
@@ -72,7 +73,7 @@ def test_template_without_parts_gets_placeholders_in_the_text(proc: BaseMultiMod
         (user({"type": "image_url"}), ChatFormatError, "no `image_url` data and no `uuid`"),
         (user({"type": "text"}), ChatFormatError, "without a string `text`"),
         (user({"text": "no type"}), ChatFormatError, "string `type`"),
-        ([{"content": "no role"}], ChatFormatError, "string `role`"),
+        ([{"content": "no role"}], ChatFormatError, r"messages\[0\]\.role must be a name"),
         ([], ChatFormatError, "non-empty list"),
         ([{"role": "user", "content": 3}], ChatFormatError, "must be a string or a list"),
         (user({"type": "image_url", "image_url": {"url": URL}}, {"type": "image_embeds", "image_embeds":

@@ -23,6 +23,7 @@ from mmfront import hashing, pixels
 from mmfront.errors import ConfigError, HashingTypeError, InputTypeError, MMFrontError, ValidationError
 from mmfront.hashing import MultiModalHasher, get_mm_hashes
 from mmfront.parse import MediaWithBytes
+from mmfront.testing.media import make_image
 
 H = MultiModalHasher
 
@@ -459,17 +460,6 @@ MODES = ["1", "L", "P", "RGB", "RGBA", "CMYK", "YCbCr", "LAB", "HSV", "I", "F", 
          "I;16", "I;16L", "I;16B", "I;16N"]
 
 
-def make_mode_image(mode: str, width: int, height: int, seed: int) -> Image.Image:
-    base = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
-    if mode in ("LAB", "HSV", "RGBa", "La", "I;16", "I;16L", "I;16B", "I;16N"):
-        pixel_bytes = {"LAB": 3, "HSV": 3, "RGBa": 4, "La": 2}.get(mode, 2)
-        raw = np.random.default_rng(seed).integers(0, 256, width * height * pixel_bytes, dtype=np.uint8)
-        return Image.frombytes(mode, (width, height), raw.tobytes())
-    if mode == "PA":
-        return base.convert("P").convert("PA")
-    return base.convert(mode)
-
-
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mode=st.sampled_from(MODES), width=st.integers(1, 40), height=st.integers(1, 30), seed=st.integers(0, 9),
        strip_bytes=st.sampled_from([1, 7, 64, 1 << 18]), fast=st.booleans())
@@ -478,7 +468,7 @@ def test_streamed_pixels_equal_numpy_array(monkeypatch: pytest.MonkeyPatch, mode
     monkeypatch.setattr(pixels, "_STRIP_BYTES", strip_bytes)
     if not fast:
         monkeypatch.setattr(pixels, "_pack", None)
-    image = make_mode_image(mode, width, height, seed)
+    image = make_image(width, height, seed=seed, mode=mode)
     assert image.mode == mode
     expected = reference_image_bytes(image)
     assert joined(H.serialize_item(image)) == expected
@@ -491,14 +481,14 @@ def test_streamed_pixels_equal_numpy_array(monkeypatch: pytest.MonkeyPatch, mode
 def test_every_mode_hashes_like_numpy_on_both_paths(monkeypatch: pytest.MonkeyPatch, mode: str, fast: bool) -> None:
     if not fast:
         monkeypatch.setattr(pixels, "_pack", None)
-    image = make_mode_image(mode, 37, 11, seed=3)
+    image = make_image(37, 11, seed=3, mode=mode)
     expected = reference_image_bytes(image)
     assert joined(H.serialize_item(image)) == expected
     assert H.hash_kwargs("blake3", image=image) == blake3.blake3(framed(b"image") + b"\x03" + expected).hexdigest()
 
 
 def test_large_image_streams_in_several_strips() -> None:
-    image = make_mode_image("RGB", 1023, 1000, seed=0)  # ~3 MB: several strips at any sane strip size
+    image = make_image(1023, 1000)  # ~3 MB: several strips at any sane strip size
     chunks = list(H.serialize_item(image))
     assert sum(len(c) >= 100_000 for c in chunks) >= 3
     assert max(len(c) for c in chunks) <= pixels._STRIP_BYTES
@@ -533,7 +523,7 @@ def test_empty_image(size: tuple[int, int]) -> None:
 
 def test_file_image_loads_before_the_palette_is_read() -> None:
     buffer = io.BytesIO()
-    make_mode_image("P", 8, 8, seed=1).save(buffer, "PNG")
+    make_image(8, 8, seed=1, mode="P").save(buffer, "PNG")
     lazy_file_image = Image.open(io.BytesIO(buffer.getvalue()))
     loaded = Image.open(io.BytesIO(buffer.getvalue()))
     expected = reference_image_bytes(loaded)

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import io
-import wave
 
 import numpy as np
 import pytest
@@ -21,28 +20,12 @@ from mmfront.parse import (
     MultiModalDataItems,
     MultiModalDataParser,
 )
-
-
-def _image(width: int = 8, height: int = 6, mode: str = "RGB", seed: int = 0) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)).convert(mode)
+from mmfront.testing.media import make_audio, make_image, wav_bytes
 
 
 def _png(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def _wav(num_frames: int, rate: int) -> bytes:
-    t = np.arange(num_frames) / rate
-    samples = (np.sin(2 * np.pi * 440 * t) * 16384).astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as writer:
-        writer.setnchannels(1)
-        writer.setsampwidth(2)
-        writer.setframerate(rate)
-        writer.writeframes(samples.tobytes())
     return buffer.getvalue()
 
 
@@ -53,7 +36,7 @@ PARSER = MultiModalDataParser()
 
 
 def test_single_rgb_pil_image_is_kept_without_a_copy() -> None:
-    image = _image()
+    image = make_image(8, 6)
     items = PARSER.parse_mm_data({"image": image})
     images = items.get_items("image", ImageProcessorItems)
     assert images.get_count() == 1 and len(images) == 1
@@ -64,7 +47,7 @@ def test_single_rgb_pil_image_is_kept_without_a_copy() -> None:
 
 
 def test_list_with_none_items_keeps_them() -> None:
-    first, last = _image(seed=1), _image(seed=2)
+    first, last = make_image(8, 6, seed=1), make_image(8, 6, seed=2)
     images = PARSER.parse_mm_data({"image": [first, None, last]})["image"]
     assert images.get_count() == 3
     assert images.get_all_items_for_hash() == [first, None, last]
@@ -95,7 +78,7 @@ def test_exif_oriented_pil_image_is_transposed() -> None:
     exif = Image.Exif()
     exif[0x0112] = 6
     buffer = io.BytesIO()
-    _image(10, 4).save(buffer, "JPEG", exif=exif.tobytes())
+    make_image(10, 4).save(buffer, "JPEG", exif=exif.tobytes())
     parsed = PARSER.parse_mm_data({"image": Image.open(buffer)})["image"]
     assert parsed.get(0).size == (4, 10)
     assert parsed.get_image_size(0) == ImageSize(4, 10)  # type: ignore[attr-defined]
@@ -123,7 +106,7 @@ def test_four_d_arrays_and_tensors_are_several_images() -> None:
 
 def test_lazy_media_with_bytes_stays_undecoded() -> None:
     config, budget = MultiModalConfig(), DecodeBudget(1 << 20)
-    loaded = load_image_bytes(_png(_image(12, 5)), config=config, budget=budget)
+    loaded = load_image_bytes(_png(make_image(12, 5)), config=config, budget=budget)
     images = PARSER.parse_mm_data({"image": [loaded]})["image"]
     assert images.get_item_for_hash(0) is loaded
     assert images.get_image_size(0) == ImageSize(12, 5)  # type: ignore[attr-defined]
@@ -133,7 +116,7 @@ def test_lazy_media_with_bytes_stays_undecoded() -> None:
 
 
 def test_eager_media_with_bytes_without_info_answers_from_media() -> None:
-    image = _image(7, 3)
+    image = make_image(7, 3)
     wrapped = MediaWithBytes(image, b"raw")
     images = PARSER.parse_mm_data({"image": wrapped})["image"]
     assert images.get_image_size(0) == ImageSize(7, 3)  # type: ignore[attr-defined]
@@ -172,7 +155,7 @@ def test_embedding_forms() -> None:
 
 def test_two_d_array_mixed_with_images_is_refused() -> None:
     with pytest.raises(ValidationError, match="image 1 is a 2-D array of shape \\(4, 4\\); an image array is 3-D"):
-        PARSER.parse_mm_data({"image": [_image(), np.zeros((4, 4))]})
+        PARSER.parse_mm_data({"image": [make_image(8, 6), np.zeros((4, 4))]})
     with pytest.raises(ValidationError, match="image data is a 2-D array of shape \\(4, 4\\)"):
         PARSER.parse_mm_data({"image": np.zeros((4, 4))})
 
@@ -213,7 +196,7 @@ def test_audio_tuple_is_resampled_to_the_target_rate() -> None:
 
 
 def test_lazy_audio_is_resampled_lazily() -> None:
-    loaded = load_audio_bytes(_wav(4410, 44100), config=MultiModalConfig(), budget=DecodeBudget(1 << 20))
+    loaded = load_audio_bytes(wav_bytes(make_audio(0.1, 44100), 44100), config=MultiModalConfig(), budget=DecodeBudget(1 << 20))
     parser = MultiModalDataParser(target_sr=16000)
     items = parser.parse_mm_data({"audio": loaded})["audio"]
     wrapped = items.get_item_for_hash(0)
@@ -228,7 +211,7 @@ def test_lazy_audio_is_resampled_lazily() -> None:
 
 
 def test_lazy_audio_at_the_target_rate_is_unwrapped_to_the_waveform() -> None:
-    loaded = load_audio_bytes(_wav(100, 16000), config=MultiModalConfig(), budget=DecodeBudget(1 << 20))
+    loaded = load_audio_bytes(wav_bytes(make_audio(100 / 16000), 16000), config=MultiModalConfig(), budget=DecodeBudget(1 << 20))
     items = MultiModalDataParser(target_sr=16000).parse_mm_data({"audio": loaded})["audio"]
     assert items.get_audio_length(0) == 100  # type: ignore[attr-defined]
     assert items.get(0).shape == (100,)
@@ -246,7 +229,7 @@ def test_lazy_audio_at_the_target_rate_is_unwrapped_to_the_waveform() -> None:
         ({"audio": np.zeros((2, 2, 2))}, ValidationError, "audio data is a 3-D array"),
         ({"audio": 5}, InputTypeError, "audio data has type int"),
         ({"image": 5}, InputTypeError, "image data has type int; expected a PIL image"),
-        ({"image": [_image(), "cat.png"]}, InputTypeError, "image 1 has type str; .*MediaConnector"),
+        ({"image": [make_image(8, 6), "cat.png"]}, InputTypeError, "image 1 has type str; .*MediaConnector"),
         ({"image": {"url": "x"}}, InputTypeError, "image data has type dict"),
         ({"image": np.zeros((1, 2, 3, 4, 5))}, ValidationError, "image data is a 5-D array"),
     ],
@@ -258,17 +241,17 @@ def test_wrong_types_and_shapes_are_typed_errors(data: dict[str, object], error:
 
 def test_unknown_modality_and_non_mapping() -> None:
     with pytest.raises(UnsupportedModalityError, match=r"Unsupported modality: 'xyz'\. Supported: image, audio") as info:
-        PARSER.parse_mm_data({"image": _image(), "xyz": [1]})
+        PARSER.parse_mm_data({"image": make_image(8, 6), "xyz": [1]})
     assert info.value.parameter == "multi_modal_data"
     with pytest.raises(InputTypeError, match="multi_modal_data must be a mapping"):
-        PARSER.parse_mm_data([_image()])  # type: ignore[arg-type]
+        PARSER.parse_mm_data([make_image(8, 6)])  # type: ignore[arg-type]
 
 
 # --- MultiModalDataItems ------------------------------------------------------------------------
 
 
 def test_items_select_subset_counts_and_typed_access() -> None:
-    images = [_image(seed=i) for i in range(3)]
+    images = [make_image(8, 6, seed=i) for i in range(3)]
     items = PARSER.parse_mm_data({"image": images, "audio": [np.zeros(3), np.ones(2)]})
     assert list(items) == ["image", "audio"]
     assert items.get_all_counts() == {"image": 3, "audio": 2}

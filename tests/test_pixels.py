@@ -22,6 +22,7 @@ from PIL import Image
 
 from mmfront import pixels
 from mmfront.hashing import MultiModalHasher
+from mmfront.testing.media import make_raw_image
 
 
 def _has_c_compiler() -> bool:
@@ -80,13 +81,6 @@ def kernel(request: pytest.FixtureRequest) -> Iterator[str]:
     _pixels.kernel(current)
 
 
-def make_image(mode: str, width: int, height: int, seed: int = 0) -> Image.Image:
-    raw = np.random.default_rng(seed).integers(0, 256, width * height * 4, dtype=np.uint8)
-    if mode in THREE:
-        raw = raw[: width * height * 3]
-    return Image.frombytes(mode, (width, height), raw.tobytes())
-
-
 def numpy_bytes(image: Image.Image) -> bytes:
     return np.asarray(image).tobytes()
 
@@ -132,7 +126,7 @@ def test_kernel_defaults_to_the_widest_this_cpu_has() -> None:
        data=st.data(), kernel_name=st.sampled_from(KERNELS or ["portable"]))
 def test_pack_any_byte_range_equals_numpy(mode: str, width: int, height: int, data: st.DataObject,
                                           kernel_name: str) -> None:
-    image = make_image(mode, width, height, seed=width * height)
+    image = make_raw_image(width, height, seed=width * height, mode=mode)
     expected = numpy_bytes(image)
     start = data.draw(st.integers(0, len(expected)), label="start")
     stop = data.draw(st.integers(start, len(expected)), label="stop")
@@ -150,7 +144,7 @@ def test_pack_any_byte_range_equals_numpy(mode: str, width: int, height: int, da
 
 @needs_extension
 def test_pack_a_large_image_with_each_kernel(kernel: str) -> None:
-    image = make_image("RGB", 1023, 517, seed=3)
+    image = make_raw_image(1023, 517, seed=3)
     out = bytearray(1023 * 517 * 3)
     assert _pixels.pack(*image.__arrow_c_array__(), 3, 0, len(out), out) == len(out)
     assert out == numpy_bytes(image)
@@ -158,7 +152,7 @@ def test_pack_a_large_image_with_each_kernel(kernel: str) -> None:
 
 @needs_extension
 def test_pack_an_empty_range_and_an_empty_image() -> None:
-    image = make_image("RGB", 4, 4)
+    image = make_raw_image(4, 4)
     assert _pixels.pack(*image.__arrow_c_array__(), 3, 5, 5, bytearray()) == 0
     assert _pixels.pack(*Image.new("RGB", (0, 3)).__arrow_c_array__(), 3, 0, 0, bytearray()) == 0
 
@@ -173,7 +167,7 @@ def test_pack_reads_an_image_mapped_onto_a_python_buffer() -> None:
 
 
 def _capsules() -> tuple[object, object]:
-    return make_image("RGB", 5, 3).__arrow_c_array__()
+    return make_raw_image(5, 3).__arrow_c_array__()
 
 
 BAD_PACK_CALLS: list[tuple[str, Callable[[], tuple[object, ...]], type[Exception], str]] = [
@@ -222,7 +216,7 @@ def test_kernel_refuses_unknown_names() -> None:
 
 @pytest.mark.parametrize("mode", THREE + FOUR)
 def test_four_byte_modes_take_the_fast_path(mode: str, pack_calls: list[tuple[int, int, int]]) -> None:
-    image = make_image(mode, 33, 9, seed=1)
+    image = make_raw_image(33, 9, seed=1, mode=mode)
     assert joined(iter(strips_of(image))) == numpy_bytes(image)
     assert pack_calls == [(3 if mode in THREE else 4, 0, len(numpy_bytes(image)))]
 
@@ -239,7 +233,7 @@ def test_other_modes_take_pillows_path(mode: str, pack_calls: list[tuple[int, in
 @pytest.mark.parametrize("mode", ["RGB", "RGBA"])
 def test_edge_sizes_hash_like_numpy_on_both_paths(monkeypatch: pytest.MonkeyPatch, mode: str,
                                                   size: tuple[int, int]) -> None:
-    image = make_image(mode, *size, seed=size[0])
+    image = make_raw_image(*size, seed=size[0], mode=mode)
     fast = MultiModalHasher.hash_kwargs("blake3", image=image)
     assert joined(iter(strips_of(image))) == numpy_bytes(image)
     monkeypatch.setattr(pixels, "_pack", None)
@@ -248,7 +242,7 @@ def test_edge_sizes_hash_like_numpy_on_both_paths(monkeypatch: pytest.MonkeyPatc
 
 
 def test_without_the_extension_pillow_packs(monkeypatch: pytest.MonkeyPatch) -> None:
-    image = make_image("RGB", 640, 480, seed=2)
+    image = make_raw_image(640, 480, seed=2)
     fast = MultiModalHasher.hash_kwargs("blake3", image=image)
     monkeypatch.setattr(pixels, "_pack", None)
     monkeypatch.setattr(pixels, "_kernel", None)
@@ -260,7 +254,7 @@ def test_without_the_extension_pillow_packs(monkeypatch: pytest.MonkeyPatch) -> 
 def test_pillow_without_an_arrow_export_falls_back(monkeypatch: pytest.MonkeyPatch,
                                                    pack_calls: list[tuple[int, int, int]]) -> None:
     monkeypatch.delattr(Image.Image, "__arrow_c_array__")  # Pillow < 11.2
-    image = make_image("RGB", 40, 30)
+    image = make_raw_image(40, 30)
     assert joined(iter(strips_of(image))) == numpy_bytes(image)
     assert pack_calls == []
 
@@ -268,7 +262,7 @@ def test_pillow_without_an_arrow_export_falls_back(monkeypatch: pytest.MonkeyPat
 def test_an_image_of_several_memory_blocks_falls_back(pack_calls: list[tuple[int, int, int]]) -> None:
     # Pillow allocates images over its block size (16 MiB) in several blocks, and refuses to
     # export those; 2049x2048 RGB needs 2049 * 2048 * 4 bytes, just over.
-    image = make_image("RGB", 2049, 2048, seed=4)
+    image = make_raw_image(2049, 2048, seed=4)
     with pytest.raises(ValueError, match="not contiguous"):
         image.__arrow_c_array__()
     expected = numpy_bytes(image)
@@ -284,7 +278,7 @@ def test_a_refused_export_falls_back_before_any_strip(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(pixels, "_pack", refuse)
     monkeypatch.setattr(pixels, "_STRIP_BYTES", 1000)
-    image = make_image("RGB", 50, 40)
+    image = make_raw_image(50, 40)
     assert joined(iter(strips_of(image, reuse_buffer=True))) == numpy_bytes(image)
 
 
@@ -294,7 +288,7 @@ def test_a_refused_export_falls_back_before_any_strip(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("stream_offset", [0, 1, 216, 4095, 4096, 3 * 4096 + 5])
 def test_strips_end_on_strip_multiples_of_the_stream(monkeypatch: pytest.MonkeyPatch, stream_offset: int) -> None:
     monkeypatch.setattr(pixels, "_STRIP_BYTES", 4096)
-    image = make_image("RGB", 100, 50, seed=6)  # 15000 bytes
+    image = make_raw_image(100, 50, seed=6)  # 15000 bytes
     strips = strips_of(image, reuse_buffer=True, stream_offset=stream_offset)
     assert b"".join(strips) == numpy_bytes(image)
     assert all(0 < len(strip) <= 4096 for strip in strips)
@@ -305,7 +299,7 @@ def test_strips_end_on_strip_multiples_of_the_stream(monkeypatch: pytest.MonkeyP
 
 def test_fresh_strips_can_be_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pixels, "_STRIP_BYTES", 4096)
-    image = make_image("RGBA", 64, 64, seed=7)
+    image = make_raw_image(64, 64, seed=7, mode="RGBA")
     linesize = 64 * 4
     kept = list(pixels.iter_pixel_strips(image, linesize, reuse_buffer=False))
     assert len(kept) == 4
@@ -315,7 +309,7 @@ def test_fresh_strips_can_be_kept(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_scratch_buffer_is_reused_by_the_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pixels, "_STRIP_BYTES", 4096)
-    image = make_image("RGB", 100, 50)
+    image = make_raw_image(100, 50)
 
     def buffers() -> set[int]:
         return {id(strip.obj) for strip in pixels.iter_pixel_strips(image, 300, reuse_buffer=True)
@@ -333,7 +327,7 @@ def test_the_scratch_buffer_is_reused_by_the_thread(monkeypatch: pytest.MonkeyPa
 
 def test_interleaved_iterators_on_one_thread_get_their_own_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pixels, "_STRIP_BYTES", 4096)
-    first_image, second_image = make_image("RGB", 100, 50, seed=8), make_image("RGB", 100, 50, seed=9)
+    first_image, second_image = make_raw_image(100, 50, seed=8), make_raw_image(100, 50, seed=9)
     first_strips = pixels.iter_pixel_strips(first_image, 300, reuse_buffer=True)
     collected = [bytes(next(first_strips))]
     assert joined(pixels.iter_pixel_strips(second_image, 300, reuse_buffer=True)) == numpy_bytes(second_image)
@@ -343,7 +337,7 @@ def test_interleaved_iterators_on_one_thread_get_their_own_buffers(monkeypatch: 
 
 def test_threads_hash_concurrently_to_the_right_digests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pixels, "_STRIP_BYTES", 16384)  # several strips per image
-    images = [make_image("RGB", 300, 200, seed=seed) for seed in range(4)]
+    images = [make_raw_image(300, 200, seed=seed) for seed in range(4)]
     expected = [blake3.blake3(b"".join(MultiModalHasher.iter_item_to_bytes("image", image))).hexdigest()
                 for image in images]
     results: list[list[str]] = [[] for _ in images]

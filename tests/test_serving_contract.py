@@ -127,8 +127,7 @@ class _InProcessEngine:
     """A P1 on its own thread behind a queue: the shape of a real engine, without sockets."""
 
     def __init__(self, processor: InputProcessor) -> None:
-        self.receiver_cache = MirroredReceiverCache(processor.config.mm_processor_cache_gb and int(
-            processor.config.mm_processor_cache_gb * GiB) or 1)
+        self.receiver_cache = MirroredReceiverCache(processor.config.mm_processor_cache_bytes)
         self.receiver = EngineReceiver(self.receiver_cache, echo=True)
         self.transport = _QueueTransport()
         self.client = EngineClient(processor, self.transport)

@@ -27,7 +27,7 @@ from transformers import AutoProcessor, ProcessorMixin
 from mmfront.errors import ConfigError, InputTypeError, ValidationError
 from mmfront.testing import models
 from mmfront.testing.bpe import GEMMA3_REAL_IDS, GEMMA3_VOCAB_SIZE, gemma3_real_bpe
-from mmfront.testing.media import image_data_url, make_audio, make_image, wav_bytes
+from mmfront.testing.media import image_data_url, make_audio, make_image, make_raw_image, wav_bytes
 from mmfront.testing.models import (
     FIXTURE_VERSION,
     build_model_folder,
@@ -396,7 +396,7 @@ def test_gemma3_real_bpe_is_deterministic() -> None:
     bpe = gemma3_real_bpe()
     payload = json.dumps([sorted(bpe.vocab.items(), key=lambda kv: kv[1]), bpe.merges], ensure_ascii=True)
     assert hashlib.sha256(payload.encode()).hexdigest()[:16] == GEMMA3_BPE_DIGEST
-    assert FIXTURE_VERSION == "1"
+    assert FIXTURE_VERSION == "2"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -474,6 +474,35 @@ def test_make_image_and_audio_are_seeded() -> None:
     assert np.array_equal(audio, make_audio(0.5, sampling_rate=8000, seed=1))
 
 
+@pytest.mark.parametrize("mode", ["1", "L", "P", "RGBA", "CMYK", "YCbCr", "I", "F", "LA", "PA", "RGBX",
+                                  "LAB", "HSV", "RGBa", "La", "I;16", "I;16B"])
+def test_make_image_in_any_mode_is_seeded_noise(mode: str) -> None:
+    image = make_image(7, 5, seed=2, mode=mode)
+    assert (image.mode, image.size) == (mode, (7, 5))
+    assert image.tobytes() == make_image(7, 5, seed=2, mode=mode).tobytes()
+    assert image.tobytes() != make_image(7, 5, seed=3, mode=mode).tobytes()
+
+
+def test_make_image_converts_the_rgb_noise() -> None:
+    rgb = make_image(6, 4, seed=5)
+    assert np.array_equal(np.asarray(make_image(6, 4, seed=5, mode="L")), np.asarray(rgb.convert("L")))
+    assert make_image(6, 4, seed=5, mode="P").tobytes() == rgb.convert("P").tobytes()
+
+
+def test_make_raw_image_fills_every_byte_of_the_buffer() -> None:
+    rgbx = make_raw_image(40, 30, seed=4, mode="RGBX")
+    assert len(set(rgbx.tobytes()[3::4])) > 100  # the X band is noise too, not a constant 255
+    assert make_raw_image(40, 30, seed=4, mode="RGB").tobytes() == rgbx.tobytes()[: 40 * 30 * 3]
+    assert make_image(9, 2, seed=1, mode="HSV").tobytes() == make_raw_image(9, 2, seed=1, mode="HSV").tobytes()
+
+
+@pytest.mark.parametrize("make", [make_image, make_raw_image])
+def test_sample_images_reject_an_unknown_mode(make: Callable[..., Image.Image]) -> None:
+    with pytest.raises(ValidationError, match="'XYZ' image") as info:
+        make(2, 2, mode="XYZ")
+    assert (info.value.parameter, info.value.value) == ("mode", "XYZ")
+
+
 def test_image_data_url_round_trips_png() -> None:
     img = make_image(6, 4, seed=3)
     url = image_data_url(img)
@@ -506,12 +535,43 @@ def test_wav_bytes_writes_16_bit_pcm() -> None:
 
 
 def test_wav_bytes_rejects_bad_input() -> None:
-    with pytest.raises(InputTypeError, match="dtype int64"):
-        wav_bytes(np.array([1, 2]), 16000)
-    with pytest.raises(ValidationError, match=r"shape \(0,\)"):
-        wav_bytes(np.zeros(0, dtype=np.float32), 16000)
+    with pytest.raises(InputTypeError, match="dtype bool"):
+        wav_bytes(np.array([True, False]), 16000)
+    with pytest.raises(ValidationError, match=r"shape \(2, 2, 1\)"):
+        wav_bytes(np.zeros((2, 2, 1), dtype=np.float32), 16000)
     with pytest.raises(ValidationError, match="sampling rate 0"):
         wav_bytes(np.zeros(4, dtype=np.float32), 0)
+    with pytest.raises(ValidationError, match="sample_width 5") as info:
+        wav_bytes(np.zeros(4, dtype=np.float32), 16000, sample_width=5)
+    assert info.value.parameter == "sample_width"
+    with pytest.raises(ValidationError, match=r"span -1\.\.3, outside the 0\.\.255 of 8-bit PCM"):
+        wav_bytes(np.array([-1, 3]), 16000, sample_width=1)
+    with pytest.raises(ValidationError, match=r"outside the -32768\.\.32767 of 16-bit PCM"):
+        wav_bytes(np.array([40000]), 16000)
+
+
+@pytest.mark.parametrize(("width", "codes", "raw"), [
+    (1, [0, 128, 255], b"\x00\x80\xff"),
+    (2, [-32768, 1, 32767], b"\x00\x80\x01\x00\xff\x7f"),
+    (3, [-(1 << 23), -1, 5], b"\x00\x00\x80\xff\xff\xff\x05\x00\x00"),
+    (4, [-(1 << 31), 2], b"\x00\x00\x00\x80\x02\x00\x00\x00"),
+])
+def test_wav_bytes_writes_integer_codes_at_any_width(width: int, codes: list[int], raw: bytes) -> None:
+    with wave.open(io.BytesIO(wav_bytes(np.array(codes), 8000, sample_width=width)), "rb") as w:
+        assert (w.getsampwidth(), w.getframerate(), w.getnframes()) == (width, 8000, len(codes))
+        assert w.readframes(len(codes)) == raw
+
+
+def test_wav_bytes_scales_floats_to_the_width() -> None:
+    with wave.open(io.BytesIO(wav_bytes(np.array([-1.0, 0.0, 1.0]), 8000, sample_width=1)), "rb") as w:
+        assert w.readframes(3) == bytes([1, 128, 255])
+    with wave.open(io.BytesIO(wav_bytes(np.array([-1.0, 0.5]), 8000, sample_width=3)), "rb") as w:
+        assert w.readframes(2) == (-(1 << 23) + 1).to_bytes(3, "little", signed=True) + (1 << 22).to_bytes(3, "little")
+
+
+def test_wav_bytes_of_no_frames_is_an_empty_wav() -> None:
+    channels, width, rate, frames = _read_wav(wav_bytes(np.zeros(0, dtype=np.int16), 16000))
+    assert (channels, width, rate, frames.size) == (1, 2, 16000, 0)
 
 
 @settings(max_examples=50, deadline=None)

@@ -7,6 +7,7 @@ mirrored processor cache, and msgspec ``EngineCoreRequest``s. Names follow vLLM 
 
 from __future__ import annotations
 
+from mmfront._version import __version__
 from mmfront.config import MultiModalConfig
 from mmfront.errors import MMFrontError
 from mmfront.inputs import (
@@ -21,8 +22,6 @@ from mmfront.models.registry import create_processor
 from mmfront.parse import MediaWithBytes
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.processing.processor import BaseMultiModalProcessor
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BaseMultiModalProcessor",

@@ -1,26 +1,31 @@
 """OpenAI chat messages -> a templated prompt plus the request's multimodal items, in order.
 
-Each media part becomes the model's placeholder string (``<start_of_image>`` for Gemma 3) at its
-position, then ``tokenizer.apply_chat_template`` renders the conversation. Templates come in two
-shapes, detected once per template: those that walk content parts themselves (``{"type":
-"image"}`` entries become placeholders inside the template) and those that expect string content
-(mmfront writes the placeholders into the text).
+Each media part becomes the model's placeholder at its position, then the chat template renders
+the conversation. Content is converted to the shape the template reads (see
+:mod:`mmfront.chat_template`): list templates get every message as parts, string content
+included, so nothing is lost; string templates get the parts joined into text.
 
-A user who types a placeholder inside a text part does not get an image slot: the request is
-refused with :class:`~mmfront.errors.ChatFormatError`, because a silent slot would either fail
-the item count or, worse, pair the typed token with another part's image.
+Only placeholders mmfront placed may reach the processor. A typed one in a text part is refused
+early with a clear message; the rendered prompt is then checked as a whole, because a placeholder
+split across two parts (the template joins them) or carried in another field passes any per-part
+check, and with an item present it would take that item's slot.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mmfront.chat_template import TemplateFormat, counted_tokens, render_chat, resolve_chat_template
 from mmfront.errors import ChatFormatError, MediaFormatError, ValidationError
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
+from mmfront.media.audio import INPUT_AUDIO_FORMATS
 from mmfront.media.base import MediaWithBytes
+from mmfront.text import check_text
 
 if TYPE_CHECKING:
     from mmfront.processing.processor import BaseMultiModalProcessor
@@ -34,6 +39,7 @@ _MEDIA_PARTS = {
     "audio_embeds": ("audio", True),
 }
 PART_TYPES = ("text", *_MEDIA_PARTS)
+_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 @dataclass
@@ -54,10 +60,17 @@ class _Tracker:
     budget: DecodeBudget
     media_io_kwargs: Mapping[str, Mapping[str, Any]] | None
     reserved: set[str]
-    openai_format: Mapping[str, bool]
+    format: TemplateFormat
+    counted: set[str]
     items: dict[str, list[Any]] = field(default_factory=dict)
     uuids: dict[str, list[str | None]] = field(default_factory=dict)
     embeds: dict[str, bool] = field(default_factory=dict)
+    expected: Counter[str] = field(default_factory=Counter)
+    """How often each counted token must occur in the rendered prompt."""
+
+    def __post_init__(self) -> None:
+        for token in self.counted:
+            self.expected[token] = 0
 
     def check(self, modality: str, is_embed: bool) -> None:
         """Refuse an item before its media is loaded or fetched."""
@@ -74,11 +87,18 @@ class _Tracker:
                 "(MultiModalConfig.limit_mm_per_prompt) to increase this limit.", parameter=modality,
             )
 
-    def add(self, modality: str, load: Callable[[], Any], uuid: str | None) -> str:
+    def add(self, modality: str, load: Callable[[], Any], uuid: str | None, *, as_part: bool) -> str:
+        """Record an item; its placeholder text. ``as_part``: the template renders the item from
+        a ``{"type": modality}`` part, writing what the format probe counted."""
         index = len(self.items.get(modality, ()))
         self.items.setdefault(modality, []).append(load)
         self.uuids.setdefault(modality, []).append(uuid)
-        return self.processor.get_placeholder_str(modality, index)
+        placeholder = self.processor.get_placeholder_str(modality, index)
+        if as_part:
+            self.expected.update(self.format.parts[modality])
+        else:
+            self.expected.update({t: placeholder.count(t) for t in self.counted})
+        return placeholder
 
     def load_all(self) -> dict[str, list[Any]]:
         """Run every media part's load, concurrently (fetches, and the prehashing, overlap)."""
@@ -98,29 +118,30 @@ def parse_chat_messages(
     budget: DecodeBudget,
     media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
     chat_template: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> ChatRequestInputs:
-    """Load every media part, place the placeholders and render the chat template."""
+    """Place the placeholders, render the chat template, check the rendered prompt, then load
+    every media part (nothing is fetched for a request that is refused)."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
         raise ChatFormatError("`messages` must be a non-empty list of chat messages.", parameter="messages")
-    reserved = processor.get_mm_special_tokens()
-    tokenizer = processor.info.tokenizer
-    template = chat_template or getattr(processor.info.hf_processor, "chat_template", None) or tokenizer.chat_template
-    if not template:
-        raise ChatFormatError("The model has no chat template; send a prompt string instead of messages.",
-                              parameter="messages")
-    openai_format = {m: _template_walks_parts(tokenizer, template, m, processor) for m in ("image", "audio")}
-    tracker = _Tracker(processor, connector, budget, media_io_kwargs, reserved, openai_format)
+    template = resolve_chat_template(processor, chat_template)
+    tracker = _Tracker(processor, connector, budget, media_io_kwargs, processor.get_mm_special_tokens(),
+                       template.format, counted_tokens(processor))
 
     conversation = []
     for n, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        if not isinstance(message, Mapping):
             raise ChatFormatError(f"messages[{n}] must be an object with a string `role`.", parameter="messages")
+        _check_role(message.get("role"), n)
         content = message.get("content")
         rendered = dict(message)
         if isinstance(content, str):
-            _check_text(content, reserved, n)
+            _check_text(content, tracker.reserved, n)
+            if template.format.content == "openai":
+                rendered["content"] = [{"type": "text", "text": content}]
         elif isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
             rendered["content"] = _render_parts(content, n, tracker)
         elif content is not None:
@@ -128,21 +149,19 @@ def parse_chat_messages(
                                   parameter="messages")
         conversation.append(rendered)
 
-    try:
-        prompt = tokenizer.apply_chat_template(
-            conversation, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt,
-            **dict(chat_template_kwargs or {}),
-        )
-    except Exception as exc:
-        raise ChatFormatError(f"The chat template failed to render these messages: {exc}",
-                              parameter="messages") from exc
-    return ChatRequestInputs(prompt=str(prompt), mm_data=tracker.load_all(), mm_uuids=tracker.uuids)
+    prompt = render_chat(processor, template, conversation, add_generation_prompt=add_generation_prompt,
+                         continue_final_message=continue_final_message, tools=tools,
+                         chat_template_kwargs=chat_template_kwargs)
+    _check_rendered(prompt, tracker.expected)
+    return ChatRequestInputs(prompt=prompt, mm_data=tracker.load_all(), mm_uuids=tracker.uuids)
 
 
 def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[str, Any]] | str:
+    """The parts in the template's shape: a list where media parts the template renders stay
+    parts (the rest become placeholder text parts), or one string joined with newlines."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
-    modalities: set[str] = set()
+    as_parts = tracker.format.content == "openai"
     for k, part in enumerate(parts):
         where = f"messages[{n}].content[{k}]"
         if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
@@ -161,17 +180,18 @@ def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[
                                   parameter="messages")
         modality, is_embed = _MEDIA_PARTS[kind]
         uuid = part.get("uuid")
-        if uuid is not None and not isinstance(uuid, str):
-            raise ChatFormatError(f"{where}.uuid must be a string.", parameter="messages")
+        if uuid is not None:
+            if not isinstance(uuid, str):
+                raise ChatFormatError(f"{where}.uuid must be a string.", parameter="messages")
+            check_text(uuid, parameter="messages", where=f"{where}.uuid")
         tracker.check(modality, is_embed)
         load = _part_loader(part, kind, where, uuid, tracker)
-        placeholder = tracker.add(modality, _prehashing(load, modality, uuid, tracker), uuid)
-        modalities.add(modality)
-        out.append({"type": modality})
+        placeholder = tracker.add(modality, _prehashing(load, modality, uuid, tracker), uuid,
+                                  as_part=as_parts and modality in tracker.format.parts)
+        out.append({"type": modality} if as_parts and modality in tracker.format.parts
+                   else {"type": "text", "text": placeholder})
         texts.append(placeholder)
-    formats = tracker.openai_format
-    walks_parts = all(formats[m] for m in modalities) if modalities else any(formats.values())
-    return out if walks_parts else "\n".join(texts)
+    return out if as_parts else "\n".join(texts)
 
 
 def _prehashing(load: Callable[[], Any], modality: str, uuid: str | None, tracker: _Tracker) -> Callable[[], Any]:
@@ -206,10 +226,10 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
         if not isinstance(payload, Mapping) or not isinstance(payload.get("data"), str):
             raise ChatFormatError(f"{where}.input_audio must be an object with base64 `data` and a `format`.",
                                   parameter="messages")
-        fmt = str(payload.get("format", "wav")).lower()
-        if fmt != "wav":
-            raise MediaFormatError(f"{where}: audio format {fmt!r} is not supported; send WAV audio.",
-                                   parameter="messages")
+        fmt = payload.get("format", "wav")
+        if not isinstance(fmt, str) or fmt.lower() not in INPUT_AUDIO_FORMATS:
+            raise MediaFormatError(f"{where}.input_audio.format {fmt!r} is not supported; send one of "
+                                   f"{', '.join(INPUT_AUDIO_FORMATS)}.", parameter="messages")
         data = payload["data"]
         return lambda: connector.load_audio(data, budget=budget, media_io_kwargs=media_io_kwargs)
     url = payload.get("url") if isinstance(payload, Mapping) else payload
@@ -223,6 +243,7 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
 
 
 def _check_text(text: str, reserved: set[str], n: int) -> None:
+    check_text(text, parameter="messages", where=f"messages[{n}].content")
     for token in reserved:
         if token and token in text:
             raise ChatFormatError(
@@ -232,22 +253,24 @@ def _check_text(text: str, reserved: set[str], n: int) -> None:
             )
 
 
-_FORMAT_MEMO: dict[tuple[int, str, str], bool] = {}
+def _check_role(role: object, n: int) -> None:
+    """Roles are names (vLLM accepts custom ones): anything else could carry a token into the
+    template's turn header."""
+    if not isinstance(role, str) or not _ROLE.fullmatch(role):
+        raise ChatFormatError(
+            f"messages[{n}].role must be a name such as 'system', 'user', 'assistant', 'tool' or 'developer' "
+            f"(letters, digits, '_' or '-', at most 64), got {role!r}.", parameter="messages")
 
 
-def _template_walks_parts(tokenizer: Any, template: str, modality: str, processor: BaseMultiModalProcessor) -> bool:
-    """Whether ``template`` turns a ``{"type": modality}`` part into the model's placeholder."""
-    key = (id(tokenizer), template, modality)
-    if key not in _FORMAT_MEMO:
-        try:
-            placeholder = processor.get_placeholder_str(modality, 0)
-        except ValidationError:
-            _FORMAT_MEMO[key] = False
-            return False
-        probe = [{"role": "user", "content": [{"type": modality}, {"type": "text", "text": "x"}]}]
-        try:
-            text = tokenizer.apply_chat_template(probe, chat_template=template, tokenize=False)
-        except Exception:
-            text = ""
-        _FORMAT_MEMO[key] = placeholder in str(text)
-    return _FORMAT_MEMO[key]
+def _check_rendered(prompt: str, expected: Mapping[str, int]) -> None:
+    """Only placeholders mmfront placed may reach the processor. Checking the rendered prompt, not
+    the parts, also catches a placeholder split across parts that the template joins, or carried
+    in a field such as ``name`` or ``tools``: with an item present, that one would take its slot."""
+    for token, count in expected.items():
+        found = prompt.count(token)
+        if found != count:
+            raise ChatFormatError(
+                f"The rendered prompt contains {found} {token!r} but mmfront placed {count}: the messages write "
+                "that multimodal token outside a media part (split across text parts, or in another field). "
+                "Send media as content parts and keep the model's multimodal tokens out of the text.",
+                parameter="messages")

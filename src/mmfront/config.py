@@ -24,18 +24,38 @@ MODALITIES = ("image", "audio", "video")
 
 DEFAULT_LIMIT_PER_PROMPT = 999
 
-DEFAULT_IMAGE_FORMATS = frozenset({
-    "AVIF", "BLP", "BMP", "DDS", "DIB", "FLI", "FTEX", "GIF", "ICNS", "ICO", "IM", "IMT", "JPEG", "JPEG2000",
-    "MPO", "PCX", "PNG", "PPM", "PSD", "QOI", "SGI", "SPIDER", "SUN", "TGA", "TIFF", "WEBP", "XBM", "XPM",
-    "XVTHUMB",
-})
-"""Pillow formats accepted by default (vLLM 0.33's allowlist). EPS (runs Ghostscript), WMF, BUFR,
-GRIB, HDF5 and MPEG are left out on purpose."""
+DEFAULT_IMAGE_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"})
+"""Pillow formats accepted by default: what users of vLLM's API send. Any other format Pillow
+opens may be added, except :data:`UNSAFE_IMAGE_FORMATS`. ``JPEG`` covers multi-picture JPEGs
+(``MPO``, from cameras), which Pillow opens through its JPEG plugin."""
+
+UNSAFE_IMAGE_FORMATS = {
+    "ICO": "Pillow decodes an ICO's largest picture while opening it, before any limit can be checked",
+    "ICNS": "an ICNS entry holds a PNG or JPEG 2000 of any size, which its header does not state",
+    "EPS": "Pillow renders EPS by running Ghostscript",
+    **dict.fromkeys(("WMF", "BUFR", "GRIB", "HDF5", "MPEG"), "Pillow only identifies it and cannot decode it"),
+}
+"""Formats that cannot be allowed, and why (vLLM also refuses the last five)."""
 
 HasherAlgorithm = Literal["blake3", "sha256", "sha512"]
 CacheType = Literal["lru", "shm"]
 TransformersBackend = Literal["auto", "legacy", "offsets"]
 ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
+ContentFormatSetting = Literal["auto", "string", "openai"]
+
+
+def _check_image_formats(formats: frozenset[str]) -> None:
+    """Every name is a format Pillow opens, and none is unsafe to open."""
+    from PIL import Image
+
+    Image.init()
+    for name in sorted(formats):
+        if name in UNSAFE_IMAGE_FORMATS:
+            raise ConfigError(f"allowed_image_formats cannot include {name}: {UNSAFE_IMAGE_FORMATS[name]}. "
+                              "Convert such images to PNG before sending them.")
+        if name not in Image.OPEN and name != "MPO":
+            raise ConfigError(f"allowed_image_formats has {name!r}, which is not an image format Pillow opens; "
+                              f"use names like {sorted(DEFAULT_IMAGE_FORMATS)}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,9 @@ def _parse_limit(modality: str, value: Any) -> ModalityLimit:
     if unknown:
         raise ConfigError(f"limit_mm_per_prompt[{modality!r}] has unknown keys {sorted(unknown)}; "
                           "use count, width, height, length")
+    if "count" not in value:
+        raise ConfigError(f"limit_mm_per_prompt[{modality!r}] has no 'count'; give the number of items, "
+                          f"e.g. {({'count': 2, **value})!r}")
     limit = ModalityLimit(**value)
     for name in ("count", "width", "height", "length"):
         v = getattr(limit, name)
@@ -108,6 +131,14 @@ class MultiModalConfig:
     transformers_backend: TransformersBackend = "auto"
     """Transformers-backend processor: ``auto`` picks Offsets on transformers >= 5.15, Legacy below."""
 
+    # --- chat templates (vLLM: --chat-template, --chat-template-content-format, --trust-request-chat-template) ---
+    chat_template: str | None = None
+    """The deployment's chat template, used instead of the model's (a folder without one needs it)."""
+    chat_template_content_format: ContentFormatSetting = "auto"
+    """``auto`` detects whether a template reads content as parts (``openai``) or as text (``string``)."""
+    trust_request_chat_template: bool = False
+    """Accept a ``chat_template`` sent with a request (bounded in size and render time); refused otherwise."""
+
     # --- deployment shape (decides the cache type, vLLM §4.5) ---
     api_process_count: int = 1
     data_parallel_size: int = 1
@@ -123,7 +154,8 @@ class MultiModalConfig:
     max_image_pixels: int = 178_956_970
     """Images with more pixels are refused from their header, before decoding (decompression bombs)."""
     max_media_request_decode_bytes: int = 715_827_880
-    """Decoded bytes (w*h*4 per image) one request may spend."""
+    """Decoded bytes one request may spend: an image is charged the peak memory of its decode,
+    mode conversion included (``w*h*4`` for an RGB PNG, more for WebP or a palette with transparency)."""
     max_media_bytes: int = 64 * MiB_bytes
     """Largest encoded media payload accepted from any source."""
     image_fetch_timeout: float = 5.0
@@ -144,8 +176,17 @@ class MultiModalConfig:
         self._check_choice("mm_hasher_algorithm", self.mm_hasher_algorithm, ("blake3", "sha256", "sha512"))
         self._check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         self._check_choice("transformers_backend", self.transformers_backend, ("auto", "legacy", "offsets"))
+        self._check_choice("chat_template_content_format", self.chat_template_content_format,
+                           ("auto", "string", "openai"))
+        if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template.strip()):
+            raise ConfigError("chat_template must be the text of a Jinja chat template (read a .jinja file with "
+                              f"Path.read_text()), got {self.chat_template!r}")
         if not isinstance(self.limit_mm_per_prompt, Mapping):
             raise ConfigError(f"limit_mm_per_prompt must be a mapping modality -> count, got {self.limit_mm_per_prompt!r}")
+        unknown_modalities = sorted(map(repr, set(self.limit_mm_per_prompt) - set(MODALITIES)))
+        if unknown_modalities:
+            raise ConfigError(f"limit_mm_per_prompt has unknown modalities {', '.join(unknown_modalities)}; "
+                              f"use {', '.join(MODALITIES)}")
         limits = {m: _parse_limit(m, v) for m, v in self.limit_mm_per_prompt.items()}
         object.__setattr__(self, "limit_mm_per_prompt", limits)
         if self.mm_processor_kwargs is not None and not isinstance(self.mm_processor_kwargs, Mapping):
@@ -171,15 +212,21 @@ class MultiModalConfig:
                 raise ConfigError(f"allowed_local_media_path must be an existing absolute directory, got {path!r}")
         if self.allowed_media_domains is not None:
             domains = self.allowed_media_domains
-            if isinstance(domains, str) or not all(isinstance(d, str) and d for d in domains):
+            if not isinstance(domains, (list, tuple, set, frozenset)) or not all(isinstance(d, str) and d for d in domains):
                 raise ConfigError(f"allowed_media_domains must be a list of host names, got {domains!r}")
             object.__setattr__(self, "allowed_media_domains", tuple(d.lower() for d in domains))
-        formats = frozenset(f.upper() for f in self.allowed_image_formats)
+        formats = self.allowed_image_formats
+        if not isinstance(formats, (list, tuple, set, frozenset)) or not all(isinstance(f, str) for f in formats):
+            raise ConfigError(f"allowed_image_formats must be a set of Pillow format names like {{'PNG', 'JPEG'}}, "
+                              f"got {formats!r}")
+        formats = frozenset(f.upper() for f in formats)
+        _check_image_formats(formats)
         object.__setattr__(self, "allowed_image_formats", formats)
-        color = tuple(self.rgba_background_color)
-        if len(color) != 3 or not all(isinstance(c, int) and 0 <= c <= 255 for c in color):
+        color = self.rgba_background_color
+        if (not isinstance(color, (list, tuple)) or len(color) != 3
+                or not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in color)):
             raise ConfigError(f"rgba_background_color must be three integers in 0..255, got {self.rgba_background_color!r}")
-        object.__setattr__(self, "rgba_background_color", color)
+        object.__setattr__(self, "rgba_background_color", tuple(color))
 
     # --- derived values ---
 

@@ -1,9 +1,46 @@
-"""Every error mmfront raises on purpose.
+"""Every error mmfront raises on purpose, as one tree.
 
-All of them derive from :class:`MMFrontError`, so serving code can catch one type and map it to
-an HTTP status. Most also derive from the builtin a vLLM user would catch for the same situation
-(``ValueError`` for bad input, ``TypeError`` for wrong Python types, ``RuntimeError`` for cache
-drift), so code written against vLLM keeps working. Each message says what to do about it.
+Serving code catches :class:`MMFrontError` for "mmfront said no", and :class:`ValidationError`
+for "the request is at fault" (HTTP 400/422): that one root holds every request error and each
+carries ``parameter``, the request field at fault (``None`` where no single field is), like
+vLLM's ``VLLMValidationError``. Errors also derive from the builtin a vLLM user would catch for
+the same situation, drawn in brackets, so code written against vLLM keeps working; a request
+error about a Python type is therefore both a ``ValueError`` and a ``TypeError``. Each message
+says what to do about it. This module imports nothing from mmfront, so every layer may raise.
+
+The tree (``tests/test_errors.py`` checks it against the classes)::
+
+    MMFrontError
+    ├── ConfigError [ValueError]
+    ├── UnsupportedModelError [ValueError]
+    │   └── MissingOffsetsError
+    ├── FieldConfigError [ValueError]
+    ├── ValidationError [ValueError]
+    │   ├── InputTypeError [TypeError]
+    │   │   └── HashingTypeError
+    │   ├── UnsupportedModalityError
+    │   ├── ChatFormatError
+    │   ├── PromptUpdateError
+    │   ├── ProcessorError
+    │   └── MediaError
+    │       ├── MediaDecodeError
+    │       ├── MediaFormatError
+    │       ├── MediaTooLargeError
+    │       ├── MediaPathError
+    │       └── MediaFetchError
+    ├── ModalityNotFoundError [KeyError]
+    ├── MultiModalCacheMissError [RuntimeError]
+    │   └── CacheDivergenceError
+    ├── CacheError [RuntimeError]
+    ├── ShmHandleError [ValueError]
+    ├── DecodeError [ValueError]
+    ├── EncodeError [TypeError]
+    └── TransportError [RuntimeError]
+        └── EngineDeadError
+
+Above :class:`ValidationError` sit the deployment's faults (configuration, a model mmfront
+cannot serve, a processor whose outputs break its own layout); below it, the request's; after
+it, a lookup the calling code got wrong and the cache and wire errors between P0 and P1.
 """
 
 from __future__ import annotations
@@ -15,13 +52,32 @@ class MMFrontError(Exception):
     """Base class of every mmfront error."""
 
 
+# --- the deployment's faults -------------------------------------------------------------------
+
+
 class ConfigError(MMFrontError, ValueError):
     """A configuration value is invalid."""
 
 
+class UnsupportedModelError(MMFrontError, ValueError):
+    """No mmfront processor serves this HF processor or model type."""
+
+
+class MissingOffsetsError(UnsupportedModelError):
+    """A transformers >= 5.15 processor reported no ``text_replacement_offsets``."""
+
+
+class FieldConfigError(MMFrontError, ValueError):
+    """HF processor outputs do not fit the declared field layout (e.g. inconsistent batch sizes)."""
+
+
+# --- the request's faults ----------------------------------------------------------------------
+
+
 class ValidationError(MMFrontError, ValueError):
-    """A request is invalid; ``parameter`` names the request field at fault (as vLLM's
-    ``VLLMValidationError`` does), so an API server can point the user at it."""
+    """The root of every request error: the request is invalid. ``parameter`` names the request
+    field at fault (as vLLM's ``VLLMValidationError`` does), so an API server can point the user
+    at it; ``value`` is the offending value where it helps."""
 
     def __init__(self, message: str, *, parameter: str | None = None, value: object = None) -> None:
         super().__init__(message)
@@ -29,15 +85,37 @@ class ValidationError(MMFrontError, ValueError):
         self.value = value
 
 
-class InputTypeError(MMFrontError, TypeError):
-    """An input has a Python type mmfront does not accept."""
+class InputTypeError(ValidationError, TypeError):
+    """An input has a Python type mmfront does not accept (still a ``TypeError``, as in vLLM)."""
+
+
+class HashingTypeError(InputTypeError):
+    """A value cannot be hashed deterministically (vLLM would fall back to pickle here)."""
 
 
 class UnsupportedModalityError(ValidationError):
     """A multimodal data key is not a modality mmfront knows."""
 
 
-# --- media ------------------------------------------------------------------------------------
+class ChatFormatError(ValidationError):
+    """A chat message or content part is malformed."""
+
+
+class PromptUpdateError(ValidationError):
+    """The prompt does not hold the placeholders the multimodal items need."""
+
+    def __init__(
+        self, message: str, *, modality: str | None = None, expected: int | None = None, found: int | None = None
+    ) -> None:
+        super().__init__(message, parameter=modality)
+        self.modality = modality
+        self.expected = expected
+        self.found = found
+
+
+class ProcessorError(ValidationError):
+    """The HF processor raised while processing a request's items: the items or the processor
+    kwargs of the request are what it could not handle."""
 
 
 class MediaError(ValidationError):
@@ -70,45 +148,19 @@ class MediaFetchError(MediaError):
         self.retryable = retryable
 
 
-# --- processing -------------------------------------------------------------------------------
+# --- the calling code's lookups ----------------------------------------------------------------
 
 
-class HashingTypeError(InputTypeError):
-    """A value cannot be hashed deterministically (vLLM would fall back to pickle here)."""
+class ModalityNotFoundError(MMFrontError, KeyError):
+    """Code asked a per-modality container for a modality it does not hold. A ``KeyError``, so
+    the container keeps the mapping protocol (``in``, ``.get``), as vLLM's does."""
+
+    def __str__(self) -> str:
+        # KeyError would print the message in quotes, as if it were the missing key itself.
+        return str(self.args[0]) if self.args else ""
 
 
-class FieldConfigError(MMFrontError, ValueError):
-    """HF processor outputs do not fit the declared field layout (e.g. inconsistent batch sizes)."""
-
-
-class PromptUpdateError(ValidationError):
-    """The prompt does not hold the placeholders the multimodal items need."""
-
-    def __init__(self, message: str, *, modality: str | None = None, expected: int | None = None,
-                 found: int | None = None) -> None:
-        super().__init__(message, parameter=modality)
-        self.modality = modality
-        self.expected = expected
-        self.found = found
-
-
-class ProcessorError(MMFrontError, ValueError):
-    """The HF processor raised while processing a request's items."""
-
-
-class UnsupportedModelError(MMFrontError, ValueError):
-    """No mmfront processor serves this HF processor or model type."""
-
-
-class MissingOffsetsError(UnsupportedModelError):
-    """A transformers >= 5.15 processor reported no ``text_replacement_offsets``."""
-
-
-class ChatFormatError(ValidationError):
-    """A chat message or content part is malformed."""
-
-
-# --- caches and the wire ----------------------------------------------------------------------
+# --- caches and the wire between P0 and P1 -----------------------------------------------------
 
 
 class MultiModalCacheMissError(MMFrontError, RuntimeError):
@@ -151,3 +203,10 @@ class EncodeError(MMFrontError, TypeError):
 
 class TransportError(MMFrontError, RuntimeError):
     """The frontend/engine transport failed (peer gone, timeout)."""
+
+
+class EngineDeadError(TransportError):
+    """The engine stopped answering, or restarted after the request had produced output: the
+    request cannot finish. ``retryable`` is true: send it again (vLLM's ``EngineDeadError``)."""
+
+    retryable = True

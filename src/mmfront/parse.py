@@ -21,10 +21,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmfront.errors import InputTypeError, UnsupportedModalityError, ValidationError
+from mmfront.errors import InputTypeError, ModalityNotFoundError, UnsupportedModalityError, ValidationError
 from mmfront.media.base import MediaWithBytes
+from mmfront.media.budget import DecodeBudget
 from mmfront.media.image import normalize_pil_image
-from mmfront.media.resample import resample_audio, resampled_length
+from mmfront.media.resample import check_rates, resample_audio, resampled_length
 
 # --- parsed containers (vLLM: vllm.multimodal.parse) ------------------------------------------
 
@@ -146,7 +147,7 @@ class ImageProcessorItems(ProcessorBatchItems[Any]):
             shape = tuple(item.shape)
             height, width = (shape[0], shape[1]) if shape[-1] in (1, 3, 4) else (shape[1], shape[2])
             return ImageSize(int(width), int(height))
-        raise InputTypeError(f"image {index} of type {type(item).__name__} has no image size")
+        raise InputTypeError(f"image {index} of type {type(item).__name__} has no image size", parameter="multi_modal_data")
 
 
 class AudioProcessorItems(ProcessorBatchItems[Any]):
@@ -215,7 +216,7 @@ class MultiModalDataItems(UserDict[str, ModalityDataItems[Any, Any]]):
         ``strict``."""
         if modality not in self:
             if strict:
-                raise KeyError(f"Modality {modality!r} not found. Available modalities: {sorted(self)}")
+                raise ModalityNotFoundError(f"Modality {modality!r} not found. Available modalities: {sorted(self)}")
             return 0
         return self[modality].get_count()
 
@@ -229,11 +230,11 @@ class MultiModalDataItems(UserDict[str, ModalityDataItems[Any, Any]]):
 
     def get_items(self, modality: str, typ: type[_D] | tuple[type[_D], ...]) -> _D:
         if modality not in self:
-            raise KeyError(f"Modality {modality!r} not found. Available modalities: {sorted(self)}")
+            raise ModalityNotFoundError(f"Modality {modality!r} not found. Available modalities: {sorted(self)}")
         items = self[modality]
         if not isinstance(items, typ):
             raise InputTypeError(f"Invalid type of data items for modality={modality!r}: expected {typ}, found "
-                                 f"{type(items).__name__}")
+                                 f"{type(items).__name__}", parameter="multi_modal_data")
         return items
 
 
@@ -249,7 +250,9 @@ class MultiModalDataParser:
       when they would be no-ops.
     * audio: 1-D arrays, lists of floats, ``(waveform, sampling_rate)`` tuples, 2-D batches and
       ``MediaWithBytes`` wrapping ``(waveform, sampling_rate)``; resampled to ``target_sr``
-      when both rates are known (lazily for ``MediaWithBytes``).
+      when both rates are known (lazily for ``MediaWithBytes``). The resampled output is charged
+      before it is allocated: to the budget a loaded item carries (its request's), else to one
+      budget of ``max_resample_bytes`` per :meth:`parse_mm_data` call.
     * embeddings: a 3-D tensor or a list of 2-D tensors/arrays, only with ``enable_mm_embeds``.
     """
 
@@ -261,8 +264,10 @@ class MultiModalDataParser:
         image_mode: str | None = "RGB",
         rgba_background_color: tuple[int, int, int] = (255, 255, 255),
         expected_hidden_size: int | None = None,
+        max_resample_bytes: int | None = None,
     ) -> None:
         self.target_sr = target_sr
+        self.max_resample_bytes = max_resample_bytes
         self.enable_mm_embeds = enable_mm_embeds
         self.image_mode = image_mode
         red, green, blue = rgba_background_color
@@ -276,7 +281,7 @@ class MultiModalDataParser:
         """A modality given as an empty list is left out; a bare ``None`` is one ``None`` item."""
         if not isinstance(mm_data, Mapping):
             raise InputTypeError(f"multi_modal_data must be a mapping like {{'image': [...]}}, got "
-                                 f"{type(mm_data).__name__}")
+                                 f"{type(mm_data).__name__}", parameter="multi_modal_data")
         subparsers = self._get_subparsers()
         items = MultiModalDataItems()
         for modality, data in mm_data.items():
@@ -305,7 +310,7 @@ class MultiModalDataParser:
         elif (_is_array(data) and data.ndim == 4) or isinstance(data, (list, tuple)):
             raw = list(data)
         else:
-            raise InputTypeError(_type_message("image", None, data))
+            raise InputTypeError(_type_message("image", None, data), parameter="multi_modal_data")
         return ImageProcessorItems([self._parse_image_item(index, item) for index, item in enumerate(raw)])
 
     def _parse_image_item(self, index: int, item: object) -> object:
@@ -320,7 +325,7 @@ class MultiModalDataParser:
                 f"image {index} is a {item.ndim}-D array of shape {tuple(item.shape)}; an image array is 3-D "
                 "(HWC or CHW). Embeddings go as a 3-D tensor or a list of 2-D tensors, never mixed with images.",
                 parameter="multi_modal_data")
-        raise InputTypeError(_type_message("image", index, item))
+        raise InputTypeError(_type_message("image", index, item), parameter="multi_modal_data")
 
     # --- audio ---
 
@@ -340,40 +345,51 @@ class MultiModalDataParser:
         elif isinstance(data, list):
             raw = data
         else:
-            raise InputTypeError(_type_message("audio", None, data))
-        return AudioProcessorItems([self._parse_audio_item(index, item) for index, item in enumerate(raw)])
+            raise InputTypeError(_type_message("audio", None, data), parameter="multi_modal_data")
+        budget = None if self.max_resample_bytes is None else DecodeBudget(self.max_resample_bytes)
+        return AudioProcessorItems([self._parse_audio_item(index, item, budget) for index, item in enumerate(raw)])
 
-    def _parse_audio_item(self, index: int, item: object) -> object:
+    def _parse_audio_item(self, index: int, item: object, budget: DecodeBudget | None) -> object:
         if item is None:
             return None
         if isinstance(item, MediaWithBytes):
-            return self._resample_lazily(item)
+            return self._resample_lazily(item, item.budget if item.budget is not None else budget)
         rate: float | None = None
         waveform: np.ndarray
         if isinstance(item, tuple):
             if len(item) != 2 or not _is_number(item[1]):
                 raise InputTypeError(f"audio {index} is a tuple of {len(item)} values; an audio tuple must be "
-                                     "(waveform, sampling_rate)")
+                                     "(waveform, sampling_rate)", parameter="multi_modal_data")
             waveform = _as_waveform(index, item[0])
             rate = float(item[1])
         else:
             waveform = _as_waveform(index, item)
         if rate is not None and self.target_sr is not None:
-            waveform = resample_audio(waveform, orig_sr=rate, target_sr=self.target_sr)
+            waveform = resample_audio(waveform, orig_sr=rate, target_sr=self.target_sr, budget=budget)
         return waveform
 
-    def _resample_lazily(self, item: MediaWithBytes[Any]) -> MediaWithBytes[np.ndarray]:
+    def _resample_lazily(self, item: MediaWithBytes[Any], budget: DecodeBudget | None) -> MediaWithBytes[np.ndarray]:
         """A new wrapper over the same bytes whose decode is "decode ``item``, then resample",
-        so a lazy item stays undecoded; ``info`` already tells the resampled length."""
+        so a lazy item stays undecoded; ``info`` already tells the resampled length, and the
+        resampled float32 samples are charged to ``budget`` now, from that length. The wrapper
+        hashes like ``item`` (same bytes and ``io_config``), so it keeps ``item``'s prehashed states."""
         info = dict(item.info)
         rate = info.get("sample_rate")
+        decode_budget = budget
         if self.target_sr is not None and rate is not None and rate != self.target_sr:
+            check_rates(rate, self.target_sr)
             info["original_sample_rate"] = rate
             info["sample_rate"] = self.target_sr
             if "num_frames" in info:
                 info["num_frames"] = resampled_length(info["num_frames"], orig_sr=rate, target_sr=self.target_sr)
-        return MediaWithBytes(original_bytes=item.original_bytes, io_config=item.io_config, info=info,
-                              decode=functools.partial(_decode_waveform, item, self.target_sr))
+                if budget is not None:
+                    budget.charge(info["num_frames"] * 4, what=f"Audio resampled from {rate:g} to "
+                                  f"{self.target_sr:g} Hz ({info['num_frames']} samples)")
+                decode_budget = None
+        wrapper = MediaWithBytes(original_bytes=item.original_bytes, io_config=item.io_config, info=info,
+                                 decode=functools.partial(_decode_waveform, item, self.target_sr, decode_budget))
+        wrapper.prehashed = item.prehashed
+        return wrapper
 
     # --- embeddings ---
 
@@ -439,24 +455,25 @@ def _as_waveform(index: int, item: object) -> np.ndarray:
         try:
             waveform = np.asarray(item, dtype=np.float64)
         except (TypeError, ValueError):
-            raise InputTypeError(f"audio {index} is a list that is not all numbers; send a list of floats") from None
+            raise InputTypeError(f"audio {index} is a list that is not all numbers; send a list of floats", parameter="multi_modal_data") from None
     else:
-        raise InputTypeError(_type_message("audio", index, item))
+        raise InputTypeError(_type_message("audio", index, item), parameter="multi_modal_data")
     if waveform.ndim != 1:
         raise ValidationError(f"audio {index} has shape {waveform.shape}; audio must be 1-D (mono). Average the "
                               "channels, or send several items as a list.", parameter="multi_modal_data")
     if waveform.dtype.kind != "f":
         raise InputTypeError(f"audio {index} has dtype {waveform.dtype}; send float samples in [-1, 1] (divide 16-bit "
-                             "PCM by 32768)")
+                             "PCM by 32768)", parameter="multi_modal_data")
     return waveform
 
 
-def _decode_waveform(item: MediaWithBytes[Any], target_sr: float | None) -> np.ndarray:
+def _decode_waveform(item: MediaWithBytes[Any], target_sr: float | None, budget: DecodeBudget | None) -> np.ndarray:
+    """``budget``: what the resampled samples are charged to, unless they were charged already."""
     media = item.media
     rate: float | None = None
     if isinstance(media, tuple) and len(media) == 2:
         media, rate = media
     waveform = _as_waveform(0, media)
     if rate is not None and target_sr is not None:
-        waveform = resample_audio(waveform, orig_sr=rate, target_sr=target_sr)
+        waveform = resample_audio(waveform, orig_sr=rate, target_sr=target_sr, budget=budget)
     return waveform

@@ -81,7 +81,7 @@ class RequestOptions:
         unknown = set(kwargs) - _OPTION_NAMES
         if unknown:
             raise InputTypeError(f"Unknown request option(s) {sorted(unknown)}; the options are "
-                                 f"{sorted(_OPTION_NAMES)}.")
+                                 f"{sorted(_OPTION_NAMES)}.", parameter=sorted(unknown)[0])
         base = options or _DEFAULT_OPTIONS
         return replace(base, **kwargs) if kwargs else base
 
@@ -109,7 +109,7 @@ def _from_prompt_dict(prompt: Mapping[str, Any], options: RequestOptions) -> tup
     unknown = set(prompt) - _PROMPT_DICT_KEYS
     if unknown:
         raise InputTypeError(f"Unknown prompt key(s) {sorted(unknown)}; a prompt dict takes "
-                             f"{sorted(_PROMPT_DICT_KEYS)}.")
+                             f"{sorted(_PROMPT_DICT_KEYS)}.", parameter="prompt")
     if ("prompt" in prompt) == ("prompt_token_ids" in prompt):
         raise ValidationError("A prompt dict needs exactly one of `prompt` and `prompt_token_ids`.", parameter="prompt")
     text = prompt["prompt"] if "prompt" in prompt else prompt["prompt_token_ids"]
@@ -119,7 +119,7 @@ def _from_prompt_dict(prompt: Mapping[str, Any], options: RequestOptions) -> tup
         if prompt.get(key) is not None:
             if getattr(options, option) not in (None, {}):
                 raise InputTypeError(f"`{key}` is given both in the prompt dict and as the `{option}` option; give it "
-                                     "once.")
+                                     "once.", parameter=key)
             updates[option] = prompt[key]
     return text, replace(options, **updates) if updates else options
 
@@ -134,9 +134,9 @@ class InputPreprocessor:
     ) -> None:
         self.config = config or MultiModalConfig()
         self.processor = processor or create_processor(model, self.config, model_id=model_id)
-        if self.config.mm_processor_kwargs:
-            _refuse_unknown_hf_kwargs(self.processor, self.config.mm_processor_kwargs, "mm_processor_kwargs",
-                                      error=ConfigError)
+        refused = _unknown_hf_kwargs(self.processor, self.config.mm_processor_kwargs or {}, "mm_processor_kwargs")
+        if refused:
+            raise ConfigError(refused)
         self.cache: BaseMultiModalProcessorCache | None = processor_cache_from_config(self.config)
         self.tokenize_only_cache = processor_only_cache_from_config(self.config)
         self.connector = MediaConnector(self.config)
@@ -186,7 +186,12 @@ class InputPreprocessor:
         if isinstance(prompt, Mapping):
             prompt, opts = _from_prompt_dict(prompt, opts)
         if opts.hf_processor_mm_kwargs:
-            _refuse_unknown_hf_kwargs(self.processor, opts.hf_processor_mm_kwargs, "mm_processor_kwargs")
+            if not isinstance(opts.hf_processor_mm_kwargs, Mapping):
+                raise ValidationError("mm_processor_kwargs must be an object of HF processor kwargs.",
+                                      parameter="mm_processor_kwargs")
+            refused = _unknown_hf_kwargs(self.processor, opts.hf_processor_mm_kwargs, "mm_processor_kwargs")
+            if refused:
+                raise ValidationError(refused, parameter="mm_processor_kwargs")
         mm_data, mm_uuids = opts.mm_data, opts.mm_uuids
         if isinstance(prompt, Sequence) and not isinstance(prompt, (str, bytes)) and not prompt:
             raise ValidationError("The decoder prompt cannot be empty: send a non-empty list of chat messages, a "
@@ -195,7 +200,7 @@ class InputPreprocessor:
             _refuse_chat_options(opts)
         if _is_chat(prompt):
             if mm_data:
-                raise InputTypeError("Chat messages carry their media as content parts; do not pass mm_data too.")
+                raise InputTypeError("Chat messages carry their media as content parts; do not pass mm_data too.", parameter="multi_modal_data")
             chat = parse_chat_messages(
                 prompt, self.processor, self.connector,  # type: ignore[arg-type]
                 budget=DecodeBudget(self.config.max_media_request_decode_bytes),
@@ -210,7 +215,7 @@ class InputPreprocessor:
             text, add_special_tokens = list(prompt), False  # type: ignore[arg-type]
         else:
             raise InputTypeError("prompt must be a string, a list of token ids, a list of chat messages or a vLLM "
-                                 f"prompt dict; got {type(prompt).__name__}.")
+                                 f"prompt dict; got {type(prompt).__name__}.", parameter="prompt")
         if mm_data and cache is None and not self.config.enable_prefix_caching:
             mm_uuids = _per_request_uuids(request_id, mm_data, mm_uuids)
         elif mm_uuids:
@@ -244,18 +249,14 @@ class InputPreprocessor:
     reset_mm_cache = clear_cache
 
 
-def _refuse_unknown_hf_kwargs(processor: BaseMultiModalProcessor, kwargs: Mapping[str, Any], parameter: str, *,
-                              error: type[ValidationError | ConfigError] = ValidationError) -> None:
-    """A kwarg no sub-processor takes would be dropped (vLLM drops it with a warning): a typo
-    such as ``do_pan_and_scn`` would silently change nothing. Refuse it, listing the accepted names."""
-    if not isinstance(kwargs, Mapping):
-        raise error(f"{parameter} must be an object of HF processor kwargs, got {type(kwargs).__name__}.",
-                    **({"parameter": parameter} if error is ValidationError else {}))
+def _unknown_hf_kwargs(processor: BaseMultiModalProcessor, kwargs: Mapping[str, Any], name: str) -> str | None:
+    """Why ``kwargs`` is refused, or None. A kwarg no sub-processor takes would be dropped (vLLM
+    drops it with a warning), so a typo such as ``do_pan_and_scn`` would silently change nothing."""
     unknown, accepted = unknown_hf_kwargs(processor.info.hf_processor, kwargs)
-    if unknown:
-        message = (f"{parameter} has key(s) {unknown} that {type(processor.info.hf_processor).__name__} does not accept. "
-                   f"Accepted: {', '.join(accepted)}.")
-        raise error(message, **({"parameter": parameter} if error is ValidationError else {}))
+    if not unknown:
+        return None
+    return (f"{name} has key(s) {unknown} that {type(processor.info.hf_processor).__name__} does not accept. "
+            f"Accepted: {', '.join(accepted)}.")
 
 
 _CHAT_DEFAULTS = {"chat_template": None, "chat_template_kwargs": None, "add_generation_prompt": True,
@@ -382,6 +383,15 @@ class InputProcessor:
         self.preprocessor.stats.reset = True
         return True
 
+    def request_finished(self, request_id: str, *, aborted: bool = False) -> None:
+        """The request left the engine: what the P0 cache held for it (shm chunks) may be reused."""
+        cache = self.preprocessor.cache
+        if cache is not None:
+            if aborted:
+                cache.on_request_aborted(request_id)
+            else:
+                cache.on_request_finished(request_id)
+
     def _build(self, prepared: PreparedRequest, inputs: MultiModalInputs) -> EngineCoreRequest:
         opts = prepared.options
         return EngineCoreRequest(
@@ -406,7 +416,7 @@ class InputProcessor:
         for modality, values in hashes.items():
             if not all(isinstance(h, str) for h in values):
                 raise InputTypeError(f"mm_hashes[{modality!r}] must contain only strings: an incorrect custom "
-                                     "implementation of BaseMultiModalProcessor.apply.")
+                                     "implementation of BaseMultiModalProcessor.apply.", parameter="mm_hashes")
         flat = [(r.offset, m, i) for m, ranges in inputs["mm_placeholders"].items() for i, r in enumerate(ranges)]
         flat.sort(key=lambda x: x[0])
         prefix = (f"{lora_request.lora_name}:" if lora_request is not None and self.config.enable_tower_connector_lora

@@ -1,21 +1,17 @@
-"""Encoders for media test inputs: real files built in memory, plus hand-made broken ones."""
+"""Encoders for media test inputs: real files built in memory, plus hand-made broken ones.
+
+Seeded images and PCM WAVs come from :mod:`mmfront.testing.media`."""
 
 from __future__ import annotations
 
 import io
 import struct
-import wave
 import zlib
 
 import numpy as np
 from PIL import Image
 
-
-def noise_image(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    bands = len(mode) if mode in ("RGB", "RGBA", "LA", "L") else 3
-    pixels = rng.integers(0, 256, size=(height, width, bands), dtype=np.uint8)
-    return Image.fromarray(pixels[..., 0] if bands == 1 else pixels, mode=mode)
+from mmfront.testing.media import make_image, wav_bytes
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **params: object) -> bytes:
@@ -48,28 +44,6 @@ def png_with_late_exif(image: Image.Image, orientation: int) -> bytes:
     return data[:iend] + png_chunk(b"eXIf", exif_bytes(orientation)) + data[iend:]
 
 
-def wav_bytes(frames: np.ndarray, sample_width: int, rate: int = 16000) -> bytes:
-    """Integer PCM ``frames`` (shape (n,) or (n, channels)) as a WAV file."""
-    frames = np.asarray(frames)
-    channels = 1 if frames.ndim == 1 else frames.shape[1]
-    flat = frames.reshape(-1).astype(np.int64)
-    if sample_width == 1:
-        raw = flat.astype(np.uint8).tobytes()
-    elif sample_width == 3:
-        unsigned = flat & 0xFFFFFF
-        raw = np.stack([unsigned & 0xFF, (unsigned >> 8) & 0xFF, (unsigned >> 16) & 0xFF], axis=1).astype(
-            np.uint8).tobytes()
-    else:
-        raw = flat.astype("<i2" if sample_width == 2 else "<i4").tobytes()
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as writer:
-        writer.setnchannels(channels)
-        writer.setsampwidth(sample_width)
-        writer.setframerate(rate)
-        writer.writeframes(raw)
-    return buffer.getvalue()
-
-
 def float_wav_bytes(samples: np.ndarray, rate: int = 16000) -> bytes:
     """A WAV with IEEE-float samples (format tag 3), which the ``wave`` module does not read."""
     data = np.asarray(samples, dtype="<f4").tobytes()
@@ -78,7 +52,7 @@ def float_wav_bytes(samples: np.ndarray, rate: int = 16000) -> bytes:
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
-PNG_32 = encode(noise_image(32, 32), "PNG")
-WAV_1S = wav_bytes(np.arange(16000, dtype=np.int64) % 200 - 100, 2, rate=16000)
+PNG_32 = encode(make_image(32, 32), "PNG")
+WAV_1S = wav_bytes(np.arange(16000, dtype=np.int16) % 200 - 100, 16000)
 SLOW_SECONDS = 1.0
 """How long the test server's slow route waits before answering."""

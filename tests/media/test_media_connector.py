@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from media_samples import PNG_32, SLOW_SECONDS, WAV_1S, encode, noise_image
+from media_samples import PNG_32, SLOW_SECONDS, WAV_1S, encode
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import (
@@ -19,6 +19,7 @@ from mmfront.errors import (
     ValidationError,
 )
 from mmfront.media import DecodeBudget, MediaConnector, is_domain_allowed
+from mmfront.testing.media import make_image
 
 PNG_B64 = base64.b64encode(PNG_32).decode()
 LOCAL = MultiModalConfig(allowed_media_domains=("127.0.0.1",))
@@ -46,7 +47,7 @@ def test_raw_base64_bytes_and_bytearray_load(budget: DecodeBudget) -> None:
 
 
 def test_a_jpeg_base64_starting_with_a_slash_is_not_taken_for_a_path(budget: DecodeBudget) -> None:
-    jpeg = encode(noise_image(8, 8), "JPEG")
+    jpeg = encode(make_image(8, 8), "JPEG")
     text = base64.b64encode(jpeg).decode()
     assert text.startswith("/9j/")
     assert _connector().load_image(text, budget=budget).info["format"] == "JPEG"
@@ -229,7 +230,7 @@ def test_redirects_follow_only_allowed_hosts(http_base: str, budget: DecodeBudge
 
 def test_load_images_keeps_order_and_raises_the_first_failure(http_base: str, budget: DecodeBudget) -> None:
     connector = _connector()
-    other = encode(noise_image(8, 8, seed=5))
+    other = encode(make_image(8, 8, seed=5))
     items = connector.load_images([f"{http_base}/ok.png", other, f"data:image/png;base64,{PNG_B64}"], budget=budget)
     assert [item.original_bytes for item in items] == [PNG_32, other, PNG_32]
     with pytest.raises(MediaFetchError, match="HTTP 404"):
@@ -256,4 +257,4 @@ def test_connector_refuses_bad_config_at_construction() -> None:
 def test_eager_load_through_the_connector(budget: DecodeBudget) -> None:
     item = _connector().load_image(PNG_32, budget=budget, lazy=False)
     assert item.decode_count == 1
-    assert np.array_equal(np.asarray(item.media), np.asarray(noise_image(32, 32)))
+    assert np.array_equal(np.asarray(item.media), np.asarray(make_image(32, 32)))

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from media_samples import encode, exif_bytes, noise_image, png_header_only, png_with_late_exif
+from media_samples import encode, exif_bytes, png_header_only, png_with_late_exif
 from PIL import Image, ImageOps
 
 from mmfront.config import MultiModalConfig
@@ -26,6 +26,7 @@ from mmfront.media import (
     normalize_pil_image,
     resolve_image_options,
 )
+from mmfront.testing.media import make_image
 
 
 def _rgba_sample() -> Image.Image:
@@ -40,7 +41,7 @@ def _rgba_sample() -> Image.Image:
 
 
 def test_rgb_png_loads_lazily_from_the_header(config: MultiModalConfig, budget: DecodeBudget) -> None:
-    source = noise_image(32, 24)
+    source = make_image(32, 24)
     data = encode(source)
     item = load_image_bytes(data, config=config, budget=budget)
     assert item.decode_count == 0
@@ -59,7 +60,7 @@ def test_rgb_png_loads_lazily_from_the_header(config: MultiModalConfig, budget: 
 
 
 def test_eager_load_decodes_once_and_gives_the_same_pixels(config: MultiModalConfig, budget: DecodeBudget) -> None:
-    data = encode(noise_image(16, 16, seed=3))
+    data = encode(make_image(16, 16, seed=3))
     eager = load_image_bytes(data, config=config, budget=budget, lazy=False)
     assert eager.decode_count == 1 and eager.is_decoded
     lazy = load_image_bytes(data, config=config, budget=budget)
@@ -68,7 +69,7 @@ def test_eager_load_decodes_once_and_gives_the_same_pixels(config: MultiModalCon
 
 
 def test_bytearray_and_memoryview_are_accepted(config: MultiModalConfig, budget: DecodeBudget) -> None:
-    data = encode(noise_image(8, 8))
+    data = encode(make_image(8, 8))
     for wrapped in (bytearray(data), memoryview(data)):
         item = load_image_bytes(wrapped, config=config, budget=budget)
         assert item.original_bytes == data and isinstance(item.original_bytes, bytes)
@@ -137,7 +138,7 @@ def test_la_image_is_composited(budget: DecodeBudget, config: MultiModalConfig) 
 
 
 def test_convert_image_mode_returns_the_same_object_when_nothing_changes() -> None:
-    image = noise_image(4, 4)
+    image = make_image(4, 4)
     assert convert_image_mode(image, "RGB") is image
     assert convert_image_mode(image, None) is image
     assert convert_image_mode(image, "L").mode == "L"
@@ -158,7 +159,7 @@ def test_io_options_for() -> None:
 def test_exif_rotated_jpeg_reports_the_transposed_size_without_decoding(
     config: MultiModalConfig, budget: DecodeBudget, orientation: int, size: tuple[int, int]
 ) -> None:
-    data = encode(noise_image(32, 16), "JPEG", exif=exif_bytes(orientation), quality=95)
+    data = encode(make_image(32, 16), "JPEG", exif=exif_bytes(orientation), quality=95)
     item = load_image_bytes(data, config=config, budget=budget)
     assert (item.info["width"], item.info["height"]) == size
     assert item.decode_count == 0
@@ -170,7 +171,7 @@ def test_exif_rotated_jpeg_reports_the_transposed_size_without_decoding(
 def test_png_exif_chunk_after_the_pixels_is_found_without_decoding(
     config: MultiModalConfig, budget: DecodeBudget
 ) -> None:
-    source = noise_image(20, 10)
+    source = make_image(20, 10)
     item = load_image_bytes(png_with_late_exif(source, 6), config=config, budget=budget)
     assert (item.info["width"], item.info["height"]) == (10, 20)
     assert item.decode_count == 0
@@ -181,7 +182,7 @@ def test_png_exif_chunk_after_the_pixels_is_found_without_decoding(
 
 
 def test_truncated_png_fails_at_decode_time_when_lazy(config: MultiModalConfig, budget: DecodeBudget) -> None:
-    data = encode(noise_image(64, 64))
+    data = encode(make_image(64, 64))
     truncated = data[: len(data) // 2]
     item = load_image_bytes(truncated, config=config, budget=budget)
     assert item.info["width"] == 64
@@ -190,7 +191,7 @@ def test_truncated_png_fails_at_decode_time_when_lazy(config: MultiModalConfig, 
 
 
 def test_truncated_png_fails_at_load_time_when_eager(config: MultiModalConfig, budget: DecodeBudget) -> None:
-    data = encode(noise_image(64, 64))
+    data = encode(make_image(64, 64))
     with pytest.raises(MediaDecodeError, match="truncated or corrupt"):
         load_image_bytes(data[: len(data) // 2], config=config, budget=budget, lazy=False)
 
@@ -201,7 +202,7 @@ def test_bytes_that_are_no_image_are_refused(config: MultiModalConfig, budget: D
 
 
 def test_corrupt_png_header_is_refused_at_load(config: MultiModalConfig, budget: DecodeBudget) -> None:
-    data = bytearray(encode(noise_image(8, 8)))
+    data = bytearray(encode(make_image(8, 8)))
     data[16:24] = b"\xff" * 8  # width and height of IHDR, and the CRC no longer matches
     with pytest.raises(MediaDecodeError):
         load_image_bytes(bytes(data), config=config, budget=budget)
@@ -211,18 +212,18 @@ def test_corrupt_png_header_is_refused_at_load(config: MultiModalConfig, budget:
 def test_format_outside_the_allowlist_is_refused(budget: DecodeBudget) -> None:
     config = MultiModalConfig(allowed_image_formats=frozenset({"PNG"}))
     with pytest.raises(MediaFormatError, match=r"Image format JPEG is not allowed\. Allowed formats: PNG\."):
-        load_image_bytes(encode(noise_image(8, 8), "JPEG"), config=config, budget=budget)
+        load_image_bytes(encode(make_image(8, 8), "JPEG"), config=config, budget=budget)
 
 
 def test_eps_is_refused_by_the_default_allowlist(config: MultiModalConfig, budget: DecodeBudget) -> None:
     with pytest.raises(MediaFormatError, match="Image format EPS is not allowed"):
-        load_image_bytes(encode(noise_image(8, 8), "EPS"), config=config, budget=budget)
+        load_image_bytes(encode(make_image(8, 8), "EPS"), config=config, budget=budget)
 
 
 def test_too_many_pixels_are_refused_before_decoding(budget: DecodeBudget) -> None:
     config = MultiModalConfig(max_image_pixels=1000)
     with pytest.raises(MediaTooLargeError, match=r"32x32 = 1024 pixels, more than max_image_pixels=1000"):
-        load_image_bytes(encode(noise_image(32, 32)), config=config, budget=budget)
+        load_image_bytes(encode(make_image(32, 32)), config=config, budget=budget)
     assert budget.used_bytes == 0
 
 
@@ -248,7 +249,7 @@ def test_pillow_bomb_warning_raised_as_error_becomes_typed(config: MultiModalCon
 
 def test_decode_budget_refuses_the_item_that_overruns_it(config: MultiModalConfig) -> None:
     budget = DecodeBudget(32 * 32 * 4 * 2)
-    data = encode(noise_image(32, 32))
+    data = encode(make_image(32, 32))
     load_image_bytes(data, config=config, budget=budget)
     load_image_bytes(data, config=config, budget=budget)
     with pytest.raises(MediaTooLargeError, match=r"decodes to 4096 bytes, but this request has only 0 of its 8192"):
@@ -258,7 +259,7 @@ def test_decode_budget_refuses_the_item_that_overruns_it(config: MultiModalConfi
 
 def test_payload_over_max_media_bytes_is_refused(budget: DecodeBudget) -> None:
     config = MultiModalConfig(max_media_bytes=100)
-    data = encode(noise_image(32, 32))
+    data = encode(make_image(32, 32))
     with pytest.raises(MediaTooLargeError, match=rf"The image is {len(data)} bytes, more than max_media_bytes=100"):
         load_image_bytes(data, config=config, budget=budget)
 
@@ -297,12 +298,12 @@ def test_decode_budget_rejects_a_bad_limit() -> None:
 
 
 def test_normalize_skips_no_op_copies() -> None:
-    image = noise_image(8, 8)
+    image = make_image(8, 8)
     assert normalize_pil_image(image) is image
 
 
 def test_normalize_transposes_by_exif_and_converts() -> None:
-    data = encode(noise_image(12, 6), "JPEG", exif=exif_bytes(6), quality=95)
+    data = encode(make_image(12, 6), "JPEG", exif=exif_bytes(6), quality=95)
     opened = Image.open(io.BytesIO(data))
     result = normalize_pil_image(opened)
     expected = ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB")
@@ -311,7 +312,7 @@ def test_normalize_transposes_by_exif_and_converts() -> None:
 
 
 def test_normalize_copies_an_image_with_a_uuid_image_id_as_vllm_does() -> None:
-    image = noise_image(4, 4)
+    image = make_image(4, 4)
     image.getexif()[0x800D] = uuid.uuid4()
     result = normalize_pil_image(image)
     assert result is not image

@@ -17,28 +17,43 @@ handled in the same lane.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mmfront.engine.transport import BaseTransport
-from mmfront.errors import DecodeError, MMFrontError, MultiModalCacheMissError, ValidationError
+from mmfront.errors import (
+    DecodeError,
+    EngineDeadError,
+    MMFrontError,
+    MultiModalCacheMissError,
+    TransportError,
+    ValidationError,
+)
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder, SamplingParams
 from mmfront.wire.messages import (
+    ABORT,
     ADMITTED,
     CACHE_MISS,
+    ENGINE_HELLO,
+    ENGINE_OUTPUTS,
     MIRROR_ONLY,
     MIRROR_RESET,
     REQUEST,
     Admitted,
     CacheMiss,
+    EngineHello,
     MirrorReset,
     decode_envelope,
     encode_envelope,
 )
+from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,13 +73,22 @@ class RequestFailed:
     error: MMFrontError
 
 
-ClientEvent = RequestAdmitted | RequestFailed
+@dataclass(frozen=True)
+class RequestOutput:
+    """One step output of an admitted request (its last has ``finish_reason`` set)."""
+
+    request_id: str
+    output: EngineCoreOutput
+
+
+ClientEvent = RequestAdmitted | RequestFailed | RequestOutput
 
 
 @dataclass
 class _InFlight:
     prepared: PreparedRequest
     resent: bool = False
+    produced: bool = False
 
 
 @dataclass
@@ -77,6 +101,7 @@ class ClientStats:
     shadow_resets: int = 0
     mirror_only: int = 0
     failures: int = 0
+    engine_restarts: int = 0
 
 
 class EngineClient:
@@ -87,12 +112,19 @@ class EngineClient:
     the arguments of ``InputProcessor.process_inputs``.
     """
 
-    def __init__(self, processor: InputProcessor, transport: BaseTransport) -> None:
+    def __init__(self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False) -> None:
         self.processor = processor
         self.transport = transport
         self.stats = ClientStats()
+        self.stream_outputs = stream_outputs
+        """Keep admitted requests until their last output (the engine's outputs come back over
+        the same transport); otherwise a request is done for the client once admitted."""
+        self.engine_epoch: int | None = None
         self._lane = threading.RLock()
         self._in_flight: dict[str, _InFlight] = {}
+        self._running: dict[str, _InFlight] = {}
+        self._outputs = MsgpackDecoder(EngineCoreOutputs)
+        self._hello = MsgpackDecoder(EngineHello)
         self._encoder = MsgpackEncoder()
         self._admitted = MsgpackDecoder(Admitted)
         self._miss = MsgpackDecoder(CacheMiss)
@@ -136,18 +168,37 @@ class EngineClient:
             raise
         await loop.run_in_executor(None, self._send_new, prepared)
 
+    @property
+    def running(self) -> list[str]:
+        """Requests admitted and not finished (with ``stream_outputs``)."""
+        with self._lane:
+            return list(self._running)
+
     def abort_request(self, request_id: str) -> None:
-        """Stop tracking ``request_id``: later replies for it are ignored, and it is not resent."""
-        self._release(request_id)
+        """Stop tracking ``request_id`` and tell the engine to stop it: later replies for it are
+        ignored, and it is not resent."""
+        with self._lane:
+            sent = self._in_flight.pop(request_id, None) is not None
+            sent = self._running.pop(request_id, None) is not None or sent
+            if sent:
+                self.transport.send(encode_envelope(ABORT, self._encoder.encode([request_id])))
+                self.processor.request_finished(request_id, aborted=True)
 
     def handle_reply(self, frames: Sequence[Frame]) -> list[ClientEvent]:
         """Act on one envelope from P1; the events the caller must see (often none)."""
         envelope = decode_envelope(frames)
         with self._lane:
+            if envelope.kind == ENGINE_OUTPUTS:
+                return self._on_outputs(self._outputs.decode(envelope.message))
+            if envelope.kind == ENGINE_HELLO:
+                return self._on_hello(self._hello.decode(envelope.message))
             if envelope.kind == ADMITTED:
                 admitted = self._admitted.decode(envelope.message)
-                if self._in_flight.pop(admitted.request_id, None) is None:
+                entry = self._in_flight.pop(admitted.request_id, None)
+                if entry is None:
                     return []
+                if self.stream_outputs:
+                    self._running[admitted.request_id] = entry
                 return [RequestAdmitted(admitted.request_id, admitted.request)]
             if envelope.kind == MIRROR_RESET:
                 self._reset_shadow(self._reset.decode(envelope.message).epoch)
@@ -158,19 +209,71 @@ class EngineClient:
 
     def engine_restarted(self) -> list[ClientEvent]:
         """P1 was replaced by an empty one and what was in transit to the old one is lost: clear
-        the shadow and send every request that was not admitted again. Returns the requests
-        whose resend could not be prepared."""
+        the shadow and send again every request that produced no output yet; one that did fails
+        with :class:`~mmfront.errors.EngineDeadError` (resending it would answer it twice).
+        Returns the requests that failed."""
         with self._lane:
+            self.stats.engine_restarts += 1
             if self.processor.reset_shadow():
                 self.stats.shadow_resets += 1
             events: list[ClientEvent] = []
+            for request_id, entry in list(self._running.items()):
+                del self._running[request_id]
+                if entry.produced:
+                    self.stats.failures += 1
+                    self.processor.request_finished(request_id, aborted=True)
+                    events.append(RequestFailed(request_id, EngineDeadError(
+                        f"The engine restarted while request {request_id!r} was generating; its output so far is "
+                        "incomplete. Send the request again.")))
+                else:
+                    entry.resent = False
+                    self._in_flight[request_id] = entry
             for request_id, entry in list(self._in_flight.items()):
                 failed = self._resubmit(request_id, entry)
                 if failed is not None:
                     events.append(failed)
             return events
 
+    def fail_all(self, error: MMFrontError) -> list[ClientEvent]:
+        """The engine is gone for good: every request in flight or running fails with ``error``."""
+        with self._lane:
+            events: list[ClientEvent] = []
+            for table in (self._in_flight, self._running):
+                for request_id, entry in list(table.items()):
+                    del table[request_id]
+                    if entry is not None:
+                        self.stats.failures += 1
+                        self.processor.request_finished(request_id, aborted=True)
+                        events.append(RequestFailed(request_id, error))
+            return events
+
     # --- the commit lane ----------------------------------------------------------------------
+
+    def _on_outputs(self, outputs: EngineCoreOutputs) -> list[ClientEvent]:
+        failure = outputs.utility_output
+        if failure is not None and failure.call_id == -1:
+            logger.warning("Engine %d refused a message of this frontend: %s", outputs.engine_index,
+                           failure.failure_message)
+        events: list[ClientEvent] = []
+        for output in outputs.outputs:
+            entry = self._running.get(output.request_id)
+            if entry is None:
+                continue  # aborted, or from before an engine restart
+            entry.produced = True
+            if output.finish_reason is not None:
+                del self._running[output.request_id]
+                self.processor.request_finished(output.request_id)
+            events.append(RequestOutput(output.request_id, output))
+        return events
+
+    def _on_hello(self, hello: EngineHello) -> list[ClientEvent]:
+        known, self.engine_epoch = self.engine_epoch, hello.epoch
+        if known is None or known == hello.epoch:
+            return []
+        logger.warning("Engine %d restarted (epoch %x -> %x): resending what it had not answered.",
+                       hello.engine_index, known, hello.epoch)
+        return self.engine_restarted()
+
 
     def _reserve(self, request_id: str) -> None:
         with self._lane:
@@ -238,7 +341,16 @@ class EngineClient:
         except BaseException:
             self._send_mirror_only(prepared.request_id)
             raise
-        self.transport.send(encode_envelope(REQUEST, message, self.processor.take_stamp(prepared.request_id)))
+        envelope = encode_envelope(REQUEST, message, self.processor.take_stamp(prepared.request_id))
+        try:
+            self.transport.send(envelope)
+        except TransportError as e:
+            if not self.stream_outputs:
+                raise
+            # The engine is away (restarting): the request stays in flight and is sent again when
+            # an engine greets with a new epoch, or fails when none does in time.
+            logger.warning("Request %r could not reach the engine (%s); it waits for the engine.",
+                           prepared.request_id, e)
 
     def _send_mirror_only(self, request_id: str) -> None:
         """The request changed the shadow but will not be sent: P1 must replay the change."""
@@ -249,4 +361,4 @@ class EngineClient:
             self.transport.send(encode_envelope(MIRROR_ONLY, self._encoder.encode(message), stamp))
 
 
-__all__ = ["ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed"]
+__all__ = ["ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed", "RequestOutput"]

@@ -1,40 +1,50 @@
-"""P1's side of the envelope: what an engine core embeds to take requests from mmfront's P0.
+"""P1's side: what an engine core embeds to take requests from mmfront's P0s.
 
-:class:`EngineReceiver` turns the envelopes that arrive into requests ready for the scheduler
+:class:`EngineCoreReceiver` is the engine loop's interface: ``poll`` for ready requests over any
+number of frontends' transports, ``send`` for step outputs, ``take_aborted``. Under it,
+:class:`EngineReceiver` turns one frontend's envelopes into requests ready for the scheduler
 (every feature's data filled in) and the replies P0 needs: ``Admitted``, ``CacheMiss`` (resend
-with data), ``MirrorReset`` (clear your shadow). It never raises for drift: drift becomes a reply,
-and the request comes back with its data. :func:`serve_pipe` runs one over a pipe, for tests and
-for a P1 in a child process.
+with data), ``MirrorReset`` (clear your shadow). Drift never raises: it becomes a reply, and the
+request comes back with its data. :func:`serve_pipe` runs one over a pipe, for tests and for a
+P1 in a child process.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from mmfront.cache.base import BaseMultiModalReceiverCache
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirrorEvent
 from mmfront.config import MultiModalConfig
-from mmfront.engine.transport import PipeTransport
+from mmfront.engine.transport import BaseTransport, PipeTransport
 from mmfront.errors import DecodeError, MultiModalCacheMissError, TransportError
 from mmfront.inputs import MultiModalFeatureSpec
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.messages import (
+    ABORT,
     ADMITTED,
     CACHE_MISS,
+    ENGINE_HELLO,
+    ENGINE_OUTPUTS,
     MIRROR_ONLY,
     MIRROR_RESET,
     REQUEST,
     RESET_CACHE,
     Admitted,
     CacheMiss,
+    EngineHello,
     MirrorOnly,
     MirrorReset,
     decode_envelope,
     encode_envelope,
 )
+from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, UtilityOutput
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +91,8 @@ class EngineReceiver:
                 cache, MirroredReceiverCache) else []
         elif envelope.kind == RESET_CACHE:
             events = self.reset_cache()
+        elif envelope.kind == ABORT:
+            events = []  # nothing of an aborted request is held here; the engine loop stops it
         else:
             raise DecodeError(f"P1 does not accept {envelope.kind!r} messages; they are replies for P0.")
         return self._answer(events)
@@ -99,7 +111,8 @@ class EngineReceiver:
         return self.cache.poll() if isinstance(self.cache, MirroredReceiverCache) else []
 
     def _fill_plain(self, features: list[MultiModalFeatureSpec]) -> list[str]:
-        if not any(f.data is None for f in features):
+        """Without a mirror: fill (LRU) or resolve (shm handles) what the cache serves."""
+        if not features:
             return []
         if self.cache is None:
             return [f.mm_hash or f.identifier for f in features if f.data is None]
@@ -128,6 +141,174 @@ class EngineReceiver:
         return ready, replies
 
 
+@dataclass
+class _Frontend:
+    transport: BaseTransport
+    receiver: EngineReceiver
+    index: int
+    last_hello: float = 0.0
+
+
+class EngineCoreReceiver:
+    """What an existing engine embeds to take requests from mmfront frontends (P0s).
+
+    One instance serves one engine and any number of frontends, each over its own transport
+    and with its own receiver cache (one mirror per frontend, so the processor cache stays on
+    with many API servers). The engine loop calls :meth:`poll` for requests whose features are
+    filled in and :meth:`send` for its step outputs; :meth:`take_aborted` lists what P0 aborted.
+
+    A malformed message costs only its sender: it is answered with a ``DecodeError`` failure
+    and service goes on. Not thread-safe: call it from the engine loop's thread.
+    """
+
+    def __init__(
+        self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None, *, engine_index: int = 0,
+        heartbeat_s: float = 1.0, poll_slice_s: float = 0.005,
+    ) -> None:
+        self.engine_index = engine_index
+        self.epoch = secrets.randbits(63)
+        self.heartbeat_s = heartbeat_s
+        self.poll_slice_s = poll_slice_s
+        self.decode_errors = 0
+        self._frontends: list[_Frontend] = []
+        self._routes: dict[str, _Frontend] = {}
+        self._aborted: list[str] = []
+        self._encoder = MsgpackEncoder()
+        self._abort_ids = MsgpackDecoder(list[str])
+        self.add_frontend(transport, cache)
+
+    def add_frontend(self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None) -> int:
+        """Serve one more frontend; its index is the ``client_index`` its requests get."""
+        frontend = _Frontend(transport, EngineReceiver(cache), len(self._frontends))
+        self._frontends.append(frontend)
+        self._hello(frontend)
+        return frontend.index
+
+    @property
+    def caches(self) -> list[BaseMultiModalReceiverCache | None]:
+        return [f.receiver.cache for f in self._frontends]
+
+    def poll(self, timeout: float | None = 0.0) -> list[EngineCoreRequest]:
+        """Requests ready for the engine (every feature's data filled in), waiting up to
+        ``timeout`` seconds for the first (``None``: until one arrives)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ready = self._poll_once()
+            left = None if deadline is None else deadline - time.monotonic()
+            if ready or (left is not None and left <= 0):
+                return ready
+            ready = self._wait(self.poll_slice_s if left is None else min(left, self.poll_slice_s))
+            if ready:
+                return ready
+
+    def send(self, outputs: Sequence[EngineCoreOutput]) -> None:
+        """Send step outputs to the frontends their requests came from; a finished request is
+        forgotten (its id may be reused)."""
+        by_frontend: dict[int, list[EngineCoreOutput]] = {}
+        for output in outputs:
+            frontend = self._routes.get(output.request_id)
+            if frontend is None:
+                continue  # aborted meanwhile: P0 no longer listens for it
+            by_frontend.setdefault(frontend.index, []).append(output)
+            if output.finish_reason is not None:
+                del self._routes[output.request_id]
+        now = time.time()
+        for index, group in by_frontend.items():
+            message = EngineCoreOutputs(engine_index=self.engine_index, outputs=group, timestamp=now)
+            self._frontends[index].transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
+
+    def take_aborted(self) -> list[str]:
+        """Requests P0 aborted since the last call: stop generating for them."""
+        aborted, self._aborted = self._aborted, []
+        return aborted
+
+    def close(self) -> None:
+        for frontend in self._frontends:
+            frontend.transport.close()
+
+    def __enter__(self) -> EngineCoreReceiver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _poll_once(self) -> list[EngineCoreRequest]:
+        ready: list[EngineCoreRequest] = []
+        now = time.monotonic()
+        for frontend in self._frontends:
+            if now - frontend.last_hello >= self.heartbeat_s:
+                self._hello(frontend)
+            _, replies = frontend.receiver.poll()
+            self._reply(frontend, replies)
+            while True:
+                try:
+                    frames = frontend.transport.recv(0.0)
+                    if frames is None:
+                        break
+                    ready += self._handle(frontend, frames)
+                except DecodeError as e:
+                    self._refuse(frontend, e)
+        return ready
+
+    def _handle(self, frontend: _Frontend, frames: Sequence[Frame]) -> list[EngineCoreRequest]:
+        envelope = decode_envelope(frames)
+        if envelope.kind == ABORT:
+            ids = self._abort_ids.decode(envelope.message)
+            for request_id in ids:
+                if self._routes.get(request_id) is frontend:
+                    del self._routes[request_id]
+                    self._aborted.append(request_id)
+            return []
+        requests, replies = frontend.receiver.handle(frames)
+        self._reply(frontend, replies)
+        ready = []
+        for request in requests:
+            if request.request_id in self._routes:
+                self._refuse(frontend, DecodeError(
+                    f"Request id {request.request_id!r} is already running on engine {self.engine_index}; "
+                    "frontends must use distinct request ids."))
+                continue
+            request.client_index = frontend.index
+            self._routes[request.request_id] = frontend
+            ready.append(request)
+        return ready
+
+    def _reply(self, frontend: _Frontend, replies: list[Reply]) -> None:
+        for reply in replies:
+            frontend.transport.send(reply)
+
+    def _hello(self, frontend: _Frontend) -> None:
+        frontend.last_hello = time.monotonic()
+        hello = EngineHello(self.engine_index, self.epoch)
+        frontend.transport.send(encode_envelope(ENGINE_HELLO, self._encoder.encode(hello)))
+
+    def _refuse(self, frontend: _Frontend, error: DecodeError) -> None:
+        """Tell the sender what was wrong with its message; the others never notice."""
+        self.decode_errors += 1
+        logger.warning("Engine %d: refused a message from frontend %d: %s", self.engine_index, frontend.index, error)
+        failure = UtilityOutput(call_id=-1, failure_message=f"DecodeError: {error}")
+        message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=failure, timestamp=time.time())
+        try:
+            frontend.transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
+        except TransportError:
+            logger.warning("Engine %d: frontend %d is gone.", self.engine_index, frontend.index)
+
+    def _wait(self, seconds: float) -> list[EngineCoreRequest]:
+        """Sleep until a message arrives (one frontend: in its ``recv``) or ``seconds`` pass."""
+        if len(self._frontends) != 1:
+            time.sleep(seconds)
+            return []
+        frontend = self._frontends[0]
+        try:
+            frames = frontend.transport.recv(seconds)
+            return [] if frames is None else self._handle(frontend, frames)
+        except DecodeError as e:
+            self._refuse(frontend, e)
+            return []
+
+
 def serve_pipe(
     conn: Connection, config: MultiModalConfig, *, echo: bool = False, poll_interval_s: float = 0.05,
 ) -> None:
@@ -149,4 +330,4 @@ def serve_pipe(
         transport.close()
 
 
-__all__ = ["EngineReceiver", "Reply", "serve_pipe"]
+__all__ = ["EngineCoreReceiver", "EngineReceiver", "Reply", "serve_pipe"]

@@ -6,7 +6,7 @@ Start with :class:`MediaConnector` (one per deployment) and a :class:`DecodeBudg
 
 from __future__ import annotations
 
-from mmfront.media.audio import AudioWithRate, load_audio_bytes, pcm_to_float
+from mmfront.media.audio import AudioWithRate, load_audio_bytes
 from mmfront.media.budget import DecodeBudget, check_media_size
 from mmfront.media.connector import MediaConnector, MediaSource, decode_base64
 from mmfront.media.fetch import HttpFetcher, is_domain_allowed
@@ -35,7 +35,6 @@ __all__ = [
     "load_audio_bytes",
     "load_image_bytes",
     "normalize_pil_image",
-    "pcm_to_float",
     "resample_audio",
     "resampled_length",
     "resolve_image_options",

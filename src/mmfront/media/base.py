@@ -10,9 +10,14 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from PIL import Image
+
+from mmfront.errors import InputTypeError
+
+if TYPE_CHECKING:
+    from mmfront.media.budget import DecodeBudget
 
 T = TypeVar("T")
 
@@ -43,9 +48,12 @@ class MediaWithBytes(Generic[T]):
     Built with ``decode=`` instead of ``media``, the item is *lazy*: :attr:`media` decodes on
     first access (once, thread-safe), and :attr:`decode_count` tells tests how often that happened.
     ``info`` carries what the loader learned from the header without decoding (format, size, mode).
+    ``budget`` is the request's decode budget the loader charged, so that a later stage which
+    grows the media (audio resampling in the parser) charges the same request.
     """
 
-    __slots__ = ("_decode", "_lock", "_media", "decode_count", "info", "io_config", "original_bytes", "prehashed")
+    __slots__ = ("_decode", "_lock", "_media", "budget", "decode_count", "info", "io_config", "original_bytes",
+                 "prehashed")
 
     def __init__(
         self,
@@ -55,15 +63,17 @@ class MediaWithBytes(Generic[T]):
         *,
         decode: Callable[[], T] | None = None,
         info: Mapping[str, Any] | None = None,
+        budget: DecodeBudget | None = None,
     ) -> None:
         if (media is None) == (decode is None):
-            raise TypeError("MediaWithBytes needs exactly one of `media` and `decode`")
+            raise InputTypeError("MediaWithBytes needs exactly one of `media` and `decode`", parameter="media")
         self._media = media
         self._decode = decode
         self._lock = threading.Lock()
         self.original_bytes = original_bytes
         self.io_config = io_config
         self.info: dict[str, Any] = dict(info or {})
+        self.budget = budget
         self.decode_count = 0
         self.prehashed: dict[tuple[str, str], Any] = {}
         """Hasher states that already absorbed this item under a key, by ``(algorithm, key)``

@@ -1,9 +1,10 @@
 """Size limits on media: the encoded-size cap and the per-request allowance of decoded bytes.
 
 A request may carry many small encoded files that each decode to hundreds of megabytes. Checking
-each item alone cannot stop that, so every loader charges the *decoded* size it is about to
-commit to (``w*h*4`` per image, ``frames*4`` per audio) against one budget per request, from the
-header, before any pixel or sample is decoded.
+each item alone cannot stop that, so every loader charges the memory it is about to commit to
+against one budget per request, from the header, before any pixel or sample is decoded: an
+image's decode peak, conversions included (:mod:`mmfront.media.image_peak`), ``frames*4`` per
+audio.
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ class MediaConnector:
         else:
             raise InputTypeError(
                 f"{what} must be given as a URL, data: URL, file path, base64 string or bytes, got "
-                f"{type(url_or_data).__name__}"
+                f"{type(url_or_data).__name__}", parameter="multi_modal_data"
             )
         check_media_size(len(data), self.config, what=what)
         return data
@@ -271,8 +271,8 @@ def _check_audio_options(media_io_kwargs: Mapping[str, Any] | None, *, source: s
     if media_io_kwargs is None:
         return
     if not isinstance(media_io_kwargs, Mapping):
-        raise InputTypeError(f"{source} must map a modality to options, got {type(media_io_kwargs).__name__}")
+        raise InputTypeError(f"{source} must map a modality to options, got {type(media_io_kwargs).__name__}", parameter="media_io_kwargs")
     options = media_io_kwargs.get("audio")
     if options:
-        raise ValidationError(f"{source}['audio'] has options {sorted(options)}, but WAV audio loading takes none; "
+        raise ValidationError(f"{source}['audio'] has options {sorted(options)}, but audio loading takes none; "
                               "remove them.", parameter="media_io_kwargs")

@@ -1,7 +1,9 @@
 """Images from encoded bytes: checked from the header, decoded lazily.
 
 Loading reads only the header (format, size, mode, EXIF orientation), refuses what the limits
-forbid, charges the request's decode budget and returns a lazy :class:`~mmfront.parse.MediaWithBytes`.
+forbid, charges the request's decode budget with the decode's peak memory and returns a lazy
+:class:`~mmfront.parse.MediaWithBytes`. Pillow is only allowed to try the plugins of
+``allowed_image_formats``, so a format whose plugin decodes while opening (ICO) is never opened.
 The pixels are decoded on first access to ``.media``, so a request whose items all hit the
 processor cache never decodes. Decoding follows vLLM: EXIF transpose, ``load()``, then
 conversion to ``image_mode`` with transparent images composited onto ``rgba_background_color``.
@@ -22,6 +24,7 @@ from mmfront.config import MultiModalConfig
 from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, MediaTooLargeError, ValidationError
 from mmfront.media.base import EXIF_IMAGE_ID, MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
+from mmfront.media.image_peak import decode_peak_bytes
 
 _ORIENTATION = 0x0112
 _TRANSPOSE = {
@@ -36,6 +39,8 @@ _TRANSPOSE = {
 _SWAPS_AXES = frozenset({5, 6, 7, 8})
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 _IMAGE_OPTIONS = ("image_mode", "rgba_background_color")
+_KEEPS_DECODER = frozenset({"WEBP", "AVIF"})
+"""Formats whose opened image keeps its decoder (and the decoder's canvases) until it is freed."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,12 @@ def resolve_image_options(
             continue
         if not isinstance(kwargs, Mapping):
             raise InputTypeError(f"{source} must map a modality to options, e.g. {{'image': {{'image_mode': 'RGB'}}}}; "
-                                 f"got {type(kwargs).__name__}")
+                                 f"got {type(kwargs).__name__}", parameter="media_io_kwargs")
         options = kwargs.get("image")
         if options is None:
             continue
         if not isinstance(options, Mapping):
-            raise InputTypeError(f"{source}['image'] must be a mapping of options, got {type(options).__name__}")
+            raise InputTypeError(f"{source}['image'] must be a mapping of options, got {type(options).__name__}", parameter="media_io_kwargs")
         unknown = sorted(set(options) - set(_IMAGE_OPTIONS))
         if unknown:
             raise ValidationError(f"{source}['image'] has unknown options {unknown}; image loading accepts "
@@ -157,22 +162,20 @@ def load_image_bytes(
     """
 
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InputTypeError(f"image bytes must be bytes, bytearray or memoryview, got {type(data).__name__}")
+        raise InputTypeError(f"image bytes must be bytes, bytearray or memoryview, got {type(data).__name__}", parameter="multi_modal_data")
     payload = bytes(data)
     check_media_size(len(payload), config, what="The image")
     options = resolve_image_options(config, media_io_kwargs)
     header = _open_header(payload, config)
     try:
         fmt = header.format or "unknown"
-        if fmt not in config.allowed_image_formats:
-            raise MediaFormatError(
-                f"Image format {fmt} is not allowed. Allowed formats: {', '.join(sorted(config.allowed_image_formats))}. "
-                "Convert the image to PNG or JPEG, or add the format to allowed_image_formats.",
-                parameter="multi_modal_data",
-            )
+        if fmt not in config.allowed_image_formats and not (fmt == "MPO" and "JPEG" in config.allowed_image_formats):
+            raise _format_error(fmt, config)
         width, height = header.size
         source_mode = header.mode
         orientation = _header_orientation(header, payload)
+        peak = decode_peak_bytes(header, payload, transposed=orientation != 1, target_mode=options.image_mode,
+                                 alpha=has_alpha(header))
     finally:
         header.close()
     if width <= 0 or height <= 0:
@@ -184,7 +187,7 @@ def load_image_bytes(
             f"{config.max_image_pixels}. Downscale it before sending, or raise max_image_pixels.",
             parameter="multi_modal_data",
         )
-    budget.charge(width * height * 4, what=f"A {width}x{height} {fmt} image")
+    budget.charge(peak, what=f"A {width}x{height} {fmt} image")
     if orientation in _SWAPS_AXES:
         width, height = height, width
     item: MediaWithBytes[Image.Image] = MediaWithBytes(
@@ -200,14 +203,19 @@ def load_image_bytes(
 
 
 def _open_header(payload: bytes, config: MultiModalConfig) -> Image.Image:
+    allowed = config.allowed_image_formats
+    plugins = (allowed - {"MPO"}) | ({"JPEG"} if "MPO" in allowed else set())
     try:
-        return Image.open(BytesIO(payload))
+        return Image.open(BytesIO(payload), formats=sorted(plugins))
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise _pillow_bomb_error(exc, config) from exc
     except UnidentifiedImageError:
+        refused = _sniff_format(payload[:16], plugins)
+        if refused is not None:
+            raise _format_error(refused, config) from None
         raise MediaDecodeError(
-            f"The data ({len(payload)} bytes) is not an image in any format Pillow reads. Send a valid image "
-            "file (PNG or JPEG are safest).",
+            f"The data ({len(payload)} bytes) is not an image in an allowed format "
+            f"({', '.join(sorted(allowed))}). Send a valid image file (PNG or JPEG are safest).",
             parameter="multi_modal_data",
         ) from None
     except Exception as exc:
@@ -215,6 +223,29 @@ def _open_header(payload: bytes, config: MultiModalConfig) -> Image.Image:
             f"The image header ({len(payload)} bytes) is corrupt: {exc}. Re-encode the image and send it again.",
             parameter="multi_modal_data",
         ) from exc
+
+
+def _sniff_format(prefix: bytes, tried: frozenset[str] | set[str]) -> str | None:
+    """The format a refused payload is in, from the header checks of the plugins Pillow was not
+    allowed to try (they look at the first 16 bytes and never decode)."""
+    Image.init()
+    for name in Image.ID:
+        accept = Image.OPEN[name][1] if name not in tried and name in Image.OPEN else None
+        try:
+            result = accept(prefix) if accept is not None else False
+        except Exception:
+            continue
+        if result and not isinstance(result, str):
+            return name
+    return None
+
+
+def _format_error(fmt: str, config: MultiModalConfig) -> MediaFormatError:
+    return MediaFormatError(
+        f"Image format {fmt} is not allowed. Allowed formats: {', '.join(sorted(config.allowed_image_formats))}. "
+        "Convert the image to PNG or JPEG, or add the format to allowed_image_formats.",
+        parameter="multi_modal_data",
+    )
 
 
 def _pillow_bomb_error(exc: Exception, config: MultiModalConfig) -> MediaTooLargeError:
@@ -265,8 +296,10 @@ def _decode(payload: bytes, fmt: str, orientation: int, options: ImageIOOptions)
     """The full decode, applying the orientation read from the header so that ``.media`` always
     has the size ``info`` announced."""
     try:
-        image: Image.Image = Image.open(BytesIO(payload), formats=(fmt,))
+        image: Image.Image = Image.open(BytesIO(payload), formats=("JPEG",) if fmt == "MPO" else (fmt,))
         image.load()
+        if fmt in _KEEPS_DECODER:
+            image = image.copy()  # a plain image, so the decoder's canvases are freed now
         method = _TRANSPOSE.get(orientation)
         if method is not None:
             image = image.transpose(method)

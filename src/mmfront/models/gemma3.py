@@ -33,9 +33,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
+from mmfront.models.registry import register_processor
 from mmfront.parse import MultiModalDataItems
 from mmfront.processing.hf import call_hf, resolve_hf_kwargs
-from mmfront.processing.processor import BaseMultiModalProcessor, ProcessingInfo
+from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptReplacement,
@@ -47,7 +48,7 @@ from mmfront.processing.updates import (
 _BILINEAR = 2
 
 
-class Gemma3ProcessingInfo(ProcessingInfo):
+class Gemma3ProcessingInfo(BaseProcessingInfo):
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         return {"image": None}
 
@@ -67,6 +68,10 @@ class Gemma3ProcessingInfo(ProcessingInfo):
                  "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
         out = {name: getattr(image_processor, name, None) for name in names}
         out.update({k: v for k, v in merged.items() if k in names and v is not None})
+        if out["size"] is not None and not isinstance(out["size"], Mapping):
+            # Newer transformers store a SizeDict, which its own strict kwargs check refuses when
+            # handed back to the image processor (the HF fallback for non-RGB images).
+            out["size"] = dict(out["size"])
         return out
 
 
@@ -143,10 +148,11 @@ def _normalize_(pixels: torch.Tensor, settings: Mapping[str, Any]) -> None:
         pixels.mul_(rescale)
 
 
+@register_processor("Gemma3Processor", info=Gemma3ProcessingInfo, model_types=("gemma3",))
 class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
     info: Gemma3ProcessingInfo
 
-    def __init__(self, info: ProcessingInfo) -> None:
+    def __init__(self, info: BaseProcessingInfo) -> None:
         super().__init__(info)
         tok = info.tokenizer
         self.boi_token: str = tok.boi_token

@@ -9,15 +9,16 @@ stray kwarg never reaches (or breaks) the HF call.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mmfront.errors import ProcessorError
+from mmfront.errors import ProcessorError, UnsupportedModelError
 
 SCOPES = ("text_kwargs", "images_kwargs", "videos_kwargs", "audio_kwargs")
 _SCOPE_OWNERS = {
@@ -106,6 +107,42 @@ def unknown_hf_kwargs(hf_processor: Any, kwargs: Mapping[str, Any]) -> tuple[lis
         elif key not in accepted:
             unknown.append(key)
     return unknown, sorted(accepted)
+
+
+@cache
+def make_pil_image_processors_reachable() -> None:
+    """transformers 5.14.1 cannot auto-load ``Idefics3ImageProcessorPil`` without torchvision: its
+    lazy-import scanner marks any ``image_processing_*`` file whose text mentions
+    ``TorchvisionBackend`` as needing torchvision (that file's docstrings do), so the package's lazy
+    attribute is a placeholder that ``AutoProcessor`` skips. Setting the real class (imported
+    directly) on the package is what a correct lazy module holds. No-op on 5.15+, where the
+    attribute already is the real class."""
+    try:
+        module = importlib.import_module("transformers.models.idefics3.image_processing_pil_idefics3")
+    except ImportError:
+        return
+    real = module.Idefics3ImageProcessorPil
+    package = importlib.import_module("transformers.models.idefics3")
+    if getattr(package, real.__name__, None) is not real:
+        setattr(package, real.__name__, real)
+
+
+def load_hf_processor(folder: str | Path, **kwargs: Any) -> Any:
+    """``AutoProcessor.from_pretrained(folder, local_files_only=True, **kwargs)``; ``kwargs``
+    override the folder's settings (and may pass ready sub-processors, e.g. ``tokenizer=``)."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise UnsupportedModelError(
+            f"Model folder {str(folder)!r} does not exist. mmfront loads processors from local folders only "
+            "(save one with `processor.save_pretrained(folder)`)."
+        )
+    from transformers import AutoProcessor
+
+    make_pil_image_processors_reachable()
+    try:
+        return AutoProcessor.from_pretrained(str(path), local_files_only=True, **kwargs)
+    except Exception as exc:
+        raise UnsupportedModelError(f"Could not load an HF processor from {str(folder)!r}: {exc}") from exc
 
 
 def call_hf(fn: Any, *, what: str, data_desc: str, **kwargs: Any) -> Any:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, pairwise
 from typing import NamedTuple
 
-from mmfront.errors import PromptUpdateError
+from mmfront.errors import PromptUpdateError, ValidationError
 from mmfront.processing.updates import (
     MultiModalPromptUpdates,
     MultiModalPromptUpdatesApplyResult,
@@ -74,7 +74,7 @@ def _first_token_match(token_ids: list[int], match_ids: list[int], start_idx: in
 
 def _check_start(start_idx: int) -> None:
     if start_idx < 0:
-        raise ValueError("start_idx must be non-negative")
+        raise ValidationError("start_idx must be non-negative", parameter="start_idx", value=start_idx)
 
 
 def iter_token_matches(

@@ -38,13 +38,14 @@ from mmfront.inputs import (
 )
 from mmfront.parse import EmbeddingItems, MediaWithBytes, MultiModalDataItems, MultiModalDataParser
 from mmfront.processing.commit import PendingCommit, commit_mm_inputs
-from mmfront.processing.hf import cast_floating, resolve_hf_kwargs, resolve_model_dtype
+from mmfront.processing.hf import cast_floating, load_hf_processor, resolve_hf_kwargs, resolve_model_dtype
 from mmfront.processing.matching import apply_prompt_updates
 from mmfront.processing.stray import refuse_stray_tokens
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
     ResolvedPromptUpdate,
+    cached_encode,
 )
 from mmfront.text import check_text
 
@@ -104,6 +105,7 @@ class BaseProcessingInfo:
         kept for reuse. Request and deployment kwargs need no rebuilt processor: the pipeline
         applies them at call time. Overrides need the model folder to load from.
         """
+        kwargs = {k: v for k, v in kwargs.items() if k != "tokenizer"}  # as in vLLM: always the info's tokenizer
         if not kwargs:
             return self.hf_processor
         if self.model_dir is None:
@@ -116,8 +118,6 @@ class BaseProcessingInfo:
         key = json.dumps(kwargs, sort_keys=True, default=repr)
         processor = self._processor_variants.get(key)
         if processor is None:
-            from mmfront.models.registry import load_hf_processor  # the models layer owns loading
-
             processor = load_hf_processor(self.model_dir, tokenizer=self.tokenizer, **kwargs)
             if len(self._processor_variants) >= _MAX_PROCESSOR_VARIANTS:
                 self._processor_variants.pop(next(iter(self._processor_variants)))
@@ -171,6 +171,7 @@ class BaseProcessingInfo:
         return MultiModalDataParser(
             target_sr=self.get_target_sample_rate(), enable_mm_embeds=self.config.enable_mm_embeds,
             image_mode=self.config.image_mode, rgba_background_color=self.config.rgba_background_color,
+            max_resample_bytes=self.config.max_media_request_decode_bytes,
         )
 
     def parse_mm_data(self, mm_data: Mapping[str, Any], *, validate: bool = True) -> MultiModalDataItems:
@@ -198,20 +199,9 @@ class BaseProcessingInfo:
                     message += " Set `--limit-mm-per-prompt` (MultiModalConfig.limit_mm_per_prompt) to increase this limit."
                 raise ValidationError(message, parameter=modality)
 
-    @cached_property
-    def _encode_memo(self) -> dict[tuple[str, bool], list[int]]:
-        return {}
-
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        """Tokenize constant strings (replacements, dummy text) once."""
-        key = (text, add_special_tokens)
-        ids = self._encode_memo.get(key)
-        if ids is None:
-            ids = list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
-            if len(self._encode_memo) >= 2048:
-                self._encode_memo.clear()
-            self._encode_memo[key] = ids
-        return ids
+        """Tokenize constant strings (replacements, dummy text) once, through the shared memo."""
+        return cached_encode(self.tokenizer, text, add_special_tokens=add_special_tokens)
 
 
 ProcessingInfo = BaseProcessingInfo

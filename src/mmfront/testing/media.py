@@ -15,13 +15,51 @@ from PIL import Image
 
 from mmfront.errors import InputTypeError, ValidationError
 
-__all__ = ["image_data_url", "make_audio", "make_image", "natural_image", "wav_bytes"]
+__all__ = ["image_data_url", "make_audio", "make_image", "make_raw_image", "natural_image", "wav_bytes"]
+
+_RAW_ONLY_MODES = frozenset({"LAB", "HSV", "RGBa", "La", "I;16", "I;16L", "I;16B", "I;16N"})
+"""Modes Pillow does not convert RGB into: :func:`make_image` draws their bytes directly."""
 
 
-def make_image(width: int, height: int, seed: int = 0) -> Image.Image:
-    """An RGB image of uniform noise; the same ``seed`` gives the same pixels on every platform."""
+def make_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:
+    """An image of uniform noise; the same ``seed`` gives the same pixels on every platform.
+
+    Other modes are the RGB noise converted by Pillow, so ``P`` gets a real palette and ``1`` is
+    dithered (``PA`` goes through ``P``); the modes Pillow cannot convert RGB into (``LAB``,
+    ``HSV``, ``RGBa``, ``La``, the ``I;16`` family) are :func:`make_raw_image`.
+    """
+    if mode in _RAW_ONLY_MODES:
+        return make_raw_image(width, height, seed, mode)
     rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8), mode="RGB")
+    image = Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8), mode="RGB")
+    if mode == "RGB":
+        return image
+    try:
+        return image.convert("P").convert("PA") if mode == "PA" else image.convert(mode)
+    except ValueError as exc:
+        raise ValidationError(
+            f"cannot make a {mode!r} image ({exc}): pass a Pillow mode such as 'L', 'RGBA' or 'P'",
+            parameter="mode",
+            value=mode,
+        ) from None
+
+
+def make_raw_image(width: int, height: int, seed: int = 0, mode: str = "RGB") -> Image.Image:
+    """An image whose raw pixel buffer is seeded noise, alpha and padding bytes included.
+
+    For code that reads Pillow's buffer (the pixel packer): converted noise would leave an alpha
+    or ``X`` band constant. Draws four bytes per pixel and gives Pillow the prefix its mode needs,
+    so a 3-byte mode's pixels are the first three quarters of the 4-byte mode's stream.
+    """
+    raw = np.random.default_rng(seed).integers(0, 256, width * height * 4, dtype=np.uint8)
+    try:
+        return Image.frombytes(mode, (width, height), raw.tobytes())
+    except ValueError as exc:
+        raise ValidationError(
+            f"cannot make a raw {mode!r} image ({exc}): pass a Pillow mode such as 'RGBX' or 'CMYK'",
+            parameter="mode",
+            value=mode,
+        ) from None
 
 
 def natural_image(width: int = 1024, height: int = 1024, seed: int = 0, tag: int = 0) -> Image.Image:
@@ -64,33 +102,51 @@ def image_data_url(img: Image.Image, format: str = "PNG") -> str:
     return f"data:{mime};base64,{base64.b64encode(buf.getvalue()).decode('ascii')}"
 
 
-def wav_bytes(waveform: np.ndarray, sr: int) -> bytes:
-    """A 16-bit PCM WAV file of ``waveform`` at ``sr`` Hz (stdlib ``wave``, no audio library).
+def wav_bytes(waveform: np.ndarray, sr: int, *, sample_width: int = 2) -> bytes:
+    """A PCM WAV file of ``waveform`` at ``sr`` Hz with ``sample_width``-byte samples (stdlib
+    ``wave``, no audio library).
 
-    ``waveform`` is ``(frames,)`` mono or ``(frames, channels)``. Float samples are taken as
-    [-1, 1] (clipped, scaled by 32767); int16 samples are written as they are.
+    ``waveform`` is ``(frames,)`` mono or ``(frames, channels)``; no frames gives an empty WAV.
+    Float samples are taken as [-1, 1], clipped and scaled to the width's full scale (32767 for
+    16 bits). Integer samples are written as they are, so a test can put exact codes in a file:
+    they must fit the width, which for 8 bits is unsigned (0..255, silence at 128) as WAV stores it.
     """
     samples = np.asarray(waveform)
-    if samples.ndim not in (1, 2) or samples.size == 0:
+    if samples.ndim not in (1, 2) or (samples.ndim == 2 and samples.shape[1] == 0):
         raise ValidationError(
-            f"waveform has shape {samples.shape}: pass a non-empty (frames,) or (frames, channels) array",
+            f"waveform has shape {samples.shape}: pass a (frames,) or (frames, channels) array",
             parameter="waveform",
         )
-    if sr <= 0:
-        raise ValidationError(f"sampling rate {sr} is not positive: pass the rate in Hz, e.g. 16000", parameter="sr")
+    if isinstance(sr, bool) or not isinstance(sr, int) or sr <= 0:
+        raise ValidationError(
+            f"sampling rate {sr!r} is not a positive integer: pass the rate in Hz, e.g. 16000", parameter="sr"
+        )
+    if sample_width not in (1, 2, 3, 4):
+        raise ValidationError(f"sample_width {sample_width!r} is not 1, 2, 3 or 4 bytes", parameter="sample_width")
+    bits = 8 * sample_width
+    low, high = (0, 255) if sample_width == 1 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
     if np.issubdtype(samples.dtype, np.floating):
-        pcm = np.round(np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
-    elif samples.dtype == np.int16:
-        pcm = samples.astype("<i2")
+        full_scale = 127 if sample_width == 1 else high
+        codes = np.round(np.clip(samples, -1.0, 1.0) * full_scale).astype(np.int64) + (128 if sample_width == 1 else 0)
+    elif np.issubdtype(samples.dtype, np.integer):
+        codes = samples.astype(np.int64)
+        if codes.size and (codes.min() < low or codes.max() > high):
+            raise ValidationError(
+                f"integer samples span {codes.min()}..{codes.max()}, outside the {low}..{high} of "
+                f"{bits}-bit PCM: pass a larger sample_width or scale the samples",
+                parameter="waveform",
+            )
     else:
         raise InputTypeError(
-            f"waveform dtype {samples.dtype} is not supported: pass float samples in [-1, 1] or int16 PCM"
+            f"waveform dtype {samples.dtype} is not supported: pass float samples in [-1, 1] or integer PCM codes",
+            parameter="waveform",
         )
-    channels = 1 if pcm.ndim == 1 else pcm.shape[1]
+    little_endian = codes.reshape(-1).astype("<i8").view(np.uint8).reshape(-1, 8)
+    channels = 1 if codes.ndim == 1 else codes.shape[1]
     buf = io.BytesIO()
     with wave.open(buf, "wb") as out:
         out.setnchannels(channels)
-        out.setsampwidth(2)
+        out.setsampwidth(sample_width)
         out.setframerate(sr)
-        out.writeframes(np.ascontiguousarray(pcm).tobytes())
+        out.writeframes(np.ascontiguousarray(little_endian[:, :sample_width]).tobytes())
     return buf.getvalue()

@@ -42,7 +42,10 @@ __all__ = [
 ]
 
 #: Bump whenever a builder's output changes: cached default models are keyed by it.
-FIXTURE_VERSION = "1"
+FIXTURE_VERSION = "2"
+
+#: Bump whenever the weights builder's output changes (cached folders with weights are keyed by it).
+WEIGHTS_VERSION = "1"
 
 #: The default model of ``make demo`` and the benchmarks.
 DEFAULT_MODEL_KIND = "gemma3-896"
@@ -115,11 +118,13 @@ def _config_json(kind: ModelKind, processor: ProcessorMixin) -> dict[str, Any]:
     return config
 
 
-def build_model_folder(kind: str, folder: Path, **sizes: int) -> Path:
+def build_model_folder(kind: str, folder: Path, *, with_weights: bool = False, **sizes: int) -> Path:
     """Save the ``kind`` processor (with its tokenizer) and a minimal ``config.json`` into ``folder``.
 
     ``sizes`` override the builder's defaults (e.g. ``image_size=224, image_seq_length=64`` for
-    ``"gemma3-896"``); see :data:`KINDS` for which each kind takes. Returns ``folder``.
+    ``"gemma3-896"``); see :data:`KINDS` for which each kind takes. ``with_weights`` adds a
+    random-weight float32 model of the real architecture and its full ``config.json``
+    (:func:`mmfront.testing.weights.write_weights`). Returns ``folder``.
     """
     spec = KINDS.get(kind)
     if spec is None:
@@ -127,11 +132,18 @@ def build_model_folder(kind: str, folder: Path, **sizes: int) -> Path:
     unknown = sorted(set(sizes) - set(spec.sizes))
     if unknown:
         raise ConfigError(f"{kind!r} takes no size {unknown}: pass only {list(spec.sizes)}")
+    if with_weights:
+        from mmfront.testing.weights import WEIGHT_KINDS, write_weights
+
+        if kind not in WEIGHT_KINDS:
+            raise ConfigError(f"no weights for model kind {kind!r}: pass one of {list(WEIGHT_KINDS)}")
     processor = spec.build(**sizes)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     processor.save_pretrained(str(folder))
     (folder / "config.json").write_text(json.dumps(_config_json(spec, processor), indent=2) + "\n", encoding="utf-8")
+    if with_weights:
+        write_weights(kind, processor, folder)
     return folder
 
 
@@ -140,7 +152,7 @@ def load_processor(folder: Path | str, **kwargs: Any) -> ProcessorMixin:
     the PIL image processors reachable on transformers versions whose auto-loading misses them."""
     from transformers import AutoProcessor
 
-    from mmfront.models.registry import make_pil_image_processors_reachable
+    from mmfront.processing.hf import make_pil_image_processors_reachable
 
     make_pil_image_processors_reachable()
     return AutoProcessor.from_pretrained(str(folder), **kwargs)
@@ -156,8 +168,9 @@ def mmfront_home() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "mmfront"
 
 
-def cached_model_dir(kind: str) -> Path:
-    """A ready folder of ``kind`` at its default sizes in ``mmfront_home()/models``, built once.
+def cached_model_dir(kind: str, *, with_weights: bool = False) -> Path:
+    """A ready folder of ``kind`` at its default sizes in ``mmfront_home()/models``, built once
+    (``with_weights``: with its random-weight model, in a folder of its own).
 
     The folder name carries :data:`FIXTURE_VERSION` and the transformers version, so a changed
     builder or a different transformers gets its own folder. The build goes to a temporary
@@ -167,13 +180,14 @@ def cached_model_dir(kind: str) -> Path:
     if kind not in KINDS:
         raise ConfigError(f"unknown model kind {kind!r}: pass one of {sorted(KINDS)}")
     root = mmfront_home() / "models"
-    final = root / f"{kind}-v{FIXTURE_VERSION}-transformers{importlib.metadata.version('transformers')}"
+    weights = f"-weights{WEIGHTS_VERSION}" if with_weights else ""
+    final = root / f"{kind}{weights}-v{FIXTURE_VERSION}-transformers{importlib.metadata.version('transformers')}"
     if final.is_dir():
         return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        build_model_folder(kind, tmp)
+        build_model_folder(kind, tmp, with_weights=with_weights)
         try:
             tmp.rename(final)
         except OSError:

@@ -39,6 +39,7 @@ __all__ = [
     "GEMMA3_EXTRA_SPECIAL_TOKENS",
     "GEMMA3_PREPROCESSOR",
     "GEMMA3_SPECIAL_TOKENS",
+    "GLMASR_CHAT_TEMPLATE",
     "HAS_OFFSETS_API",
     "IDEFICS3_CHAT_TEMPLATE",
     "IDEFICS3_ROW_COL_TOKENS",
@@ -348,9 +349,47 @@ def make_qwen2_audio_processor(feature_size: int = 16, chunk_length: int = 2, sa
     )
 
 
+#: The chat template GLM-ASR-Nano-2512 ships (transformers' conversion script writes it into the
+#: processor): parts are walked by the ``to_text`` macro, and an audio part opens a new user turn.
+GLMASR_CHAT_TEMPLATE = (
+    "{%- macro to_text(content) -%}\n"
+    "{%- if content is string -%}\n"
+    "{{- content -}}\n"
+    "{%- elif content is iterable and content is not mapping -%}\n"
+    "{%- for item in content -%}\n"
+    "{%- if item is mapping and item.type == 'text' and item.text is defined -%}\n"
+    "{{- item.text -}}\n"
+    "{%- elif item is mapping and (item.type == 'audio' or 'audio' in item) -%}\n"
+    "<|begin_of_audio|><|pad|><|end_of_audio|><|user|>\n"
+    "{% elif item is string -%}\n"
+    "{{- item -}}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- else -%}\n"
+    "{{- content -}}\n"
+    "{%- endif -%}\n"
+    "{%- endmacro -%}\n"
+    "{%- for m in messages -%}\n"
+    "{%- if m.role == 'system' -%}\n"
+    "<|system|>\n"
+    "{{ to_text(m.content) | trim }}\n"
+    "{%- elif m.role == 'user' -%}\n"
+    "<|user|>\n"
+    "{{ to_text(m.content) | trim }}\n"
+    "{%- elif m.role == 'assistant' -%}\n"
+    "<|assistant|>\n"
+    "{{ to_text(m.content) | trim }}\n"
+    "{%- endif -%}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "<|assistant|>\n"
+    "{% endif -%}"
+)
+
+
 def make_glmasr_tokenizer() -> PreTrainedTokenizerFast:
     return make_tokenizer(
-        ["<|user|>", "<|assistant|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|pad|>"],
+        ["<|user|>", "<|assistant|>", "<|begin_of_audio|>", "<|end_of_audio|>", "<|pad|>", "<|system|>"],
         bos_token=None,
         eos_token="<|endoftext|>",
         pad_token="<|endoftext|>",
@@ -365,12 +404,14 @@ def make_glmasr_processor(feature_size: int = 16, chunk_length: int = 2, samplin
     len(audio)``), ``return_tensors`` must be "pt" (the default), text is left-padded.
     Each audio is cut into ``chunk_length``-second windows, each padded to ``chunk_length`` seconds;
     1.0 s expands to 12 ``<|pad|>`` tokens, 3.0 s to 37.
-    Real values: feature_size=128, chunk_length=30, audio_token="<|pad|>".
+    Real values: feature_size=128, chunk_length=30, audio_token="<|pad|>". The chat template is the
+    real one (:data:`GLMASR_CHAT_TEMPLATE`).
     """
     return GlmAsrProcessor(
         feature_extractor=_whisper_feature_extractor(feature_size, chunk_length, sampling_rate),
         tokenizer=make_glmasr_tokenizer(),
         audio_token="<|pad|>",
+        chat_template=GLMASR_CHAT_TEMPLATE,
     )
 
 

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 from mmfront.wire._tensors import Frame, frame_view, frame_views
 from mmfront.wire.codec import DEFAULT_SIZE_THRESHOLD, MsgpackDecoder, MsgpackEncoder
-from mmfront.wire.structs import EngineCoreRequest, LoRARequest, SamplingParams
+from mmfront.wire.params import LoRARequest, PoolingParams, RequestOutputKind, SamplingParams
+from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 
 __all__ = [
     "DEFAULT_SIZE_THRESHOLD",
+    "EngineCoreOutput",
+    "EngineCoreOutputs",
     "EngineCoreRequest",
+    "FinishReason",
     "Frame",
     "LoRARequest",
     "MsgpackDecoder",
     "MsgpackEncoder",
+    "PoolingParams",
+    "RequestOutputKind",
     "SamplingParams",
     "frame_view",
     "frame_views",

@@ -71,6 +71,8 @@ MIRROR_ONLY: Final = b"M"
 """Body: a ``MirrorOnly``; always stamped. A request committed on P0 but never sent."""
 RESET_CACHE: Final = b"X"
 """Body: nil. Clear P1's cache (vLLM's ``reset_mm_cache``); P1 answers with a ``MirrorReset``."""
+ABORT: Final = b"A"
+"""Body: a list of request ids. Abort them (vLLM's ABORT)."""
 
 # P1 -> P0
 ADMITTED: Final = b"a"
@@ -79,8 +81,14 @@ CACHE_MISS: Final = b"m"
 """Body: a ``CacheMiss``. P1 did not admit the request: resend it with these items' data."""
 MIRROR_RESET: Final = b"r"
 """Body: a ``MirrorReset``. P1 cleared its cache: P0 clears its shadow if still in that epoch."""
+ENGINE_OUTPUTS: Final = b"o"
+"""Body: an ``EngineCoreOutputs``, the engine's own step outputs as vLLM sends them."""
+ENGINE_HELLO: Final = b"h"
+"""Body: an ``EngineHello``. Sent when an engine starts serving a frontend and as its heartbeat; a
+new ``epoch`` tells P0 the engine restarted and lost what was in flight."""
 
-MESSAGE_TYPES: Final = frozenset({REQUEST, MIRROR_ONLY, RESET_CACHE, ADMITTED, CACHE_MISS, MIRROR_RESET})
+MESSAGE_TYPES: Final = frozenset(
+    {REQUEST, MIRROR_ONLY, RESET_CACHE, ABORT, ADMITTED, CACHE_MISS, MIRROR_RESET, ENGINE_OUTPUTS, ENGINE_HELLO})
 
 _encode_stamp = msgspec.msgpack.Encoder().encode
 _decode_stamp = msgspec.msgpack.Decoder(MirrorStamp).decode
@@ -101,6 +109,13 @@ class Admitted(msgspec.Struct, array_like=True, omit_defaults=True):
 
     request_id: str
     request: EngineCoreRequest | None = None
+
+
+class EngineHello(msgspec.Struct, array_like=True, frozen=True):
+    """An engine's greeting and heartbeat: ``epoch`` is random per engine process."""
+
+    engine_index: int
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -131,8 +146,11 @@ def decode_envelope(frames: Sequence[Frame]) -> Envelope:
 
 
 __all__ = [
+    "ABORT",
     "ADMITTED",
     "CACHE_MISS",
+    "ENGINE_HELLO",
+    "ENGINE_OUTPUTS",
     "EVICT",
     "HIT",
     "INSERT",
@@ -144,6 +162,7 @@ __all__ = [
     "RESET_CACHE",
     "Admitted",
     "CacheMiss",
+    "EngineHello",
     "Envelope",
     "MirrorOnly",
     "MirrorOp",

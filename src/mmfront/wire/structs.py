@@ -1,55 +1,52 @@
 """The messages between the frontend (P0) and the engine (P1), as msgspec structs.
 
-Field order and encoding follow vLLM 0.33 (``EngineCoreRequest`` is an array-like struct encoded
-positionally; msgspec writes every field, and decoders ignore trailing fields they do not know), so
-a stock vLLM engine core decodes what mmfront sends.
+Field names, order, defaults and struct options follow vLLM 0.33 (``vllm.v1.engine``), so a stock
+vLLM engine core decodes the requests mmfront sends and mmfront decodes the outputs a stock engine
+sends. The array-like structs are encoded positionally and msgspec writes every field (trailing
+defaults included); a decoder ignores trailing elements it does not know, which is how newer
+fields stay compatible. Fields whose vLLM types mmfront never builds (logprob tensors, scheduler
+statistics, KV hints) are carried as plain msgpack data (``Any``).
 """
 
 from __future__ import annotations
 
+import enum
+import time
 from typing import Any
 
 import msgspec
+import numpy as np
 import torch
 
 from mmfront.inputs import MultiModalFeatureSpec
+from mmfront.wire.params import LoRARequest, PoolingParams, SamplingParams
 
 
-class SamplingParams(msgspec.Struct, omit_defaults=True, dict=True):
-    """The common generation parameters, under vLLM's names (encoded as a map, defaults omitted)."""
+class KvHintAction(msgspec.Struct, frozen=True):
+    """One orchestrator hint about a request's KV cache; ``payload`` is JSON-like."""
 
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    logprobs: int | None = None
+    action_id: str
+    action_type: str
+    action_version: str
+    payload: dict[str, Any]
 
 
-class LoRARequest(msgspec.Struct, omit_defaults=True, array_like=True):
-    lora_name: str
-    lora_int_id: int
-    lora_path: str = ""
+class KvHintsEnvelope(msgspec.Struct, frozen=True):
+    protocol_version: str
+    message_id: str
+    actions: list[KvHintAction]
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    """One request to the engine. ``mm_features`` are sorted by placeholder offset; a feature's
-    ``data`` is ``None`` when the engine-side cache already holds the item."""
+    """One request to the engine: vLLM 0.33's 22 fields in its order. ``mm_features`` are sorted
+    by placeholder offset; a feature's ``data`` is ``None`` when the engine-side cache already
+    holds the item."""
 
     request_id: str
     prompt_token_ids: list[int] | None
     mm_features: list[MultiModalFeatureSpec] | None
     sampling_params: SamplingParams | None
-    pooling_params: dict[str, Any] | None
+    pooling_params: PoolingParams | None
     arrival_time: float
     lora_request: LoRARequest | None
     cache_salt: str | None
@@ -62,3 +59,119 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=
     trace_headers: dict[str, str] | None = None
     resumable: bool = False
     external_req_id: str | None = None
+    reasoning_ended: bool | None = None
+    reasoning_parser_kwargs: dict[str, Any] | None = None
+    abort_immediately: bool = False
+    session_id: str | None = None
+    kv_hints: KvHintsEnvelope | None = None
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request finished; an int on the wire."""
+
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+    REPETITION = 4
+
+    def __str__(self) -> str:
+        return ("stop", "length", "abort", "error", "repetition")[self.value]
+
+
+class EngineCoreEventType(enum.IntEnum):
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+class EngineCoreEvent(msgspec.Struct):
+    """A request's scheduling event (a map ``{"type", "timestamp"}``); ``timestamp`` is the
+    engine's monotonic clock, comparable only with the same engine's other events."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+
+class RequestError(msgspec.Struct):
+    """A request-level error (a map); ``retryable`` errors may be resent as they are."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One request's progress in an engine step, vLLM 0.33's 19 fields in its order.
+
+    ``mm_cache_miss_hashes`` is vLLM's drift reply: the engine lacked these items, the request
+    finished with ``FinishReason.ERROR`` and is resent with their data. mmfront's engine side
+    answers a miss the same way, so a stock vLLM frontend recovers from it too."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: Any = None
+    new_prompt_logprobs_tensors: Any = None
+    pooling_output: torch.Tensor | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    events: list[EngineCoreEvent] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    trace_headers: dict[str, str] | None = None
+    prefill_stats: Any = None
+    routed_experts: np.ndarray | None = None
+    num_nans_in_logits: int = 0
+    mm_cache_miss_hashes: list[str] | None = None
+    new_sampling_mask: Any = None
+    spec_decode_metrics: Any = None
+    prompt_token_id_logprobs: torch.Tensor | None = None
+    error: RequestError | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class UtilityOutput(msgspec.Struct, array_like=True, gc=False):
+    """The answer to a utility call (``failure_message`` set when it failed)."""
+
+    call_id: int
+    failure_message: str | None = None
+    result: Any = None
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One engine step's outputs for one client, vLLM 0.33's 9 fields in its order. A zero
+    ``timestamp`` becomes the current monotonic time, on construction and on decode, as in vLLM."""
+
+    engine_index: int = 0
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: Any = None
+    timestamp: float = 0.0
+    utility_output: UtilityOutput | None = None
+    finished_requests: set[str] | None = None
+    wave_complete: int | None = None
+    start_wave: int | None = None
+    weight_version: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.timestamp == 0.0:
+            self.timestamp = time.monotonic()
+
+
+__all__ = [
+    "EngineCoreEvent",
+    "EngineCoreEventType",
+    "EngineCoreOutput",
+    "EngineCoreOutputs",
+    "EngineCoreRequest",
+    "FinishReason",
+    "KvHintAction",
+    "KvHintsEnvelope",
+    "LoRARequest",
+    "PoolingParams",
+    "RequestError",
+    "SamplingParams",
+    "UtilityOutput",
+]

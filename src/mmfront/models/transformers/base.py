@@ -28,7 +28,7 @@ from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, Uns
 from mmfront.inputs import MultiModalFieldConfig
 from mmfront.parse import AudioProcessorItems, EmbeddingItems, ImageProcessorItems, MultiModalDataItems
 from mmfront.processing.hf import SCOPES, call_hf
-from mmfront.processing.processor import BaseMultiModalProcessor, ProcessingInfo
+from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _STRUCTURE_ATTRS = ("global_image_tag", "image_wrapper_token")
 _warned_dropped: set[tuple[str, str]] = set()
 
 
-class TransformersProcessingInfo(ProcessingInfo):
+class TransformersProcessingInfo(BaseProcessingInfo):
     """What the backend reads from an HF processor it has no native knowledge of."""
 
     @cached_property
@@ -287,7 +287,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
 
     info: TransformersProcessingInfo
 
-    def __init__(self, info: ProcessingInfo) -> None:
+    def __init__(self, info: BaseProcessingInfo) -> None:
         if not isinstance(info, TransformersProcessingInfo):
             raise InputTypeError(
                 f"{type(self).__name__} needs a TransformersProcessingInfo, got {type(info).__name__}; build it with "

@@ -145,11 +145,12 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
         return mm_inputs(ids, kw_items, {m: list(hashes[m]) for m in counts}, placeholders, prompt=keep_prompt)
 
     def _check_placeholder_counts(self, text: str, counts: Mapping[str, int]) -> None:
-        """Too few placeholders is the user's error; say so before HF says it less clearly."""
+        """One placeholder per item: too few is the user's error, and so is too many (a stray one
+        would reach the model); say so before HF says it less clearly, or not at all."""
         for modality, count in counts.items():
             placeholder = self.info.placeholder(modality)
             found = text.count(placeholder)
-            if found < count:
+            if found != count:
                 raise PromptUpdateError(
                     f"Expected {count} placeholder(s) for {modality} items but found {found} in the prompt. Put one "
                     f"`{placeholder}` (the model's {modality} placeholder) in the prompt for each {modality}.",

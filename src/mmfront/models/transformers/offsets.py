@@ -26,7 +26,7 @@ from mmfront.models.transformers.base import (
     most_frequent_token,
 )
 from mmfront.parse import ImageProcessorItems, MultiModalDataItems
-from mmfront.processing.processor import ProcessingInfo
+from mmfront.processing.processor import BaseProcessingInfo
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
@@ -82,7 +82,7 @@ def no_offsets_error(processor: Any, modality: str) -> MissingOffsetsError:
 class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
     """Places each item with the replacement its HF processor reports (transformers >= 5.15)."""
 
-    def __init__(self, info: ProcessingInfo) -> None:
+    def __init__(self, info: BaseProcessingInfo) -> None:
         super().__init__(info)
         proc = self.info.hf_processor
         for modality in self.modalities:

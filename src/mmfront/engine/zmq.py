@@ -1,0 +1,235 @@
+"""The transport over vLLM 0.33's ZMQ sockets, one class per end.
+
+The layout is vLLM's: P0 binds a ROUTER for requests and a PULL for outputs; each engine connects
+a DEALER whose identity is ``engine_index.to_bytes(2, "little")`` and a PUSH. Both ends speak
+mmfront's envelopes to their callers (as :class:`~mmfront.engine.transport.PipeTransport` does)
+and lay them out on the sockets as vLLM's frames (:mod:`mmfront.wire.zmq_frames`), so a stock
+vLLM engine can take mmfront's requests and a stock frontend can read mmfront's engine outputs.
+
+``ipc`` (the default) binds socket files in a private 0700 directory, removed on close; ``tcp``
+binds the loopback address unless ``host`` says otherwise, for engines on other hosts. A bad
+message raises :class:`~mmfront.errors.DecodeError` from ``recv`` and is dropped; the next
+``recv`` reads the next message. ZMQ does not report a vanished peer: ``recv`` just times out.
+
+Thread-safety: the P0 end sends on the ROUTER and receives on the PULL, the engine end receives on
+the DEALER and sends on the PUSH, so one sender thread and one receiver thread may share an end.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import zmq
+
+from mmfront.engine.transport import BaseTransport
+from mmfront.errors import ConfigError, TransportError
+from mmfront.wire import Frame
+from mmfront.wire.zmq_frames import (
+    envelope_from_output_frames,
+    envelope_from_request_frames,
+    output_frames,
+    request_frames,
+)
+
+_HELLO = b""
+"""What an engine's DEALER sends first, so P0's ROUTER learns that engine is there (vLLM sends
+its ready response here; P0 accepts any payload)."""
+
+
+@dataclass(frozen=True)
+class ZmqAddresses:
+    """Where an engine connects: its DEALER to ``input``, its PUSH to ``output``."""
+
+    input: str
+    output: str
+
+
+def engine_identity(engine_index: int) -> bytes:
+    """The DEALER identity of engine ``engine_index`` (vLLM's: 2 bytes, little-endian)."""
+    if not 0 <= engine_index < 1 << 16:
+        raise ConfigError(f"engine_index must be in [0, 65535] (it travels as 2 bytes), got {engine_index}.")
+    return engine_index.to_bytes(2, "little")
+
+
+def _configure(sock: zmq.Socket, hwm: int, max_frame_bytes: int, send_timeout_s: float | None) -> None:
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+    sock.setsockopt(zmq.SNDTIMEO, -1 if send_timeout_s is None else max(0, round(send_timeout_s * 1000)))
+    sock.setsockopt(zmq.LINGER, 0)
+
+
+def _check_limits(hwm: int, max_frame_bytes: int, send_timeout_s: float | None) -> None:
+    if hwm < 0:
+        raise ConfigError(f"hwm must be 0 (no limit) or a positive number of messages, got {hwm}.")
+    if max_frame_bytes < -1 or max_frame_bytes == 0:
+        raise ConfigError(f"max_frame_bytes must be -1 (no limit) or positive, got {max_frame_bytes}.")
+    if send_timeout_s is not None and send_timeout_s < 0:
+        raise ConfigError(f"send_timeout_s must be None (wait) or >= 0, got {send_timeout_s}.")
+
+
+def _send(sock: zmq.Socket, frames: Sequence[Frame], who: str) -> None:
+    try:
+        sock.send_multipart(frames, copy=False)
+    except zmq.Again as e:
+        raise TransportError(f"{who} did not take the message within send_timeout_s (its queue is full); "
+                             "retry later or raise hwm.") from e
+    except zmq.ZMQError as e:
+        if e.errno == errno.EHOSTUNREACH:
+            raise TransportError(f"{who} is not connected; start it and call wait_for_engines first.") from e
+        raise TransportError(f"Sending to {who} failed: {e}.") from e
+
+
+def _recv(sock: zmq.Socket, timeout: float | None) -> list[memoryview] | None:
+    try:
+        if timeout is not None and not sock.poll(max(0, round(timeout * 1000))):
+            return None
+        return [frame.buffer for frame in sock.recv_multipart(copy=False)]
+    except zmq.ZMQError as e:
+        raise TransportError(f"Receiving failed: {e}.") from e
+
+
+class ZmqFrontendTransport(BaseTransport):
+    """P0's end: binds the ROUTER (requests) and the PULL (outputs) and routes to engines.
+
+    ``send`` goes to ``engine_index``; ``send_to`` picks the engine. ``hwm`` bounds each socket's
+    queue in messages (0: unbounded, as vLLM); with it, ``send_timeout_s`` bounds how long a send
+    waits for room. A peer that sends a frame above ``max_frame_bytes`` is disconnected and its
+    message dropped (-1: no limit)."""
+
+    def __init__(
+        self,
+        scheme: Literal["ipc", "tcp"] = "ipc",
+        *,
+        host: str = "127.0.0.1",
+        ports: tuple[int, int] = (0, 0),
+        engine_index: int = 0,
+        client_index: int = 0,
+        hwm: int = 0,
+        send_timeout_s: float | None = None,
+        max_frame_bytes: int = -1,
+    ) -> None:
+        if scheme not in ("ipc", "tcp"):
+            raise ConfigError(f"scheme must be 'ipc' or 'tcp', got {scheme!r}.")
+        _check_limits(hwm, max_frame_bytes, send_timeout_s)
+        self.engine_index = engine_index
+        self.client_index = client_index
+        self.engines: set[int] = set()
+        """Engines that said hello (see :meth:`wait_for_engines`)."""
+        self._identity = engine_identity(engine_index)
+        self._call_ids = itertools.count()
+        self._dir: Path | None = None
+        self._ctx = zmq.Context()
+        self._closed = False
+        try:
+            self._router = self._ctx.socket(zmq.ROUTER)
+            self._pull = self._ctx.socket(zmq.PULL)
+            self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted engine takes its identity back
+            for sock in (self._router, self._pull):
+                _configure(sock, hwm, max_frame_bytes, send_timeout_s)
+            if scheme == "ipc":
+                self._dir = Path(tempfile.mkdtemp(prefix="mmfront-zmq-"))
+                endpoints = [f"ipc://{self._dir}/{name}" for name in ("input", "output")]
+            else:
+                endpoints = [f"tcp://{host}:{port or '*'}" for port in ports]
+            for sock, endpoint in zip((self._router, self._pull), endpoints):
+                sock.bind(endpoint)
+            self.addresses = ZmqAddresses(
+                self._router.getsockopt_string(zmq.LAST_ENDPOINT), self._pull.getsockopt_string(zmq.LAST_ENDPOINT))
+        except zmq.ZMQError as e:
+            self.close()
+            raise TransportError(f"Cannot bind the {scheme} sockets ({e}); pick other ports or another host.") from e
+
+    def wait_for_engines(self, engine_indices: Iterable[int], timeout: float) -> None:
+        """Block until every engine in ``engine_indices`` has connected; call it before sending
+        (from the sending thread: it reads the ROUTER)."""
+        wanted = {engine_identity(i) for i in engine_indices}
+        deadline = time.monotonic() + timeout
+        seen = {engine_identity(i) for i in self.engines}
+        while not wanted <= seen:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._router.poll(round(left * 1000)):
+                missing = sorted(int.from_bytes(i, "little") for i in wanted - seen)
+                raise TransportError(f"Engines {missing} did not connect within {timeout} s; check their addresses.")
+            identity, *_ = self._router.recv_multipart()
+            if len(identity) == 2:
+                seen.add(identity)
+                self.engines.add(int.from_bytes(identity, "little"))
+
+    def send(self, frames: Sequence[Frame]) -> None:
+        self.send_to(self.engine_index, frames)
+
+    def send_to(self, engine_index: int, frames: Sequence[Frame]) -> None:
+        """Send one envelope to engine ``engine_index``; tensors go zero-copy, so leave them
+        unchanged until the engine has answered."""
+        identity = self._identity if engine_index == self.engine_index else engine_identity(engine_index)
+        out = request_frames(frames, call_ids=self._call_ids, client_index=self.client_index)
+        _send(self._router, [identity, *out], f"Engine {engine_index}")
+
+    def recv(self, timeout: float | None = None) -> list[Frame] | None:
+        frames = _recv(self._pull, timeout)
+        return None if frames is None else envelope_from_output_frames(frames)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._ctx.destroy(linger=0)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class ZmqEngineTransport(BaseTransport):
+    """An engine's end: connects a DEALER (identity from ``engine_index``) and a PUSH to P0."""
+
+    def __init__(
+        self,
+        addresses: ZmqAddresses,
+        engine_index: int,
+        *,
+        hwm: int = 0,
+        send_timeout_s: float | None = None,
+        max_frame_bytes: int = -1,
+    ) -> None:
+        _check_limits(hwm, max_frame_bytes, send_timeout_s)
+        self.engine_index = engine_index
+        identity = engine_identity(engine_index)
+        self._ctx = zmq.Context()
+        self._closed = False
+        try:
+            self._dealer = self._ctx.socket(zmq.DEALER)
+            self._push = self._ctx.socket(zmq.PUSH)
+            self._dealer.setsockopt(zmq.IDENTITY, identity)
+            for sock in (self._dealer, self._push):
+                _configure(sock, hwm, max_frame_bytes, send_timeout_s)
+            self._dealer.connect(addresses.input)
+            self._push.connect(addresses.output)
+            self._dealer.send(_HELLO)
+        except zmq.ZMQError as e:
+            self.close()
+            raise TransportError(f"Cannot connect to {addresses} ({e}).") from e
+
+    def send(self, frames: Sequence[Frame]) -> None:
+        _send(self._push, output_frames(frames, engine_index=self.engine_index), "P0")
+
+    def recv(self, timeout: float | None = None) -> list[Frame] | None:
+        frames = _recv(self._dealer, timeout)
+        return None if frames is None else envelope_from_request_frames(frames)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._ctx.destroy(linger=0)
+
+
+__all__ = ["ZmqAddresses", "ZmqEngineTransport", "ZmqFrontendTransport", "engine_identity"]

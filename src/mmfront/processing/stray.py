@@ -1,0 +1,82 @@
+"""Refusing multimodal tokens that no item owns.
+
+Prompt updates place one item per placeholder and leave any further placeholder where it was
+(vLLM's semantics), so a prompt with three ``<start_of_image>`` and two images reached the model
+with a stray image token, and a typed ``<image_soft_token>`` became an embedding slot that no
+image fills. After the updates, every reserved multimodal token that an item's expansion uses
+must lie inside some item's placeholder range; :func:`refuse_stray_tokens` checks that with one
+set intersection per stretch of prompt between ranges (C speed, no per-token Python loop).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mmfront.errors import PromptUpdateError
+from mmfront.processing.updates import PlaceholderFeaturesInfo
+
+if TYPE_CHECKING:
+    from mmfront.processing.processor import BaseMultiModalProcessor
+
+_reserved_memo: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def reserved_token_ids(processor: BaseMultiModalProcessor) -> frozenset[int]:
+    """Ids of the processor's reserved multimodal tokens that are single tokens (memoized)."""
+    with _lock:
+        found = _reserved_memo.get(processor)
+    if found is not None:
+        return found
+    tokenizer = processor.info.tokenizer
+    ids = set()
+    for token in processor.get_mm_special_tokens():
+        encoded = tokenizer.encode(token, add_special_tokens=False) if token else []
+        if len(encoded) == 1:
+            ids.add(int(encoded[0]))
+    found = frozenset(ids)
+    with _lock:
+        _reserved_memo[processor] = found
+    return found
+
+
+def refuse_stray_tokens(
+    processor: BaseMultiModalProcessor, prompt_ids: list[int],
+    placeholders: Mapping[str, Sequence[PlaceholderFeaturesInfo]],
+) -> None:
+    """Raise :class:`PromptUpdateError` if a reserved token that an item's expansion uses occurs
+    outside every item's range (a placeholder or embedding token with no item).
+
+    Only the gaps between ranges are scanned, once; a reserved token found there is looked up in
+    the expansions (a model's wrapper tokens, such as Qwen2-Audio's ``<|audio_bos|>``, legitimately
+    sit outside its ranges)."""
+    reserved = reserved_token_ids(processor)
+    ranges = sorted((p.start_idx, p.start_idx + len(p.tokens)) for ps in placeholders.values() for p in ps)
+    gaps = _gaps(ranges, len(prompt_ids))
+    outside: set[int] = set().union(*(reserved.intersection(prompt_ids[a:b]) for a, b in gaps))
+    for token in sorted(outside):
+        modality = next((m for m, ps in placeholders.items() for p in ps if token in p.tokens), None)
+        if modality is None:
+            continue
+        extra = sum(prompt_ids[a:b].count(token) for a, b in gaps)
+        text = processor.info.tokenizer.convert_ids_to_tokens(token)
+        count = len(placeholders[modality])
+        raise PromptUpdateError(
+            f"The prompt holds {extra} {text!r} that no {modality} item fills ({count} {modality} item(s) were "
+            f"given): remove the extra {text!r} from the prompt, or add its {modality}.",
+            modality=modality, expected=count, found=count + extra,
+        )
+
+
+def _gaps(ranges: Sequence[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """``[start, end)`` of the stretches of the prompt no range covers (``ranges`` sorted)."""
+    out = []
+    pos = 0
+    for start, end in (*ranges, (length, length)):
+        if start > pos:
+            out.append((pos, start))
+        pos = max(pos, end)
+    return out

@@ -1,0 +1,86 @@
+"""A test engine built only on ``EngineCoreReceiver`` and the ZMQ transport: it checksums the
+tensors each request brings and answers with them as token ids.
+
+Run as a process: ``python echo_engine.py INPUT OUTPUT --cache lru|shm|none [--capacity-bytes N]
+[--shm-name NAME] [--steps K] [--engine-index I]``. It serves until killed (SIGTERM: clean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from mmfront.cache.mirror import MirroredReceiverCache
+from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache
+from mmfront.engine.receiver import EngineCoreReceiver
+from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport
+from mmfront.wire import EngineCoreRequest
+from mmfront.wire.structs import EngineCoreOutput, FinishReason
+
+
+def request_checksum(request: EngineCoreRequest) -> int:
+    """A digest of every tensor of every feature, in offset order (31 bits: a token id)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for feature in request.mm_features or []:
+        assert feature.data is not None, f"{feature.identifier} reached the engine without data"
+        for key in sorted(feature.data):
+            tensor = feature.data[key].data
+            assert isinstance(tensor, torch.Tensor)
+            digest.update(key.encode())
+            digest.update(str(tuple(tensor.shape)).encode())
+            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
+
+
+def serve(receiver: EngineCoreReceiver, steps: int, stop: list[bool]) -> None:
+    """The engine loop: each request gets ``steps`` outputs, the checksum then the prompt length."""
+    running: dict[str, list[int]] = {}
+    while not stop:
+        for request in receiver.poll(0.02 if not running else 0.0):
+            running[request.request_id] = [request_checksum(request), len(request.prompt_token_ids or [])][:steps]
+        for request_id in receiver.take_aborted():
+            running.pop(request_id, None)
+        outputs = []
+        for request_id, tokens in list(running.items()):
+            token = tokens.pop(0)
+            done = not tokens
+            outputs.append(EngineCoreOutput(request_id, [token], finish_reason=FinishReason.LENGTH if done else None))
+            if done:
+                del running[request_id]
+        if outputs:
+            receiver.send(outputs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("input")
+    parser.add_argument("output")
+    parser.add_argument("--cache", choices=["lru", "shm", "none"], default="lru")
+    parser.add_argument("--capacity-bytes", type=int, default=1 << 30)
+    parser.add_argument("--shm-name")
+    parser.add_argument("--steps", type=int, default=1)
+    parser.add_argument("--engine-index", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.cache == "lru":
+        cache: MirroredReceiverCache | ShmObjectStoreReceiverCache | None = MirroredReceiverCache(args.capacity_bytes)
+    elif args.cache == "shm":
+        cache = ShmObjectStoreReceiverCache(args.shm_name)
+    else:
+        cache = None
+    stop: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    transport = ZmqEngineTransport(ZmqAddresses(args.input, args.output), args.engine_index)
+    with EngineCoreReceiver(transport, cache, engine_index=args.engine_index, heartbeat_s=0.2) as receiver:
+        serve(receiver, args.steps, stop)
+    time.sleep(0.01)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

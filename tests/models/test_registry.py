@@ -1,0 +1,129 @@
+"""``@register_processor``: names are checked against transformers at registration, each name is
+registered once, and a registered processor is what ``create_processor`` builds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmfront import MultiModalConfig
+from mmfront.errors import ConfigError, InputTypeError
+from mmfront.models import registry
+from mmfront.models.gemma3 import Gemma3MultiModalProcessor, Gemma3ProcessingInfo
+from mmfront.models.registry import create_processor, register_processor, resolve_factory
+from mmfront.models.transformers import LegacyMultiModalProcessor, MultiModalProcessor, TransformersProcessingInfo
+
+
+class MyInfo(TransformersProcessingInfo):
+    pass
+
+
+@pytest.fixture
+def tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The registry tables, restored after the test (built-ins registered first, so a built-in
+    first imported inside the test does not land in the copy only)."""
+    registry._load_builtin()
+    native, by_type = dict(registry._NATIVE), dict(registry._NATIVE_BY_MODEL_TYPE)
+    monkeypatch.setattr(registry, "_NATIVE", native)
+    monkeypatch.setattr(registry, "_NATIVE_BY_MODEL_TYPE", by_type)
+    yield native, by_type
+
+
+def snapshot(tables: tuple[Mapping[str, Any], Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return dict(tables[0]), dict(tables[1])
+
+
+def test_gemma3_registers_itself(gemma3_processor: Any) -> None:
+    for factory in (resolve_factory(gemma3_processor, MultiModalConfig()),
+                    resolve_factory(object(), MultiModalConfig(), model_type="gemma3")):
+        assert (factory.processor_cls, factory.info_cls) == (Gemma3MultiModalProcessor, Gemma3ProcessingInfo)
+
+
+def test_registered_processor_serves_its_class_and_model_type(tables: Any, idefics3_dir: Path,
+                                                             idefics3_processor: Any) -> None:
+    @register_processor("Idefics3Processor", info=MyInfo, model_types="idefics3")
+    class MyProcessor(MultiModalProcessor):  # type: ignore[valid-type,misc]
+        pass
+
+    assert MyProcessor.__name__ == "MyProcessor"  # the decorator returns the class itself
+    proc = create_processor(idefics3_dir)
+    assert type(proc) is MyProcessor and type(proc.info) is MyInfo
+    assert proc.info.get_hf_config().model_type == "idefics3"
+    by_type = resolve_factory(object(), MultiModalConfig(), model_type="idefics3")
+    assert (by_type.processor_cls, by_type.info_cls) == (MyProcessor, MyInfo)
+
+
+def test_class_outside_the_auto_mapping_is_accepted(tables: Any) -> None:
+    # transformers has DonutProcessor, but its AutoProcessor mapping does not list it
+    register_processor("DonutProcessor", info=MyInfo)(MultiModalProcessor)
+    assert tables[0]["DonutProcessor"].processor_cls is MultiModalProcessor
+
+
+def test_misspelled_processor_class_is_refused_with_the_known_names(tables: Any) -> None:
+    before = snapshot(tables)
+    with pytest.raises(ConfigError) as caught:
+        register_processor("Gemma3Procesor", info=MyInfo)
+    message = str(caught.value)
+    assert message.startswith("register_processor: 'Gemma3Procesor' is not an HF processor class transformers ")
+    assert "Did you mean 'Gemma3Processor'" in message
+    known = message.split("Known HF processor classes: ")[1].rstrip(".").split(", ")
+    assert {"Gemma3Processor", "Idefics3Processor", "Emu3Processor", "Qwen2AudioProcessor",
+            "GlmAsrProcessor"} <= set(known)
+    assert known == sorted(known)
+    assert snapshot(tables) == before
+
+
+def test_misspelled_model_type_is_refused(tables: Any) -> None:
+    before = snapshot(tables)
+    with pytest.raises(ConfigError) as caught:
+        register_processor("Idefics3Processor", info=MyInfo, model_types=("idefics3", "gema3"))
+    message = str(caught.value)
+    assert message.startswith("register_processor: 'gema3' is not a model type transformers ")
+    assert "Did you mean 'gemma3'" in message and "keys of transformers' CONFIG_MAPPING_NAMES" in message
+    assert snapshot(tables) == before
+
+
+def test_name_without_close_match_still_lists_the_known_names(tables: Any) -> None:
+    with pytest.raises(ConfigError, match="Known HF processor classes: ") as caught:
+        register_processor("Qqqqqqqq", info=MyInfo)
+    assert "Did you mean" not in str(caught.value)
+
+
+def test_duplicate_processor_class_is_refused(tables: Any) -> None:
+    before = snapshot(tables)
+    with pytest.raises(ConfigError) as caught:
+        register_processor("Gemma3Processor", info=MyInfo)(LegacyMultiModalProcessor)
+    message = str(caught.value)
+    assert ("cannot register LegacyMultiModalProcessor: HF processor class 'Gemma3Processor' is already served by "
+            "Gemma3MultiModalProcessor") in message
+    assert "(registered classes: [" in message and "'Gemma3Processor'" in message
+    assert snapshot(tables) == before
+
+
+def test_duplicate_model_type_leaves_nothing_registered(tables: Any) -> None:
+    before = snapshot(tables)
+    with pytest.raises(ConfigError, match="model type 'gemma3' is already served by Gemma3MultiModalProcessor"):
+        register_processor("PaliGemmaProcessor", info=MyInfo, model_types=("paligemma", "gemma3"))(MultiModalProcessor)
+    assert snapshot(tables) == before
+
+
+def test_model_type_named_twice_is_refused(tables: Any) -> None:
+    with pytest.raises(ConfigError, match=r"model_types \['paligemma', 'paligemma'\] names a model type twice"):
+        register_processor("PaliGemmaProcessor", info=MyInfo, model_types=("paligemma", "paligemma"))
+
+
+def test_registering_twice_is_refused(tables: Any) -> None:
+    register_processor("PaliGemmaProcessor", info=MyInfo, model_types=("paligemma",))(MultiModalProcessor)
+    with pytest.raises(ConfigError, match="'PaliGemmaProcessor' is already served by"):
+        register_processor("PaliGemmaProcessor", info=MyInfo, model_types=("paligemma",))(MultiModalProcessor)
+
+
+def test_wrong_types_are_refused(tables: Any) -> None:
+    with pytest.raises(InputTypeError, match="takes a BaseProcessingInfo subclass, got <class 'dict'>"):
+        register_processor("PaliGemmaProcessor", info=dict)  # type: ignore[arg-type]
+    with pytest.raises(InputTypeError, match="decorates a BaseMultiModalProcessor subclass"):
+        register_processor("PaliGemmaProcessor", info=MyInfo)(dict)  # type: ignore[type-var]
+    assert "PaliGemmaProcessor" not in tables[0]
