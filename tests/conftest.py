@@ -134,3 +134,27 @@ def glmasr_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def glmasr_processor(glmasr_dir: Path) -> ProcessorMixin:
     return _load(glmasr_dir)
+
+
+def _build_with_weights(kind: str, factory: pytest.TempPathFactory) -> Path:
+    from mmfront.testing.models import build_model_folder
+
+    return build_model_folder(kind, factory.mktemp(f"{kind}-weights"), with_weights=True)
+
+
+@pytest.fixture(scope="session")
+def gemma3_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Gemma3 folder plus a random-weight float32 ``Gemma3ForConditionalGeneration``."""
+    return _build_with_weights("gemma3", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def idefics3_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Idefics3 folder plus a random-weight float32 ``Idefics3ForConditionalGeneration``."""
+    return _build_with_weights("idefics3", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def qwen2_audio_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2-Audio folder plus a random-weight float32 ``Qwen2AudioForConditionalGeneration``."""
+    return _build_with_weights("qwen2_audio", tmp_path_factory)

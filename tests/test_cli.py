@@ -41,7 +41,7 @@ def test_version_through_the_module_entry_point() -> None:
 
 
 def test_the_parsers_are_the_expected_ones() -> None:
-    assert [name for name, _ in _parsers()] == ["mmfront", "mmfront demo", "mmfront bench"]
+    assert [name for name, _ in _parsers()] == ["mmfront", "mmfront demo", "mmfront bench", "mmfront worker"]
 
 
 @pytest.mark.parametrize(("name", "parser"), list(_parsers()), ids=lambda v: v if isinstance(v, str) else "")

@@ -131,6 +131,7 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "EncodeError": (TypeError,),
     "TransportError": (RuntimeError,),
     "EngineDeadError": (RuntimeError,),
+    "LaneError": (RuntimeError,),
 }
 
 

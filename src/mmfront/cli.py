@@ -7,7 +7,9 @@ Help strings are plain text (no RST markup), since argparse prints them as they 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -66,7 +68,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from mmfront.demo import run_demo
 
-    return run_demo(verbose=args.verbose)
+    return run_demo(model=args.model, requests_file=args.requests, cache=args.cache, lanes=args.lanes,
+                    engine=args.engine, as_json=args.json, num_requests=args.num_requests)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from mmfront.config import MultiModalConfig
+    from mmfront.engine.worker import run_worker
+    from mmfront.engine.zmq import ZmqAddresses
+
+    config = MultiModalConfig(mm_processor_cache_gb=args.cache_gb, mm_processor_cache_type=args.cache)
+    stats = run_worker(args.model, ZmqAddresses(args.input, args.output), config, engine_index=args.engine_index,
+                       shm_name=args.shm_name, device=args.device, dtype=args.dtype)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(stats)), flush=True)
+    else:
+        print(f"mmfront worker: {stats.requests} requests, {stats.tokens} tokens, encoder cache "
+              f"{stats.encoder_hits}/{stats.encoder_lookups} hits", flush=True)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,12 +94,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mmfront {__version__}",
                         help="print the mmfront version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="demo or bench; 'mmfront COMMAND --help' lists its options")
-    demo = sub.add_parser("demo", help="run the main job on the embedded default model",
-                          description="Send three chat requests with images from the frontend (P0) to an "
-                                      "in-process engine receiver (P1): a miss, a partial hit, and a full hit "
-                                      "after P1's cache is cleared, which the client recovers from by resending.")
-    demo.add_argument("-v", "--verbose", action="store_true", help="also print the first prompt ids of each request")
+                                help="demo, bench or worker; 'mmfront COMMAND --help' lists its options")
+    demo = sub.add_parser("demo", help="run the main job end to end on the embedded default model",
+                          description="Start 'mmfront worker' with a real model, send chat requests with images "
+                                      "through the async client over ZMQ, check a sample of answers against "
+                                      "transformers' own generate, and print where the time went. Exits 0 only "
+                                      "if every check held.")
+    demo.add_argument("--model", metavar="DIR",
+                      help="model folder with weights (default: the embedded Gemma 3 at real sizes, built offline)")
+    demo.add_argument("--requests", metavar="FILE.jsonl",
+                      help="requests to send, one JSON object per line with a 'messages' list (default: 200 "
+                           "generated chat requests with 1-3 images each, 40%% of images repeated)")
+    demo.add_argument("--num-requests", type=int, default=200, metavar="N",
+                      help="how many requests to generate when no --requests file is given (default 200)")
+    demo.add_argument("--cache", choices=["lru", "shm", "none"], default="lru",
+                      help="the processor cache between frontend and engine (default lru)")
+    demo.add_argument("--lanes", type=int, metavar="N",
+                      help="processes for HF processing of cache misses (default: cores - 1; 0: in-process)")
+    demo.add_argument("--engine", metavar="tcp://HOST:PORT",
+                      help="listen there for an engine started elsewhere instead of starting a worker")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="run the benchmarks and print ratios against same-run baselines",
                            description="Run every bench_*.py in the benchmarks folder and print one line per "
@@ -94,6 +127,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="fewer repeats: faster, noisier numbers")
     bench.add_argument("--strict", action="store_true", help="exit 1 when a measurement misses its target")
     bench.set_defaults(func=cmd_bench)
+    worker = sub.add_parser("worker", help="run a reference engine: a real HF model behind mmfront's receiver",
+                            description="Connect to a frontend's ZMQ sockets and serve its requests with the "
+                                        "model in MODEL (a local folder with weights), greedy decoding. Stops on "
+                                        "SIGTERM or Ctrl-C.")
+    worker.add_argument("model", metavar="MODEL", help="model folder (config.json, weights, processor)")
+    worker.add_argument("--input", required=True, metavar="ADDR",
+                        help="the frontend's request socket (ipc://... or tcp://HOST:PORT)")
+    worker.add_argument("--output", required=True, metavar="ADDR", help="the frontend's output socket")
+    worker.add_argument("--engine-index", type=int, default=0, metavar="N", help="this engine's index (default 0)")
+    worker.add_argument("--cache", choices=["lru", "shm"], default="lru",
+                        help="the frontend's processor cache type, which this engine mirrors (default lru)")
+    worker.add_argument("--cache-gb", type=float, default=4.0, metavar="GB",
+                        help="processor cache size; must equal the frontend's (0 turns the cache off)")
+    worker.add_argument("--shm-name", metavar="NAME", help="with --cache shm: the frontend's segment name")
+    worker.add_argument("--device", metavar="DEVICE", help="torch device (default: cuda when available, else cpu)")
+    worker.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                        help="model dtype (default: the folder's config.json)")
+    worker.add_argument("--json", action="store_true", help="print the closing statistics as one JSON line")
+    worker.set_defaults(func=cmd_worker)
     return parser
 
 

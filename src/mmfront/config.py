@@ -42,6 +42,7 @@ CacheType = Literal["lru", "shm"]
 TransformersBackend = Literal["auto", "legacy", "offsets"]
 ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
 ContentFormatSetting = Literal["auto", "string", "openai"]
+LaneExecutorKind = Literal["process", "ray"]
 
 
 def _check_image_formats(formats: frozenset[str]) -> None:
@@ -112,6 +113,10 @@ class MultiModalConfig:
     """Max items per modality per prompt (default 999), e.g. ``{"image": 2}`` or ``{"image": {"count": 2}}``."""
     mm_processor_kwargs: Mapping[str, Any] | None = None
     """Deployment-wide HF processor kwargs; request kwargs override them. Not part of the hashes."""
+    max_pan_and_scan_crops: int = 16
+    """Most pan-and-scan crops a request may ask for per image (Gemma 3's
+    ``pan_and_scan_max_num_crops``; the checkpoints default to 4). Each crop is processed and
+    costs the model ``image_seq_length`` tokens."""
     media_io_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per-modality media loading options, e.g. ``{"image": {"rgba_background_color": [0, 0, 0]}}``."""
     enable_mm_embeds: bool = False
@@ -122,6 +127,11 @@ class MultiModalConfig:
     """Floating HF outputs are cast to this dtype; ``auto`` reads ``torch_dtype`` from the model folder."""
     max_model_len: int | None = None
     """Longest expanded prompt accepted; ``None`` means no limit is checked."""
+    max_prompt_chars: int | None = None
+    """Longest prompt string (after the chat template) that is tokenized at all. ``None``: derived
+    from ``max_model_len`` as ``max_model_len`` times the longest token string of the vocabulary
+    (no longer prompt can fit), no bound without ``max_model_len``. Set it for tokenizers whose
+    normalizer drops characters, which the derived bound does not count."""
     encoder_cache_size: int | None = None
     """Most embedding tokens one item may have; ``None`` means no limit is checked."""
     enable_prefix_caching: bool = True
@@ -138,6 +148,19 @@ class MultiModalConfig:
     """``auto`` detects whether a template reads content as parts (``openai``) or as text (``string``)."""
     trust_request_chat_template: bool = False
     """Accept a ``chat_template`` sent with a request (bounded in size and render time); refused otherwise."""
+
+    # --- processing lanes and threads (docs/processing.md, "Lanes") ---
+    mm_processing_lanes: int | None = 0
+    """Worker processes (or Ray actors) that HF-process cache misses, each item of a request on
+    its own lane; hashing and the cache commit stay in the calling process. ``None``: one per core
+    of the thread budget but one (at least 1). ``0``: in the calling process, on the threads that
+    prepare requests."""
+    mm_lane_executor: LaneExecutorKind = "process"
+    """``process``: local worker processes. ``ray``: Ray actors (``pip install mmfront[ray]``),
+    for when one machine's cores are not enough."""
+    mm_thread_budget: int | None = None
+    """Runnable threads the frontend's processing may use at once (torch threads, image decode
+    threads and lanes together); ``None``: the cores this process may run on."""
 
     # --- deployment shape (decides the cache type, vLLM §4.5) ---
     api_process_count: int = 1
@@ -196,11 +219,16 @@ class MultiModalConfig:
         ):
             raise ConfigError("media_io_kwargs must map a modality to a mapping of options, e.g. "
                               "{'image': {'rgba_background_color': [0, 0, 0]}}")
-        for name in ("max_model_len", "encoder_cache_size"):
+        for name in ("max_model_len", "encoder_cache_size", "max_prompt_chars"):
             value = getattr(self, name)
             if value is not None:
                 self._check_int(name, value, minimum=1)
-        for name in ("api_process_count", "data_parallel_size"):
+        self._check_choice("mm_lane_executor", self.mm_lane_executor, ("process", "ray"))
+        if self.mm_processing_lanes is not None:
+            self._check_int("mm_processing_lanes", self.mm_processing_lanes, minimum=0)
+        if self.mm_thread_budget is not None:
+            self._check_int("mm_thread_budget", self.mm_thread_budget, minimum=1)
+        for name in ("api_process_count", "data_parallel_size", "max_pan_and_scan_crops"):
             self._check_int(name, getattr(self, name), minimum=1)
         for name in ("max_image_pixels", "max_media_request_decode_bytes", "max_media_bytes"):
             self._check_int(name, getattr(self, name), minimum=1)

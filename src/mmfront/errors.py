@@ -35,8 +35,9 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     ├── ShmHandleError [ValueError]
     ├── DecodeError [ValueError]
     ├── EncodeError [TypeError]
-    └── TransportError [RuntimeError]
-        └── EngineDeadError
+    ├── TransportError [RuntimeError]
+    │   └── EngineDeadError
+    └── LaneError [RuntimeError]
 
 Above :class:`ValidationError` sit the deployment's faults (configuration, a model mmfront
 cannot serve, a processor whose outputs break its own layout); below it, the request's; after
@@ -208,5 +209,13 @@ class TransportError(MMFrontError, RuntimeError):
 class EngineDeadError(TransportError):
     """The engine stopped answering, or restarted after the request had produced output: the
     request cannot finish. ``retryable`` is true: send it again (vLLM's ``EngineDeadError``)."""
+
+    retryable = True
+
+
+class LaneError(MMFrontError, RuntimeError):
+    """A processing lane (a worker process or a Ray actor) died, could not start, or was closed
+    while it held an item: the request is not at fault. ``retryable`` is true: the lane restarts,
+    so sending the request again processes it."""
 
     retryable = True

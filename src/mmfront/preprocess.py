@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,7 @@ from mmfront.processing.commit import commit_mm_inputs, is_committed
 from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.hf import unknown_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, MultiModalUUIDs
+from mmfront.timing import stage
 from mmfront.wire import EngineCoreRequest, LoRARequest, SamplingParams
 from mmfront.wire.messages import MirrorOnly, MirrorStamp
 
@@ -178,7 +182,13 @@ class InputPreprocessor:
         """:meth:`preprocess` on a worker thread, so the event loop stays free while media load
         and the HF processor runs."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: self.preprocess(prompt, mm_data, **kwargs))
+        return await loop.run_in_executor(self.executor, lambda: self.preprocess(prompt, mm_data, **kwargs))
+
+    @cached_property
+    def executor(self) -> ThreadPoolExecutor:
+        """The threads the async entry points prepare requests on: one per core, since
+        preparation is CPU work; more only queue for the GIL and delay the event loop."""
+        return ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="mmfront-prepare")
 
     def _prepare(
         self, prompt: PromptInput, opts: RequestOptions, request_id: str, cache: BaseMultiModalProcessorCache | None,
@@ -201,11 +211,12 @@ class InputPreprocessor:
         if _is_chat(prompt):
             if mm_data:
                 raise InputTypeError("Chat messages carry their media as content parts; do not pass mm_data too.", parameter="multi_modal_data")
-            chat = parse_chat_messages(
-                prompt, self.processor, self.connector,  # type: ignore[arg-type]
-                budget=DecodeBudget(self.config.max_media_request_decode_bytes),
-                media_io_kwargs=opts.media_io_kwargs, **opts.chat_kwargs(),
-            )
+            with stage("load"):
+                chat = parse_chat_messages(
+                    prompt, self.processor, self.connector,  # type: ignore[arg-type]
+                    budget=DecodeBudget(self.config.max_media_request_decode_bytes),
+                    media_io_kwargs=opts.media_io_kwargs, **opts.chat_kwargs(),
+                )
             text: str | list[int] = chat.prompt
             mm_data, mm_uuids = chat.mm_data, chat.mm_uuids
             add_special_tokens = False  # the template writes BOS itself
@@ -356,10 +367,11 @@ class InputProcessor:
         self.preprocessor.stats.record_request(cache)
         return self._build(prepared, committed)
 
-    def take_stamp(self, request_id: str) -> MirrorStamp | None:
-        """The stamp of ``request_id``'s commit, to send with it (``None``: it changed nothing)."""
+    def take_stamp(self, request_id: str, *, keep: bool = False) -> MirrorStamp | None:
+        """The stamp of ``request_id``'s commit, to send with it (``None``: it changed nothing);
+        ``keep``: leave it issued until the send succeeded (see :meth:`take_mirror_only`)."""
         take = getattr(self.preprocessor.cache, "take_stamp", None)
-        return take(request_id) if take is not None else None
+        return take(request_id, keep=keep) if take is not None else None
 
     def take_mirror_only(self, request_id: str) -> tuple[MirrorStamp, MirrorOnly] | None:
         """For a committed request that will not be sent after all: what P1 must replay."""

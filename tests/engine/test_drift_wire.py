@@ -15,10 +15,10 @@ import torch
 from mmfront import MultiModalConfig
 from mmfront.cache.lru import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache
 from mmfront.cache.mirror import MirroredReceiverCache
-from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
+from mmfront.engine.client import EngineClient, RequestAdmitted
 from mmfront.engine.receiver import EngineReceiver
 from mmfront.engine.transport import BaseTransport, PipeTransport
-from mmfront.errors import DecodeError, MultiModalCacheMissError, TransportError, ValidationError
+from mmfront.errors import DecodeError, TransportError, ValidationError
 from mmfront.inputs import (
     MultiModalBatchedField,
     MultiModalFeatureSpec,
@@ -122,7 +122,7 @@ def test_pipe_transport_carries_frames_into_writable_buffers() -> None:
     left, right = PipeTransport(a), PipeTransport(b)
     tensor = torch.arange(1000, dtype=torch.float32)
     item = MultiModalKwargsItem({"pixel_values": MultiModalFieldElem(tensor, MultiModalBatchedField())})
-    sent = encode_envelope(REQUEST, ENC.encode(request("r", feature("h", item))), MirrorStamp(1, 1, b"d"))
+    sent = encode_envelope(REQUEST, ENC.encode(request("r", feature("h", item))), MirrorStamp(1, 1, b"d" * 16))
     left.send(sent)
     got = right.recv(1.0)
     assert got is not None
@@ -204,7 +204,7 @@ def test_unstamped_mirror_drifts_on_swapped_delivery_where_the_stamped_one_does_
 # --- P0 ---------------------------------------------------------------------------------------
 
 
-def test_client_resends_once_then_reports_the_miss() -> None:
+def test_client_resends_once_with_every_item_then_ignores_misses_of_earlier_copies() -> None:
     processor = toy_processor(64)
     loop = Loop(processor, EngineReceiver(MirroredReceiverCache(64), echo=True))
     image = make_image(5, 4, seed=2)
@@ -222,10 +222,12 @@ def test_client_resends_once_then_reports_the_miss() -> None:
     assert len(loop.queue) == 1  # the resend, with its data
     resent = MsgpackDecoder(EngineCoreRequest).decode(decode_envelope(loop.queue[0]).message)
     assert resent.mm_features is not None and resent.mm_features[0].data is not None
-    events = loop.client.handle_reply(encode_envelope(CACHE_MISS, ENC.encode(CacheMiss("r", [mm_hash]))))
-    assert len(events) == 1 and isinstance(events[0], RequestFailed)
-    assert isinstance(events[0].error, MultiModalCacheMissError) and events[0].error.mm_hashes == [mm_hash]
-    assert loop.client.in_flight == [] and loop.client.stats.failures == 1
+    # The resend carries every item, so a later miss answers an earlier copy: nothing to do.
+    assert loop.client.handle_reply(encode_envelope(CACHE_MISS, ENC.encode(CacheMiss("r", [mm_hash])))) == []
+    assert len(loop.queue) == 1 and loop.client.in_flight == ["r"] and loop.client.stats.resends == 1
+    loop.deliver()
+    assert [(type(e), e.request_id) for e in loop.events[1:]] == [(RequestAdmitted, "r")]
+    assert loop.client.in_flight == [] and loop.client.stats.failures == 0
 
 
 def test_client_bookkeeping() -> None:

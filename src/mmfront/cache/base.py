@@ -109,6 +109,11 @@ class BaseMultiModalProcessorCache(BaseMultiModalCache[ProcessorCacheInput | Non
         Lets P0 place a request's placeholders before it commits the cache updates, so it can
         commit them in placeholder-offset order, the order P1 walks."""
 
+    def cached_nbytes(self, mm_hash: str) -> int | None:
+        """The size of the item P1 holds under ``mm_hash`` (what a reference saves on the wire),
+        where the cache knows it."""
+        return None
+
     def touch_sender_cache_item(self, mm_hash: str) -> None:
         """Protect ``mm_hash`` from eviction by the inserts of the current request."""
 

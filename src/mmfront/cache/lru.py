@@ -78,6 +78,9 @@ class _LruProcessorCache(BaseMultiModalProcessorCache, Generic[V]):
     def is_cached_item(self, mm_hash: str) -> bool:
         return mm_hash in self._cache
 
+    def cached_nbytes(self, mm_hash: str) -> int | None:
+        return self._cache.size_of(mm_hash)
+
     def touch_sender_cache_item(self, mm_hash: str) -> None:
         self._cache.touch(mm_hash)
 

@@ -34,7 +34,17 @@ from mmfront.cache.base import ProcessorCacheInput, ProcessorCacheOutput
 from mmfront.cache.lru import LruKeyReplicatedReceiverCache, LruKeyReplicatedSenderCache, _no_data_error
 from mmfront.errors import CacheError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
-from mmfront.wire.messages import EVICT, HIT, INSERT, OVERSIZE, MirrorOnly, MirrorOp, MirrorReset, MirrorStamp
+from mmfront.wire.messages import (
+    DIGEST_SIZE,
+    EVICT,
+    HIT,
+    INSERT,
+    OVERSIZE,
+    MirrorOnly,
+    MirrorOp,
+    MirrorReset,
+    MirrorStamp,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +52,9 @@ DEFAULT_GAP_TIMEOUT_S = 5.0
 """How long P1 waits for a missing ``seq`` before it gives up on the epoch and resets."""
 
 DEFAULT_MAX_PENDING = 1024
-"""How many early arrivals P1 buffers per epoch before it gives up on the epoch and resets."""
+"""How many early arrivals P1 buffers in all, over every epoch, before it gives up on the epoch
+waiting longest and resets: a flood of requests of unknown epochs costs bounded memory."""
 
-_DIGEST_SIZE = 16
 _encode = msgspec.msgpack.Encoder().encode
 
 
@@ -52,12 +62,12 @@ def initial_digest(epoch: int, capacity_bytes: int) -> bytes:
     """The chain's start. The capacity is part of it because two LRUs of different capacities
     cannot mirror each other: a misconfigured pair disagrees at its very first request."""
     seed = epoch.to_bytes(8, "little") + capacity_bytes.to_bytes(8, "little")
-    return hashlib.blake2b(seed, digest_size=_DIGEST_SIZE).digest()
+    return hashlib.blake2b(seed, digest_size=DIGEST_SIZE).digest()
 
 
 def chain_digest(previous: bytes, invalidated: Sequence[str], ops: Sequence[str]) -> bytes:
     """The next link of an epoch's digest chain: ``ops`` alternates kinds and keys."""
-    return hashlib.blake2b(previous + _encode((invalidated, ops)), digest_size=_DIGEST_SIZE).digest()
+    return hashlib.blake2b(previous + _encode((invalidated, ops)), digest_size=DIGEST_SIZE).digest()
 
 
 # --- P0 -----------------------------------------------------------------------------------------
@@ -157,9 +167,11 @@ class MirroredSenderCache(LruKeyReplicatedSenderCache):
                     "sees holes in the sequence and resets its cache.", self.max_untaken,
                 )
 
-    def take_stamp(self, request_id: str | None) -> MirrorStamp | None:
-        """The stamp of ``request_id``'s commit, to send with it; ``None`` if it changed nothing."""
-        issued = self._issued.pop(request_id, None)
+    def take_stamp(self, request_id: str | None, *, keep: bool = False) -> MirrorStamp | None:
+        """The stamp of ``request_id``'s commit, to send with it; ``None`` if it changed nothing.
+        ``keep`` leaves it issued until the send succeeds, so a request the transport fails to
+        carry can still hand P1 its :meth:`take_mirror_only`."""
+        issued = self._issued.get(request_id) if keep else self._issued.pop(request_id, None)
         return None if issued is None else issued.stamp
 
     def take_mirror_only(self, request_id: str | None) -> tuple[MirrorStamp, MirrorOnly] | None:
@@ -251,9 +263,13 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
         self._epoch: int | None = None
         self._next_seq = 1
         self._digest = b""
-        self._synced_once = False
+        self._fresh = True
+        """Neither followed an epoch nor announced a reset yet: just started, with no idea of the
+        past of the epoch P0 is in."""
         self._pending: dict[int, dict[int, _Entry]] = {}
+        self._pending_count = 0
         self._waiting_since: dict[int, float] = {}
+        """Per epoch with buffered requests, when its current gap opened; oldest gap first."""
         self._retired: OrderedDict[int, None] = OrderedDict()
         self._outbox: list[MirrorEvent] = []
         self.resets = 0
@@ -267,7 +283,7 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
     @property
     def pending(self) -> int:
         """Requests buffered until their predecessors arrive."""
-        return sum(len(b) for b in self._pending.values())
+        return self._pending_count
 
     # --- entry points ---------------------------------------------------------------------
 
@@ -317,10 +333,11 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
         if self._waiting_since:
             now = self._clock()
             for epoch, since in list(self._waiting_since.items()):
-                if now - since >= self._gap_timeout_s:
-                    logger.warning("Multi-modal cache mirror: a request of epoch %x never arrived within %.1f s; "
-                                   "resetting the cache.", epoch, self._gap_timeout_s)
-                    self._retire(epoch, events, announce=True)
+                if now - since < self._gap_timeout_s:
+                    break  # the others' gaps opened later
+                logger.warning("Multi-modal cache mirror: a request of epoch %x never arrived within %.1f s; "
+                               "resetting the cache.", epoch, self._gap_timeout_s)
+                self._retire(epoch, events, announce=True)
         return events
 
     def _accept(self, entry: _Entry, events: list[MirrorEvent]) -> None:
@@ -337,8 +354,10 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
         elif seq == 1:
             self._adopt(epoch, events)
             self._apply(entry, events)
-        elif not self._synced_once:
-            # A P1 that just started, seeing an epoch in mid-stream: it never saw the beginning.
+        elif self._fresh:
+            # A P1 that just started, seeing an epoch in mid-stream: it never saw the beginning. It
+            # resets once; P0 answers with a new epoch, whose first requests may arrive after later
+            # ones (a reordering link) and are then waited for like any other new epoch's.
             logger.warning("Multi-modal cache mirror: first request is #%d of epoch %x; resetting.", seq, epoch)
             self._retire(epoch, events, announce=True)
             self._serve_outside(entry, epoch, events)
@@ -352,11 +371,13 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
             self._serve_outside(entry, None, events)
             return
         waiting[seq] = entry
+        self._pending_count += 1
         self._waiting_since.setdefault(epoch, self._clock())
-        if len(waiting) > self._max_pending:
-            logger.warning("Multi-modal cache mirror: %d requests of epoch %x wait for an earlier one; resetting.",
-                           len(waiting), epoch)
-            self._retire(epoch, events, announce=True)
+        while self._pending_count > self._max_pending:
+            oldest = next(iter(self._waiting_since))
+            logger.warning("Multi-modal cache mirror: %d requests wait for earlier ones; resetting epoch %x, "
+                           "which waits longest.", self._pending_count, oldest)
+            self._retire(oldest, events, announce=True)
 
     def _adopt(self, epoch: int, events: list[MirrorEvent]) -> None:
         """P0 started ``epoch`` with an empty shadow: follow it from an empty cache."""
@@ -366,7 +387,7 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
         self._epoch = epoch
         self._next_seq = 1
         self._digest = initial_digest(epoch, self._cache.capacity)
-        self._synced_once = True
+        self._fresh = False
 
     def _retire(self, epoch: int, events: list[MirrorEvent], *, announce: bool) -> None:
         """Stop mirroring ``epoch``: its buffered and later requests are served outside it."""
@@ -378,8 +399,10 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
             self._cache.clear()
         if announce:
             self.resets += 1
+            self._fresh = False
             events.append(MirrorReset(epoch))
         waiting = self._pending.pop(epoch, {})
+        self._pending_count -= len(waiting)
         self._waiting_since.pop(epoch, None)
         for seq in sorted(waiting):
             self._serve_outside(waiting[seq], epoch, events)
@@ -409,10 +432,12 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
                 events.append(MirrorDelivery(entry.payload, entry.features, missing))
             waiting = self._pending.get(epoch)
             if not waiting or self._next_seq not in waiting:
-                if waiting:
-                    self._waiting_since[epoch] = self._clock()  # progress: the next gap's clock starts now
+                if waiting:  # progress: the next gap's clock starts now, so it queues as the newest
+                    del self._waiting_since[epoch]
+                    self._waiting_since[epoch] = self._clock()
                 return
             entry = waiting.pop(self._next_seq)
+            self._pending_count -= 1
             if not waiting:
                 del self._pending[epoch]
                 self._waiting_since.pop(epoch, None)
@@ -481,12 +506,17 @@ class MirroredReceiverCache(LruKeyReplicatedReceiverCache):
             events.append(MirrorDelivery(entry.payload, entry.features, self._fill_held(entry.features), stale_epoch))
 
     def _fill_held(self, features: list[MultiModalFeatureSpec]) -> list[str]:
-        """Fill what the cache holds without changing it; the hashes it cannot fill."""
+        """Fill what the cache or the request itself holds without changing the cache; the hashes
+        it cannot fill. An item that occurs twice in a request travels with data once (P0's second
+        lookup is a hit), so a resend that carries all its items is admitted even here."""
+        carried = {_key(f): f.data for f in features if f.data is not None}
         missing: list[str] = []
         for feature in features:
             if feature.data is None:
                 key = _key(feature)
-                held = self._cache.peek(key)
+                held = carried.get(key)
+                if held is None:
+                    held = self._cache.peek(key)
                 if held is None or held is _PLACEHOLDER:
                     missing.append(key)
                 else:

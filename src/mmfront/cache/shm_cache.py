@@ -26,7 +26,7 @@ from mmfront.cache.base import (
 )
 from mmfront.cache.lru import OversizeWarning
 from mmfront.cache.shm_store import Lock, ShmObjectReader, ShmObjectStore, is_address_item
-from mmfront.errors import CacheError, MultiModalCacheMissError, ShmHandleError
+from mmfront.errors import CacheError, DecodeError, MultiModalCacheMissError, ShmHandleError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
 from mmfront.wire import MsgpackDecoder, MsgpackEncoder, frame_views
 
@@ -159,15 +159,22 @@ class ShmObjectStoreReceiverCache(BaseMultiModalReceiverCache):
         if not is_address_item(mm_item):
             return mm_item
         address, monotonic_id, frames = self._reader.resolve(mm_hash, mm_item)
-        item = self._decoder.decode(frames)
-        if self.zero_copy:
-            self._unreleased.append((address, monotonic_id))
-            return item
+        try:
+            item = self._decoder.decode(frames)
+        except DecodeError as e:
+            raise ShmHandleError(
+                f"Data for address:id '{address}:{monotonic_id}' has been modified or is invalid: it does not "
+                f"decode ({e}). Resend the request with its data; if this recurs, restart the writer (P0)."
+            ) from e
+        # Checked after decoding in both modes: decoding reads the body (and copies, by default).
         if not self._reader.holds(address, monotonic_id):
             raise ShmHandleError(
                 f"Data for address:id '{address}:{monotonic_id}' has been modified or is invalid: it was "
                 "overwritten while being read. Resend the request with its data."
             )
+        if self.zero_copy:
+            self._unreleased.append((address, monotonic_id))
+            return item
         self._reader.acknowledge(address, monotonic_id)
         return item
 

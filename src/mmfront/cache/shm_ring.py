@@ -1,18 +1,27 @@
 """A single-writer ring buffer in POSIX shared memory, and the segment it lives in.
 
 Segment layout: a 64-byte header (magic, data size, reader count, a random 32-byte secret the
-object store signs handles with), then the data region. The writer allocates chunks in FIFO
-order at *logical* addresses that grow without bound (physical offset = address mod data size),
-so a stale address can never be confused with a live one that happens to share its offset.
-Each chunk starts with ``[monotonic id: u64][chunk size: u64]``; readers check the id a handle
-carries against the chunk header, which turns every reuse of the memory into a detectable error.
-Chunks start on 64-byte boundaries so the tensors stored in them can be viewed in place.
+object store signs handles with, the write frontier), then the data region. The writer allocates
+chunks in FIFO order at *logical* addresses that grow without bound (physical offset = address
+mod data size). Each chunk starts with ``[monotonic id: u64][chunk size: u64]``. Chunks start on
+64-byte boundaries so the tensors stored in them can be viewed in place.
+
+Freshness: the header's *write frontier* is the logical address just past the last chunk the
+writer allocated, published before the chunk's bytes are written. A chunk at logical address
+``a`` is intact exactly while ``frontier <= a + data size``: any later write to its bytes
+belongs to a chunk of the next lap, which moves the frontier past that bound first. Readers
+check this, not only the chunk header, because a stale address may fall *inside* a newer chunk,
+where an item's payload can hold any bytes, a copy of the old header included. Since the bound
+depends on nothing stored in the data region, a stale handle always fails, and a live one (the
+writer never laps a live chunk) never does. The header checks that follow (id, size) only
+catch corruption.
 
 Cleanup: segments are named ``mmfront-shm-<writer pid>-<random>`` and are never registered with
 ``multiprocessing``'s resource tracker (which would unlink a segment when a *reader* exits, or
 warn about "leaked" segments). The writer unlinks on :meth:`ShmSegment.close`, at interpreter exit,
-and a writer killed before either is cleaned up by :func:`cleanup_stale_segments`, which the next
-writer runs on start.
+and on SIGTERM when the process leaves SIGTERM at its default action (see
+:func:`_install_sigterm_cleanup`); a writer killed before any of these (SIGKILL, the OOM killer)
+is cleaned up by :func:`cleanup_stale_segments`, which the next writer runs on start.
 """
 
 from __future__ import annotations
@@ -22,11 +31,14 @@ import logging
 import mmap
 import os
 import secrets
+import signal
 import struct
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
 
 from mmfront.errors import CacheError, ShmHandleError
 
@@ -42,9 +54,13 @@ SHM_DIR = "/dev/shm"
 ALIGN = 64
 """Chunk and frame alignment: a cache line, and enough for every tensor dtype."""
 
-_MAGIC = b"MMFRSHM1"
+_MAGIC = b"MMFRSHM2"
 _SEGMENT_HEADER = struct.Struct("<8sQI4x32s")
+_FRONTIER = struct.Struct("@Q")
+"""Native and 8-aligned, so one store writes it and a reader never sees half of an update."""
+FRONTIER_OFFSET = _SEGMENT_HEADER.size
 SEGMENT_HEADER_SIZE = 64
+NAME_MAX = 255
 SECRET_SIZE = 32
 CHUNK_HEADER = struct.Struct("<QQ")
 """``[monotonic id][chunk size, header included]`` at the start of every chunk."""
@@ -94,6 +110,44 @@ def cleanup_stale_segments(directory: str = SHM_DIR) -> list[str]:
     return removed
 
 
+_owned: dict[str, int] = {}
+"""Names of the segments this process created and has not unlinked, with the creating pid (a
+forked child inherits the dict but owns none of them)."""
+
+
+def _unlink(name: str) -> None:
+    _owned.pop(name, None)
+    if _posixshmem is not None:
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + name)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """Unlink this process's segments, then die of the signal as the default action would."""
+    pid = os.getpid()
+    for name, owner in list(_owned.items()):
+        if owner == pid:
+            _unlink(name)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(pid, signum)
+
+
+def _install_sigterm_cleanup() -> None:
+    """Unlink on SIGTERM, but only where SIGTERM would otherwise kill the process outright.
+
+    A library must not take a signal away from its application: a handler the application set
+    (or ``SIG_IGN``) is left alone, since that application decides whether and how it exits, and
+    a normal exit runs the finalizers that unlink. Only the default action (death without any
+    cleanup, the case that leaks) is replaced, by a handler that unlinks and then re-raises the
+    signal with the default action restored, so the exit status stays "killed by SIGTERM". An
+    application that installs its own handler later replaces this one. Python can only set
+    handlers from the main thread; a writer created in another thread relies on the next
+    writer's sweep, as for SIGKILL.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def _close_mapping(mapping: mmap.mmap, view: memoryview) -> None:
     view.release()
     # Zero-copy tensors may still view the mapping; then it is unmapped when the last one is freed.
@@ -103,9 +157,16 @@ def _close_mapping(mapping: mmap.mmap, view: memoryview) -> None:
 
 def _finalize_segment(mapping: mmap.mmap, view: memoryview, name: str, owner_pid: int | None) -> None:
     _close_mapping(mapping, view)
-    if owner_pid is not None and os.getpid() == owner_pid and _posixshmem is not None:
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink("/" + name)
+    if owner_pid is not None and os.getpid() == owner_pid:
+        _unlink(name)
+
+
+def _is_segment_name(name: object) -> bool:
+    # shm_open would cut a name at a NUL and open another segment, so this is checked first.
+    return (
+        isinstance(name, str) and "/" not in name and "\0" not in name
+        and 0 < len(name.encode(errors="surrogatepass")) <= NAME_MAX
+    )
 
 
 class ShmSegment:
@@ -138,13 +199,19 @@ class ShmSegment:
                     "(writing past the limit would kill the process with SIGBUS). Lower mm_processor_cache_gb, or "
                     "give the container more shared memory (docker run --shm-size)."
                 )
+        _install_sigterm_cleanup()
         name = f"{SEGMENT_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
-        fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        _owned[name] = os.getpid()  # before the segment exists, so a SIGTERM from here on unlinks it
+        try:
+            fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        except BaseException:
+            _owned.pop(name, None)
+            raise
         try:
             os.ftruncate(fd, size)
             mapping = mmap.mmap(fd, size)
         except BaseException:
-            _posixshmem.shm_unlink("/" + name)
+            _unlink(name)
             raise
         finally:
             os.close(fd)
@@ -154,18 +221,31 @@ class ShmSegment:
     def attach(cls, name: str) -> ShmSegment:
         if _posixshmem is None:
             raise CacheError("The shm processor cache needs POSIX shared memory; use mm_processor_cache_type='lru'")
+        hint = "Pass the name the writer's cache reports (ShmObjectStoreSenderCache.shm_name)."
+        if not _is_segment_name(name):
+            raise CacheError(
+                f"{name!r} is not a shared-memory segment name (a non-empty str of at most {NAME_MAX} bytes "
+                f"without '/' or NUL). {hint}"
+            )
         try:
             fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         except FileNotFoundError as e:
             raise CacheError(
                 f"Shared-memory segment {name!r} does not exist: the writer (P0) has not created it yet or "
-                "has exited. Pass the name the writer's cache reports (ShmObjectStoreSenderCache.shm_name)."
+                f"has exited. {hint}"
+            ) from e
+        except OSError as e:
+            raise CacheError(
+                f"Cannot open shared-memory segment {name!r} ({e.strerror}): run the reader as the writer's user, "
+                f"in the same container (the same /dev/shm). {hint}"
             ) from e
         try:
             size = os.fstat(fd).st_size
             if size < SEGMENT_HEADER_SIZE:
-                raise CacheError(f"Shared-memory segment {name!r} is too small to be an mmfront shm cache")
+                raise CacheError(f"Shared-memory segment {name!r} is too small to be an mmfront shm cache. {hint}")
             mapping = mmap.mmap(fd, size)
+        except OSError as e:
+            raise CacheError(f"Cannot map shared-memory segment {name!r} ({e.strerror}). {hint}") from e
         finally:
             os.close(fd)
         return cls(name, mapping, owner=False)
@@ -191,10 +271,20 @@ def write_segment_header(buf: memoryview, data_size: int, n_readers: int, secret
 def read_segment_header(segment: ShmSegment) -> tuple[int, int, bytes]:
     """``(data size, reader count, secret)`` of a segment, checked against its actual size."""
     magic, data_size, n_readers, secret = _SEGMENT_HEADER.unpack_from(segment.buf, 0)
-    if magic != _MAGIC or SEGMENT_HEADER_SIZE + data_size > segment.size:
+    if magic != _MAGIC:
         raise CacheError(
             f"Shared-memory segment {segment.name!r} is not an mmfront shm cache of this version "
-            "(bad magic or size); check the segment name the reader was given"
+            "(bad magic); check the segment name the reader was given"
+        )
+    if not ALIGN <= data_size <= segment.size - SEGMENT_HEADER_SIZE or data_size % ALIGN:
+        raise CacheError(
+            f"Shared-memory segment {segment.name!r} has a corrupt header: data size {data_size} does not fit its "
+            f"{segment.size} bytes. Restart the writer (P0) to get a fresh segment."
+        )
+    if not 0 < n_readers < data_size // 4:
+        raise CacheError(
+            f"Shared-memory segment {segment.name!r} has a corrupt header: {n_readers} readers cannot fit a "
+            f"{data_size}-byte ring. Restart the writer (P0) to get a fresh segment."
         )
     return data_size, n_readers, secret
 
@@ -202,8 +292,8 @@ def read_segment_header(segment: ShmSegment) -> tuple[int, int, bytes]:
 class SingleWriterShmRingBuffer:
     """FIFO allocator over the data region of a segment; only the creating process writes.
 
-    Allocation state (start, end, the live chunks) lives in the writer's memory, not in the
-    segment: readers never allocate, they only read chunks by address and verify the id.
+    Allocation state (start, end, the live chunks) lives in the writer's memory; the segment
+    holds only the write frontier (``end``), which readers check handles against.
     """
 
     def __init__(self, data_size: int, n_readers: int) -> None:
@@ -242,14 +332,18 @@ class SingleWriterShmRingBuffer:
             address += self.data_size - offset
             offset = 0
         if not self._chunks:
-            self._start = address  # nothing is live: the whole region is free
+                self._start = address  # nothing is live: the whole region is free
         elif address + size - self._start > self.data_size:
             return None
         chunk = RingChunk(address, self._next_id, size)
         self._next_id = (self._next_id + 1) % ID_MODULUS
+        self._end = address + size
+        # Publish first: a reader that sees any byte of the new chunk then sees the frontier
+        # that makes the chunks it overwrites stale (stores are ordered on x86-64; see the
+        # store's note on weakly ordered CPUs).
+        _FRONTIER.pack_into(self.segment.buf, FRONTIER_OFFSET, self._end)
         CHUNK_HEADER.pack_into(self._data, offset, chunk.monotonic_id, size)
         self._chunks.append(chunk)
-        self._end = address + size
         return chunk
 
     def view(self, chunk: RingChunk) -> memoryview:
@@ -274,8 +368,8 @@ class SingleWriterShmRingBuffer:
         return freed
 
     def clear(self) -> None:
-        """Forget every chunk. Ids keep increasing, so handles issued before fail the id check
-        as soon as their memory is reused, and still resolve until then."""
+        """Forget every chunk. Handles issued before still resolve until the frontier shows
+        their memory reused, then fail: addresses keep increasing across a clear."""
         self._chunks.clear()
         self._start = self._end
 
@@ -289,25 +383,47 @@ class ShmRingReader:
 
     def __init__(self, name: str) -> None:
         self.segment = ShmSegment.attach(name)
-        self.data_size, self.n_readers, self.secret = read_segment_header(self.segment)
+        try:
+            self.data_size, self.n_readers, self.secret = read_segment_header(self.segment)
+        except CacheError:
+            self.segment.close()
+            raise
         self.data = self.segment.buf[SEGMENT_HEADER_SIZE:SEGMENT_HEADER_SIZE + self.data_size]
 
-    def chunk(self, address: int, monotonic_id: int) -> memoryview:
-        """The chunk at ``address`` if it still holds ``monotonic_id``; else :class:`ShmHandleError`."""
-        offset = address % self.data_size
-        if offset + CHUNK_HEADER.size <= self.data_size:
-            stored_id, size = CHUNK_HEADER.unpack_from(self.data, offset)
-            if stored_id == monotonic_id and CHUNK_HEADER.size <= size <= self.data_size - offset:
-                return self.data[offset:offset + size]
-        raise ShmHandleError(
+    def frontier(self) -> int:
+        """The writer's write frontier: the logical address just past its newest chunk."""
+        return int(_FRONTIER.unpack_from(self.segment.buf, FRONTIER_OFFSET)[0])
+
+    def _stale(self, address: int, monotonic_id: int) -> ShmHandleError:
+        return ShmHandleError(
             f"Data for address:id '{address}:{monotonic_id}' has been modified or is invalid: the writer "
             "reused that memory (the cache was cleared or the item was evicted). Resend the request with its data."
         )
 
-    def holds(self, address: int, monotonic_id: int) -> bool:
-        """Whether the chunk at ``address`` still carries ``monotonic_id`` (re-checked after a copy)."""
+    def chunk(self, address: int, monotonic_id: int) -> memoryview:
+        """The chunk a signed handle names, while its memory is intact; else :class:`ShmHandleError`."""
         offset = address % self.data_size
-        return CHUNK_HEADER.unpack_from(self.data, offset)[0] == monotonic_id
+        if address % ALIGN:
+            raise self._stale(address, monotonic_id)
+        stored_id, size = CHUNK_HEADER.unpack_from(self.data, offset)
+        frontier = self.frontier()  # after the header: a header from a newer lap shows in the frontier
+        if frontier > address + self.data_size:
+            raise self._stale(address, monotonic_id)
+        if (stored_id != monotonic_id or size % ALIGN or not CHUNK_HEADER.size < size <= self.data_size - offset
+                or address + size > frontier):
+            raise ShmHandleError(
+                f"Data for address:id '{address}:{monotonic_id}' has been modified or is invalid: its chunk header "
+                f"(id {stored_id}, size {size}) does not match the handle, although the writer has not reused that "
+                "memory, so something other than the writer wrote to the segment. Resend the request with its "
+                "data; if this recurs, restart the writer (P0) to get a fresh segment."
+            )
+        return self.data[offset:offset + size]
+
+    def holds(self, address: int, monotonic_id: int) -> bool:
+        """Whether the chunk at ``address`` is still intact (re-checked after a copy)."""
+        offset = address % self.data_size
+        stored_id = CHUNK_HEADER.unpack_from(self.data, offset)[0]
+        return self.frontier() <= address + self.data_size and stored_id == monotonic_id
 
     def close(self) -> None:
         self.data.release()

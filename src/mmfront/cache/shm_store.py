@@ -20,7 +20,10 @@ already guarantees that order.
 
 Handles are vLLM-shaped ``MultiModalKwargsItem``s with the batched elements ``address``,
 ``monotonic_id`` and ``signature`` (HMAC-SHA256 over ``sha256(key) || address || id`` with the
-segment's secret), so a handle cannot be forged or pointed at another key's data.
+segment's secret), so a handle cannot be forged or pointed at another key's data. The signature
+says which chunk a handle was issued for; the ring's write frontier says whether that chunk's
+memory is still intact (see :mod:`mmfront.cache.shm_ring`), so a stale handle fails even where
+its address now falls inside another item's bytes.
 """
 
 from __future__ import annotations
@@ -349,6 +352,8 @@ class ShmObjectReader:
 
     def _frames(self, chunk: memoryview, address: int, monotonic_id: int) -> list[memoryview]:
         pos = CHUNK_HEADER.size + _COUNT.size * self.n_readers
+        if pos + _NFRAMES.size > len(chunk):
+            raise self._corrupt(address, monotonic_id)
         (count,) = _NFRAMES.unpack_from(chunk, pos)
         pos += _NFRAMES.size
         if pos + _LENGTH_SIZE * count > len(chunk):
@@ -363,7 +368,7 @@ class ShmObjectReader:
     def _corrupt(address: int, monotonic_id: int) -> ShmHandleError:
         return ShmHandleError(
             f"Data for address:id '{address}:{monotonic_id}' has been modified or is invalid (its frame table "
-            "does not fit the chunk). Resend the request with its data."
+            "does not fit the chunk). Resend the request with its data; if this recurs, restart the writer (P0)."
         )
 
     def holds(self, address: int, monotonic_id: int) -> bool:

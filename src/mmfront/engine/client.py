@@ -3,8 +3,9 @@ and resends them itself when P1 lacks an item.
 
 vLLM 0.33 answers a processor-cache miss by failing the request with a retryable error, and
 leaves the retry to whoever called the API. :class:`EngineClient` keeps each request, prepared,
-until P1 admits it; when P1 reports missing items it invalidates them and commits the request
-again, which now sends their data. The caller sees admitted requests and real errors only.
+until P1 admits it; when P1 reports missing items it invalidates every item of the request and
+commits it again, which now sends all their data, so P1 admits it whatever state it is in. The
+caller sees admitted requests and real errors only.
 
 Concurrency: :meth:`EngineClient.add_request` may be called from any number of threads, and
 :meth:`EngineClient.add_request_async` from any number of tasks. Media loading, hashing and HF
@@ -20,20 +21,15 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from mmfront.engine.transport import BaseTransport
-from mmfront.errors import (
-    DecodeError,
-    EngineDeadError,
-    MMFrontError,
-    MultiModalCacheMissError,
-    TransportError,
-    ValidationError,
-)
+from mmfront.errors import DecodeError, EngineDeadError, MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
+from mmfront.timing import stage
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder, SamplingParams
 from mmfront.wire.messages import (
     ABORT,
@@ -66,8 +62,8 @@ class RequestAdmitted:
 
 @dataclass(frozen=True)
 class RequestFailed:
-    """The request cannot be served: it missed P1's cache again after its resend, or preparing
-    the resend failed."""
+    """The request cannot be served: committing or sending it again failed, or the engine
+    restarted while it was generating. Cache misses never fail a request (see ``_InFlight``)."""
 
     request_id: str
     error: MMFrontError
@@ -87,7 +83,10 @@ ClientEvent = RequestAdmitted | RequestFailed | RequestOutput
 @dataclass
 class _InFlight:
     prepared: PreparedRequest
-    resent: bool = False
+    complete: bool = False
+    """Its latest send carried the data of every item, which P1 admits in any state (in the
+    mirror, outside it, with an empty cache): a miss arriving now answers an earlier copy (one
+    in transit through a restart or reset, a duplicate) and is ignored."""
     produced: bool = False
 
 
@@ -102,6 +101,10 @@ class ClientStats:
     mirror_only: int = 0
     failures: int = 0
     engine_restarts: int = 0
+    wire_bytes: int = 0
+    """Bytes of every request envelope sent (resends included)."""
+    saved_bytes: int = 0
+    """Bytes of the items sent as references to what P1 holds instead of with their data."""
 
 
 class EngineClient:
@@ -121,6 +124,7 @@ class EngineClient:
         the same transport); otherwise a request is done for the client once admitted."""
         self.engine_epoch: int | None = None
         self._lane = threading.RLock()
+        self._lane_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmfront-commit-lane")
         self._in_flight: dict[str, _InFlight] = {}
         self._running: dict[str, _InFlight] = {}
         self._outputs = MsgpackDecoder(EngineCoreOutputs)
@@ -162,11 +166,12 @@ class EngineClient:
         self._reserve(request_id)
         try:
             prepared = await loop.run_in_executor(
-                None, lambda: self.processor.prepare(request_id, prompt, params, options=options, **kwargs))
+                self.processor.preprocessor.executor,
+                lambda: self.processor.prepare(request_id, prompt, params, options=options, **kwargs))
         except BaseException:
             self._release(request_id)
             raise
-        await loop.run_in_executor(None, self._send_new, prepared)
+        await loop.run_in_executor(self._lane_executor, self._send_new, prepared)
 
     @property
     def running(self) -> list[str]:
@@ -226,10 +231,9 @@ class EngineClient:
                         f"The engine restarted while request {request_id!r} was generating; its output so far is "
                         "incomplete. Send the request again.")))
                 else:
-                    entry.resent = False
                     self._in_flight[request_id] = entry
             for request_id, entry in list(self._in_flight.items()):
-                failed = self._resubmit(request_id, entry)
+                failed = self._resubmit(request_id, entry, complete=False)
                 if failed is not None:
                     events.append(failed)
             return events
@@ -302,26 +306,25 @@ class EngineClient:
         entry = self._in_flight.get(miss.request_id)
         if entry is None:
             return []
-        if entry.resent:
-            del self._in_flight[miss.request_id]
-            self.stats.failures += 1
-            return [RequestFailed(miss.request_id, MultiModalCacheMissError(
-                miss.mm_hashes,
-                f"P1 still lacked {len(miss.mm_hashes)} item(s) after the request was resent with their data: "
-                f"{miss.mm_hashes}. The engine is dropping cached items faster than requests arrive (restarts or "
-                "cache resets in a loop); retry the request.",
-            ))]
-        entry.resent = True
-        self.stats.resends += 1
         if miss.stale_epoch is not None:
             self._reset_shadow(miss.stale_epoch)
-        self.processor.invalidate(miss.mm_hashes)
-        failed = self._resubmit(miss.request_id, entry)
+        if entry.complete:
+            logger.debug("Ignoring a cache miss for %r: it answers a copy sent before the complete resend.",
+                         miss.request_id)
+            return []
+        self.stats.resends += 1
+        failed = self._resubmit(miss.request_id, entry, complete=True)
         return [] if failed is None else [failed]
 
-    def _resubmit(self, request_id: str, entry: _InFlight | None) -> RequestFailed | None:
+    def _resubmit(self, request_id: str, entry: _InFlight | None, *, complete: bool) -> RequestFailed | None:
+        """Send ``request_id`` again; ``complete``: with the data of every item, not only what P1
+        reported missing, so this send cannot miss even if P1 resets again before it arrives."""
         if entry is None:
             return None  # still being prepared: it is sent after the reset, from the new shadow
+        entry.complete = complete
+        if complete:
+            self.processor.invalidate(list(dict.fromkeys(
+                h for hashes in (entry.prepared.inputs.get("mm_hashes") or {}).values() for h in hashes)))
         try:
             self._submit(entry.prepared)
         except MMFrontError as e:
@@ -337,28 +340,51 @@ class EngineClient:
     def _submit(self, prepared: PreparedRequest) -> None:
         """Commit, stamp, encode and send one request; the caller holds the lane."""
         try:
-            message = self._encoder.encode(self.processor.commit(prepared))
+            with stage("cache"):
+                request = self.processor.commit(prepared)
+            with stage("encode"):
+                message = self._encoder.encode(request)
         except BaseException:
             self._send_mirror_only(prepared.request_id)
             raise
-        envelope = encode_envelope(REQUEST, message, self.processor.take_stamp(prepared.request_id))
+        request_id = prepared.request_id
+        envelope = encode_envelope(REQUEST, message, self.processor.take_stamp(request_id, keep=True))
+        self.stats.wire_bytes += sum(memoryview(frame).nbytes for frame in envelope)
+        cache = self.processor.cache
+        if cache is not None:
+            for feature in request.mm_features or []:
+                if feature.data is None and feature.mm_hash is not None:
+                    self.stats.saved_bytes += cache.cached_nbytes(feature.mm_hash) or 0
         try:
-            self.transport.send(envelope)
+            with stage("send"):
+                self.transport.send(envelope)
         except TransportError as e:
             if not self.stream_outputs:
+                self._send_mirror_only(request_id)
                 raise
             # The engine is away (restarting): the request stays in flight and is sent again when
-            # an engine greets with a new epoch, or fails when none does in time.
-            logger.warning("Request %r could not reach the engine (%s); it waits for the engine.",
-                           prepared.request_id, e)
+            # an engine greets with a new epoch (which resets the shadow), or fails when none does.
+            self.processor.take_stamp(request_id)
+            logger.warning("Request %r could not reach the engine (%s); it waits for the engine.", request_id, e)
+        except BaseException:
+            self._send_mirror_only(request_id)
+            raise
+        else:
+            self.processor.take_stamp(request_id)
 
     def _send_mirror_only(self, request_id: str) -> None:
-        """The request changed the shadow but will not be sent: P1 must replay the change."""
+        """The request changed the shadow but will not be sent: P1 must replay the change. When
+        even that cannot be sent, the shadow starts a new epoch, which P1 adopts at the next
+        request, instead of leaving P1 a hole in the sequence to wait out."""
         taken = self.processor.take_mirror_only(request_id)
         if taken is not None:
             stamp, message = taken
             self.stats.mirror_only += 1
-            self.transport.send(encode_envelope(MIRROR_ONLY, self._encoder.encode(message), stamp))
+            try:
+                self.transport.send(encode_envelope(MIRROR_ONLY, self._encoder.encode(message), stamp))
+            except TransportError:
+                if self.processor.reset_shadow():
+                    self.stats.shadow_resets += 1
 
 
 __all__ = ["ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed", "RequestOutput"]

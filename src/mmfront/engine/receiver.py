@@ -320,8 +320,12 @@ def serve_pipe(
     receiver = EngineReceiver(engine_receiver_cache_from_config(config), echo=echo)
     try:
         while True:
-            frames = transport.recv(poll_interval_s)
-            _, replies = receiver.poll() if frames is None else receiver.handle(frames)
+            try:
+                frames = transport.recv(poll_interval_s)
+                _, replies = receiver.poll() if frames is None else receiver.handle(frames)
+            except DecodeError as e:  # a malformed message costs only itself
+                logger.warning("serve_pipe: refused a message: %s", e)
+                continue
             for reply in replies:
                 transport.send(reply)
     except (EOFError, TransportError):

@@ -25,17 +25,18 @@ import math
 import warnings
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from mmfront.errors import ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.registry import register_processor
-from mmfront.parse import MultiModalDataItems
-from mmfront.processing.hf import call_hf, resolve_hf_kwargs
+from mmfront.parse import EmbeddingItems, MultiModalDataItems
+from mmfront.processing.hf import ProcessorKwargSpec, call_hf, resolve_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
@@ -150,7 +151,19 @@ def _normalize_(pixels: torch.Tensor, settings: Mapping[str, Any]) -> None:
 
 @register_processor("Gemma3Processor", info=Gemma3ProcessingInfo, model_types=("gemma3",))
 class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
+    """Precomputed ``image_embeds`` (with ``enable_mm_embeds``) skip the image processor: an item
+    of ``(k + 1) * image_seq_length`` rows stands for an image with ``k`` pan-and-scan crops."""
+
     info: Gemma3ProcessingInfo
+
+    lanes_per_item: ClassVar[bool] = True  # each image is resized and normalized on its own
+
+    mm_kwarg_specs: ClassVar[Sequence[ProcessorKwargSpec]] = (
+        ProcessorKwargSpec("do_pan_and_scan", bool),
+        ProcessorKwargSpec("pan_and_scan_min_crop_size", int, minimum=1),
+        ProcessorKwargSpec("pan_and_scan_max_num_crops", int, minimum=1, maximum="max_pan_and_scan_crops"),
+        ProcessorKwargSpec("pan_and_scan_min_ratio_to_activate", float, minimum=0),
+    )
 
     def __init__(self, info: BaseProcessingInfo) -> None:
         super().__init__(info)
@@ -186,17 +199,32 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
     # --- HF step ---
 
     def _call_hf_processor(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        items = mm_items["image"]
+        if isinstance(items, EmbeddingItems):
+            return {"num_patches": torch.tensor([self._embeds_patches(items.get(i), i)
+                                                 for i in range(items.get_count())])}
         settings = self.info.image_kwargs(hf_kwargs)
-        images = mm_items["image"].get_all()
+        images = items.get_all()
         if _native_supported(settings):
             views = [_to_hwc_uint8(image) for image in images]
             if all(v is not None for v in views):
-                return self._native(views, settings)  # type: ignore[arg-type]
+                return call_hf(self._native, what="Gemma3 image processing", data_desc=f"{len(images)} image(s)",
+                               views=views, settings=settings)
         out = call_hf(self.info.hf_processor.image_processor, what="Gemma3ImageProcessor",
                       data_desc=f"{len(images)} image(s)", images=images, return_tensors="pt",
                       **{k: v for k, v in settings.items() if v is not None})
         num_crops = torch.as_tensor(out["num_crops"])
         return {"pixel_values": out["pixel_values"], "num_patches": num_crops + 1, "num_crops": num_crops}
+
+    def _embeds_patches(self, embeds: torch.Tensor, index: int) -> int:
+        """Sub-images (the original plus its crops) an ``image_embeds`` item holds."""
+        seq = self.info.image_seq_length
+        rows = int(embeds.shape[0])
+        if rows == 0 or rows % seq:
+            raise ValidationError(
+                f"image_embeds item {index} has {rows} rows; Gemma 3 takes {seq} per image (one per soft token), "
+                f"or a multiple of {seq} for an image with pan-and-scan crops.", parameter="image")
+        return rows // seq
 
     @staticmethod
     def _native(views: Sequence[torch.Tensor], settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -230,6 +258,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         num_patches = torch.as_tensor(hf_inputs["num_patches"])
         return {
             "pixel_values": MultiModalFieldConfig.flat_from_sizes("image", num_patches),
+            "image_embeds": MultiModalFieldConfig.batched("image"),
             "num_patches": MultiModalFieldConfig.batched("image", keep_on_cpu=True),
         }
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from mmfront.config import MultiModalConfig
 from mmfront.errors import ProcessorError, UnsupportedModelError
 
 SCOPES = ("text_kwargs", "images_kwargs", "videos_kwargs", "audio_kwargs")
@@ -107,6 +110,85 @@ def unknown_hf_kwargs(hf_processor: Any, kwargs: Mapping[str, Any]) -> tuple[lis
         elif key not in accepted:
             unknown.append(key)
     return unknown, sorted(accepted)
+
+
+@dataclass(frozen=True)
+class ProcessorKwargSpec:
+    """One processor kwarg a request may set, with its type and range. Native processors list
+    theirs (``BaseMultiModalProcessor.mm_kwarg_specs``): an unbounded kwarg is a request for
+    unbounded work (a crop count of 100,000 makes 100,001 crops), and a value HF or torch fails on
+    deep inside should be refused up front, naming the kwarg."""
+
+    name: str
+    type: type[bool] | type[int] | type[float]
+    """``bool``, ``int`` (bools refused) or ``float`` (ints taken; must be finite)."""
+    minimum: float | None = None
+    maximum: float | str | None = None
+    """A number, or the name of the :class:`~mmfront.config.MultiModalConfig` field holding the
+    cap (the deployment sets it)."""
+    scope: str = "images_kwargs"
+    """Where HF takes it when scoped (``{"images_kwargs": {name: value}}``)."""
+
+    def bounds(self, config: MultiModalConfig) -> tuple[float | None, float | None]:
+        cap = getattr(config, self.maximum) if isinstance(self.maximum, str) else self.maximum
+        return self.minimum, cap
+
+    def describe(self, config: MultiModalConfig) -> str:
+        low, high = self.bounds(config)
+        kind = {bool: "a boolean", int: "an integer", float: "a finite number"}[self.type]
+        if low is not None and high is not None:
+            return f"{kind} in [{low}, {high}]"
+        if low is not None:
+            return f"{kind} >= {low}"
+        return kind if high is None else f"{kind} <= {high}"
+
+    def accepts(self, value: object, config: MultiModalConfig) -> bool:
+        if self.type is bool:
+            return isinstance(value, bool)
+        if isinstance(value, bool) or not isinstance(value, int if self.type is int else (int, float)):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        low, high = self.bounds(config)
+        return (low is None or value >= low) and (high is None or value <= high)
+
+
+def _flat_items(kwargs: Mapping[str, Any]) -> Iterator[tuple[str | None, str, Any]]:
+    """``(scope or None, key, value)`` for every flat and scoped kwarg."""
+    for key, value in kwargs.items():
+        if key in SCOPES and isinstance(value, Mapping):
+            for inner, inner_value in value.items():
+                yield key, inner, inner_value
+        else:
+            yield None, key, value
+
+
+def refuse_processor_kwargs(
+    specs: Sequence[ProcessorKwargSpec], kwargs: Mapping[str, Any], config: MultiModalConfig, *,
+    accepted: frozenset[str], owner: str, name: str = "mm_processor_kwargs",
+) -> str | None:
+    """Why ``kwargs`` is refused under ``specs``, or None.
+
+    A declared kwarg must have its type and range. One HF ``accepted`` but not declared is
+    refused: ``owner`` does not let a request set it. Any other key is left to the caller's
+    unknown-kwargs check (``apply`` drops such keys, as vLLM does)."""
+    by_name = {spec.name: spec for spec in specs}
+    for scope in SCOPES:
+        if scope in kwargs and not isinstance(kwargs[scope], Mapping):
+            return f"{name}.{scope} must be an object of kwargs, got {type(kwargs[scope]).__name__}."
+    for in_scope, key, value in _flat_items(kwargs):
+        spec = by_name.get(key)
+        shown = f"{name}.{in_scope}.{key}" if in_scope is not None else f"{name}.{key}"
+        if spec is not None and in_scope in (None, spec.scope):
+            if not spec.accepts(value, config):
+                cap = (f" The cap is MultiModalConfig.{spec.maximum}; the deployment may raise it."
+                       if isinstance(spec.maximum, str) else "")
+                return f"{shown} must be {spec.describe(config)}, got {value!r}.{cap}"
+        elif key in accepted:
+            allowed = ", ".join(f"{s.name} ({s.describe(config)})" for s in specs)
+            return (f"{shown} cannot be set per request: {owner} takes only {allowed}. Settings such as the image "
+                    "size are the model's, fixed by its checkpoint.")
+    return None
 
 
 @cache

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
@@ -38,9 +37,19 @@ from mmfront.inputs import (
 )
 from mmfront.parse import EmbeddingItems, MediaWithBytes, MultiModalDataItems, MultiModalDataParser
 from mmfront.processing.commit import PendingCommit, commit_mm_inputs
-from mmfront.processing.hf import cast_floating, load_hf_processor, resolve_hf_kwargs, resolve_model_dtype
+from mmfront.processing.hf import (
+    ProcessorKwargSpec,
+    cast_floating,
+    load_hf_processor,
+    refuse_processor_kwargs,
+    resolve_hf_kwargs,
+    resolve_model_dtype,
+    valid_hf_kwargs,
+)
+from mmfront.processing.lanes import BaseLaneExecutor
 from mmfront.processing.matching import apply_prompt_updates
 from mmfront.processing.stray import refuse_stray_tokens
+from mmfront.processing.threads import decode_all
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
@@ -48,23 +57,9 @@ from mmfront.processing.updates import (
     cached_encode,
 )
 from mmfront.text import check_text
+from mmfront.timing import stage
 
 MultiModalUUIDs = Mapping[str, Sequence[str | None] | str | None]
-
-_decode_pool: ThreadPoolExecutor | None = None
-
-
-def _decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
-    """Decode lazy items, in parallel when there are several (Pillow releases the GIL)."""
-    global _decode_pool
-    if len(items) == 1:
-        _ = items[0].media
-        return
-    if _decode_pool is None:
-        _decode_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="mmfront-decode")
-    for _ in _decode_pool.map(lambda item: item.media, items):
-        pass
-
 
 _MAX_PROCESSOR_VARIANTS = 8
 """HF processors ``get_hf_processor(**kwargs)`` keeps per info: one per distinct kwargs, so a
@@ -199,6 +194,17 @@ class BaseProcessingInfo:
                     message += " Set `--limit-mm-per-prompt` (MultiModalConfig.limit_mm_per_prompt) to increase this limit."
                 raise ValidationError(message, parameter=modality)
 
+    @cached_property
+    def max_prompt_chars(self) -> int | None:
+        """Longest prompt string worth tokenizing (see ``MultiModalConfig.max_prompt_chars``): a
+        string longer than ``max_model_len`` times the longest token string cannot fit, and
+        tokenizing it first would take memory in proportion to it (a 50 MB text part)."""
+        if self.config.max_prompt_chars is not None:
+            return self.config.max_prompt_chars
+        if self.config.max_model_len is None:
+            return None
+        return self.config.max_model_len * max(map(len, self.tokenizer.get_vocab()), default=1)
+
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Tokenize constant strings (replacements, dummy text) once, through the shared memo."""
         return cached_encode(self.tokenizer, text, add_special_tokens=add_special_tokens)
@@ -220,8 +226,44 @@ class BaseMultiModalProcessor(ABC):
     placeholder_str: ClassVar[Mapping[str, str]] = {}
     """Default text placeholder per modality, when it does not come from the HF processor."""
 
+    mm_kwarg_specs: ClassVar[Sequence[ProcessorKwargSpec] | None] = None
+    """The HF kwargs a request may set, with types and ranges; any other kwarg the HF processor
+    takes is refused per request (the deployment's ``mm_processor_kwargs`` may still set it).
+    ``None``: whatever the HF processor accepts, its failures wrapped in ``ProcessorError``."""
+
+    lanes_per_item: ClassVar[bool] = False
+    """On processing lanes, send each missing item to a lane of its own (a 3-image request uses 3
+    lanes). Only for processors whose per-item outputs do not depend on the other items of the
+    call (no padding to the batch's longest item); otherwise a call's items share one lane."""
+
     def __init__(self, info: BaseProcessingInfo) -> None:
         self.info = info
+        self.lanes: BaseLaneExecutor | None = None
+        """Where cache misses are HF-processed (``None``: in place); set by ``InputPreprocessor``
+        from ``MultiModalConfig.mm_processing_lanes``."""
+        if self.mm_kwarg_specs is not None and info.config.mm_processor_kwargs:
+            refused = refuse_processor_kwargs(self.mm_kwarg_specs, info.config.mm_processor_kwargs, info.config,
+                                              accepted=frozenset(), owner=type(self).__name__,
+                                              name="MultiModalConfig.mm_processor_kwargs")
+            if refused:
+                raise ConfigError(refused)
+
+    def check_request_kwargs(self, kwargs: Mapping[str, Any] | None) -> None:
+        """Refuse a request's HF kwargs that are malformed, or out of :attr:`mm_kwarg_specs`,
+        before anything is hashed or processed."""
+        if kwargs is None:
+            return
+        if not isinstance(kwargs, Mapping):
+            raise ValidationError(f"mm_processor_kwargs must be an object of HF processor kwargs, got "
+                                  f"{type(kwargs).__name__}.", parameter="mm_processor_kwargs")
+        specs = self.mm_kwarg_specs or ()
+        accepted: frozenset[str] = frozenset()
+        if self.mm_kwarg_specs is not None:
+            accepted = frozenset().union(*valid_hf_kwargs(self.info.hf_processor).values())
+        refused = refuse_processor_kwargs(specs, kwargs, self.info.config, accepted=accepted,
+                                          owner=type(self).__name__)
+        if refused:
+            raise ValidationError(refused, parameter="mm_processor_kwargs")
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -252,6 +294,16 @@ class BaseMultiModalProcessor(ABC):
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], out_mm_kwargs: MultiModalKwargsItems,
     ) -> Sequence[PromptUpdate]:
         """How each item expands in the prompt (callables receive the item index in ``mm_items``)."""
+
+    def _tokenize_prompt(
+        self, prompt: str | list[int], mm_counts: Mapping[str, int], *, add_special_tokens: bool,
+    ) -> list[int]:
+        """The prompt's ids before the items are spliced in (``mm_counts``: items per modality).
+        A processor whose HF processor rewrites the text around its placeholders overrides this,
+        so the splice lands on HF's own tokenization of that text (Legacy transformers backend)."""
+        if isinstance(prompt, str):
+            return list(self.info.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
+        return list(prompt)
 
     def _apply_prompt_updates(
         self, prompt_ids: list[int], mm_prompt_updates: Mapping[str, Sequence[Sequence[ResolvedPromptUpdate]]],
@@ -320,23 +372,23 @@ class BaseMultiModalProcessor(ABC):
         can be prepared concurrently, and one that is never committed leaves no trace in it. The
         result carries ``"mm_pending"`` until it is committed."""
         if isinstance(prompt, str):
+            self._check_prompt_chars(prompt)
             check_text(prompt, parameter="prompt", where="The prompt")
-        prompt_ids = (
-            list(self.info.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
-            if isinstance(prompt, str) else list(prompt)
-        )
+        self.check_request_kwargs(hf_processor_mm_kwargs)
         mm_items = mm_data if isinstance(mm_data, MultiModalDataItems) else self.info.parse_mm_data(mm_data or {})
         counts = {m: items.get_count() for m, items in mm_items.items() if items.get_count() > 0}
+        prompt_ids = self._tokenize_prompt(prompt, counts, add_special_tokens=add_special_tokens)
         if not counts:
             return mm_inputs(prompt_ids, MultiModalKwargsItems(), {}, {},
                              prompt=prompt if isinstance(prompt, str) else None)
 
         request_kwargs = dict(hf_processor_mm_kwargs or {})
-        hashes = get_mm_hashes(
-            {m: mm_items[m].get_all_items_for_hash() for m in counts}, self.info.model_id,
-            self.info.config.mm_hasher_algorithm, mm_uuids=normalize_mm_uuids(mm_uuids, counts),
-            hf_processor_mm_kwargs=request_kwargs, media_io_kwargs=media_io_kwargs,
-        )
+        with stage("hash"):
+            hashes = get_mm_hashes(
+                {m: mm_items[m].get_all_items_for_hash() for m in counts}, self.info.model_id,
+                self.info.config.mm_hasher_algorithm, mm_uuids=normalize_mm_uuids(mm_uuids, counts),
+                hf_processor_mm_kwargs=request_kwargs, media_io_kwargs=media_io_kwargs,
+            )
         if any(isinstance(mm_items[m], EmbeddingItems) for m in counts):
             cache = None  # embeddings are given, not processed: nothing to cache (vLLM does the same)
 
@@ -344,34 +396,37 @@ class BaseMultiModalProcessor(ABC):
         updates_by_hash: dict[str, PromptUpdates] = {}
         missing: dict[str, list[int]] = {}
         missing_hashes: set[str] = set()
-        for modality in counts:
-            for idx, mm_hash in enumerate(hashes[modality]):
-                if mm_hash in updates_by_hash or mm_hash in missing_hashes:
-                    continue
-                cached = cache.peek_prompt_updates(mm_hash) if cache is not None else None
-                if cached is not None:
-                    updates_by_hash[mm_hash] = cached
-                    continue
-                if mm_items[modality].get_item_for_hash(idx) is None:
-                    raise ValidationError(
-                        f"Cache miss for {modality} at index {idx} but data is not provided: the item was sent "
-                        "by UUID only and is no longer cached. Send its data again.", parameter=modality,
-                    )
-                missing_hashes.add(mm_hash)
-                missing.setdefault(modality, []).append(idx)
+        with stage("cache"):
+            for modality in counts:
+                for idx, mm_hash in enumerate(hashes[modality]):
+                    if mm_hash in updates_by_hash or mm_hash in missing_hashes:
+                        continue
+                    cached = cache.peek_prompt_updates(mm_hash) if cache is not None else None
+                    if cached is not None:
+                        updates_by_hash[mm_hash] = cached
+                        continue
+                    if mm_items[modality].get_item_for_hash(idx) is None:
+                        raise ValidationError(
+                            f"Cache miss for {modality} at index {idx} but data is not provided: the item was sent "
+                            "by UUID only and is no longer cached. Send its data again.", parameter=modality,
+                        )
+                    missing_hashes.add(mm_hash)
+                    missing.setdefault(modality, []).append(idx)
 
         # 2. One HF call for every missing item.
         new_items: dict[str, MultiModalKwargsItem] = {}
         if missing:
-            new_items = self._process_items(mm_items, missing, hashes, request_kwargs, updates_by_hash)
+            with stage("hf"):
+                new_items = self._process_items(mm_items, missing, hashes, request_kwargs, updates_by_hash)
 
         # 3. Splice the prompt with every item's updates.
-        mm_prompt_updates = {
-            m: [[u.with_item_idx(i) for u in updates_by_hash[h]] for i, h in enumerate(hashes[m])] for m in counts
-        }
-        new_ids, placeholders = self._apply_prompt_updates(prompt_ids, mm_prompt_updates)
-        self._validate_placeholders(placeholders, counts)
-        refuse_stray_tokens(self, new_ids, placeholders)
+        with stage("updates"):
+            mm_prompt_updates = {
+                m: [[u.with_item_idx(i) for u in updates_by_hash[h]] for i, h in enumerate(hashes[m])] for m in counts
+            }
+            new_ids, placeholders = self._apply_prompt_updates(prompt_ids, mm_prompt_updates)
+            self._validate_placeholders(placeholders, counts)
+            refuse_stray_tokens(self, new_ids, placeholders)
 
         order = sorted((p.start_idx, m, p.item_idx) for m, ps in placeholders.items() for p in ps)
         kwargs: dict[str, list[MultiModalKwargsItem | None]] = {
@@ -398,13 +453,17 @@ class BaseMultiModalProcessor(ABC):
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
         hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, request_kwargs)
         subset = mm_items.subset(selection)
-        lazy = [
-            raw for items in subset.values() for raw in items.get_all_items_for_hash()
-            if isinstance(raw, MediaWithBytes) and not raw.is_decoded
-        ]
-        if lazy:
-            _decode_all(lazy)
-        kw_items, resolved = self.process_subset(subset, hf_kwargs)
+        kw_on_lanes = self._process_on_lanes(subset, hf_kwargs) if self.lanes is not None else None
+        if kw_on_lanes is not None:
+            kw_items, resolved = kw_on_lanes, self.resolve_prompt_updates(subset, hf_kwargs, kw_on_lanes)
+        else:
+            lazy = [
+                raw for items in subset.values() for raw in items.get_all_items_for_hash()
+                if isinstance(raw, MediaWithBytes) and not raw.is_decoded
+            ]
+            if lazy:
+                decode_all(lazy)
+            kw_items, resolved = self.process_subset(subset, hf_kwargs)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():
             for j, idx in enumerate(idxs):
@@ -419,6 +478,29 @@ class BaseMultiModalProcessor(ABC):
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
     ) -> tuple[MultiModalKwargsItems, dict[str, list[list[ResolvedPromptUpdate]]]]:
         """HF-process ``mm_items``; per-item kwargs and resolved updates, indexed within ``mm_items``."""
+        kw_items = self.process_hf_items(mm_items, hf_kwargs)
+        return kw_items, self.resolve_prompt_updates(mm_items, hf_kwargs, kw_items)
+
+    def _process_on_lanes(
+        self, subset: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
+    ) -> MultiModalKwargsItems | None:
+        """``subset``'s kwargs items, HF-processed on the lanes (one job per item with
+        :attr:`lanes_per_item`, else one for the call); ``None`` when an item cannot travel."""
+        assert self.lanes is not None
+        parts = ([subset.subset({m: [j]}) for m, items in subset.items() for j in range(items.get_count())]
+                 if self.lanes_per_item else [subset])
+        jobs = [self.lanes.encode_job(part, hf_kwargs) for part in parts]
+        if any(job is None for job in jobs):
+            return None
+        futures = [self.lanes.submit_job(job) for job in jobs if job is not None]
+        merged: dict[str, list[MultiModalKwargsItem | None]] = {}
+        for future in futures:
+            for modality, items in future.result().items():
+                merged.setdefault(modality, []).extend(items)
+        return MultiModalKwargsItems(merged)
+
+    def process_hf_items(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> MultiModalKwargsItems:
+        """The HF call and its split into per-item kwargs (what a processing lane runs)."""
         hf_out = self._call_hf_processor(mm_items, hf_kwargs)
         for items in mm_items.values():
             hf_out.update(items.get_passthrough_data())
@@ -432,6 +514,13 @@ class BaseMultiModalProcessor(ABC):
                     f"{kw_items.get_count(modality)}: the processor's _call_hf_processor and _get_mm_fields_config "
                     "disagree."
                 )
+        return kw_items
+
+    def resolve_prompt_updates(
+        self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], kw_items: MultiModalKwargsItems,
+    ) -> dict[str, list[list[ResolvedPromptUpdate]]]:
+        """Each item's prompt updates, every callable evaluated (cheap: no HF call)."""
+        counts = mm_items.get_all_counts()
         updates = self._get_prompt_updates(mm_items, hf_kwargs, kw_items)
         resolved: dict[str, list[list[ResolvedPromptUpdate]]] = {}
         for modality, count in counts.items():
@@ -442,7 +531,17 @@ class BaseMultiModalProcessor(ABC):
                     modality=modality, expected=count, found=0,
                 )
             resolved[modality] = [[u.resolve(i) for u in own] for i in range(count)]
-        return kw_items, resolved
+        return resolved
+
+    def _check_prompt_chars(self, prompt: str) -> None:
+        limit = self.info.max_prompt_chars
+        if limit is not None and len(prompt) > limit:
+            config = self.info.config
+            why = (f"with max_model_len={config.max_model_len} no longer prompt fits, whatever it holds"
+                   if config.max_prompt_chars is None else "MultiModalConfig.max_prompt_chars")
+            raise ValidationError(
+                f"The prompt has {len(prompt)} characters; the limit is {limit} ({why}). Shorten the prompt; it "
+                "was not tokenized.", parameter="prompt")
 
     @staticmethod
     def _validate_placeholders(

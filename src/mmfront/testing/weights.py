@@ -66,7 +66,7 @@ def _token_ids(tokenizer: Any) -> dict[str, Any]:
             "eos_token_id": tokenizer.eos_token_id}
 
 
-def _gemma3(processor: ProcessorMixin, *, tie: bool) -> PretrainedConfig:
+def _gemma3(processor: Any, *, tie: bool) -> PretrainedConfig:
     from transformers import Gemma3Config
 
     tok = processor.tokenizer
@@ -88,7 +88,7 @@ def _gemma3(processor: ProcessorMixin, *, tie: bool) -> PretrainedConfig:
     )
 
 
-def _idefics3(processor: ProcessorMixin) -> PretrainedConfig:
+def _idefics3(processor: Any) -> PretrainedConfig:
     from transformers import Idefics3Config
 
     tok = processor.tokenizer
@@ -105,11 +105,12 @@ def _idefics3(processor: ProcessorMixin) -> PretrainedConfig:
                      "tie_word_embeddings": False},
         scale_factor=scale,
         image_token_id=tok.convert_tokens_to_ids("<image>"),
+        pad_token_id=tok.pad_token_id,
         tie_word_embeddings=False,
     )
 
 
-def _qwen2_audio(processor: ProcessorMixin) -> PretrainedConfig:
+def _qwen2_audio(processor: Any) -> PretrainedConfig:
     from transformers import Qwen2AudioConfig
 
     tok = processor.tokenizer
@@ -120,12 +121,11 @@ def _qwen2_audio(processor: ProcessorMixin) -> PretrainedConfig:
         text_config={**_TEXT, **_token_ids(tok), "model_type": "qwen2", "vocab_size": len(tok),
                      "tie_word_embeddings": False},
         audio_token_index=tok.convert_tokens_to_ids("<|AUDIO|>"),
-        tie_word_embeddings=False,
     )
 
 
 #: kind -> (its config from the processor, the stop tokens its chat template ends a turn with)
-_CONFIGS: dict[str, tuple[Callable[[ProcessorMixin], PretrainedConfig], tuple[str, ...]]] = {
+_CONFIGS: dict[str, tuple[Callable[[Any], PretrainedConfig], tuple[str, ...]]] = {
     "gemma3": (lambda p: _gemma3(p, tie=False), ("<end_of_turn>",)),
     "gemma3-896": (lambda p: _gemma3(p, tie=True), ("<end_of_turn>",)),
     "idefics3": (_idefics3, ()),
@@ -166,7 +166,7 @@ def write_weights(kind: str, processor: ProcessorMixin, folder: Path, *, dtype: 
     _draw_zero_weights(model, generator)
     model.generation_config = transformers.GenerationConfig(
         eos_token_id=eos, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
-    model.to(DTYPES[dtype])
+    torch.nn.Module.to(model, DTYPES[dtype])
     model.config.dtype = dtype
     model.save_pretrained(str(folder))
     return Path(folder)

@@ -11,7 +11,8 @@ Two things differ from vLLM on purpose:
   vLLM's pickle extensions (codes 1 and 2) raise :class:`DecodeError`.
 * **Decoding is safe on untrusted bytes.** Every failure -- truncated or corrupt frames, forged
   shapes, bad aux indices, wrong structure -- is a :class:`DecodeError`, and no decode allocates
-  more than a small multiple of the bytes it was given.
+  more than a small multiple of the bytes it was given (``MAX_COPY_FACTOR``, also when many
+  tensors point at one aux frame).
 
 Both classes keep their per-message state in thread-locals, so one instance can serve several
 threads (vLLM's cannot).
@@ -22,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,8 +48,11 @@ from mmfront.wire._tensors import (
     CUSTOM_TYPE_CLOUDPICKLE,
     CUSTOM_TYPE_PICKLE,
     CUSTOM_TYPE_RAW_VIEW,
+    MAX_COPY_FACTOR,
     MAX_RANK,
+    CopyBudget,
     Frame,
+    as_frames,
     decode_ndarray,
     decode_tensor,
     describe,
@@ -211,18 +215,18 @@ class MsgpackDecoder:
         except TypeError as e:
             raise InputTypeError(f"Cannot decode into {t!r}: {e}") from e
 
-    def decode(self, frames: Frame | Sequence[Frame]) -> Any:
-        """Decode one message; a single bytes-like object is a message without aux frames."""
-        if isinstance(frames, (bytes, bytearray, memoryview)) or not isinstance(frames, Sequence):
-            frames = (frames,)
+    def decode(self, frames: Frame | Iterable[Frame]) -> Any:
+        """Decode one message: its frames as a list, tuple or any other iterable; a single
+        bytes-like object is a message without aux frames."""
+        frames = as_frames(frames)
         if len(frames) == 0:
             raise DecodeError("Got no frames to decode; a message has at least its msgpack body (frame 0).")
         body = frames[0]
         if not isinstance(body, (bytes, bytearray)):
             body = frame_view(body, 0)
         local = self._local
-        outer = getattr(local, "frames", None)
-        local.frames = frames
+        outer = getattr(local, "frames", None), getattr(local, "budget", None)
+        local.frames, local.budget = frames, CopyBudget(frames)
         try:
             return self._decoder.decode(body)
         except DecodeError:
@@ -232,7 +236,7 @@ class MsgpackDecoder:
         except RecursionError as e:
             raise DecodeError("Malformed message: nested too deeply") from e
         finally:
-            local.frames = outer
+            local.frames, local.budget = outer
 
     def ext_hook(self, code: int, data: memoryview) -> Any:
         if code == CUSTOM_TYPE_RAW_VIEW:
@@ -248,12 +252,12 @@ class MsgpackDecoder:
 
     def dec_hook(self, t: type, obj: Any) -> Any:
         """Called by msgspec for every type in ``t`` it has no native decoding for."""
-        frames = self._local.frames
+        local = self._local
         if isinstance(t, type):
             if issubclass(t, torch.Tensor):
-                return decode_tensor(obj, frames, self.share_mem)
+                return decode_tensor(obj, local.frames, self.share_mem, local.budget)
             if issubclass(t, np.ndarray):
-                return decode_ndarray(obj, frames, self.share_mem)
+                return decode_ndarray(obj, local.frames, self.share_mem, local.budget)
             if t is slice:
                 return _decode_slice(obj)
             if issubclass(t, MultiModalKwargsItem):
@@ -294,7 +298,7 @@ class MsgpackDecoder:
         if not isinstance(obj, list):
             raise DecodeError(f"Item data must be tensors, numbers or arrays of them, got {describe(obj)}")
         if obj and isinstance(obj[0], str):
-            return decode_tensor(obj, self._local.frames, self.share_mem)
+            return decode_tensor(obj, self._local.frames, self.share_mem, self._local.budget)
         if depth >= MAX_NESTING:
             raise DecodeError(f"Item data is nested deeper than {MAX_NESTING} levels")
         return [self._decode_nested(x, depth + 1) for x in obj]
@@ -355,6 +359,7 @@ __all__ = [
     "CUSTOM_TYPE_PICKLE",
     "CUSTOM_TYPE_RAW_VIEW",
     "DEFAULT_SIZE_THRESHOLD",
+    "MAX_COPY_FACTOR",
     "MMF_CLASS_TO_FACTORY",
     "Frame",
     "MsgpackDecoder",

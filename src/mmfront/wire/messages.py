@@ -6,18 +6,23 @@ the mirror, and for every reply), and ``[body, *aux]`` is one message of mmfront
 travel in aux frames, nothing is pickled). Any transport that moves lists of frames in order
 carries it. This module holds the formats only; what each side does with them lives in
 ``mmfront.cache.mirror`` (the mirror's bookkeeping) and ``mmfront.engine`` (client, receiver).
+
+Every field is checked on decode (msgspec constraints, ``__post_init__``), so a forged or corrupt
+message is a :class:`~mmfront.errors.DecodeError` at the door and the mirror's bookkeeping only
+ever sees values P0 could have sent: epochs are unsigned 64-bit, ``seq`` starts at 1, digests
+have their one size, sizes are never negative.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Annotated, Final, Literal
 
 import msgspec
 
 from mmfront.errors import DecodeError
-from mmfront.wire._tensors import Frame, frame_view
+from mmfront.wire._tensors import Frame, as_frames, frame_view
 from mmfront.wire.structs import EngineCoreRequest
 
 # Mirror operation kinds, as they enter the stamp's digest and a MirrorOp.
@@ -25,6 +30,17 @@ HIT: Final = "H"
 INSERT: Final = "N"
 OVERSIZE: Final = "O"
 EVICT: Final = "E"
+
+DIGEST_SIZE: Final = 16
+"""Bytes of a stamp's digest (blake2b-128)."""
+
+Epoch = Annotated[int, msgspec.Meta(ge=0)]
+"""An epoch, of P0's shadow or of an engine: unsigned 64-bit (msgpack carries nothing larger)."""
+Seq = Annotated[int, msgspec.Meta(ge=1)]
+Digest = Annotated[bytes, msgspec.Meta(min_length=DIGEST_SIZE, max_length=DIGEST_SIZE)]
+Key = Annotated[str, msgspec.Meta(min_length=1)]
+"""An item's ``mm_hash`` (or identifier): never empty."""
+ByteCount = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class MirrorStamp(msgspec.Struct, array_like=True, frozen=True):
@@ -34,18 +50,22 @@ class MirrorStamp(msgspec.Struct, array_like=True, frozen=True):
     (P1 reported them missing, or their request was aborted after its commit); P1 drops them too
     before it applies the request."""
 
-    epoch: int
-    seq: int
-    digest: bytes
-    invalidated: tuple[str, ...] = ()
+    epoch: Epoch
+    seq: Seq
+    digest: Digest
+    invalidated: tuple[Key, ...] = ()
 
 
 class MirrorOp(msgspec.Struct, array_like=True, frozen=True):
     """One item's operation in a mirror-only message (``nbytes`` is the size an insert charged)."""
 
     kind: Literal["H", "N", "O"]
-    mm_hash: str
-    nbytes: int = 0
+    mm_hash: Key
+    nbytes: ByteCount = 0
+
+    def __post_init__(self) -> None:
+        if self.nbytes and self.kind != INSERT:
+            raise ValueError(f"only an insert ({INSERT!r}) has a size, got a {self.kind!r} of {self.nbytes} bytes")
 
 
 class MirrorOnly(msgspec.Struct, array_like=True, frozen=True):
@@ -61,7 +81,7 @@ class MirrorOnly(msgspec.Struct, array_like=True, frozen=True):
 class MirrorReset(msgspec.Struct, array_like=True, frozen=True):
     """P1 reset its cache and retired ``epoch``: a P0 still in that epoch must clear its shadow."""
 
-    epoch: int
+    epoch: Epoch
 
 
 # P0 -> P1
@@ -99,8 +119,8 @@ class CacheMiss(msgspec.Struct, array_like=True, frozen=True):
     P1 had retired the request's epoch, i.e. P0's whole shadow is stale, not just these keys."""
 
     request_id: str
-    mm_hashes: list[str]
-    stale_epoch: int | None = None
+    mm_hashes: list[Key]
+    stale_epoch: Epoch | None = None
 
 
 class Admitted(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -114,8 +134,8 @@ class Admitted(msgspec.Struct, array_like=True, omit_defaults=True):
 class EngineHello(msgspec.Struct, array_like=True, frozen=True):
     """An engine's greeting and heartbeat: ``epoch`` is random per engine process."""
 
-    engine_index: int
-    epoch: int
+    engine_index: Annotated[int, msgspec.Meta(ge=0)]
+    epoch: Epoch
 
 
 @dataclass(frozen=True)
@@ -131,7 +151,9 @@ def encode_envelope(kind: bytes, message: Sequence[Frame], stamp: MirrorStamp | 
     return [kind, b"" if stamp is None else _encode_stamp(stamp), *message]
 
 
-def decode_envelope(frames: Sequence[Frame]) -> Envelope:
+def decode_envelope(frames: Iterable[Frame]) -> Envelope:
+    """Split an envelope (its frames as a list, tuple or any other iterable) and decode its stamp."""
+    frames = as_frames(frames)
     if len(frames) < 3:
         raise DecodeError(f"An envelope has at least 3 frames (type, stamp, body), got {len(frames)}.")
     kind = bytes(frame_view(frames[0], 0))
@@ -149,6 +171,7 @@ __all__ = [
     "ABORT",
     "ADMITTED",
     "CACHE_MISS",
+    "DIGEST_SIZE",
     "ENGINE_HELLO",
     "ENGINE_OUTPUTS",
     "EVICT",

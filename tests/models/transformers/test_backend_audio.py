@@ -15,7 +15,6 @@ import pytest
 import torch
 from backend_cases import build, encode, token_id
 
-from mmfront.errors import ProcessorError
 from mmfront.models.transformers import LegacyMultiModalProcessor, OffsetsMultiModalProcessor
 from mmfront.testing.media import make_audio
 
@@ -62,8 +61,8 @@ def test_qwen2_audio_one_placeholder_per_audio_unpadded(cls: type, qwen2_audio_p
         tokens = out["prompt_token_ids"][p.offset:p.offset + p.length]
         assert tokens[wrap:len(tokens) - wrap] == [audio_id] * p.get_num_embeds()
     assert out["mm_kwargs"]["audio"][0]["num_audio_tokens"].data.tolist() == 25
-    # Lengths differ, so each audio is processed alone (Legacy: after its one full-prompt call).
-    assert len(calls) == (3 if cls is LegacyMultiModalProcessor else 2)
+    # Lengths differ, so each audio is processed alone.
+    assert len(calls) == 2
     for i, (audio, frames) in enumerate(zip(audios, [100, 50])):
         alone = qwen2_audio_processor(text="<|AUDIO|>", audio=[audio], sampling_rate=16000, return_tensors="pt")
         assert features(out, i, "input_features").shape == (1, 16, 200)
@@ -118,8 +117,16 @@ def test_glmasr_legacy_one_audio(glmasr_processor: Any) -> None:
     assert features(out, 0, "input_features").shape == (2, 16, 200)
 
 
-def test_glmasr_legacy_refuses_two_audios_in_one_prompt(glmasr_processor: Any) -> None:
-    """GLM-ASR takes one audio per text sample and Legacy sends the whole prompt as one sample."""
-    with pytest.raises(ProcessorError, match="1:1"):
-        build(LegacyMultiModalProcessor, glmasr_processor).apply(
-            GLM_PROMPT, {"audio": [make_audio(1.0), make_audio(3.0)]})
+def test_glmasr_legacy_places_two_audios_as_offsets_does(glmasr_processor: Any) -> None:
+    """HF takes one audio per text sample; Legacy processes items on their own samples, so a prompt
+    may hold two audios, spliced exactly as Offsets splices them."""
+    audios = [make_audio(1.0, seed=0), make_audio(3.0, seed=1)]
+    legacy = build(LegacyMultiModalProcessor, glmasr_processor).apply(GLM_PROMPT, {"audio": audios})
+    offsets = build(OffsetsMultiModalProcessor, glmasr_processor).apply(GLM_PROMPT, {"audio": audios})
+    assert legacy["prompt_token_ids"] == offsets["prompt_token_ids"]
+    assert legacy["mm_placeholders"] == offsets["mm_placeholders"]
+    first = legacy["mm_placeholders"]["audio"][0]
+    assert (first.offset, first.length) == (2, 12)
+    for i in range(2):
+        assert torch.equal(features(legacy, i, "input_features"), features(offsets, i, "input_features"))
+        assert int(features(legacy, i, "num_audio_tokens")) == [12, 37][i]

@@ -288,13 +288,3 @@ def test_floating_outputs_take_the_model_dtype(cls: type, idefics3_processor: An
     out = build(cls, idefics3_processor, dtype="bfloat16").apply("User:<image>", {"image": [make_image(64, 32)]})
     assert item_data(out, "image", 0, "pixel_values").dtype == torch.bfloat16
     assert item_data(out, "image", 0, "pixel_attention_mask").dtype != torch.bfloat16
-
-
-def test_legacy_ignores_the_cache_but_returns_hashes(idefics3_processor: Any) -> None:
-    cache = processor_only_cache_from_config(MultiModalConfig())
-    assert cache is not None
-    proc = build(LegacyMultiModalProcessor, idefics3_processor)
-    outs = [proc.apply("User:<image>", {"image": [make_image(64, 32, 3)]}, cache=cache) for _ in range(2)]
-    assert cache.make_stats().total == 0
-    assert outs[0]["mm_hashes"] == outs[1]["mm_hashes"] and len(outs[0]["mm_hashes"]["image"][0]) == 64
-    assert outs[0]["mm_kwargs"]["image"][0] is not None

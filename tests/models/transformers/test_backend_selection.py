@@ -162,13 +162,6 @@ def test_backend_needs_its_own_info(idefics3_processor: Any) -> None:
         OffsetsMultiModalProcessor(ProcessingInfo(idefics3_processor, model_id="x"))
 
 
-def test_legacy_has_no_per_item_updates(idefics3_processor: Any) -> None:
-    proc = build(LegacyMultiModalProcessor, idefics3_processor)
-    items = proc.info.parse_mm_data({"image": [make_image(64, 32)]})
-    with pytest.raises(UnsupportedModelError, match="cannot process items apart from their prompt"):
-        proc.process_subset(items, {})
-
-
 # --- placeholders for the chat layer -----------------------------------------------------------
 
 

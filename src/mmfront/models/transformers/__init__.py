@@ -1,8 +1,8 @@
 """The transformers backend: any HF multimodal processor mmfront has no native processor for.
 
 Two processors share one base: :class:`OffsetsMultiModalProcessor` (transformers >= 5.15, places
-items with the replacements HF reports, cached) and :class:`LegacyMultiModalProcessor` (older
-transformers, locates items in HF's expansion of the whole prompt, uncached).
+items with the replacements HF reports) and :class:`LegacyMultiModalProcessor` (older
+transformers, locates each item's expansion in HF's ids); both are cached.
 ``MultiModalProcessor`` is the one the installed transformers calls for; ``MultiModalConfig.
 transformers_backend`` overrides it. See ``docs/transformers-backend.md``.
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
-from mmfront.inputs import MultiModalFieldConfig
+from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.parse import AudioProcessorItems, EmbeddingItems, ImageProcessorItems, MultiModalDataItems
 from mmfront.processing.hf import SCOPES, call_hf
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
+from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 logger = logging.getLogger(__name__)
 
@@ -281,8 +282,8 @@ def most_frequent_token(ids: Sequence[int]) -> int:
 class _MultiModalProcessorBase(BaseMultiModalProcessor):
     """Calls the HF processor on a dummy text (one placeholder per item) and lays out its outputs.
 
-    Subclasses decide how items are placed in the prompt: from the replacements HF reports
-    (Offsets) or from HF's expansion of the whole prompt (Legacy).
+    Subclasses decide how each item's expansion is learned: from the replacements HF reports
+    (Offsets) or located in HF's token ids for the dummy text (Legacy).
     """
 
     info: TransformersProcessingInfo
@@ -306,8 +307,9 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
 
     # --- calling HF --------------------------------------------------------------------------
 
-    def _offsets_kwargs(self) -> dict[str, Any]:
-        """Kwargs that ask HF for ``text_replacement_offsets`` (only Offsets uses them)."""
+    def _dummy_call_kwargs(self) -> dict[str, Any]:
+        """Extra kwargs of the dummy-text call: what the subclass needs HF to report about each
+        item's expansion (Offsets: ``text_replacement_offsets``; Legacy: the token marks)."""
         return {}
 
     def run_hf(self, text: str | list[str], data: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any],
@@ -344,6 +346,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
                 outputs = [self._call_on_dummy_text("audio", group, hf_kwargs) for group in groups]
             data, lay = self._lay_out(modality, items, outputs, hf_kwargs)
             self._add_item_sizes(modality, outputs, data, lay)
+            self._add_expansions(modality, items, outputs, data=data, layout=lay, hf_kwargs=hf_kwargs)
             for key in data:
                 if key in out:
                     raise FieldConfigError(f"{type(self.info.hf_processor).__name__} returned {key!r} for two "
@@ -358,7 +361,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         # Images go in one text sample (several samples pad Idefics3's tiles); audio one per sample
         # (GLM-ASR and AudioFlamingo3 take exactly one audio per text).
         text: str | list[str] = placeholder * len(items) if modality == "image" else [placeholder] * len(items)
-        return self.run_hf(text, {modality: items}, hf_kwargs, **self._offsets_kwargs())
+        return self.run_hf(text, {modality: items}, hf_kwargs, **self._dummy_call_kwargs())
 
     def _lay_out(
         self, modality: str, items: Any, outputs: Sequence[Mapping[str, Any]], hf_kwargs: Mapping[str, Any],
@@ -383,6 +386,33 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         if modality == "image":
             data["num_image_patches"] = torch.tensor(layout.rows)
             layout.size_keys.append("num_image_patches")
+
+    def _add_expansions(self, modality: str, items: Any, outputs: Sequence[Mapping[str, Any]], *,
+                        data: dict[str, Any], layout: ModalityLayout, hf_kwargs: Mapping[str, Any]) -> None:
+        """Record each item's expansion as ``{modality}_replacement_ids`` (sizes in
+        ``layout.replacement_sizes``) where it is learned from the dummy call's token ids (Legacy)."""
+
+    def _replacement_updates(
+        self, mm_items: MultiModalDataItems, out_mm_kwargs: MultiModalKwargsItems,
+        details: Callable[[str, list[int]], PromptUpdateDetails[list[int]]],
+    ) -> list[PromptUpdate]:
+        """One replacement of the placeholder per modality; item ``i`` takes its own recorded
+        expansion. The ids are taken out of the items: the updates are cached with the item, so
+        neither the cache nor the engine needs them as data."""
+        updates: list[PromptUpdate] = []
+        for modality in mm_items:
+            key = f"{modality}_replacement_ids"
+            contents: list[PromptUpdateDetails[list[int]]] = []
+            for item in out_mm_kwargs[modality]:
+                data = item[key].data if item is not None and key in item else None
+                if item is None or not isinstance(data, torch.Tensor):
+                    raise FieldConfigError(f"A {modality} item lacks its {key}; it was not processed by this backend.")
+                ids = [int(t) for t in data.tolist()]
+                del item[key]
+                contents.append(details(modality, ids))
+            updates.append(PromptReplacement(modality, target=self.info.placeholder_ids(modality),
+                                             replacement=contents.__getitem__))
+        return updates
 
     def item_rows(self, modality: str, items: Any, data: Mapping[str, Any], hf_kwargs: Mapping[str, Any],
                   hf_out: Mapping[str, Any]) -> list[int]:

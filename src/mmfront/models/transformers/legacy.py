@@ -1,52 +1,62 @@
 """``LegacyMultiModalProcessor``: the transformers backend for transformers < 5.15.
 
-Before 5.15 most HF processors cannot say what a placeholder expanded to, so the only source of
-truth is HF's own expansion of the whole prompt: one HF call on the full text and the items, then
-each item is located in the expanded ids. vLLM 0.33 dropped this path; mmfront keeps it so models
-work on older transformers.
+Before 5.15 most HF processors cannot say what a placeholder expanded to, so the expansion is
+read from HF's own token ids. The items run through the shared pipeline like any other
+processor's: the missing ones are processed on a dummy text (one placeholder per item, as on the
+Offsets path), each item's expansion is located in the ids HF returns, and the expansion becomes
+that item's :class:`PromptReplacement` of the modality's placeholder. Items are therefore
+processed apart from their prompt and cached.
 
 Locating: the tokens of a modality are those ``mm_token_type_ids`` marks (Gemma3 calls it
 ``token_type_ids``), else the modality's embedding token. Images are split by the processor's
 per-image token counts (``_get_num_multimodal_tokens``), which are counted the same way the marks
 are (Idefics3 marks and counts whole expansions, so adjacent images that merge into one run still
-split); audio is one run per item. Each range then widens to the begin/end tokens wrapped around
-it (``<start_of_image>``/``<end_of_image>``), so structure tokens sit inside the range with
-``is_embed`` false, as on the Offsets path.
+split); audio is one item per text sample. Each range then widens to the begin/end tokens wrapped
+around it (``<start_of_image>``/``<end_of_image>``), so structure tokens sit inside the range with
+``is_embed`` false.
 
-Because an item's expansion is only known inside its prompt, items cannot be processed apart from
-it: there is no processor cache on this path (``cache`` is ignored; hashes are still returned).
+What HF writes around an expansion, rather than in it, is text that tokenizes together with the
+prompt's own text (Gemma3's ``"\\n\\n"`` on both sides, merging with a neighbouring newline; Emu3's
+BOS at the start of the prompt). That :class:`PromptFrame` is learned once, when the processor is
+built, from HF's ids for one and two dummy items, checked to reproduce those ids exactly, and
+applied to the prompt's text before it is tokenized (:meth:`_tokenize_prompt`), so the splice gives
+HF's own ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
-from mmfront.cache.base import BaseMultiModalProcessorCache
-from mmfront.errors import FieldConfigError, ProcessorError, PromptUpdateError, UnsupportedModelError
-from mmfront.hashing import get_mm_hashes
-from mmfront.inputs import MultiModalInputs, MultiModalKwargsItems, PlaceholderRange, mm_inputs
+from mmfront.errors import ProcessorError, UnsupportedModelError
+from mmfront.inputs import MultiModalKwargsItems
 from mmfront.models.transformers.base import (
-    LAYOUT_KEY,
     MM_TOKEN_TYPE,
     ModalityLayout,
     _MultiModalProcessorBase,
-    attribute_keys,
-    refuse_embeddings,
-    split_text_outputs,
-    unpad_images,
 )
-from mmfront.parse import AudioProcessorItems, ImageProcessorItems, MultiModalDataItems
-from mmfront.processing.hf import cast_floating, resolve_hf_kwargs
-from mmfront.processing.processor import MultiModalUUIDs, normalize_mm_uuids
-from mmfront.processing.updates import PromptUpdate
+from mmfront.parse import ImageProcessorItems, MultiModalDataItems
+from mmfront.processing.hf import resolve_hf_kwargs
+from mmfront.processing.matching import iter_token_matches
+from mmfront.processing.processor import BaseProcessingInfo
+from mmfront.processing.updates import (
+    PlaceholderFeaturesInfo,
+    PromptUpdate,
+    PromptUpdateDetails,
+    ResolvedPromptUpdate,
+)
 
 MAX_WRAPPER_DISTANCE = 16
 """How far from an item's marked tokens its begin/end token may sit (Emu3 writes the grid size,
 ``"{h}*{w}<|image token|>"``, between ``<|image start|>`` and the first ``<image>``)."""
+
+PROBE_IMAGE_SIZE = 64
+"""Edge of the dummy images the frame is learned from (every tested image processor takes it)."""
 
 
 def token_runs(positions: np.ndarray) -> list[tuple[int, int]]:
@@ -95,160 +105,149 @@ def widen_to_wrappers(
     return out
 
 
+def unwrap(ids: list[int], placeholder: list[int], wrappers: tuple[int, int]) -> list[int]:
+    """``ids`` without the begin/end pair around each ``placeholder`` that has both."""
+    begin, end = wrappers
+    drop: set[int] = set()
+    for start, stop in iter_token_matches(ids, placeholder):
+        if start > 0 and stop < len(ids) and ids[start - 1] == begin and ids[stop] == end:
+            drop.update((start - 1, stop))
+    return [t for i, t in enumerate(ids) if i not in drop] if drop else ids
+
+
+@dataclass(frozen=True)
+class PromptFrame:
+    """What HF < 5.15 writes around one modality's expansions besides the expansions themselves.
+
+    ``lead``/``trail``: text on either side of every expansion (Gemma3: ``"\\n\\n"``). ``start``:
+    text put before the whole prompt, once per item or once per prompt (Emu3's BOS, per image in
+    5.14 and per prompt from 5.15). ``wrappers``: the begin/end tokens an expansion of a bare
+    placeholder brings itself (Qwen2-Audio 5.14 adds ``<|audio_bos|>``/``<|audio_eos|>``); a
+    placeholder the prompt already wraps in them is unwrapped first, so they are not doubled.
+    """
+
+    lead: str = ""
+    trail: str = ""
+    start: str = ""
+    start_per_item: bool = False
+    wrappers: tuple[int, int] | None = None
+
+    def rewrite(self, text: str, placeholder: str, count: int) -> str:
+        """``text`` as HF tokenizes it, with ``placeholder`` standing for each expansion."""
+        if self.lead or self.trail:
+            text = text.replace(placeholder, f"{self.lead}{placeholder}{self.trail}")
+        return self.start * (count if self.start_per_item else 1) + text
+
+
 class LegacyMultiModalProcessor(_MultiModalProcessorBase):
-    """Places items by locating them in HF's expansion of the whole prompt (transformers < 5.15)."""
+    """Places each item with the expansion located in HF's ids for it (transformers < 5.15)."""
 
-    def apply(
-        self,
-        prompt: str | list[int],
-        mm_data: Mapping[str, Any] | MultiModalDataItems | None,
-        *,
-        mm_uuids: MultiModalUUIDs | None = None,
-        hf_processor_mm_kwargs: Mapping[str, Any] | None = None,
-        media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
-        cache: BaseMultiModalProcessorCache | None = None,
-        add_special_tokens: bool = True,
-    ) -> MultiModalInputs:
-        """Process one prompt and its items with one HF call on the whole prompt.
+    def __init__(self, info: BaseProcessingInfo) -> None:
+        super().__init__(info)
+        self.frames = {modality: self._learn_frame(modality) for modality in self.modalities}
 
-        A token-id prompt is decoded first (and processed without adding special tokens again),
-        so it gives the same ids as the string it came from. ``cache`` is ignored: this path has
-        no processor cache.
-        """
-        tok = self.info.tokenizer
+    def _dummy_call_kwargs(self) -> dict[str, Any]:
+        return {"return_mm_token_type_ids": True, "text_kwargs": {"add_special_tokens": False}}
+
+    # --- the prompt ----------------------------------------------------------------------------
+
+    def _tokenize_prompt(
+        self, prompt: str | list[int], mm_counts: Mapping[str, int], *, add_special_tokens: bool,
+    ) -> list[int]:
+        """HF's tokenization of the prompt with each placeholder standing for its expansion. A
+        token-id prompt is decoded first (and tokenized without adding special tokens again), so
+        it gives the same ids as the string it came from."""
+        if not mm_counts:
+            return super()._tokenize_prompt(prompt, mm_counts, add_special_tokens=add_special_tokens)
         if isinstance(prompt, str):
             text, special = prompt, add_special_tokens
         else:
-            text, special = tok.decode(list(prompt), skip_special_tokens=False,
-                                       clean_up_tokenization_spaces=False), False
-        keep_prompt = prompt if isinstance(prompt, str) else None
-        mm_items = mm_data if isinstance(mm_data, MultiModalDataItems) else self.info.parse_mm_data(mm_data or {})
-        counts = {m: items.get_count() for m, items in mm_items.items() if items.get_count() > 0}
-        request_kwargs = dict(hf_processor_mm_kwargs or {})
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, request_kwargs)
-        if not counts:
-            return mm_inputs(self._text_only_ids(text, special, hf_kwargs), MultiModalKwargsItems(), {}, {},
-                             prompt=keep_prompt)
-        mm_items = mm_items.select(counts)
-        refuse_embeddings(mm_items)
-        hashes = get_mm_hashes(
-            {m: mm_items[m].get_all_items_for_hash() for m in counts}, self.info.model_id,
-            self.info.config.mm_hasher_algorithm, mm_uuids=normalize_mm_uuids(mm_uuids, counts),
-            hf_processor_mm_kwargs=request_kwargs, media_io_kwargs=media_io_kwargs,
-        )
-        self._check_placeholder_counts(text, counts)
-        hf_out = self.run_hf([text], {m: mm_items[m].get_all() for m in counts}, hf_kwargs,
-                             return_mm_token_type_ids=True, text_kwargs={"add_special_tokens": special})
-        ids = [int(t) for t in hf_out["input_ids"][0].tolist()]
-        placeholders = self._locate(ids, hf_out, mm_items, hf_kwargs)
-        kw_items = self._split_items(hf_out, mm_items, placeholders, hf_kwargs)
-        return mm_inputs(ids, kw_items, {m: list(hashes[m]) for m in counts}, placeholders, prompt=keep_prompt)
+            text, special = self._decode(list(prompt)), False
+        for modality, count in mm_counts.items():
+            if modality in self.frames:
+                text = self.frames[modality].rewrite(text, self.info.placeholder(modality), count)
+        ids = list(self.info.tokenizer.encode(text, add_special_tokens=special))
+        for modality in mm_counts:
+            wrappers = self.frames[modality].wrappers if modality in self.frames else None
+            if wrappers is not None:
+                ids = unwrap(ids, self.info.placeholder_ids(modality), wrappers)
+        return ids
 
-    def _check_placeholder_counts(self, text: str, counts: Mapping[str, int]) -> None:
-        """One placeholder per item: too few is the user's error, and so is too many (a stray one
-        would reach the model); say so before HF says it less clearly, or not at all."""
-        for modality, count in counts.items():
-            placeholder = self.info.placeholder(modality)
-            found = text.count(placeholder)
-            if found != count:
-                raise PromptUpdateError(
-                    f"Expected {count} placeholder(s) for {modality} items but found {found} in the prompt. Put one "
-                    f"`{placeholder}` (the model's {modality} placeholder) in the prompt for each {modality}.",
-                    modality=modality, expected=count, found=found,
-                )
+    def _apply_prompt_updates(
+        self, prompt_ids: list[int], mm_prompt_updates: Mapping[str, Sequence[Sequence[ResolvedPromptUpdate]]],
+    ) -> tuple[list[int], Mapping[str, Sequence[PlaceholderFeaturesInfo]]]:
+        """The splice, with each range taking in a begin/end token the prompt itself puts right
+        around it (``<|audio_bos|><|AUDIO|><|audio_eos|>``), as the structure tokens an expansion
+        brings are in its range."""
+        ids, placeholders = super()._apply_prompt_updates(prompt_ids, mm_prompt_updates)
+        bounds = sorted((p.start_idx, p.start_idx + p.length) for ps in placeholders.values() for p in ps)
+        prev_end = {start: bounds[i - 1][1] if i else 0 for i, (start, _) in enumerate(bounds)}
+        next_start = {stop: bounds[i + 1][0] if i + 1 < len(bounds) else len(ids)
+                      for i, (_, stop) in enumerate(bounds)}
+        out: dict[str, list[PlaceholderFeaturesInfo]] = {}
+        for modality, ps in placeholders.items():
+            begin, end = self.info.wrapper_ids(modality)
+            found = out[modality] = []
+            for p in ps:
+                start, stop = p.start_idx, p.start_idx + p.length
+                before = int(start > prev_end[start] and ids[start - 1] in begin)
+                after = int(stop < next_start[stop] and ids[stop] in end)
+                if not (before or after):
+                    found.append(p)
+                    continue
+                mask = p.is_embed if p.is_embed is not None else torch.ones(p.length, dtype=torch.bool)
+                mask = torch.cat([torch.zeros(before, dtype=torch.bool), mask, torch.zeros(after, dtype=torch.bool)])
+                found.append(PlaceholderFeaturesInfo(modality, p.item_idx, start - before,
+                                                     ids[start - before:stop + after], mask))
+        return ids, out
 
-    def _split_items(
-        self, hf_out: Mapping[str, Any], mm_items: MultiModalDataItems,
-        placeholders: Mapping[str, list[PlaceholderRange]], hf_kwargs: Mapping[str, Any],
-    ) -> MultiModalKwargsItems:
-        """The full-prompt call's data, one kwargs item per multimodal item."""
-        data = split_text_outputs(hf_out)[1]
-        owned = attribute_keys(self.info, list(mm_items), list(data))
-        out: dict[str, Any] = {}
-        layout: dict[str, ModalityLayout] = {}
-        for modality in mm_items:
-            own, lay = self._lay_out_full_call(modality, mm_items, {k: data[k] for k in owned[modality]},
-                                               hf_kwargs, hf_out)
-            self._add_item_sizes(modality, [hf_out], own, lay)
-            if modality == "audio":
-                own["num_audio_tokens"] = torch.tensor([p.get_num_embeds() for p in placeholders["audio"]])
-                lay.size_keys.append("num_audio_tokens")
-            out.update(own)
-            layout[modality] = lay
-        out = {k: cast_floating(v, self.info.model_dtype) for k, v in out.items()}
-        out[LAYOUT_KEY] = layout
-        kw_items = MultiModalKwargsItems.from_hf_inputs(out, self._get_mm_fields_config(out, hf_kwargs))
-        for modality, items in mm_items.items():
-            if kw_items.get_count(modality) != items.get_count():
-                raise FieldConfigError(
-                    f"Expected {items.get_count()} {modality} item(s) from the processor outputs but found "
-                    f"{kw_items.get_count(modality)}; the transformers backend cannot split them per item."
-                )
-        return kw_items
+    def _decode(self, ids: list[int]) -> str:
+        return str(self.info.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
 
-    def _text_only_ids(self, text: str, special: bool, hf_kwargs: Mapping[str, Any]) -> list[int]:
-        """HF's own tokenization of a prompt without items; processors that refuse a placeholder
-        with no data (Idefics3; every processor from 5.15) fall back to the tokenizer."""
-        try:
-            out = self.run_hf([text], {}, hf_kwargs, text_kwargs={"add_special_tokens": special})
-        except ProcessorError as exc:
-            if not isinstance(exc.__cause__, ValueError):
-                raise
-            return list(self.info.tokenizer.encode(text, add_special_tokens=special))
-        return [int(t) for t in out["input_ids"][0].tolist()]
+    # --- the items -----------------------------------------------------------------------------
 
-    def _lay_out_full_call(
-        self, modality: str, mm_items: MultiModalDataItems, data: dict[str, Any], hf_kwargs: Mapping[str, Any],
-        hf_out: Mapping[str, Any],
-    ) -> tuple[dict[str, Any], ModalityLayout]:
-        """The layout of ``modality``'s part of the full-prompt call. Audio of unequal lengths is
-        processed again one item at a time, so no item carries padding that depends on another."""
-        items = mm_items[modality]
+    def _add_expansions(self, modality: str, items: Any, outputs: Sequence[Mapping[str, Any]], *,
+                        data: dict[str, Any], layout: ModalityLayout, hf_kwargs: Mapping[str, Any]) -> None:
+        expansions = [ids[start:stop] for out in outputs for ids, start, stop in self._expansions(modality, items, out,
+                                                                                                  hf_kwargs)]
+        data[f"{modality}_replacement_ids"] = torch.tensor([t for ids in expansions for t in ids], dtype=torch.int64)
+        layout.replacement_sizes = [len(ids) for ids in expansions]
         if modality == "audio":
-            audios = mm_items.get_items("audio", AudioProcessorItems)
-            if len({audios.get_audio_length(i) for i in range(audios.get_count())}) > 1:
-                outputs = [self._call_on_dummy_text("audio", [a], hf_kwargs) for a in audios.get_all()]
-                return self._lay_out("audio", audios, outputs, hf_kwargs)
-        if modality == "image":
-            unpad_images(data)
-        rows = self.item_rows(modality, items, data, hf_kwargs, hf_out)
-        return data, ModalityLayout(count=items.get_count(), keys=list(data), rows=rows)
+            embed = self.info.embed_token_ids("audio")
+            data["num_audio_tokens"] = torch.tensor([sum(t in embed for t in ids) for ids in expansions])
+            layout.size_keys.append("num_audio_tokens")
 
-    def _locate(self, ids: list[int], hf_out: Mapping[str, Any], mm_items: MultiModalDataItems,
-                hf_kwargs: Mapping[str, Any]) -> dict[str, list[PlaceholderRange]]:
-        """Each item's range in the expanded ids, with ``is_embed`` marking its embedding tokens."""
-        array = np.asarray(ids, dtype=np.int64)
+    def _expansions(self, modality: str, items: Any, hf_out: Mapping[str, Any], hf_kwargs: Mapping[str, Any]
+                    ) -> list[tuple[list[int], int, int]]:
+        """``(its text sample's ids, start, end)`` of each item's expansion in one dummy-text call:
+        images all in one sample, audio one per sample."""
+        rows = [[int(t) for t in row] for row in hf_out["input_ids"].tolist()]
         marks = hf_out.get("mm_token_type_ids", hf_out.get("token_type_ids"))
-        mark_array = np.asarray(marks[0]) if isinstance(marks, (torch.Tensor, list)) else None
-        spans: list[tuple[int, int, str, int]] = []
-        for modality in mm_items:
-            items = mm_items[modality]
-            count = items.get_count()
-            embed = self.info.embed_token_ids(modality)
-            positions = np.flatnonzero(mark_array == MM_TOKEN_TYPE[modality]) if mark_array is not None else None
-            if positions is None or positions.size == 0:
-                positions = np.flatnonzero(np.isin(array, embed))
-            sizes = (self._image_token_counts(mm_items.get_items("image", ImageProcessorItems), hf_kwargs)
-                     if modality == "image" else None)
-            found = split_positions(positions, count, sizes)
-            if found is None:
-                raise ProcessorError(
-                    f"Could not locate {count} {modality} item(s) in {type(self.info.hf_processor).__name__}'s "
-                    f"expansion of the prompt: {positions.size} {modality} token(s) in {len(token_runs(positions))} "
-                    f"run(s), per-item counts {sizes}. Known case: Gemma3 with do_pan_and_scan, whose crop count the "
-                    "processor does not report before transformers 5.15; upgrade transformers to >= 5.15 (Offsets "
-                    "backend) or turn do_pan_and_scan off."
-                )
-            spans.extend((start, stop, modality, i) for i, (start, stop) in enumerate(found))
-        spans.sort()
-        wrappers = {m: self.info.wrapper_ids(m) for m in mm_items}
-        widened = widen_to_wrappers(ids, [(s[0], s[1]) for s in spans], [wrappers[s[2]][0] for s in spans],
-                                    [wrappers[s[2]][1] for s in spans])
-        out: dict[str, list[PlaceholderRange | None]] = {m: [None] * mm_items[m].get_count() for m in mm_items}
-        for (start, stop), (_, _, modality, index) in zip(widened, spans):
-            mask = torch.from_numpy(np.isin(array[start:stop], self.info.embed_token_ids(modality)))
-            out[modality][index] = PlaceholderRange(offset=start, length=stop - start, is_embed=mask)
-        return {m: [r for r in ranges if r is not None] for m, ranges in out.items()}
+        mark_rows = marks.tolist() if isinstance(marks, torch.Tensor) else [None] * len(rows)
+        if modality == "image":
+            sizes = self._image_token_counts(items, hf_kwargs)
+            return [(rows[0], start, stop)
+                    for start, stop in self._locate(rows[0], mark_rows[0], "image", items.get_count(), sizes)]
+        return [(ids, *self._locate(ids, row_marks, modality, 1, None)[0]) for ids, row_marks in zip(rows, mark_rows)]
+
+    def _locate(self, ids: list[int], marks: list[int] | None, modality: str, count: int,
+                sizes: list[int] | None) -> list[tuple[int, int]]:
+        """Each item's ``[start, end)`` in one sample's ids, widened to its wrapper tokens."""
+        array = np.asarray(ids, dtype=np.int64)
+        positions = np.flatnonzero(np.asarray(marks) == MM_TOKEN_TYPE[modality]) if marks is not None else None
+        if positions is None or positions.size == 0:
+            positions = np.flatnonzero(np.isin(array, self.info.embed_token_ids(modality)))
+        found = split_positions(positions, count, sizes)
+        if found is None:
+            raise ProcessorError(
+                f"Could not locate {count} {modality} item(s) in {type(self.info.hf_processor).__name__}'s "
+                f"expansion of the dummy text: {positions.size} {modality} token(s) in {len(token_runs(positions))} "
+                f"run(s), per-item counts {sizes}. Known case: Gemma3 with do_pan_and_scan, whose crop count the "
+                "processor does not report before transformers 5.15; upgrade transformers to >= 5.15 (Offsets "
+                "backend) or turn do_pan_and_scan off."
+            )
+        begin, end = self.info.wrapper_ids(modality)
+        return widen_to_wrappers(ids, found, [begin] * count, [end] * count)
 
     def _image_token_counts(self, images: ImageProcessorItems, hf_kwargs: Mapping[str, Any]) -> list[int] | None:
         sizes = [images.get_image_size(i) for i in range(images.get_count())]
@@ -259,9 +258,83 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
     def _get_prompt_updates(
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], out_mm_kwargs: MultiModalKwargsItems,
     ) -> Sequence[PromptUpdate]:
-        """There are none: an item's expansion is only known inside HF's expansion of its prompt."""
-        raise UnsupportedModelError(
-            "The Legacy transformers backend places items from the HF processor's expansion of the whole prompt, so "
-            "it cannot process items apart from their prompt (no per-item prompt updates, no processor cache). Call "
-            "apply(), or use transformers >= 5.15 (Offsets backend)."
+        """Item ``i`` takes its own located expansion; the modality's embedding tokens in it
+        receive embeddings."""
+        return self._replacement_updates(
+            mm_items, out_mm_kwargs,
+            lambda modality, ids: PromptUpdateDetails.select_token_ids(ids, self.info.embed_token_ids(modality)))
+
+    # --- learning the frame ----------------------------------------------------------------------
+
+    def _learn_frame(self, modality: str) -> PromptFrame:
+        """The frame HF writes around ``modality``'s expansions, from its ids for the dummy text of
+        one item and (images, which share a sample) two items; refused when it does not reproduce
+        those ids exactly."""
+        one = self._probe(modality, 1)
+        ids, start, stop = one[0]
+        before, trail = self._decode(ids[:start]), self._decode(ids[stop:])
+        frame = PromptFrame(lead=before, trail=trail)
+        probes = [one]
+        if modality == "image":
+            two = self._probe(modality, 2)
+            (ids2, start2, stop2), (_, start3, _) = two
+            between = self._decode(ids2[stop2:start3])
+            lead = between[len(trail):] if between.startswith(trail) else None
+            start_one = _strip_suffix(before, lead)
+            start_two = _strip_suffix(self._decode(ids2[:start2]), lead)
+            if lead is None or start_one is None or start_two is None:
+                raise self._frame_error(modality)
+            frame = PromptFrame(lead=lead, trail=trail, start=start_one,
+                                start_per_item=bool(start_one) and start_two == start_one * 2)
+            probes.append(two)
+        frame = PromptFrame(frame.lead, frame.trail, frame.start, frame.start_per_item,
+                            self._own_wrappers(modality, ids[start:stop]))
+        for probe in probes:
+            self._check_frame(modality, frame, probe)
+        return frame
+
+    def _probe(self, modality: str, count: int) -> list[tuple[list[int], int, int]]:
+        data: list[Any] = (
+            [Image.new("RGB", (PROBE_IMAGE_SIZE, PROBE_IMAGE_SIZE), (255, 255, 255))] * count if modality == "image"
+            else [np.zeros(int(self.info.get_target_sample_rate() or 16000), dtype=np.float32)] * count
         )
+        items = self.info.parse_mm_data({modality: data}, validate=False)[modality]
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs)
+        return self._expansions(modality, items, self._call_on_dummy_text(modality, data, hf_kwargs), hf_kwargs)
+
+    def _own_wrappers(self, modality: str, core: list[int]) -> tuple[int, int] | None:
+        begin, end = self.info.wrapper_ids(modality)
+        placeholder = self.info.placeholder_ids(modality)
+        if core[0] in begin and core[-1] in end and core[0] not in placeholder and core[-1] not in placeholder:
+            return core[0], core[-1]
+        return None
+
+    def _check_frame(self, modality: str, frame: PromptFrame, probe: list[tuple[list[int], int, int]]) -> None:
+        """The frame and the located expansions must give back HF's ids for the probe."""
+        placeholder = self.info.placeholder(modality)
+        samples = ([(probe[0][0], [ids[a:b] for ids, a, b in probe])] if modality == "image"
+                   else [(ids, [ids[a:b]]) for ids, a, b in probe])
+        for ids, cores in samples:
+            text = frame.rewrite(placeholder * len(cores), placeholder, len(cores))
+            framed = list(self.info.tokenizer.encode(text, add_special_tokens=False))
+            rebuilt: list[int] = []
+            prev = 0
+            for (start, stop), core in zip(iter_token_matches(framed, self.info.placeholder_ids(modality)), cores):
+                rebuilt += framed[prev:start] + core
+                prev = stop
+            if rebuilt + framed[prev:] != ids:
+                raise self._frame_error(modality)
+
+    def _frame_error(self, modality: str) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"The Legacy transformers backend cannot reproduce how {type(self.info.hf_processor).__name__} rewrites "
+            f"the text around its {modality} placeholder (it is neither text on either side of each expansion nor text "
+            "at the start of the prompt), so it cannot place items apart from their prompt. Use transformers >= 5.15 "
+            "(Offsets backend) if the processor reports text_replacement_offsets there."
+        )
+
+
+def _strip_suffix(text: str, suffix: str | None) -> str | None:
+    if suffix is None or not text.endswith(suffix):
+        return None
+    return text[:len(text) - len(suffix)] if suffix else text

@@ -11,14 +11,16 @@ image is a cache hit and never reaches HF again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
 import transformers
 from packaging.version import Version
 from transformers import ProcessorMixin
 
-from mmfront.errors import FieldConfigError, MissingOffsetsError, ProcessorError
+from mmfront.errors import MissingOffsetsError, ProcessorError
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.models.transformers.base import (
     ModalityLayout,
@@ -26,8 +28,9 @@ from mmfront.models.transformers.base import (
     most_frequent_token,
 )
 from mmfront.parse import ImageProcessorItems, MultiModalDataItems
+from mmfront.processing.hf import resolve_hf_kwargs
 from mmfront.processing.processor import BaseProcessingInfo
-from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
+from mmfront.processing.updates import PromptUpdate, PromptUpdateDetails
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 OFFSETS_MIN_VERSION = Version("5.15.0")
@@ -55,8 +58,8 @@ def _advice() -> str:
     return (
         "Please report it to transformers (https://github.com/huggingface/transformers/issues) so the processor "
         "gets the hook. Until then, pin `transformers<5.15`, which selects the Legacy backend, or keep this "
-        "transformers and set MultiModalConfig(transformers_backend=\"legacy\") (one HF call on the whole prompt, "
-        "no processor cache)."
+        "transformers and set MultiModalConfig(transformers_backend=\"legacy\") (which locates each item's expansion "
+        "in the HF processor's own token ids)."
     )
 
 
@@ -89,7 +92,7 @@ class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
             if not has_replacement_hook(type(proc), modality):
                 raise missing_hook_error(proc, modality)
 
-    def _offsets_kwargs(self) -> dict[str, Any]:
+    def _dummy_call_kwargs(self) -> dict[str, Any]:
         return offsets_request_kwargs()
 
     def replacements(self, modality: str, outputs: Sequence[Mapping[str, Any]], count: int) -> list[str]:
@@ -129,30 +132,50 @@ class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
         texts = self.replacements(modality, outputs, layout.count)
         encoded = [self.info.encode(text) for text in texts]
         if not all(encoded):
-            raise ProcessorError(f"{type(self.info.hf_processor).__name__} reported an empty {modality} replacement.")
+            raise self._empty_replacement_error(modality, encoded.index([]))
         data[f"{modality}_replacement_ids"] = torch.tensor([t for ids in encoded for t in ids], dtype=torch.int64)
         layout.replacement_sizes = [len(ids) for ids in encoded]
         if modality == "audio":
             data["num_audio_tokens"] = torch.tensor([ids.count(most_frequent_token(ids)) for ids in encoded])
             layout.size_keys.append("num_audio_tokens")
 
+    def _empty_replacement_error(self, modality: str, index: int) -> ProcessorError:
+        name = type(self.info.hf_processor).__name__
+        message = f"{name} expands {modality} item {index} to no tokens, so the model could not see it."
+        shortest, rate = self.min_audio_samples if modality == "audio" else None, self.info.get_target_sample_rate()
+        if shortest is not None and rate:
+            message += (f" The clip is too short: send at least {shortest} samples at {rate:g} Hz "
+                        f"({1000 * shortest / rate:.0f} ms), or pad it with silence.")
+        return ProcessorError(message, parameter=modality)
+
+    @cached_property
+    def min_audio_samples(self) -> int | None:
+        """The shortest audio (samples at the target rate) the HF processor expands to at least one
+        token under the deployment's kwargs: doubled, then bisected, on silent clips, once per
+        processor and only after a clip was too short. ``None``: not even one window is enough."""
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs)
+
+        def enough(samples: int) -> bool:
+            try:
+                out = self._call_on_dummy_text("audio", [np.zeros(samples, dtype=np.float32)], hf_kwargs)
+                return bool(self.info.encode(self.replacements("audio", [out], 1)[0]))
+            except ProcessorError:
+                return False
+
+        high, limit = 1, max(1, self.get_dummy_audio_length())
+        while not enough(high):
+            if high >= limit:
+                return None
+            high = min(2 * high, limit)
+        low = high // 2  # too short (or 0)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if enough(middle) else (middle, high)
+        return high
+
     def _get_prompt_updates(
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], out_mm_kwargs: MultiModalKwargsItems,
     ) -> Sequence[PromptUpdate]:
-        """One replacement per modality; item ``i`` takes its own reported expansion, whose most
-        frequent token receives embeddings. The ids are taken out of the items: the updates are
-        cached with the item, so neither the cache nor the engine needs them as data."""
-        updates: list[PromptUpdate] = []
-        for modality in mm_items:
-            key = f"{modality}_replacement_ids"
-            contents: list[PromptUpdateDetails[list[int]]] = []
-            for item in out_mm_kwargs[modality]:
-                data = item[key].data if item is not None and key in item else None
-                if item is None or not isinstance(data, torch.Tensor):
-                    raise FieldConfigError(f"A {modality} item lacks its {key}; it was not processed by this backend.")
-                ids = [int(t) for t in data.tolist()]
-                del item[key]
-                contents.append(PromptUpdateDetails.select_token_id(ids, most_frequent_token(ids)))
-            updates.append(PromptReplacement(modality, target=self.info.placeholder_ids(modality),
-                                             replacement=contents.__getitem__))
-        return updates
+        """Item ``i`` takes its own reported expansion, whose most frequent token receives embeddings."""
+        return self._replacement_updates(
+            mm_items, out_mm_kwargs, lambda _, ids: PromptUpdateDetails.select_token_id(ids, most_frequent_token(ids)))

@@ -1,0 +1,91 @@
+"""The thread budget: how many threads the frontend's processing runs at once.
+
+Three kinds of thread compete for the cores: torch's intra-op threads (image resizing and
+normalizing), the pool that decodes a request's images in parallel, and the processing lanes.
+Left alone, torch starts one intra-op thread per core in *every* call, while several requests are
+prepared at once, so a 2-core machine runs 2 x 2 torch threads plus the decoders; under outside
+CPU load each of them waits for a core, and a miss takes twice as long (vLLM's frontend runs torch
+on one thread). :class:`ThreadPlan` divides one budget (``MultiModalConfig.mm_thread_budget``,
+the cores by default): torch gets one thread per caller (parallelism comes from the prepare
+threads and the lanes, which never oversubscribe), each lane is one runnable thread, and the
+decode pool gets what the lanes leave.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmfront.config import MultiModalConfig
+from mmfront.parse import MediaWithBytes
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers narrow), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How one budget of runnable threads is divided."""
+
+    budget: int
+    """Runnable threads in all (``mm_thread_budget``, or the cores)."""
+    lanes: int
+    """Worker processes (or actors) processing misses; 0 processes in the caller's threads."""
+    torch_threads: int
+    """Intra-op threads of torch in the frontend process and in each lane."""
+    decode_threads: int
+    """Threads of the frontend's pool that decodes several images of one request at once."""
+
+    @classmethod
+    def from_config(cls, config: MultiModalConfig) -> ThreadPlan:
+        budget = config.mm_thread_budget or available_cores()
+        lanes = max(1, budget - 1) if config.mm_processing_lanes is None else config.mm_processing_lanes
+        decode = budget if lanes == 0 else max(1, budget - lanes)
+        return cls(budget=budget, lanes=lanes, torch_threads=1, decode_threads=decode)
+
+
+_decode_lock = threading.Lock()
+_decode_pool: ThreadPoolExecutor | None = None
+_decode_threads = available_cores()
+
+
+def apply_thread_plan(plan: ThreadPlan) -> None:
+    """Set torch's intra-op threads and the decode pool's size for this process (both are
+    process-wide: the last plan applied wins)."""
+    global _decode_pool, _decode_threads
+    torch.set_num_threads(plan.torch_threads)
+    with _decode_lock:
+        if plan.decode_threads != _decode_threads:
+            # A decode running on the old pool finishes there; its idle threads exit once the
+            # pool is collected.
+            _decode_threads, _decode_pool = plan.decode_threads, None
+
+
+def decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
+    """Decode lazy items, in parallel when there are several (Pillow releases the GIL), on at
+    most the plan's decode threads."""
+    global _decode_pool
+    if len(items) == 1 or _decode_threads == 1:
+        for item in items:
+            _ = item.media
+        return
+    with _decode_lock:
+        if _decode_pool is None:
+            _decode_pool = ThreadPoolExecutor(max_workers=_decode_threads, thread_name_prefix="mmfront-decode")
+        pool = _decode_pool
+    for _ in pool.map(lambda item: item.media, items):
+        pass
+
+
+__all__ = ["ThreadPlan", "apply_thread_plan", "available_cores", "decode_all"]
