@@ -16,8 +16,10 @@ zero-copy resolve, and its frames are asserted to be small.
 The rows under "where time goes" split mmfront's hop into the codec alone and ZMQ alone on the
 same frames, next to one memcpy of the tensor: both codecs are zero-copy, so nearly all of either
 hop is the unix socket moving 48 MB (a copy into the kernel, a copy out into a fresh buffer),
-which no encoder can avoid; only the shm ring takes the bytes off the socket. The peer: ``MMFRONT_VLLM_PEER`` names its python (default
-/tmp/vllm-peer/.venv-vllm/bin/python); without it the ratios are skipped.
+which no encoder can avoid; only the shm ring takes the bytes off the socket.
+
+The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python);
+without it the ratios are skipped.
 """
 
 from __future__ import annotations

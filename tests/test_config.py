@@ -3,6 +3,8 @@ field; a good one is normalized the way the rest of mmfront reads it."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import re
 from pathlib import Path
@@ -50,11 +52,10 @@ def test_cache_type_must_be_lru_or_shm(value: object) -> None:
     rejects(f"mm_processor_cache_type must be one of ['lru', 'shm'], got {value!r}", mm_processor_cache_type=value)
 
 
-def test_shm_object_size_is_only_for_the_shm_cache() -> None:
-    rejects(
-        "mm_shm_cache_max_object_size_mb is only used by the shm cache; set mm_processor_cache_type='shm'",
-        mm_shm_cache_max_object_size_mb=16,
-    )
+def test_shm_object_size_is_ignored_with_lru_as_in_vllm(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="mmfront.config"):
+        assert Config(mm_shm_cache_max_object_size_mb=128).mm_processor_cache_type == "lru"
+    assert "mm_shm_cache_max_object_size_mb=128 is ignored" in caplog.text
     config = Config(mm_processor_cache_type="shm", mm_shm_cache_max_object_size_mb=16)
     assert config.mm_shm_cache_max_object_size_bytes == 16 * MiB_bytes
 
@@ -284,3 +285,12 @@ def test_replace_validates_the_new_value_and_keeps_the_rest() -> None:
     assert replaced.limit_mm_per_prompt == {"image": ModalityLimit(count=2)}
     with pytest.raises(ConfigError, match="mm_processor_cache_gb must be a finite number >= 0, got -2"):
         config.replace(mm_processor_cache_gb=-2)
+
+
+def test_vllm_dataclass_names_and_defaults_are_accepted() -> None:
+    config = Config(limit_per_prompt={"image": 2})
+    assert config.limit_mm_per_prompt["image"].count == 2 and config.limit_per_prompt is None
+    assert dataclasses.replace(config, mm_processor_cache_gb=1).limit_mm_per_prompt["image"].count == 2
+    rejects("limit_per_prompt is vLLM's name for limit_mm_per_prompt; give one of them, not both",
+            limit_per_prompt={"image": 2}, limit_mm_per_prompt={"image": 3})
+    assert Config(allowed_local_media_path="").allowed_local_media_path is None

@@ -9,6 +9,7 @@ import pytest
 
 from mmfront.cli import main
 from mmfront.demo import generate_workload, read_workload
+from mmfront.errors import ConfigError
 
 
 @pytest.mark.slow
@@ -44,5 +45,5 @@ def test_a_requests_file_is_read_and_bad_lines_are_named(tmp_path: Path) -> None
     assert request.max_tokens == 3 and request.request_id == "demo-0"
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"messages": []}\n{"nope": 1}\n')
-    with pytest.raises(SystemExit, match=r"bad.jsonl:2 needs a \"messages\" list"):
+    with pytest.raises(ConfigError, match=r"bad.jsonl:2 needs a \"messages\" list"):
         read_workload(bad)

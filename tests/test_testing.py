@@ -436,9 +436,9 @@ def test_racing_builders_leave_one_folder(monkeypatch: pytest.MonkeyPatch, tmp_p
     barrier = threading.Barrier(3)
     real_build = models.build_model_folder
 
-    def build_together(kind: str, folder: Path) -> Path:
+    def build_together(kind: str, folder: Path, **options: Any) -> Path:
         barrier.wait(timeout=30)  # every thread is past the "is it there?" check before any rename
-        return real_build(kind, folder)
+        return real_build(kind, folder, **options)
 
     monkeypatch.setattr(models, "build_model_folder", build_together)
     results: list[Path] = []

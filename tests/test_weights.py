@@ -134,3 +134,22 @@ def test_cached_folders_with_weights_are_built_once_apart_from_the_processor_onl
     monkeypatch.setattr(models, "build_model_folder", no_rebuild)
     assert cached_model_dir("qwen2_audio", with_weights=True) == folder
     assert not (tmp_path / "models" / folder.name.replace(f"-weights{models.WEIGHTS_VERSION}", "")).exists()
+
+
+def test_write_weights_takes_a_dtype_and_a_seed(gemma3_weights_dir: Path, tmp_path: Path) -> None:
+    from mmfront.engine.runner import ModelRunner
+    from mmfront.testing.processors import make_gemma3_processor
+    from mmfront.testing.weights import write_weights
+
+    processor = make_gemma3_processor()
+    processor.save_pretrained(str(tmp_path))
+    write_weights("gemma3", processor, tmp_path, dtype="bfloat16", seed=1)
+    assert _config(tmp_path)["dtype"] == "bfloat16"
+    weights = load_file(tmp_path / "model.safetensors")
+    seed0 = load_file(gemma3_weights_dir / "model.safetensors")
+    assert all(t.dtype == torch.bfloat16 for t in weights.values())
+    key = "language_model.lm_head.weight"
+    assert not torch.equal(weights[key].float(), seed0[key].bfloat16().float())
+    assert ModelRunner(tmp_path).dtype == torch.bfloat16  # the runner takes the folder's dtype
+    with pytest.raises(ConfigError, match="dtype 'int8' is not one of"):
+        write_weights("gemma3", processor, tmp_path, dtype="int8")

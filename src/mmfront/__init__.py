@@ -20,11 +20,13 @@ from mmfront.inputs import (
 )
 from mmfront.models.registry import create_processor
 from mmfront.parse import MediaWithBytes
-from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.preprocess import InputPreprocessor, InputProcessor, RequestOptions
 from mmfront.processing.processor import BaseMultiModalProcessor
+from mmfront.wire import EngineCoreRequest, SamplingParams
 
 __all__ = [
     "BaseMultiModalProcessor",
+    "EngineCoreRequest",
     "InputPreprocessor",
     "InputProcessor",
     "MMFrontError",
@@ -36,6 +38,8 @@ __all__ = [
     "MultiModalKwargsItem",
     "MultiModalKwargsItems",
     "PlaceholderRange",
+    "RequestOptions",
+    "SamplingParams",
     "__version__",
     "create_processor",
 ]

@@ -67,9 +67,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from mmfront.demo import run_demo
+    from mmfront.errors import ConfigError
 
-    return run_demo(model=args.model, requests_file=args.requests, cache=args.cache, lanes=args.lanes,
-                    engine=args.engine, as_json=args.json, num_requests=args.num_requests)
+    try:
+        return run_demo(model=args.model, requests_file=args.requests, cache=args.cache, lanes=args.lanes,
+                        engine=args.engine, as_json=args.json, num_requests=args.num_requests)
+    except ConfigError as e:
+        print(f"mmfront demo: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -77,9 +82,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from mmfront.engine.worker import run_worker
     from mmfront.engine.zmq import ZmqAddresses
 
+    if len(args.input) != len(args.output):
+        raise SystemExit(f"mmfront worker: {len(args.input)} --input and {len(args.output)} --output addresses; "
+                         "give one --input and one --output per frontend (they pair in order)")
+    shm_names = args.shm_name or []
+    if args.cache == "shm" and args.cache_gb > 0 and len(shm_names) != len(args.input):
+        raise SystemExit(f"mmfront worker: --cache shm needs one --shm-name per frontend ({len(args.input)}), "
+                         f"got {len(shm_names)}; they pair with the addresses in order")
     config = MultiModalConfig(mm_processor_cache_gb=args.cache_gb, mm_processor_cache_type=args.cache)
-    stats = run_worker(args.model, ZmqAddresses(args.input, args.output), config, engine_index=args.engine_index,
-                       shm_name=args.shm_name, device=args.device, dtype=args.dtype)
+    addresses = [ZmqAddresses(i, o) for i, o in zip(args.input, args.output)]
+    stats = run_worker(args.model, addresses, config, engine_index=args.engine_index,
+                       shm_name=shm_names if args.cache == "shm" else None, device=args.device, dtype=args.dtype)
     if args.json:
         print(json.dumps(dataclasses.asdict(stats)), flush=True)
     else:
@@ -128,19 +141,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--strict", action="store_true", help="exit 1 when a measurement misses its target")
     bench.set_defaults(func=cmd_bench)
     worker = sub.add_parser("worker", help="run a reference engine: a real HF model behind mmfront's receiver",
-                            description="Connect to a frontend's ZMQ sockets and serve its requests with the "
-                                        "model in MODEL (a local folder with weights), greedy decoding. Stops on "
-                                        "SIGTERM or Ctrl-C.")
+                            description="Connect to the ZMQ sockets of one or more frontends (API servers) and "
+                                        "serve their requests with the model in MODEL (a local folder with "
+                                        "weights), greedy decoding. For several frontends repeat --input and "
+                                        "--output (and --shm-name), paired in order; each frontend keeps its own "
+                                        "processor cache. Stops on SIGTERM or Ctrl-C.")
     worker.add_argument("model", metavar="MODEL", help="model folder (config.json, weights, processor)")
-    worker.add_argument("--input", required=True, metavar="ADDR",
-                        help="the frontend's request socket (ipc://... or tcp://HOST:PORT)")
-    worker.add_argument("--output", required=True, metavar="ADDR", help="the frontend's output socket")
+    worker.add_argument("--input", required=True, action="append", metavar="ADDR",
+                        help="a frontend's request socket (ipc://... or tcp://HOST:PORT); repeat once per frontend")
+    worker.add_argument("--output", required=True, action="append", metavar="ADDR",
+                        help="a frontend's output socket; repeat once per frontend, in the order of --input")
     worker.add_argument("--engine-index", type=int, default=0, metavar="N", help="this engine's index (default 0)")
     worker.add_argument("--cache", choices=["lru", "shm"], default="lru",
                         help="the frontend's processor cache type, which this engine mirrors (default lru)")
     worker.add_argument("--cache-gb", type=float, default=4.0, metavar="GB",
                         help="processor cache size; must equal the frontend's (0 turns the cache off)")
-    worker.add_argument("--shm-name", metavar="NAME", help="with --cache shm: the frontend's segment name")
+    worker.add_argument("--shm-name", action="append", metavar="NAME",
+                        help="with --cache shm: a frontend's segment name; repeat once per frontend, in the order "
+                             "of --input")
     worker.add_argument("--device", metavar="DEVICE", help="torch device (default: cuda when available, else cpu)")
     worker.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                         help="model dtype (default: the folder's config.json)")

@@ -8,6 +8,7 @@ request.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -59,6 +60,8 @@ def _check_image_formats(formats: frozenset[str]) -> None:
                               f"use names like {sorted(DEFAULT_IMAGE_FORMATS)}")
 
 
+logger = logging.getLogger(__name__)
+
 @dataclass(frozen=True)
 class ModalityLimit:
     """``--limit-mm-per-prompt`` for one modality: a count plus optional dummy sizes."""
@@ -104,13 +107,17 @@ class MultiModalConfig:
     mm_processor_cache_type: CacheType = "lru"
     """``lru``: P0 mirrors P1's LRU and sends only misses. ``shm``: items go through a shared-memory ring."""
     mm_shm_cache_max_object_size_mb: int | None = None
-    """Largest item the shm cache stores (default 128 MiB). Only valid with ``mm_processor_cache_type='shm'``."""
+    """Largest item the shm cache stores (default 128 MiB). Only used by the shm cache: with ``lru`` it
+    is ignored (logged at debug level), as in vLLM, whose default always sets it."""
     mm_hasher_algorithm: HasherAlgorithm = "blake3"
     """``sha256``/``sha512`` for FIPS deployments; blake3 is several times faster."""
 
     # --- request limits and processor kwargs ---
     limit_mm_per_prompt: Mapping[str, Any] = field(default_factory=dict)
     """Max items per modality per prompt (default 999), e.g. ``{"image": 2}`` or ``{"image": {"count": 2}}``."""
+    limit_per_prompt: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    """vLLM's dataclass name for ``limit_mm_per_prompt`` (its CLI flag is ``--limit-mm-per-prompt``):
+    either may be given, not both; it is folded into ``limit_mm_per_prompt``."""
     mm_processor_kwargs: Mapping[str, Any] | None = None
     """Deployment-wide HF processor kwargs; request kwargs override them. Not part of the hashes."""
     max_pan_and_scan_crops: int = 16
@@ -169,7 +176,8 @@ class MultiModalConfig:
 
     # --- media loading ---
     allowed_local_media_path: str | None = None
-    """Local files are readable only below this directory; ``None`` refuses every local path."""
+    """Local files are readable only below this directory; ``None`` (or ``""``, vLLM's default)
+    refuses every local path."""
     allowed_media_domains: tuple[str, ...] | None = None
     """Hosts http(s) media may come from (exact or ``*.example.com``); ``None`` refuses every URL,
     ``("*",)`` allows any host."""
@@ -190,12 +198,17 @@ class MultiModalConfig:
         self._check_number("mm_processor_cache_gb", self.mm_processor_cache_gb, minimum=0)
         self._check_choice("mm_processor_cache_type", self.mm_processor_cache_type, ("lru", "shm"))
         if self.mm_shm_cache_max_object_size_mb is not None:
-            if self.mm_processor_cache_type != "shm":
-                raise ConfigError(
-                    "mm_shm_cache_max_object_size_mb is only used by the shm cache; set "
-                    "mm_processor_cache_type='shm' or leave it unset"
-                )
             self._check_int("mm_shm_cache_max_object_size_mb", self.mm_shm_cache_max_object_size_mb, minimum=1)
+            if self.mm_processor_cache_type != "shm":
+                logger.debug("mm_shm_cache_max_object_size_mb=%s is ignored: mm_processor_cache_type is %r, not 'shm'.",
+                             self.mm_shm_cache_max_object_size_mb, self.mm_processor_cache_type)
+        if self.limit_per_prompt is not None:
+            if self.limit_mm_per_prompt:
+                raise ConfigError("limit_per_prompt is vLLM's name for limit_mm_per_prompt; give one of them, not both.")
+            object.__setattr__(self, "limit_mm_per_prompt", self.limit_per_prompt)
+            object.__setattr__(self, "limit_per_prompt", None)
+        if self.allowed_local_media_path == "":
+            object.__setattr__(self, "allowed_local_media_path", None)  # vLLM's default: no local files
         self._check_choice("mm_hasher_algorithm", self.mm_hasher_algorithm, ("blake3", "sha256", "sha512"))
         self._check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         self._check_choice("transformers_backend", self.transformers_backend, ("auto", "legacy", "offsets"))

@@ -27,7 +27,7 @@ from typing import Any
 from mmfront.config import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.zmq import ZmqFrontendTransport
-from mmfront.errors import MMFrontError
+from mmfront.errors import ConfigError, MMFrontError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import DEFAULT_MODEL_KIND, cached_model_dir
@@ -90,9 +90,9 @@ def read_workload(path: Path) -> list[DemoRequest]:
         try:
             item = json.loads(line)
         except ValueError as e:
-            raise SystemExit(f"mmfront demo: {path}:{n + 1} is not JSON ({e}).") from None
+            raise ConfigError(f"{path}:{n + 1} is not JSON ({e}); write one request object per line.") from None
         if not isinstance(item, dict) or not isinstance(item.get("messages"), list):
-            raise SystemExit(f"mmfront demo: {path}:{n + 1} needs a \"messages\" list (OpenAI chat format).")
+            raise ConfigError(f"{path}:{n + 1} needs a \"messages\" list (OpenAI chat format).")
         out.append(DemoRequest(str(item.get("request_id", f"demo-{n}")), item["messages"],
                                int(item.get("max_tokens", MAX_TOKENS))))
     return out
@@ -260,7 +260,7 @@ def run_demo(
         scheme, _, where = engine.partition("://")
         host, _, port = where.rpartition(":")
         if scheme != "tcp" or not port.isdigit():
-            raise SystemExit("mmfront demo: --engine takes tcp://HOST:PORT (the engine connects there, and to PORT+1).")
+            raise ConfigError("--engine takes tcp://HOST:PORT (the engine connects there, and to PORT+1).")
         transport = ZmqFrontendTransport("tcp", host=host, ports=(int(port), int(port) + 1))
         print(f"waiting for an engine: mmfront worker MODEL --input {transport.addresses.input} "
               f"--output {transport.addresses.output}", flush=True)

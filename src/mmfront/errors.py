@@ -30,7 +30,6 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     │       └── MediaFetchError
     ├── ModalityNotFoundError [KeyError]
     ├── MultiModalCacheMissError [RuntimeError]
-    │   └── CacheDivergenceError
     ├── CacheError [RuntimeError]
     ├── ShmHandleError [ValueError]
     ├── DecodeError [ValueError]
@@ -180,10 +179,6 @@ class MultiModalCacheMissError(MMFrontError, RuntimeError):
                 "and resends the request with its data."
             )
         )
-
-
-class CacheDivergenceError(MultiModalCacheMissError):
-    """P1 detected that its cache state no longer mirrors P0's (sequence or digest mismatch)."""
 
 
 class CacheError(MMFrontError, RuntimeError):

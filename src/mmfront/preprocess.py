@@ -45,7 +45,9 @@ from mmfront.models.registry import create_processor
 from mmfront.processing.commit import commit_mm_inputs, is_committed
 from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.hf import unknown_hf_kwargs
+from mmfront.processing.lanes import lanes_for
 from mmfront.processing.processor import BaseMultiModalProcessor, MultiModalUUIDs
+from mmfront.processing.threads import ThreadPlan, apply_thread_plan
 from mmfront.timing import stage
 from mmfront.wire import EngineCoreRequest, LoRARequest, SamplingParams
 from mmfront.wire.messages import MirrorOnly, MirrorStamp
@@ -146,6 +148,21 @@ class InputPreprocessor:
         self.connector = MediaConnector(self.config)
         self.stats = MultiModalCacheStats()
         self._request_counter = itertools.count()
+        self.threads = ThreadPlan.from_config(self.config)
+        apply_thread_plan(self.threads)
+        self.processor.lanes = lanes_for(self.processor, self.config, self.threads.lanes)
+
+    def close(self) -> None:
+        """Stop the processing lanes (idempotent); later misses are processed in place."""
+        lanes, self.processor.lanes = self.processor.lanes, None
+        if lanes is not None:
+            lanes.close()
+
+    def __enter__(self) -> InputPreprocessor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def tokenizer(self) -> Any:

@@ -28,6 +28,9 @@ from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
 MAX_TOKENS = 8
 
+#: where the runner runs by default, and so where the reference runs, for equal kernels
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 @dataclass(frozen=True)
 class Item:
@@ -76,7 +79,7 @@ class Family:
 
     @cached_property
     def hf_model(self) -> Any:
-        return getattr(transformers, KINDS[self.kind].architecture).from_pretrained(self.folder)
+        return getattr(transformers, KINDS[self.kind].architecture).from_pretrained(self.folder).to(DEVICE)
 
     @cached_property
     def input_processor(self) -> InputProcessor:
@@ -96,12 +99,12 @@ class Family:
         text = proc.apply_chat_template(conversation(turns, hf=True), add_generation_prompt=True, tokenize=False)
         media = [item.media for items in turns for item in items]
         # the template writes BOS itself, so the tokenizer must not add one (as for mmfront's chat path)
-        inputs = proc(text=text, **{self.media_kwarg: media}, add_special_tokens=False, return_tensors="pt")
+        inputs = proc(text=text, **{self.media_kwarg: media}, add_special_tokens=False, return_tensors="pt").to(DEVICE)
         with torch.inference_mode():
             out = self.hf_model.generate(**inputs, do_sample=False, max_new_tokens=max_tokens, output_logits=True,
                                          return_dict_in_generate=True)
         prompt = inputs["input_ids"][0].tolist()
-        return prompt, out.sequences[0, len(prompt):].tolist(), out.logits[0][0].float()
+        return prompt, out.sequences[0, len(prompt):].tolist(), out.logits[0][0].float().cpu()
 
 
 def wire_round_trip(request: EngineCoreRequest) -> EngineCoreRequest:

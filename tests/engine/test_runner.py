@@ -13,7 +13,7 @@ from runner_cases import Family, audio_item, image_item, run
 
 from mmfront.engine.runner import ModelRunner, scatter_mm_embeddings
 from mmfront.errors import ConfigError, PromptUpdateError, UnsupportedModelError, ValidationError
-from mmfront.inputs import MultiModalFeatureSpec, PlaceholderRange
+from mmfront.inputs import MultiModalFeatureSpec, MultiModalFieldElem, PlaceholderRange
 from mmfront.wire import EngineCoreRequest, SamplingParams
 from mmfront.wire.structs import FinishReason
 
@@ -213,6 +213,22 @@ def test_a_request_whose_items_do_not_fit_fails_alone(runner: ModelRunner, gemma
     assert got["good"][0] == greedy
 
 
+def test_items_the_encoder_cannot_take_fail_their_request_alone(runner: ModelRunner, gemma3: Family,
+                                                               greedy: list[int]) -> None:
+    """A 16 px image where the tower takes 32 px: the batch fails, each request is encoded alone,
+    and the good one (the same item, with its right data) is served as if nothing happened."""
+    bad = gemma3.request("bad", [[IMAGE]])
+    item = (bad.mm_features or [])[0].data
+    assert item is not None
+    item["pixel_values"] = MultiModalFieldElem(torch.zeros(1, 3, 16, 16), item["pixel_values"].field)
+    got = run(runner, [bad, gemma3.request("good", [[IMAGE]], max_tokens=12)])
+    last = got["bad"][1]
+    assert (got["bad"][0], last.finish_reason) == ([], FinishReason.ERROR)
+    assert last.error is not None and last.error.code == "FieldConfigError"
+    assert last.error.message.startswith("The model's image encoder cannot run on items [")
+    assert got["good"][0] == greedy
+
+
 def test_a_feature_without_data_the_encoder_never_saw_fails_its_request(runner: ModelRunner, gemma3: Family) -> None:
     missing = gemma3.request("missing", [[IMAGE]])
     (missing.mm_features or [])[0].data = None
@@ -230,6 +246,11 @@ def test_a_feature_without_data_the_encoder_never_saw_fails_its_request(runner: 
 def test_a_folder_without_weights_is_refused_with_the_fix(gemma3_dir: Path) -> None:
     with pytest.raises(ConfigError, match="with_weights=True"):
         ModelRunner(gemma3_dir)
+
+
+def test_a_folder_without_a_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not a model folder"):
+        ModelRunner(tmp_path)
 
 
 def test_an_architecture_without_an_encoder_is_refused(emu3_dir: Path) -> None:

@@ -99,10 +99,10 @@ def exchange(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         try:
             p0.wait_for_engines([0], timeout=180)
             for i, request in enumerate(requests):
-                p0.send(encode_envelope(REQUEST, encoder.encode(request), MirrorStamp(1, i, b"\x01" * 8)))
+                p0.send(encode_envelope(REQUEST, encoder.encode(request), MirrorStamp(1, i, b"\x01" * 16)))
             p0.send(encode_envelope(RESET_CACHE, encoder.encode(None)))
             p0.send(encode_envelope(MIRROR_ONLY, encoder.encode(MirrorOnly([MirrorOp("N", "h", 4)])),
-                                    MirrorStamp(1, 9, b"\x02" * 8)))
+                                    MirrorStamp(1, 9, b"\x02" * 16)))
             p0.send(encode_envelope(ABORT, encoder.encode(["req-full"])))
             reply = p0.recv(timeout=60)
             out, err = peer.communicate(timeout=60)

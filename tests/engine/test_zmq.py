@@ -75,7 +75,7 @@ def test_addresses_follow_the_scheme() -> None:
 def test_request_with_a_large_tensor_round_trips_zero_copy(link: tuple[ZmqFrontendTransport, ZmqEngineTransport]) -> None:
     p0, p1 = link
     pixels = torch.randn(5, 3, 64, 64)
-    stamp = MirrorStamp(2, 7, b"\xaa" * 8, ("old",))
+    stamp = MirrorStamp(2, 7, b"\xaa" * 16, ("old",))
     p0.send(encode_envelope(REQUEST, ENCODER.encode(image_request("r1", pixels)), stamp))
     frames = p1.recv(TIMEOUT)
     assert frames is not None
@@ -93,7 +93,7 @@ def test_request_with_a_large_tensor_round_trips_zero_copy(link: tuple[ZmqFronte
 def test_every_p0_message_kind_arrives_as_sent(link: tuple[ZmqFrontendTransport, ZmqEngineTransport]) -> None:
     p0, p1 = link
     mirror_only = MirrorOnly([MirrorOp("N", "h1", 10), MirrorOp("H", "h2")])
-    stamp = MirrorStamp(1, 3, b"\x01" * 8)
+    stamp = MirrorStamp(1, 3, b"\x01" * 16)
     p0.send(encode_envelope(MIRROR_ONLY, ENCODER.encode(mirror_only), stamp))
     p0.send(encode_envelope(RESET_CACHE, ENCODER.encode(None)))
     p0.send(encode_envelope(ABORT, ENCODER.encode(["r1", "r2"])))

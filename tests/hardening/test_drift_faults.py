@@ -175,12 +175,6 @@ class Link(BaseTransport):
                 assert g.data is not None and g.data == w.data, f"{request_id}: item {g.mm_hash} differs"
 
 
-def item_index(prompt_images: int) -> int:
-    """The first template with exactly this many images and no audio (for hand-made scenarios)."""
-    return next(i for i, (_, data) in enumerate(TEMPLATES) if len(data.get("image", [])) == prompt_images
-                and "audio" not in data)
-
-
 # --- P1 alone -------------------------------------------------------------------------------------
 
 
@@ -262,20 +256,24 @@ def test_restart_then_the_resend_overtaken_by_the_new_epochs_first_request() -> 
     assert [f.data is not None for f in link.admitted["r1"].mm_features or []] == [True, True]
 
 
-def test_a_resend_overtaken_by_a_second_reset_is_still_admitted() -> None:
+def test_a_resend_caught_by_a_second_reset_is_still_admitted() -> None:
     """Two faults on one request: it missed once, then P1 reset again before its resend arrived."""
     link = Link()
-    index = item_index(2)
-    for n in range(4):
-        link.add(f"w{n}", (index + n) % len(TEMPLATES))
+    a, b = IMAGES[2], IMAGES[3]
+    link.client.add_request("warm", "a <img>", mm_data={"image": [a]})
     link.settle()
-    link.add("r", index)
-    link.reset()
-    link.deliver(1)  # r's hits are gone: a miss
-    link.reply(len(link.to_p0))  # resent with every item
-    link.reset()  # and P1 resets again before the resend arrives
-    link.check()
-    assert link.client.stats.resends == 1 and link.client.stats.failures == 0
+    link.client.add_request("r", "a <img> b <img>", mm_data={"image": [a, b]})  # a a hit, b with data
+    link.reset()  # P1 cleared: MirrorReset(E)
+    link.deliver(1)  # CacheMiss(r, [a], stale E)
+    link.reply(1)  # P0 clears its shadow: epoch E'
+    link.client.add_request("s", "c <img>", mm_data={"image": [b]})  # E' #1 inserts b
+    link.reply(1)  # r resent as E' #2, with b too although P0's shadow holds it
+    link.deliver(1)  # P1 follows E'
+    link.reset()  # and is cleared again before r's resend arrives: it is served outside the mirror
+    link.deliver(1)
+    link.reply(len(link.to_p0))
+    assert link.failed == [] and set(link.admitted) == {"warm", "r", "s"}
+    assert link.resets == 2 and link.client.stats.resends == 1
 
 
 def test_seeded_restarts_and_reordering_never_fail() -> None:

@@ -136,7 +136,7 @@ def test_a_handle_moved_to_a_later_lap_is_refused_by_its_signature(pair):
     address, _ = _handle_fields(handle)
     moved = MultiModalKwargsItem(dict(handle.data))
     moved["address"] = MultiModalFieldElem(address + RING, handle["address"].field)
-    with pytest.raises(ShmHandleError, match="^Invalid SHM handle signature for cache key 'A' "):
+    with pytest.raises(ShmHandleError, match=r"^Invalid SHM handle signature for cache key 'A' \(HMAC mismatch\)"):
         receiver.get_and_update_item(moved, "A")
 
 
@@ -274,6 +274,7 @@ def test_corrupt_segment_header_is_a_cache_error_on_attach(pair, offset, data, m
     pytest.param("", id="empty"),
     pytest.param("a/b", id="slash"),
     pytest.param("x" * 256, id="too-long"),
+    pytest.param("\ud800", id="lone-surrogate"),
     pytest.param(123, id="not-str"),
     pytest.param(None, id="none"),
 ])

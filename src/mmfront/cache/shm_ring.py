@@ -163,10 +163,13 @@ def _finalize_segment(mapping: mmap.mmap, view: memoryview, name: str, owner_pid
 
 def _is_segment_name(name: object) -> bool:
     # shm_open would cut a name at a NUL and open another segment, so this is checked first.
-    return (
-        isinstance(name, str) and "/" not in name and "\0" not in name
-        and 0 < len(name.encode(errors="surrogatepass")) <= NAME_MAX
-    )
+    if not isinstance(name, str):
+        return False
+    try:
+        raw = os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return 0 < len(raw) <= NAME_MAX and b"/" not in raw and b"\0" not in raw
 
 
 class ShmSegment:
@@ -236,8 +239,8 @@ class ShmSegment:
             ) from e
         except OSError as e:
             raise CacheError(
-                f"Cannot open shared-memory segment {name!r} ({e.strerror}): run the reader as the writer's user, "
-                f"in the same container (the same /dev/shm). {hint}"
+                f"Cannot open shared-memory segment {name!r} ({e.strerror}): check the name, and run the reader "
+                f"as the writer's user in the same container (the same /dev/shm). {hint}"
             ) from e
         try:
             size = os.fstat(fd).st_size
@@ -390,10 +393,6 @@ class ShmRingReader:
             raise
         self.data = self.segment.buf[SEGMENT_HEADER_SIZE:SEGMENT_HEADER_SIZE + self.data_size]
 
-    def frontier(self) -> int:
-        """The writer's write frontier: the logical address just past its newest chunk."""
-        return int(_FRONTIER.unpack_from(self.segment.buf, FRONTIER_OFFSET)[0])
-
     def _stale(self, address: int, monotonic_id: int) -> ShmHandleError:
         return ShmHandleError(
             f"Data for address:id '{address}:{monotonic_id}' has been modified or is invalid: the writer "
@@ -406,7 +405,7 @@ class ShmRingReader:
         if address % ALIGN:
             raise self._stale(address, monotonic_id)
         stored_id, size = CHUNK_HEADER.unpack_from(self.data, offset)
-        frontier = self.frontier()  # after the header: a header from a newer lap shows in the frontier
+        (frontier,) = _FRONTIER.unpack_from(self.segment.buf, FRONTIER_OFFSET)  # after the header: see holds
         if frontier > address + self.data_size:
             raise self._stale(address, monotonic_id)
         if (stored_id != monotonic_id or size % ALIGN or not CHUNK_HEADER.size < size <= self.data_size - offset
@@ -420,10 +419,13 @@ class ShmRingReader:
         return self.data[offset:offset + size]
 
     def holds(self, address: int, monotonic_id: int) -> bool:
-        """Whether the chunk at ``address`` is still intact (re-checked after a copy)."""
-        offset = address % self.data_size
-        stored_id = CHUNK_HEADER.unpack_from(self.data, offset)[0]
-        return self.frontier() <= address + self.data_size and stored_id == monotonic_id
+        """Whether the chunk at ``address`` is still intact (re-checked after a copy).
+
+        The frontier is read last: the writer publishes it before writing a chunk, so a reader that
+        saw any byte of a newer chunk sees the newer frontier too."""
+        stored_id = CHUNK_HEADER.unpack_from(self.data, address % self.data_size)[0]
+        (frontier,) = _FRONTIER.unpack_from(self.segment.buf, FRONTIER_OFFSET)
+        return bool(frontier <= address + self.data_size and stored_id == monotonic_id)
 
     def close(self) -> None:
         self.data.release()

@@ -287,7 +287,9 @@ class EngineCoreReceiver:
     def _refuse(self, frontend: _Frontend, error: DecodeError) -> None:
         """Tell the sender what was wrong with its message; the others never notice."""
         self.decode_errors += 1
-        logger.warning("Engine %d: refused a message from frontend %d: %s", self.engine_index, frontend.index, error)
+        if self.decode_errors <= 10 or self.decode_errors % 1000 == 0:  # a hostile peer must not flood the log
+            logger.warning("Engine %d: refused a message from frontend %d (%d refused so far): %s",
+                           self.engine_index, frontend.index, self.decode_errors, error)
         failure = UtilityOutput(call_id=-1, failure_message=f"DecodeError: {error}")
         message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=failure, timestamp=time.time())
         try:

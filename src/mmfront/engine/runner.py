@@ -32,7 +32,14 @@ from typing import Any
 import torch
 
 from mmfront.cache import CacheInfo, LRUCache
-from mmfront.errors import ConfigError, MMFrontError, PromptUpdateError, UnsupportedModelError, ValidationError
+from mmfront.errors import (
+    ConfigError,
+    FieldConfigError,
+    MMFrontError,
+    PromptUpdateError,
+    UnsupportedModelError,
+    ValidationError,
+)
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, group_mm_kwargs_by_modality
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
@@ -159,7 +166,10 @@ class ModelRunner:
                  dtype: str | torch.dtype | None = None, encoder_cache_bytes: int = 1 << 30) -> None:
         import transformers
 
-        config = transformers.AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        try:
+            config = transformers.AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{str(model_dir)!r} is not a model folder ({exc}).") from exc
         if config.model_type not in _ARCHITECTURES:
             raise UnsupportedModelError(f"ModelRunner has no encoder for model type {config.model_type!r}; it runs "
                                         f"{sorted(_ARCHITECTURES)}.")
@@ -272,7 +282,7 @@ class ModelRunner:
         if missing:
             with torch.inference_mode():
                 for modality, group, kwargs in group_mm_kwargs_by_modality(list(missing.values()), device=self.device):
-                    rows = self._encoder(self.model, modality, self._cast(kwargs), group)
+                    rows = self._run_encoder(modality, kwargs, group)
                     for feature, emb in zip(group, rows, strict=True):
                         out[feature.identifier] = emb
                         self._encoder_cache.put_if_fits(feature.identifier, emb, emb.nbytes)
@@ -282,9 +292,20 @@ class ModelRunner:
         """Encoder-cache lookups and hits (cumulative, or since the previous ``delta=True`` call)."""
         return self._encoder_cache.stat(delta=delta)
 
-    def _cast(self, kwargs: BatchedTensorInputs) -> BatchedTensorInputs:
-        return {k: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    def _run_encoder(self, modality: str, kwargs: BatchedTensorInputs,
+                     group: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
+        """The encoder on one batch, floating inputs cast to the model's dtype. Items whose data
+        the model cannot take (a missing key, a wrong shape) raise a typed error, so that only
+        their requests fail."""
+        cast = {k: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
                 for k, v in kwargs.items()}
+        try:
+            return self._encoder(self.model, modality, cast, group)
+        except MMFrontError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise FieldConfigError(f"The model's {modality} encoder cannot run on items "
+                                   f"{[f.identifier for f in group]}: {type(exc).__name__}: {exc}") from exc
 
     def _encode_for(self, seqs: Iterable[_Sequence], outputs: list[EngineCoreOutput]) -> dict[str, list[torch.Tensor]]:
         """Every sequence's encoder rows, in feature order; a sequence whose items cannot be
@@ -310,6 +331,7 @@ class ModelRunner:
             logits = self._run_prompt(seq, rows)
         except MMFrontError as exc:
             return _error_output(seq.request_id, exc)
+        seq.features = []  # their data is in the KV cache now; do not hold it while decoding
         return self._append(seq, int(logits.argmax()))
 
     def _run_prompt(self, seq: _Sequence, rows: list[torch.Tensor]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """``mmfront worker``: a reference engine process that runs a real HF model behind mmfront.
 
-It is built only on what an existing engine would embed: :class:`EngineCoreReceiver` over the
-ZMQ transport takes requests (features filled in from the P1 cache), a
+It is built only on what an existing engine would embed: :class:`EngineCoreReceiver` over one
+ZMQ transport per frontend (several API servers, one engine, each frontend with its own receiver
+cache) takes requests (features filled in from the P1 cache), a
 :class:`~mmfront.engine.runner.ModelRunner` encodes the items, places their embeddings and
 decodes greedily, and the receiver streams the outputs back. The loop below is the whole engine
 (docs/engine.md walks through it as the example of embedding the receiver).
@@ -12,16 +13,21 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mmfront.cache.base import BaseMultiModalReceiverCache
-from mmfront.cache.factory import engine_receiver_cache_from_config, worker_receiver_cache_from_config
+from mmfront.cache.factory import (
+    engine_receiver_cache_from_config,
+    get_processor_cache_type,
+    worker_receiver_cache_from_config,
+)
 from mmfront.config import MultiModalConfig
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner
 from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport
-from mmfront.errors import MMFrontError
+from mmfront.errors import ConfigError, MMFrontError
 from mmfront.wire.structs import EngineCoreOutput, FinishReason, RequestError
 
 logger = logging.getLogger(__name__)
@@ -65,24 +71,49 @@ def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Eve
     stats.encoder_hits, stats.encoder_lookups = info.hits, info.total
 
 
+def receiver_caches(
+    config: MultiModalConfig, frontends: int, shm_name: str | Sequence[str] | None,
+) -> list[BaseMultiModalReceiverCache | None]:
+    """One receiver cache per frontend, so each keeps its own mirror (``lru``) or reads its own
+    segment (``shm``: ``shm_name`` gives one segment name per frontend, in the same order)."""
+    if get_processor_cache_type(config) != "shm":
+        return [receiver_cache(config, None) for _ in range(frontends)]
+    names = [shm_name] if shm_name is None or isinstance(shm_name, str) else list(shm_name)
+    if len(names) != frontends:
+        raise ConfigError(f"The shm cache needs one segment name per frontend: {frontends} frontends, "
+                          f"{len(names)} names; pass the names in the order of the frontends' addresses.")
+    return [receiver_cache(config, name) for name in names]
+
+
 def run_worker(
-    model_dir: str | Path, addresses: ZmqAddresses, config: MultiModalConfig | None = None, *,
-    engine_index: int = 0, shm_name: str | None = None, device: str | None = None, dtype: str | None = None,
-    stop: threading.Event | None = None,
+    model_dir: str | Path, addresses: ZmqAddresses | Sequence[ZmqAddresses], config: MultiModalConfig | None = None,
+    *, engine_index: int = 0, shm_name: str | Sequence[str] | None = None, device: str | None = None,
+    dtype: str | None = None, stop: threading.Event | None = None,
 ) -> WorkerStats:
-    """Serve until ``stop`` is set (in the process's main thread: also on SIGTERM or SIGINT)."""
+    """Serve the frontends at ``addresses`` (one engine, any number of API servers) until
+    ``stop`` is set (in the process's main thread: also on SIGTERM or SIGINT).
+
+    Each frontend gets its own receiver cache and its requests get its position in
+    ``addresses`` as ``client_index``. Request ids must be distinct across frontends: a
+    duplicate of a running id is refused to its sender (see docs/engine.md)."""
+    pairs = [addresses] if isinstance(addresses, ZmqAddresses) else list(addresses)
+    if not pairs:
+        raise ConfigError("run_worker needs the addresses of at least one frontend.")
     config = config or MultiModalConfig()
+    caches = receiver_caches(config, len(pairs), shm_name)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     runner = ModelRunner(model_dir, device=device, dtype=dtype)
     stats = WorkerStats()
-    transport = ZmqEngineTransport(addresses, engine_index)
-    with EngineCoreReceiver(transport, receiver_cache(config, shm_name), engine_index=engine_index) as receiver:
-        logger.info("mmfront worker %d serving %s on %s", engine_index, model_dir, addresses)
+    receiver = EngineCoreReceiver(ZmqEngineTransport(pairs[0], engine_index), caches[0], engine_index=engine_index)
+    with receiver:
+        for pair, cache in zip(pairs[1:], caches[1:]):
+            receiver.add_frontend(ZmqEngineTransport(pair, engine_index), cache)
+        logger.info("mmfront worker %d serving %s to %d frontends: %s", engine_index, model_dir, len(pairs), pairs)
         serve(receiver, runner, stop, stats)
     return stats
 
 
-__all__ = ["WorkerStats", "receiver_cache", "run_worker", "serve"]
+__all__ = ["WorkerStats", "receiver_cache", "receiver_caches", "run_worker", "serve"]

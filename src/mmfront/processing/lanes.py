@@ -26,9 +26,9 @@ import queue
 import signal
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import fields
+from dataclasses import fields, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -42,7 +42,7 @@ from PIL import Image
 from mmfront import errors
 from mmfront.config import MultiModalConfig
 from mmfront.errors import ConfigError, EncodeError, LaneError, PromptUpdateError, TransportError, ValidationError
-from mmfront.inputs import MultiModalKwargsItems
+from mmfront.inputs import MultiModalFieldElem, MultiModalFlatField, MultiModalKwargsItem, MultiModalKwargsItems
 from mmfront.media.budget import DecodeBudget
 from mmfront.media.image import load_image_bytes
 from mmfront.parse import (
@@ -458,9 +458,9 @@ class RayLanes(BaseLaneExecutor):
         except ImportError as exc:
             raise ConfigError("mm_lane_executor='ray' needs Ray: pip install 'mmfront[ray]'.") from exc
         self._ray = ray
-        actor = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(_RayLane)
+        actor: Any = ray.remote(num_cpus=1, max_restarts=-1, max_task_retries=0)(_RayLane)
         spec_frames = [bytes(f) for f in self._encoder.encode(spec)]
-        self._actors = [actor.remote(spec_frames) for _ in range(size)]
+        self._actors: list[Any] = [actor.remote(spec_frames) for _ in range(size)]
         self._in_flight = [0] * size
         self._lock = threading.Lock()
         self._closed = False
@@ -495,6 +495,42 @@ class RayLanes(BaseLaneExecutor):
             self._ray.kill(actor)
 
 
+def merge_item_results(parts: Sequence[MultiModalKwargsItems]) -> MultiModalKwargsItems:
+    """The items of per-item jobs as one HF call over all of them would have split them: each
+    flat field's slice moves past the rows of the items before it (item 1 of a call holds
+    ``slice(1, 2)``, not ``slice(0, 1)``), so the result is byte-identical to processing in place."""
+    merged: dict[str, list[MultiModalKwargsItem | None]] = {}
+    offsets: dict[tuple[str, str], int] = {}
+    for part in parts:
+        for modality, items in part.items():
+            out = merged.setdefault(modality, [])
+            for item in items:
+                out.append(None if item is None else _placed(item, modality, offsets))
+    return MultiModalKwargsItems(merged)
+
+
+def _placed(item: MultiModalKwargsItem, modality: str, offsets: dict[tuple[str, str], int]) -> MultiModalKwargsItem:
+    out = MultiModalKwargsItem()
+    for key, elem in item.items():
+        field = elem.field
+        if isinstance(field, MultiModalFlatField) and len(field.slices) == 1:
+            rows = len(elem.data) if field.dim == 0 and isinstance(elem.data, list) else \
+                int(elem.data.shape[field.dim]) if isinstance(elem.data, torch.Tensor) else None
+            if rows is not None:
+                offset = offsets.get((modality, key), 0)
+                offsets[(modality, key)] = offset + rows
+                field = replace(field, slices=[_shifted(field.slices[0], field.dim, offset)])  # type: ignore[arg-type]
+        out[key] = MultiModalFieldElem(elem.data, field)
+    return out
+
+
+def _shifted(where: slice | tuple[slice, ...], dim: int, offset: int) -> slice | tuple[slice, ...]:
+    if isinstance(where, slice):
+        return slice((where.start or 0) + offset, (where.stop or 0) + offset, where.step)
+    axis = where[dim]
+    return (*where[:dim], slice((axis.start or 0) + offset, (axis.stop or 0) + offset, axis.step), *where[dim + 1:])
+
+
 def lanes_for(processor: BaseMultiModalProcessor, config: MultiModalConfig, size: int) -> BaseLaneExecutor | None:
     """The executor ``config`` asks for, with ``size`` lanes; ``None`` for in-place processing
     (``size`` 0, or lanes left to the default for a processor no lane can rebuild)."""
@@ -513,4 +549,4 @@ def lanes_for(processor: BaseMultiModalProcessor, config: MultiModalConfig, size
     return LocalProcessLanes(spec, size)
 
 
-__all__ = ["BaseLaneExecutor", "LaneSpec", "LocalProcessLanes", "RayLanes", "lanes_for"]
+__all__ = ["BaseLaneExecutor", "LaneSpec", "LocalProcessLanes", "RayLanes", "lanes_for", "merge_item_results"]

@@ -46,7 +46,7 @@ from mmfront.processing.hf import (
     resolve_model_dtype,
     valid_hf_kwargs,
 )
-from mmfront.processing.lanes import BaseLaneExecutor
+from mmfront.processing.lanes import BaseLaneExecutor, merge_item_results
 from mmfront.processing.matching import apply_prompt_updates
 from mmfront.processing.stray import refuse_stray_tokens
 from mmfront.processing.threads import decode_all
@@ -493,11 +493,8 @@ class BaseMultiModalProcessor(ABC):
         if any(job is None for job in jobs):
             return None
         futures = [self.lanes.submit_job(job) for job in jobs if job is not None]
-        merged: dict[str, list[MultiModalKwargsItem | None]] = {}
-        for future in futures:
-            for modality, items in future.result().items():
-                merged.setdefault(modality, []).extend(items)
-        return MultiModalKwargsItems(merged)
+        results = [future.result() for future in futures]
+        return merge_item_results(results) if self.lanes_per_item else results[0]
 
     def process_hf_items(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> MultiModalKwargsItems:
         """The HF call and its split into per-item kwargs (what a processing lane runs)."""

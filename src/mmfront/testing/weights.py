@@ -105,7 +105,8 @@ def _idefics3(processor: Any) -> PretrainedConfig:
                      "tie_word_embeddings": False},
         scale_factor=scale,
         image_token_id=tok.convert_tokens_to_ids("<image>"),
-        pad_token_id=tok.pad_token_id,
+        # a keyword the config takes through **kwargs: its default 128002 lies outside the vocabulary
+        **{"pad_token_id": tok.pad_token_id},
         tie_word_embeddings=False,
     )
 

@@ -186,7 +186,7 @@ class CopyBudget:
         if self._left < 0:
             given = sum(_nbytes(frame) for frame in self._frames)
             raise DecodeError(
-                f"Decoding this {what} would copy more than {MAX_COPY_FACTOR}x the {given} bytes of the message: "
+                f"Decoding this {what} would copy or scan more than {MAX_COPY_FACTOR}x the {given} bytes of the message: "
                 "its tensors point at the same data over and over. A sender gives each tensor its own bytes."
             )
 

@@ -19,7 +19,7 @@ from mmfront.models.transformers.base import (
     slice_dim,
     unpad_images,
 )
-from mmfront.models.transformers.legacy import split_positions, token_runs, widen_to_wrappers
+from mmfront.models.transformers.legacy import PromptFrame, split_positions, token_runs, unwrap, widen_to_wrappers
 
 pytestmark = pytest.mark.backend
 
@@ -117,3 +117,17 @@ def test_split_positions_recovers_every_item(layout_spec: list[tuple[int, int]],
         assert found == spans
     else:
         assert found is None
+
+
+def test_unwrap_drops_only_complete_pairs_around_the_placeholder() -> None:
+    bos, eos, audio = 1, 2, 7
+    assert unwrap([5, bos, audio, eos, 6, audio, bos, audio, 6], [audio], (bos, eos)) == [5, audio, 6, audio, bos, audio, 6]
+    ids = [audio, eos]
+    assert unwrap(ids, [audio], (bos, eos)) is ids
+
+
+def test_frame_rewrite_puts_text_around_placeholders_and_before_the_prompt() -> None:
+    gemma3 = PromptFrame(lead="\n\n", trail="\n\n")
+    assert gemma3.rewrite("a<img>b<img>", "<img>", 2) == "a\n\n<img>\n\nb\n\n<img>\n\n"
+    assert PromptFrame(start="<s>", start_per_item=True).rewrite("x<img><img>", "<img>", 2) == "<s><s>x<img><img>"
+    assert PromptFrame(start="<s>").rewrite("x<img><img>", "<img>", 2) == "<s>x<img><img>"

@@ -142,7 +142,8 @@ class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
     def _empty_replacement_error(self, modality: str, index: int) -> ProcessorError:
         name = type(self.info.hf_processor).__name__
         message = f"{name} expands {modality} item {index} to no tokens, so the model could not see it."
-        shortest, rate = self.min_audio_samples if modality == "audio" else None, self.info.get_target_sample_rate()
+        shortest = self.min_audio_samples if modality == "audio" else None
+        rate = self.info.get_target_sample_rate()
         if shortest is not None and rate:
             message += (f" The clip is too short: send at least {shortest} samples at {rate:g} Hz "
                         f"({1000 * shortest / rate:.0f} ms), or pad it with silence.")
