@@ -163,3 +163,12 @@ def test_without_prometheus_client_the_exporter_says_what_to_install(monkeypatch
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(ConfigError, match=r"pip install 'mmfront\[metrics\]'"):
         PrometheusExporter("tiny-gemma3")
+
+
+def test_a_registry_already_holding_a_vllm_name_is_a_config_error() -> None:
+    from prometheus_client import Counter
+
+    registry = CollectorRegistry()
+    Counter("vllm:mm_cache_hits", "registered by someone else", registry=registry)
+    with pytest.raises(ConfigError, match=r"registry of its own"):
+        PrometheusExporter("tiny-gemma3", registry=registry)

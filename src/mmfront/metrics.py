@@ -100,9 +100,13 @@ def _counters(registry: Any) -> dict[str, Any]:
     with _registered_lock:
         counters = _registered.get(registry)
         if counters is None:
-            counters = {m.name: prometheus_client.Counter(
-                m.name, m.documentation, (*_LABELS, "stage") if m.key is None else _LABELS, registry=registry)
-                for m in METRICS}
+            try:
+                counters = {m.name: prometheus_client.Counter(
+                    m.name, m.documentation, (*_LABELS, "stage") if m.key is None else _LABELS, registry=registry)
+                    for m in METRICS}
+            except ValueError as e:  # the registry already holds a metric of one of these names
+                raise ConfigError(f"Cannot register mmfront's metrics: {e}. Pass PrometheusExporter a registry "
+                                  "of its own (prometheus_client.CollectorRegistry()).") from e
             _registered[registry] = counters
         return counters
 
@@ -134,7 +138,8 @@ class PrometheusExporter:
         self._last: dict[str, float] = {}
 
     def _stage_child(self, name: str) -> Any:
-        child = self._children[STAGE_PREFIX + name] = self._stages.labels(self.model_name, self.engine, name)
+        child = self._stages.labels(self.model_name, self.engine, name)
+        self._children[STAGE_PREFIX + name] = child
         return child
 
     def update(self, values: Mapping[str, float]) -> None:

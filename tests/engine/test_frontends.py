@@ -168,7 +168,8 @@ def test_three_frontend_processes_one_worker_cache_stays_on(gemma3_weights_dir: 
         metrics = report["metrics"]
         assert metrics["mm_cache_requests"] == REQUESTS, index
         assert metrics["mm_cache_queries"] == sum(len(combo) for combo in todo.values()), index
-        assert metrics["mm_cache_hits"] > 0, f"frontend {index}: the P0 cache had no hits"
+        distinct = {image for combo in todo.values() for image in combo}
+        assert metrics["mm_cache_hits"] == metrics["mm_cache_queries"] - len(distinct) > 0, index  # all but firsts
         assert {k: metrics[k] for k in ("resends", "shadow_resets", "mirror_only", "failures", "engine_restarts")} \
             == dict.fromkeys(("resends", "shadow_resets", "mirror_only", "failures", "engine_restarts"), 0), index
         if cache == "lru":

@@ -209,10 +209,12 @@ class MediaConnector:
         return self._read_local(source, shown=describe_url(source))
 
     def _from_data_url(self, url: str, *, what: str) -> bytes:
-        header, comma, payload = url[5:].partition(",")
-        if not comma:
+        # Slice out only the payload: each copy of a multi-MB data URL is made holding the GIL.
+        comma = url.find(",", 5)
+        if comma < 0:
             raise MediaDecodeError(f"Malformed data URL {describe_url(url, 60)}: there is no ',' before the data. Use "
                                    "data:<media type>;base64,<data>.", parameter="multi_modal_data")
+        header, payload = url[5:comma], url[comma + 1:]
         if "base64" not in (param.strip().lower() for param in header.split(";")[1:]):
             raise MediaDecodeError(f"Only base64 data URLs are supported, got {describe_url(url, 60)}. Use "
                                    "data:<media type>;base64,<data>.", parameter="multi_modal_data")
