@@ -132,7 +132,6 @@ async def run_requests(client: AsyncEngineClient, todo: dict[str, tuple[int, ...
 def test_a_thousand_chat_requests_each_answered_once_with_the_right_tensors(
     gemma3_dir: Path, link_factory: Any, scheme: str, cache: str,
 ) -> None:
-    before = shm_segments()
     client, (transport, _, _, shm_name, _) = link_factory(gemma3_dir, scheme, cache)
     expected = Expected(gemma3_dir)
     todo = plans(1000, seed=len(scheme) + len(cache))
@@ -152,7 +151,7 @@ def test_a_thousand_chat_requests_each_answered_once_with_the_right_tensors(
         assert not Path(ipc_dir).exists() and not Path(ipc_dir).parent.exists()
     if shm_name:
         client.client.processor.preprocessor.cache.close()  # type: ignore[union-attr]
-        assert shm_segments() - before == set()
+        assert shm_name.lstrip("/") not in shm_segments()  # this test's segment; others may run beside it
 
 
 @pytest.mark.slow

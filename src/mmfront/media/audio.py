@@ -14,7 +14,6 @@ import functools
 from io import BytesIO
 
 import numpy as np
-import soundfile
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError
@@ -56,6 +55,8 @@ def load_audio_bytes(
         raise InputTypeError(f"audio bytes must be bytes, bytearray or memoryview, got {type(data).__name__}", parameter="multi_modal_data")
     payload = bytes(data)
     check_media_size(len(payload), config, what="The audio")
+    import soundfile  # imported on first use: processes that never see audio never load libsndfile
+
     try:
         with soundfile.SoundFile(BytesIO(payload)) as reader:
             container, subtype = reader.format, reader.subtype
@@ -97,6 +98,8 @@ def _open_error(payload: bytes, exc: Exception) -> MediaFormatError | MediaDecod
 
 def _decode(payload: bytes, frames: int) -> AudioWithRate:
     """At most the ``frames`` the header announced (what the budget was charged for)."""
+    import soundfile
+
     try:
         with soundfile.SoundFile(BytesIO(payload)) as reader:
             rate, channels = reader.samplerate, reader.channels

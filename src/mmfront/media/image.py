@@ -25,6 +25,7 @@ from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, M
 from mmfront.media.base import EXIF_IMAGE_ID, MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
 from mmfront.media.image_peak import decode_peak_bytes
+from mmfront.media.png_inflate import decode_png
 
 _ORIENTATION = 0x0112
 _TRANSPOSE = {
@@ -294,10 +295,15 @@ def _png_exif_chunk(payload: bytes) -> bytes | None:
 
 def _decode(payload: bytes, fmt: str, orientation: int, options: ImageIOOptions) -> Image.Image:
     """The full decode, applying the orientation read from the header so that ``.media`` always
-    has the size ``info`` announced."""
+    has the size ``info`` announced. PNGs inflate with ISA-L (:mod:`mmfront.media.png_inflate`),
+    Pillow's pixels in about half the time."""
+    image: Image.Image
     try:
-        image: Image.Image = Image.open(BytesIO(payload), formats=("JPEG",) if fmt == "MPO" else (fmt,))
-        image.load()
+        if fmt == "PNG":
+            image = decode_png(payload)
+        else:
+            image = Image.open(BytesIO(payload), formats=("JPEG",) if fmt == "MPO" else (fmt,))
+            image.load()
         if fmt in _KEEPS_DECODER:
             image = image.copy()  # a plain image, so the decoder's canvases are freed now
         method = _TRANSPOSE.get(orientation)

@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import multiprocessing
 import queue
 import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import fields, replace
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +43,15 @@ from PIL import Image
 
 from mmfront import errors
 from mmfront.config import MultiModalConfig
-from mmfront.errors import ConfigError, EncodeError, LaneError, PromptUpdateError, TransportError, ValidationError
+from mmfront.errors import (
+    ConfigError,
+    DecodeError,
+    EncodeError,
+    LaneError,
+    PromptUpdateError,
+    TransportError,
+    ValidationError,
+)
 from mmfront.inputs import MultiModalFieldElem, MultiModalFlatField, MultiModalKwargsItem, MultiModalKwargsItems
 from mmfront.media.budget import DecodeBudget
 from mmfront.media.image import load_image_bytes
@@ -63,6 +73,8 @@ _POLL_S = 0.5
 """How often a caller waiting on a lane checks that the lane's process is still alive."""
 _STOP_S = 5.0
 """How long a closing lane may take to exit before it is killed."""
+_START_S = 600.0
+"""How long a lane may take to import and build its processor (minutes on a loaded machine)."""
 
 # --- messages ---------------------------------------------------------------------------------
 
@@ -76,6 +88,7 @@ class LaneSpec(msgspec.Struct, frozen=True):
     model_dir: str
     model_id: str
     config: dict[str, Any]
+    sys_path: list[str]
 
     @classmethod
     def of(cls, processor: BaseMultiModalProcessor) -> LaneSpec | None:
@@ -86,7 +99,7 @@ class LaneSpec(msgspec.Struct, frozen=True):
         if info.model_dir is None or None in paths:
             return None
         config = {f.name: getattr(info.config, f.name) for f in fields(info.config)}
-        return cls(paths[0] or "", paths[1] or "", str(info.model_dir), info.model_id, config)
+        return cls(paths[0] or "", paths[1] or "", str(info.model_dir), info.model_id, config, list(sys.path))
 
     def build(self) -> BaseMultiModalProcessor:
         config = MultiModalConfig(**self.config)
@@ -227,14 +240,17 @@ class _LaneProcessor:
         return self.encoder.encode(reply)
 
 
-def _worker_main(conn: Connection) -> None:
-    """A lane process: build the processor from the spec it is sent, then answer jobs until the
-    caller closes the pipe."""
+def worker_main(fd: int) -> None:
+    """A lane process (``python -c``, started by :class:`LocalProcessLanes` with its end of a
+    socket pair as ``fd``): build the processor from the spec it is sent, then answer jobs until
+    the caller closes its end."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the caller, which closes the lanes
+    conn = Connection(fd)
     encoder = MsgpackEncoder()
     try:
-        spec_frames = recv_frames(conn)
-        lane = _LaneProcessor(MsgpackDecoder(LaneSpec).decode(spec_frames or [b""]))
+        spec: LaneSpec = MsgpackDecoder(LaneSpec).decode(recv_frames(conn) or [b""])
+        sys.path.extend(p for p in spec.sys_path if p not in sys.path)  # where the caller imports its classes from
+        lane = _LaneProcessor(spec)
     except Exception as exc:  # the caller gets the reason instead of a dead pipe
         send_frames(conn, encoder.encode(_Reply(failure=_failure_of(exc))))
         return
@@ -315,20 +331,30 @@ class BaseLaneExecutor(ABC):
 
 
 class _Worker:
-    """One spawned lane process and the caller's end of its pipe."""
+    """One lane process and the caller's end of its socket.
+
+    Started with ``python -c``, not ``multiprocessing``: a spawned process would import the
+    caller's ``__main__`` again (a script without a ``__main__`` guard would run twice), and a
+    forked one would inherit the caller's threads and locks.
+    """
 
     def __init__(self, spec_frames: list[Frame], name: str) -> None:
-        ctx = multiprocessing.get_context("spawn")  # no fork: the caller runs threads
-        self.conn, child = ctx.Pipe(duplex=True)
-        self.process: BaseProcess = ctx.Process(target=_worker_main, args=(child,), name=name, daemon=True)
-        self.process.start()
-        child.close()  # the pipe reaches EOF when the process dies
+        self.name = name
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", f"from mmfront.processing.lanes import worker_main; worker_main({theirs.fileno()})"],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        self.conn = Connection(ours.detach())  # reaches EOF when the process dies
         try:
             send_frames(self.conn, spec_frames)
-            reply: _Reply = MsgpackDecoder(_Reply).decode(self._recv())
+            reply: _Reply = MsgpackDecoder(_Reply).decode(self._recv(deadline=time.monotonic() + _START_S))
         except LaneError:
             self.stop()
             raise
+        except (TransportError, DecodeError) as exc:
+            self.stop()
+            raise LaneError(f"Processing lane {name} failed to start: {exc}") from exc
         if reply.failure is not None:
             self.stop()
             raise LaneError(f"A processing lane could not build the processor: {reply.failure.message}")
@@ -340,11 +366,13 @@ class _Worker:
             raise self._died() from None
         return self._recv()
 
-    def _recv(self) -> list[Frame]:
+    def _recv(self, deadline: float | None = None) -> list[Frame]:
         try:
             while not self.conn.poll(_POLL_S):
-                if not self.process.is_alive():
+                if self.process.poll() is not None:
                     raise self._died()
+                if deadline is not None and time.monotonic() > deadline:
+                    raise LaneError(f"Processing lane {self.name} did not build its processor within {_START_S:g} s.")
             frames = recv_frames(self.conn)
         except (EOFError, TransportError):
             raise self._died() from None
@@ -352,16 +380,20 @@ class _Worker:
         return frames
 
     def _died(self) -> LaneError:
-        self.process.join(_STOP_S)
-        return LaneError(f"Processing lane {self.process.name} (pid {self.process.pid}) exited with code "
-                         f"{self.process.exitcode} while it held an item; the lane restarts, send the request again.")
+        try:
+            code: int | None = self.process.wait(_STOP_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        return LaneError(f"Processing lane {self.name} (pid {self.process.pid}) exited with code {code} while it "
+                         "held an item; the lane restarts, send the request again.")
 
     def stop(self) -> None:
         self.conn.close()
-        self.process.join(_STOP_S)
-        if self.process.is_alive():
+        try:
+            self.process.wait(_STOP_S)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.join()
+            self.process.wait()
 
 
 class LocalProcessLanes(BaseLaneExecutor):
@@ -397,7 +429,10 @@ class LocalProcessLanes(BaseLaneExecutor):
         return future
 
     def _start(self, index: int) -> _Worker:
-        worker = _Worker(self._spec_frames, name=f"mmfront-lane-{index}")
+        try:
+            worker = _Worker(self._spec_frames, name=f"mmfront-lane-{index}")
+        except OSError as exc:  # no process could be started (limits, memory)
+            raise LaneError(f"Could not start processing lane {index}: {exc}") from exc
         self._workers[index] = worker
         return worker
 
@@ -413,8 +448,8 @@ class LocalProcessLanes(BaseLaneExecutor):
                 if worker is None:
                     worker = self._start(index)
                 future.set_result(worker.call(frames))
-            except LaneError as exc:
-                future.set_exception(exc)
+            except Exception as exc:  # the lane thread must survive whatever a lane does
+                future.set_exception(exc if isinstance(exc, LaneError) else LaneError(f"Processing lane {index} failed: {exc}"))
                 if worker is not None:
                     worker.stop()
                 worker = self._workers[index] = None
