@@ -20,7 +20,7 @@ STAMP := $(VENV)/.mmfront-installed
 LEGACY_PY := $(LEGACY_VENV)/bin/python
 LEGACY_STAMP := $(LEGACY_VENV)/.mmfront-installed
 
-.PHONY: demo test bench lint pytest pytest-legacy install
+.PHONY: demo test bench soak lint pytest pytest-legacy install
 
 install: $(STAMP)
 
@@ -55,3 +55,9 @@ test: lint pytest pytest-legacy
 
 bench: $(STAMP)
 	$(VENV)/bin/mmfront bench
+
+# Not part of `test`: 50,000 requests with injected faults, about half an hour on 2 cores (see
+# docs/reliability.md). SOAK_ARGS shortens or varies it, e.g. SOAK_ARGS="--requests 5000 --cache shm".
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(PY) benchmarks/soak.py $(SOAK_ARGS)

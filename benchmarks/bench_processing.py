@@ -9,6 +9,9 @@ end-to-end cost of a PNG item, where a hit is compared with vLLM's decode + hit.
 
 The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python), its
 model folder is ``<venv>/models/tiny-gemma3-896`` (built by /work/shared/peer/vllm_peer_setup.sh).
+
+The decode of a miss is also timed alone: mmfront's PNG decode (inflated by ISA-L, then Pillow)
+against Pillow's own on the same bytes, alternated in the same run (the same pixels, asserted).
 """
 
 from __future__ import annotations
@@ -24,11 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from _harness import Report
 from mmfront import MultiModalConfig
 from mmfront.cache.lru import LruKeyReplicatedSenderCache
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
+from mmfront.media.png_inflate import decode_png
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import natural_image
 from mmfront.testing.models import cached_model_dir
@@ -83,7 +89,28 @@ def measure_mmfront(quick: bool) -> dict[str, float]:
     hit_items = [lazy(base_png) for _ in range(n_hit)]
     out["hit_png_ms"] = _median_ms(run, hit_items)
     assert all(item.decode_count == 0 for item in hit_items), "a cache hit must never decode"
+    out.update(measure_png_decode(n_miss))
     return out
+
+
+def measure_png_decode(rounds: int) -> dict[str, float]:
+    """Medians of mmfront's and Pillow's decode of the same 1024x1024 PNG, rounds alternated."""
+    payload = _png(natural_image(tag=77))
+
+    def pillow(data: bytes) -> Any:
+        image = Image.open(io.BytesIO(data), formats=("PNG",))
+        image.load()
+        return image
+
+    assert decode_png(payload).tobytes() == pillow(payload).tobytes(), "the decode must keep Pillow's pixels"
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(rounds * 3):
+        for decode, samples in ((decode_png, ours), (pillow, theirs)):
+            t0 = time.perf_counter()
+            decode(payload)
+            samples.append(time.perf_counter() - t0)
+    return {"png_decode_ms": statistics.median(ours) * 1e3, "pillow_png_decode_ms": statistics.median(theirs) * 1e3}
 
 
 def measure_vllm(quick: bool) -> dict[str, float] | None:
@@ -107,6 +134,10 @@ def run(report: Report, quick: bool) -> None:
     group = "apply gemma3-896"
     for key in ("miss_pil_ms", "hit_pil_ms", "load_png_ms", "miss_png_ms", "hit_png_ms"):
         report.add(group, f"mmfront {key[:-3]}", ours[key], "ms")
+    report.add(group, "PNG decode, mmfront (ISA-L inflate + Pillow)", ours["png_decode_ms"], "ms")
+    report.add(group, "PNG decode, Pillow alone", ours["pillow_png_decode_ms"], "ms")
+    report.ratio(group, "PNG decode: mmfront / Pillow", ours["png_decode_ms"] / ours["pillow_png_decode_ms"],
+                 at_most=0.75)
     if vllm is None:
         report.add(group, "vLLM peer not found: ratios skipped", 0.0, "")
         return

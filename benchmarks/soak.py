@@ -70,9 +70,11 @@ from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import cached_model_dir
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder, SamplingParams, frame_view
+from mmfront.wire._zmq_frames import request_frames
 from mmfront.wire.messages import (
     ABORT,
     DIGEST_SIZE,
+    ENGINE_HELLO,
     ENGINE_OUTPUTS,
     MIRROR_ONLY,
     REQUEST,
@@ -84,7 +86,6 @@ from mmfront.wire.messages import (
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from mmfront.wire.zmq_frames import request_frames
 
 STEPS = 2
 """Outputs per request from the echo engine: a kill can land between them (``engine_dead``)."""
@@ -153,7 +154,9 @@ class FaultyLink(BaseTransport):
         self.hold_s = hold_s
         self.lossy = False
         self.counts: Counter[str] = Counter()
-        self.finished: Counter[str] = Counter()
+        self.finished = bytearray()
+        """Per request number, how often it finished on the wire (a byte each: the soak's own
+        bookkeeping must not be what grows)."""
         self._held: tuple[float, Sequence[Frame]] | None = None
         self._lock = threading.Lock()
         self._outputs = MsgpackDecoder(EngineCoreOutputs)
@@ -185,12 +188,18 @@ class FaultyLink(BaseTransport):
             if self._held is not None and time.monotonic() - self._held[0] > self.hold_s:
                 self._flush()
         frames = self.inner.recv(timeout)
-        if frames is not None and bytes(frame_view(frames[0], 0)) == ENGINE_OUTPUTS:
+        kind = None if frames is None else bytes(frame_view(frames[0], 0))
+        if kind == ENGINE_HELLO:
+            self.lossy = False  # an engine is back: from now on, what is sent arrives
+        if frames is not None and kind == ENGINE_OUTPUTS:
             try:
                 outputs = self._outputs.decode(decode_envelope(frames).message)
             except DecodeError:
                 return frames  # the client logs and drops it
-            self.finished.update(o.request_id for o in outputs.outputs if o.finish_reason is not None)
+            for output in outputs.outputs:
+                if output.finish_reason is not None:
+                    n = int(output.request_id.rsplit("-", 1)[1])
+                    self.finished[n] = min(255, self.finished[n] + 1)
         return frames
 
     def close(self) -> None:
@@ -331,15 +340,17 @@ class Media:
 class Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
+    seen: bytearray = field(default_factory=bytearray)
+    """One byte per request number: 1 once it has an outcome."""
     planned: Counter[str] = field(default_factory=Counter)
     kills: int = 0
     done: int = 0
 
     def record(self, request_id: str, outcome: str, problem: str | None = None) -> None:
-        if request_id in self.seen:
+        n = int(request_id.rsplit("-", 1)[1])
+        if self.seen[n]:
             self.violations.append(f"{request_id}: answered twice (then {outcome})")
-        self.seen.add(request_id)
+        self.seen[n] = 1
         self.outcomes[outcome] += 1
         if problem is not None:
             self.violations.append(f"{request_id}: {problem}")
@@ -534,12 +545,12 @@ def gone(path: Path) -> bool:
 
 def summarize(soak: Soak, peer: MalformedPeer, wall_s: float, leftovers: list[str]) -> dict[str, Any]:
     tally, engines, args = soak.tally, soak.engines, soak.args
-    twice = [rid for rid, n in soak.link.finished.items() if n > 1]
-    missing = args.requests - len(tally.seen)
+    twice = [f"soak-{n}" for n, count in enumerate(soak.link.finished) if count > 1]
+    missing = args.requests - sum(tally.seen)
     warm, end = soak.rss[0], soak.rss[-1]
     engine_growth = max((e / w - 1 for w, e in engines.lives), default=0.0)
     violations = list(tally.violations)
-    violations += [f"{rid}: finished {soak.link.finished[rid]} times on the wire" for rid in twice[:20]]
+    violations += [f"{rid}: finished more than once on the wire" for rid in twice[:20]]
     if missing:
         violations.append(f"{missing} requests got no outcome")
     if end / warm - 1 >= MAX_GROWTH:
@@ -585,9 +596,10 @@ def main_soak(args: argparse.Namespace) -> int:
     a, b = ZmqFrontendTransport("ipc"), ZmqFrontendTransport("ipc")
     ipc_dirs = [Path(t.addresses.input[len("ipc://"):]).parent for t in (a, b)]
     link = FaultyLink(a, random.Random(args.seed + 3), args.reorder_p)
+    link.finished = bytearray(args.requests)
     client = AsyncEngineClient(InputProcessor(pre), link, engine_timeout_s=60)
     engines = Engines(args, a, b, config, shm_name)
-    soak = Soak(args, client, link, media, expected, engines)
+    soak = Soak(args, client, link, media, expected, engines, Tally(seen=bytearray(args.requests)))
     peer = MalformedPeer(b, lambda: soak.tally.done, args.malformed_ratio, args.seed + 4)
     engines.start(0)
     started = time.perf_counter()

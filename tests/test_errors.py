@@ -20,7 +20,7 @@ from mmfront.cache.base import BaseMultiModalCache
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.media.base import MediaWithBytes
 from mmfront.parse import MultiModalDataItems
-from mmfront.processing.matching import iter_token_matches
+from mmfront.processing._matching import iter_token_matches
 
 PACKAGE_DIR = Path(mmfront.__file__).parent
 

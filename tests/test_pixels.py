@@ -1,4 +1,4 @@
-"""mmfront.pixels and the C extension mmfront._pixels: numpy's bytes of a PIL image, fast or not.
+"""mmfront._pixel_strips and the C extension mmfront._pixels: numpy's bytes of a PIL image, fast or not.
 
 Every path must yield exactly ``np.asarray(image).tobytes()``: the C packer (each of its loops),
 and Pillow's packer when the extension is missing, when Pillow has no Arrow export, when the
@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from mmfront import pixels
+from mmfront import _pixel_strips as pixels
 from mmfront.hashing import MultiModalHasher
 from mmfront.testing.media import make_raw_image
 

@@ -19,13 +19,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mmfront._text import check_text
 from mmfront.chat_template import TemplateFormat, counted_tokens, render_chat, resolve_chat_template
 from mmfront.errors import ChatFormatError, MediaFormatError, ValidationError
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.media.audio import INPUT_AUDIO_FORMATS
 from mmfront.media.base import MediaWithBytes
-from mmfront.text import check_text
 
 if TYPE_CHECKING:
     from mmfront.processing.processor import BaseMultiModalProcessor

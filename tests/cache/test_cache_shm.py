@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmfront.cache import shm_ring, shm_store
+from mmfront.cache import _shm_ring as shm_ring
+from mmfront.cache import _shm_store as shm_store
+from mmfront.cache._shm_ring import SEGMENT_PREFIX, ShmSegment, _pid_alive, _segment_pid, cleanup_stale_segments
 from mmfront.cache.base import CacheInfo
 from mmfront.cache.factory import processor_cache_from_config, worker_receiver_cache_from_config
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
-from mmfront.cache.shm_ring import SEGMENT_PREFIX, ShmSegment, _pid_alive, _segment_pid, cleanup_stale_segments
 from mmfront.config import GiB_bytes, MiB_bytes, MultiModalConfig
 from mmfront.errors import CacheError, MultiModalCacheMissError, ShmHandleError
 from mmfront.inputs import (

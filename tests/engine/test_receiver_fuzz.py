@@ -35,6 +35,7 @@ from mmfront.inputs import (
 )
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.wire import EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, SamplingParams, frame_view
+from mmfront.wire._zmq_frames import request_frames
 from mmfront.wire.messages import (
     ABORT,
     DIGEST_SIZE,
@@ -48,7 +49,6 @@ from mmfront.wire.messages import (
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from mmfront.wire.zmq_frames import request_frames
 
 SEED = 2024
 CASES = 10_000

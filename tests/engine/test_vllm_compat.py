@@ -25,6 +25,7 @@ import msgspec
 import pytest
 
 from mmfront.engine.zmq import ZmqFrontendTransport
+from mmfront.wire._zmq_frames import output_frames
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -41,7 +42,6 @@ from mmfront.wire.messages import (
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutputs, FinishReason
-from mmfront.wire.zmq_frames import output_frames
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"

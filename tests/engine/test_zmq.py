@@ -21,6 +21,7 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     PlaceholderRange,
 )
+from mmfront.wire._zmq_frames import TAIL_MAGIC
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -41,7 +42,6 @@ from mmfront.wire.messages import (
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
-from mmfront.wire.zmq_frames import TAIL_MAGIC
 
 ENCODER = MsgpackEncoder()
 TIMEOUT = 10.0

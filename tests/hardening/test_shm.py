@@ -16,9 +16,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmfront.cache._shm_ring import CHUNK_HEADER, SEGMENT_HEADER_SIZE, SEGMENT_PREFIX, ShmSegment, align_up
+from mmfront.cache._shm_store import frame_offsets
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
-from mmfront.cache.shm_ring import CHUNK_HEADER, SEGMENT_HEADER_SIZE, SEGMENT_PREFIX, ShmSegment, align_up
-from mmfront.cache.shm_store import frame_offsets
 from mmfront.errors import CacheError, ShmHandleError
 from mmfront.inputs import MultiModalFieldElem, MultiModalKwargsItem, MultiModalSharedField
 from mmfront.wire import MsgpackEncoder, frame_views
@@ -244,7 +244,7 @@ def test_any_corruption_of_chunk_metadata_reads_an_item_or_fails_typed(offset: i
 
 
 def test_a_frontier_moved_back_is_a_typed_error(pair):
-    from mmfront.cache.shm_ring import FRONTIER_OFFSET
+    from mmfront.cache._shm_ring import FRONTIER_OFFSET
 
     sender, receiver = pair
     handle, _ = sender.get_and_update_item((_item(1000, fill=2), []), "A")
@@ -395,7 +395,7 @@ def test_sigterm_in_a_forked_child_leaves_the_parents_segment():
 
 def test_sigterm_handler_unlinks_only_this_processs_segments(monkeypatch):
     """In-process: the handler's unlinking, with the kill replaced so the test process survives."""
-    from mmfront.cache import shm_ring
+    from mmfront.cache import _shm_ring as shm_ring
 
     mine = ShmObjectStoreSenderCache(1 << 20)
     kills: list[tuple[int, int]] = []
@@ -414,7 +414,7 @@ def test_sigterm_handler_unlinks_only_this_processs_segments(monkeypatch):
 
 
 def test_handler_is_not_installed_twice_or_over_a_non_default_one(monkeypatch):
-    from mmfront.cache import shm_ring
+    from mmfront.cache import _shm_ring as shm_ring
 
     installed: list[object] = []
     monkeypatch.setattr(shm_ring.signal, "getsignal", lambda sig: signal.SIG_DFL if not installed else installed[-1])

@@ -7,11 +7,14 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from PIL import Image
 
@@ -158,12 +161,26 @@ def test_closing_leaves_no_process_and_later_misses_run_in_place(gemma3_dir: Pat
 def test_a_lane_that_cannot_build_the_processor_fails_its_items(gemma3_dir: Path) -> None:
     spec = LaneSpec.of(create_processor(gemma3_dir))
     assert spec is not None
-    broken = LaneSpec(spec.processor_cls, spec.info_cls, str(gemma3_dir / "missing"), spec.model_id, spec.config)
+    broken = msgspec.structs.replace(spec, model_dir=str(gemma3_dir / "missing"))
     with LocalProcessLanes(broken, 1) as lanes:
         frames = lanes.encode_job(create_processor(gemma3_dir).info.parse_mm_data({"image": natural_image(8, 8)}), {})
         assert frames is not None
         with pytest.raises(LaneError, match="could not build the processor"):
             lanes.submit_job(frames).result(timeout=240)
+
+
+def test_a_script_without_a_main_guard_runs_once(gemma3_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from mmfront import MultiModalConfig\n"
+        "from mmfront.preprocess import InputPreprocessor\n"
+        "from mmfront.testing.media import natural_image\n"
+        f"pre = InputPreprocessor({str(gemma3_dir)!r}, MultiModalConfig(mm_processing_lanes=1))\n"
+        "ids = pre.tokenizer.encode(pre.processor.get_placeholder_str('image', 0))\n"
+        "print('items', len(pre.preprocess(ids, {'image': [natural_image(48, 40)]})['mm_kwargs']['image']))\n"
+        "pre.close()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280, check=False)
+    assert (done.returncode, done.stdout) == (0, "items 1\n"), done.stderr[-2000:]
 
 
 # --- configuration ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfront.errors import PromptUpdateError
-from mmfront.processing.matching import (
+from mmfront.processing._matching import (
     PromptTargetMatch,
     apply_prompt_updates,
     apply_text_matches,

@@ -5,7 +5,7 @@ See docs/caching.md for the modes, the P0/P1 mirror invariant and how to size th
 
 from __future__ import annotations
 
-from mmfront.cache._lrumap import LRUCache
+from mmfront.cache._shm_ring import cleanup_stale_segments
 from mmfront.cache.base import (
     BaseMultiModalCache,
     BaseMultiModalProcessorCache,
@@ -26,7 +26,6 @@ from mmfront.cache.lru import (
 )
 from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
-from mmfront.cache.shm_ring import cleanup_stale_segments
 from mmfront.cache.stats import MultiModalCacheStats
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "BaseMultiModalProcessorCache",
     "BaseMultiModalReceiverCache",
     "CacheInfo",
-    "LRUCache",
     "LruKeyReplicatedReceiverCache",
     "LruKeyReplicatedSenderCache",
     "MirroredReceiverCache",

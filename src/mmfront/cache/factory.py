@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from mmfront.cache._shm_store import Lock
 from mmfront.cache.base import BaseMultiModalProcessorCache
 from mmfront.cache.lru import MultiModalProcessorOnlyCache
 from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
-from mmfront.cache.shm_store import Lock
 from mmfront.config import MultiModalConfig
 from mmfront.errors import CacheError
 

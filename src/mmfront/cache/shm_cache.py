@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mmfront.cache._shm_store import Lock, ShmObjectReader, ShmObjectStore, is_address_item
 from mmfront.cache.base import (
     BaseMultiModalProcessorCache,
     BaseMultiModalReceiverCache,
@@ -25,7 +26,6 @@ from mmfront.cache.base import (
     PromptUpdates,
 )
 from mmfront.cache.lru import OversizeWarning
-from mmfront.cache.shm_store import Lock, ShmObjectReader, ShmObjectStore, is_address_item
 from mmfront.errors import CacheError, DecodeError, MultiModalCacheMissError, ShmHandleError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
 from mmfront.wire import MsgpackDecoder, MsgpackEncoder, frame_views

@@ -1,0 +1,28 @@
+"""The link between the frontend (P0) and an engine (P1): the clients, the receiver an engine
+embeds, the transports (a pipe, vLLM's ZMQ sockets), the reference worker and prefix-cache keys.
+
+Importing this package loads neither transformers nor a model: ``ModelRunner`` and the worker
+live in :mod:`mmfront.engine.runner` and :mod:`mmfront.engine.worker`.
+"""
+
+from mmfront.engine.async_client import AsyncEngineClient, BlockingEngineClient
+from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed, RequestOutput
+from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver
+from mmfront.engine.transport import BaseTransport, PipeTransport
+from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
+
+__all__ = [
+    "AsyncEngineClient",
+    "BaseTransport",
+    "BlockingEngineClient",
+    "EngineClient",
+    "EngineCoreReceiver",
+    "EngineReceiver",
+    "PipeTransport",
+    "RequestAdmitted",
+    "RequestFailed",
+    "RequestOutput",
+    "ZmqAddresses",
+    "ZmqEngineTransport",
+    "ZmqFrontendTransport",
+]

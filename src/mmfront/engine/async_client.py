@@ -92,9 +92,12 @@ class AsyncEngineClient:
         return self._iterate(request_id, stream)
 
     async def abort(self, request_id: str) -> None:
-        """Stop ``request_id``: the engine is told, and its stream ends."""
-        await asyncio.get_running_loop().run_in_executor(None, self.client.abort_request, request_id)
-        self._end(request_id, _END)
+        """Stop ``request_id``: the engine is told, and its stream ends (even when telling the
+        engine fails with :class:`~mmfront.errors.TransportError`: an engine that is away)."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.client.abort_request, request_id)
+        finally:
+            self._end(request_id, _END)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close_blocking)

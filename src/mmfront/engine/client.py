@@ -186,8 +186,8 @@ class EngineClient:
             sent = self._in_flight.pop(request_id, None) is not None
             sent = self._running.pop(request_id, None) is not None or sent
             if sent:
-                self.transport.send(encode_envelope(ABORT, self._encoder.encode([request_id])))
                 self.processor.request_finished(request_id, aborted=True)
+                self.transport.send(encode_envelope(ABORT, self._encoder.encode([request_id])))
 
     def handle_reply(self, frames: Sequence[Frame]) -> list[ClientEvent]:
         """Act on one envelope from P1; the events the caller must see (often none)."""

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from mmfront.cache import CacheInfo, LRUCache
+from mmfront.cache import CacheInfo
+from mmfront.cache._lrumap import LRUCache
 from mmfront.errors import (
     ConfigError,
     FieldConfigError,

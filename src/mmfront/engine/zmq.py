@@ -3,7 +3,7 @@
 The layout is vLLM's: P0 binds a ROUTER for requests and a PULL for outputs; each engine connects
 a DEALER whose identity is ``engine_index.to_bytes(2, "little")`` and a PUSH. Both ends speak
 mmfront's envelopes to their callers (as :class:`~mmfront.engine.transport.PipeTransport` does)
-and lay them out on the sockets as vLLM's frames (:mod:`mmfront.wire.zmq_frames`), so a stock
+and lay them out on the sockets as vLLM's frames (:mod:`mmfront.wire._zmq_frames`), so a stock
 vLLM engine can take mmfront's requests and a stock frontend can read mmfront's engine outputs.
 
 ``ipc`` (the default) binds socket files in a private 0700 directory, removed on close; ``tcp``
@@ -32,7 +32,7 @@ import zmq
 from mmfront.engine.transport import BaseTransport
 from mmfront.errors import ConfigError, TransportError
 from mmfront.wire import Frame
-from mmfront.wire.zmq_frames import (
+from mmfront.wire._zmq_frames import (
     envelope_from_output_frames,
     envelope_from_request_frames,
     output_frames,

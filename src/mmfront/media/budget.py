@@ -3,7 +3,7 @@
 A request may carry many small encoded files that each decode to hundreds of megabytes. Checking
 each item alone cannot stop that, so every loader charges the memory it is about to commit to
 against one budget per request, from the header, before any pixel or sample is decoded: an
-image's decode peak, conversions included (:mod:`mmfront.media.image_peak`), ``frames*4`` per
+image's decode peak, conversions included (:mod:`mmfront.media._image_peak`), ``frames*4`` per
 audio.
 """
 

@@ -22,9 +22,9 @@ from PIL import Image, ImageMode, ImageOps, UnidentifiedImageError
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, MediaTooLargeError, ValidationError
+from mmfront.media._image_peak import decode_peak_bytes
 from mmfront.media.base import EXIF_IMAGE_ID, MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
-from mmfront.media.image_peak import decode_peak_bytes
 from mmfront.media.png_inflate import decode_png
 
 _ORIENTATION = 0x0112

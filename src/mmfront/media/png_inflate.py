@@ -3,14 +3,16 @@
 Decoding a photo-like PNG is mostly zlib inflate (~80% of Pillow's decode of a 1024x1024 one),
 and Pillow inflates with the zlib the system has (1.2.13 on Debian), about three times slower
 than ISA-L's. So :func:`decode_png` hands Pillow the same file with its image data inflated by
-ISA-L and packed again as *stored* (uncompressed) deflate blocks: Pillow's inflate becomes a
+ISA-L and framed again as *stored* (uncompressed) deflate blocks: Pillow's inflate becomes a
 copy, and Pillow still does everything else (unfiltering, bit depths, palettes, transparency,
 metadata). The inflated bytes are the same whichever inflater produces them, so the pixels are
 Pillow's by construction, not by tolerance.
 
-The stand-in file is made while Pillow reads it, one step of inflated bytes at a time, so a
-decode holds only a few steps' bytes beside the image and the decode budget's PNG peak
-(:mod:`mmfront.media.image_peak`) holds unchanged. Files outside the plain case (interlaced,
+The stand-in file is made while Pillow reads it, one stored block (64 KiB) at a time, framed
+here rather than by ``zlib.compressobj(0)``, which would copy every byte once more and hold a
+deflate state of ~300 KiB. So a decode holds only ISA-L's inflate state and one block beside the
+image, and the decode budget's PNG peak (:mod:`mmfront.media._image_peak`) holds unchanged
+(the tests check it against the measured RSS peak). Files outside the plain case (interlaced,
 animated, image data chunks not contiguous, a zlib stream that is not exactly the image's size,
 anything Pillow refuses) are decoded by Pillow from the original bytes, so their pixels and
 errors are Pillow's too.
@@ -33,8 +35,12 @@ if TYPE_CHECKING:
 _SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 """Samples per pixel of each PNG colour type (grey, RGB, palette, grey + alpha, RGBA)."""
-_STEP = 1 << 18
-"""Inflated bytes per step: a few Pillow reads (64 KiB each), a small fraction of any image."""
+_BLOCK = 0xFFFF
+"""Bytes of a stored deflate block, the most its 16-bit length allows; one per IDAT chunk."""
+_ZLIB_HEADER = b"\x78\x01"
+"""A zlib stream header: deflate with a 32 KiB window, no dictionary, check bits set."""
+_LAST_BLOCK = b"\x01\x00\x00\xff\xff"
+"""An empty stored block marked final: it closes the stream after the last data block."""
 _IDAT_CRC = zlib.crc32(b"IDAT")
 _ISAL_ERROR = cast("type[Exception]", isal_zlib.error)  # isal's stubs type it as an instance
 _FALLBACK_ERRORS = (OSError, ValueError, EOFError, SyntaxError, struct.error, zlib.error, _ISAL_ERROR)
@@ -103,11 +109,13 @@ class _ReinflatedPng(io.RawIOBase):
         return cls(payload, first, end, height * (1 + (width * _CHANNELS[colour] * depth + 7) // 8))
 
     def _generate(self) -> Iterator[bytes | memoryview]:
-        """The file after the chunks that precede the image data: the new IDAT chunks (header,
-        data and CRC as separate pieces, so nothing is copied to join them), then the rest."""
+        """The file after the chunks that precede the image data: the new IDAT chunks (one stored
+        block each, its bytes yielded apart from the framing, so nothing is copied to join them),
+        then the rest."""
         inflater = isal_zlib.decompressobj()
-        packer = zlib.compressobj(0)
         produced = 0
+        adler = 1
+        yield from _idat_chunk(_ZLIB_HEADER)
         first, end = self._idat
         pos = first
         while pos < end and not inflater.eof:
@@ -115,17 +123,19 @@ class _ReinflatedPng(io.RawIOBase):
             data: bytes | memoryview = self._payload[pos + 8:pos + 8 + length]
             pos += 12 + length
             while data and not inflater.eof:
-                out = inflater.decompress(data, min(_STEP, self._inflated_size - produced + 1))
+                out = inflater.decompress(data, min(_BLOCK, self._inflated_size - produced + 1))
                 if not out and len(inflater.unconsumed_tail) == len(data):
                     raise _SizeMismatch("the image data stopped inflating")
                 data = inflater.unconsumed_tail
                 produced += len(out)
                 if produced > self._inflated_size:
                     raise _SizeMismatch(f"the image data inflates to more than {self._inflated_size} bytes")
-                yield from _idat_chunk(packer.compress(out))
+                if out:
+                    adler = isal_zlib.adler32(out, adler)
+                    yield from _idat_chunk(struct.pack("<BHH", 0, len(out), len(out) ^ 0xFFFF), out)
         if produced != self._inflated_size or not inflater.eof:
             raise _SizeMismatch(f"the image data inflates to {produced} of {self._inflated_size} bytes")
-        yield from _idat_chunk(packer.flush())
+        yield from _idat_chunk(_LAST_BLOCK + adler.to_bytes(4, "big"))
         yield self._payload[end:]
 
     def readable(self) -> bool:
@@ -162,8 +172,11 @@ class _ReinflatedPng(io.RawIOBase):
         return filled
 
 
-def _idat_chunk(data: bytes) -> Iterator[bytes]:
-    if data:
-        yield len(data).to_bytes(4, "big") + b"IDAT"
-        yield data
-        yield isal_zlib.crc32(data, _IDAT_CRC).to_bytes(4, "big")
+def _idat_chunk(*parts: bytes) -> Iterator[bytes]:
+    """An IDAT chunk holding ``parts``: its length and type, the parts, its CRC."""
+    yield sum(map(len, parts)).to_bytes(4, "big") + b"IDAT"
+    crc = _IDAT_CRC
+    for part in parts:
+        crc = isal_zlib.crc32(part, crc)
+        yield part
+    yield crc.to_bytes(4, "big")

@@ -1,6 +1,29 @@
-"""The processing layer: prompt updates, calling HF processors, and ``BaseMultiModalProcessor``
-with its ``BaseProcessingInfo`` (vLLM's names; ``ProcessingInfo`` is the older alias)."""
+"""The processing layer, under vLLM's names: ``BaseMultiModalProcessor`` with its
+``BaseProcessingInfo`` (``ProcessingInfo`` is the older alias), the prompt updates a processor
+declares, the dummy inputs builder, and the commit step of the P0 cache."""
 
+from mmfront.processing.commit import commit_mm_inputs
+from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo, ProcessingInfo
+from mmfront.processing.updates import (
+    PlaceholderFeaturesInfo,
+    PromptIndexTargets,
+    PromptInsertion,
+    PromptReplacement,
+    PromptUpdate,
+    PromptUpdateDetails,
+)
 
-__all__ = ["BaseMultiModalProcessor", "BaseProcessingInfo", "ProcessingInfo"]
+__all__ = [
+    "BaseDummyInputsBuilder",
+    "BaseMultiModalProcessor",
+    "BaseProcessingInfo",
+    "PlaceholderFeaturesInfo",
+    "ProcessingInfo",
+    "PromptIndexTargets",
+    "PromptInsertion",
+    "PromptReplacement",
+    "PromptUpdate",
+    "PromptUpdateDetails",
+    "commit_mm_inputs",
+]

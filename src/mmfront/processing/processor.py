@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from mmfront._text import check_text
 from mmfront.cache.base import BaseMultiModalProcessorCache, PromptUpdates
 from mmfront.config import MultiModalConfig
 from mmfront.errors import ConfigError, FieldConfigError, PromptUpdateError, ValidationError
@@ -36,6 +37,8 @@ from mmfront.inputs import (
     mm_inputs,
 )
 from mmfront.parse import EmbeddingItems, MediaWithBytes, MultiModalDataItems, MultiModalDataParser
+from mmfront.processing._matching import apply_prompt_updates
+from mmfront.processing._stray import refuse_stray_tokens
 from mmfront.processing.commit import PendingCommit, commit_mm_inputs
 from mmfront.processing.hf import (
     ProcessorKwargSpec,
@@ -47,8 +50,6 @@ from mmfront.processing.hf import (
     valid_hf_kwargs,
 )
 from mmfront.processing.lanes import BaseLaneExecutor, merge_item_results
-from mmfront.processing.matching import apply_prompt_updates
-from mmfront.processing.stray import refuse_stray_tokens
 from mmfront.processing.threads import decode_all
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
@@ -56,7 +57,6 @@ from mmfront.processing.updates import (
     ResolvedPromptUpdate,
     cached_encode,
 )
-from mmfront.text import check_text
 from mmfront.timing import stage
 
 MultiModalUUIDs = Mapping[str, Sequence[str | None] | str | None]

@@ -22,7 +22,7 @@ Handles are vLLM-shaped ``MultiModalKwargsItem``s with the batched elements ``ad
 ``monotonic_id`` and ``signature`` (HMAC-SHA256 over ``sha256(key) || address || id`` with the
 segment's secret), so a handle cannot be forged or pointed at another key's data. The signature
 says which chunk a handle was issued for; the ring's write frontier says whether that chunk's
-memory is still intact (see :mod:`mmfront.cache.shm_ring`), so a stale handle fails even where
+memory is still intact (see :mod:`mmfront.cache._shm_ring`), so a stale handle fails even where
 its address now falls inside another item's bytes.
 """
 
@@ -39,7 +39,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmfront.cache.shm_ring import (
+from mmfront.cache._shm_ring import (
     CHUNK_HEADER,
     ID_MODULUS,
     RingChunk,
