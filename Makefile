@@ -16,6 +16,7 @@ LEGACY_TRANSFORMERS ?= 5.14.1
 PIP_FLAGS := --disable-pip-version-check
 
 PY := $(VENV)/bin/python
+BASE_STAMP := $(VENV)/.mmfront-base
 STAMP := $(VENV)/.mmfront-installed
 LEGACY_PY := $(LEGACY_VENV)/bin/python
 LEGACY_STAMP := $(LEGACY_VENV)/.mmfront-installed
@@ -24,9 +25,14 @@ LEGACY_STAMP := $(LEGACY_VENV)/.mmfront-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
+# What `make demo` needs: mmfront and its runtime dependencies only (no test tools, no Ray).
+$(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
+	$(PY) -m pip install $(PIP_FLAGS) -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[test,ray]"
 	touch $(STAMP)
 
@@ -36,7 +42,7 @@ $(LEGACY_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	$(LEGACY_PY) -m pip install $(PIP_FLAGS) -e ".[test,ray]" "transformers==$(LEGACY_TRANSFORMERS)"
 	touch $(LEGACY_STAMP)
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(VENV)/bin/mmfront demo
 
 lint: $(STAMP)

@@ -249,8 +249,7 @@ def run_demo(
     config_kwargs: dict[str, Any] = {"mm_processor_cache_gb": 0 if cache == "none" else 1.0}
     if cache != "none":
         config_kwargs["mm_processor_cache_type"] = cache
-    if lanes is not None:
-        config_kwargs["mm_processing_lanes"] = lanes
+    config_kwargs["mm_processing_lanes"] = lanes  # None: cores - 1 (at least 1), the serving default
     config = MultiModalConfig(**config_kwargs)
     model_dir = Path(model) if model else cached_model_dir(DEFAULT_MODEL_KIND, with_weights=True)
     workload = read_workload(Path(requests_file)) if requests_file else generate_workload(num_requests)
@@ -286,8 +285,7 @@ def run_demo(
         f"{len(sample)} answers equal transformers' generate": not problems,
     }
     summary = summarize(workload, outcomes, wall, pre=pre, client=client, engine_stats=engine_stats, checks=checks)
-    if pre.cache is not None:
-        pre.cache.close()
+    pre.close()
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
