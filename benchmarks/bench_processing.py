@@ -10,8 +10,8 @@ end-to-end cost of a PNG item, where a hit is compared with vLLM's decode + hit.
 The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python), its
 model folder is ``<venv>/models/tiny-gemma3-896`` (built by /work/shared/peer/vllm_peer_setup.sh).
 
-The decode of a miss is also timed alone: mmfront's PNG decode (inflated by ISA-L, then Pillow)
-against Pillow's own on the same bytes, alternated in the same run (the same pixels, asserted).
+A PNG miss is also timed stage by stage (decode, to array, resize, normalize), with mmfront's PNG
+decode (inflated by ISA-L, then Pillow) against Pillow's own on the same bytes in the same rounds.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from PIL import Image
 
 from _harness import Report
@@ -35,6 +36,7 @@ from mmfront.cache.lru import LruKeyReplicatedSenderCache
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.media.png_inflate import decode_png
+from mmfront.models.gemma3 import _normalize_, _resized, _target_size, _to_hwc_uint8
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import natural_image
 from mmfront.testing.models import cached_model_dir
@@ -89,28 +91,45 @@ def measure_mmfront(quick: bool) -> dict[str, float]:
     hit_items = [lazy(base_png) for _ in range(n_hit)]
     out["hit_png_ms"] = _median_ms(run, hit_items)
     assert all(item.decode_count == 0 for item in hit_items), "a cache hit must never decode"
-    out.update(measure_png_decode(n_miss))
+    out.update(measure_miss_stages(proc, n_miss))
     return out
 
 
-def measure_png_decode(rounds: int) -> dict[str, float]:
-    """Medians of mmfront's and Pillow's decode of the same 1024x1024 PNG, rounds alternated."""
+def measure_miss_stages(proc: Any, rounds: int) -> dict[str, float]:
+    """Medians of each stage of a 1024x1024 PNG miss, on the same image, rounds alternated with
+    Pillow's own decode of the same bytes (the same pixels, asserted): where a miss goes."""
     payload = _png(natural_image(tag=77))
+    settings = proc.info.image_kwargs({})
+    out_hw = _target_size(settings)
 
     def pillow(data: bytes) -> Any:
         image = Image.open(io.BytesIO(data), formats=("PNG",))
         image.load()
         return image
 
-    assert decode_png(payload).tobytes() == pillow(payload).tobytes(), "the decode must keep Pillow's pixels"
-    ours: list[float] = []
-    theirs: list[float] = []
+    def normalize(resized: torch.Tensor) -> None:
+        pixels = torch.empty((1, 3, *out_hw), dtype=torch.float32)
+        pixels[0].copy_(resized)
+        _normalize_(pixels, settings)
+
+    image = decode_png(payload)
+    assert image.tobytes() == pillow(payload).tobytes(), "the decode must keep Pillow's pixels"
+    view = _to_hwc_uint8(image)
+    assert view is not None
+    resized = _resized(view, out_hw)
+    stages: dict[str, tuple[Callable[[], object], list[float]]] = {
+        "stage_pillow_decode_ms": (lambda: pillow(payload), []),
+        "stage_decode_ms": (lambda: decode_png(payload), []),
+        "stage_to_array_ms": (lambda: _to_hwc_uint8(image), []),
+        "stage_resize_ms": (lambda: _resized(view, out_hw), []),
+        "stage_normalize_ms": (lambda: normalize(resized), []),
+    }
     for _ in range(rounds * 3):
-        for decode, samples in ((decode_png, ours), (pillow, theirs)):
+        for stage, samples in stages.values():
             t0 = time.perf_counter()
-            decode(payload)
+            stage()
             samples.append(time.perf_counter() - t0)
-    return {"png_decode_ms": statistics.median(ours) * 1e3, "pillow_png_decode_ms": statistics.median(theirs) * 1e3}
+    return {key: statistics.median(samples) * 1e3 for key, (_, samples) in stages.items()}
 
 
 def measure_vllm(quick: bool) -> dict[str, float] | None:
@@ -134,9 +153,11 @@ def run(report: Report, quick: bool) -> None:
     group = "apply gemma3-896"
     for key in ("miss_pil_ms", "hit_pil_ms", "load_png_ms", "miss_png_ms", "hit_png_ms"):
         report.add(group, f"mmfront {key[:-3]}", ours[key], "ms")
-    report.add(group, "PNG decode, mmfront (ISA-L inflate + Pillow)", ours["png_decode_ms"], "ms")
-    report.add(group, "PNG decode, Pillow alone", ours["pillow_png_decode_ms"], "ms")
-    report.ratio(group, "PNG decode: mmfront / Pillow", ours["png_decode_ms"] / ours["pillow_png_decode_ms"],
+    for key, label in (("stage_decode_ms", "decode (ISA-L inflate + Pillow)"), ("stage_to_array_ms", "to uint8 array"),
+                       ("stage_resize_ms", "resize to 896"), ("stage_normalize_ms", "to float32 + normalize")):
+        report.add(group, f"miss PNG stage: {label}", ours[key], "ms")
+    report.add(group, "miss PNG stage: decode by Pillow alone", ours["stage_pillow_decode_ms"], "ms")
+    report.ratio(group, "PNG decode: mmfront / Pillow", ours["stage_decode_ms"] / ours["stage_pillow_decode_ms"],
                  at_most=0.75)
     if vllm is None:
         report.add(group, "vLLM peer not found: ratios skipped", 0.0, "")

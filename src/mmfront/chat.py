@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmfront._text import check_text
 from mmfront.chat_template import TemplateFormat, counted_tokens, render_chat, resolve_chat_template
-from mmfront.errors import ChatFormatError, MediaFormatError, ValidationError
+from mmfront.errors import ChatFormatError, MediaFormatError
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.media.audio import INPUT_AUDIO_FORMATS
@@ -77,15 +77,7 @@ class _Tracker:
         if self.embeds.setdefault(modality, is_embed) != is_embed:
             raise ChatFormatError(f"Mixing raw {modality} and embedding inputs is not allowed in one request.",
                                   parameter="messages")
-        index = len(self.items.get(modality, ()))
-        limit = self.processor.info.allowed_mm_limits.get(modality)
-        if limit is None:
-            raise ValidationError(f"This model does not support {modality} inputs.", parameter=modality)
-        if index + 1 > limit and not (is_embed and self.processor.info.config.get_limit_per_prompt(modality) == 0):
-            raise ValidationError(
-                f"At most {limit} {modality}(s) may be provided in one prompt. Set `--limit-mm-per-prompt` "
-                "(MultiModalConfig.limit_mm_per_prompt) to increase this limit.", parameter=modality,
-            )
+        self.processor.info.check_item_count(modality, len(self.items.get(modality, ())) + 1, is_embed=is_embed)
 
     def add(self, modality: str, load: Callable[[], Any], uuid: str | None, *, as_part: bool) -> str:
         """Record an item; its placeholder text. ``as_part``: the template renders the item from

@@ -176,23 +176,27 @@ class BaseProcessingInfo:
         return items
 
     def validate_mm_counts(self, items: MultiModalDataItems) -> None:
-        supported = self.get_supported_mm_limits()
         for modality, data in items.items():
-            if modality not in supported:
-                raise ValidationError(
-                    f"This model does not support {modality} inputs (it accepts: {sorted(supported) or 'none'}).",
-                    parameter=modality,
-                )
-            count = data.get_count()
-            if isinstance(data, EmbeddingItems) and self.config.get_limit_per_prompt(modality) == 0:
-                continue
-            limit = self.allowed_mm_limits[modality]
-            if count > limit:
-                message = f"At most {limit} {modality}(s) may be provided in one prompt."
-                cap = supported[modality]
-                if cap is None or count <= cap:
-                    message += " Set `--limit-mm-per-prompt` (MultiModalConfig.limit_mm_per_prompt) to increase this limit."
-                raise ValidationError(message, parameter=modality)
+            self.check_item_count(modality, data.get_count(), is_embed=isinstance(data, EmbeddingItems))
+
+    def check_item_count(self, modality: str, count: int, *, is_embed: bool = False) -> None:
+        """Refuse ``count`` items of ``modality`` in one prompt if the model or the config does not
+        allow them (the one home of this rule: chat parsing asks before loading each item)."""
+        supported = self.get_supported_mm_limits()
+        if modality not in supported:
+            raise ValidationError(
+                f"This model does not support {modality} inputs (it accepts: {sorted(supported) or 'none'}).",
+                parameter=modality,
+            )
+        if is_embed and self.config.get_limit_per_prompt(modality) == 0:
+            return
+        limit = self.allowed_mm_limits[modality]
+        if count > limit:
+            message = f"At most {limit} {modality}(s) may be provided in one prompt."
+            cap = supported[modality]
+            if cap is None or count <= cap:
+                message += " Set `--limit-mm-per-prompt` (MultiModalConfig.limit_mm_per_prompt) to increase this limit."
+            raise ValidationError(message, parameter=modality)
 
     @cached_property
     def max_prompt_chars(self) -> int | None:
