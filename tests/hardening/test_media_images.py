@@ -224,6 +224,7 @@ def test_the_budget_refuses_before_anything_is_decoded(
 
 _MEASURE = textwrap.dedent("""
     import re, sys
+    import isal.isal_zlib  # loaded by the first PNG decode; a serving process has it already
     from mmfront.config import MultiModalConfig
     from mmfront.media import DecodeBudget, load_image_bytes
 
@@ -263,7 +264,7 @@ def test_the_measured_decode_peak_stays_within_the_charge(large_samples: dict[st
     out = subprocess.run([sys.executable, "-c", _MEASURE, str(large_samples[name])], capture_output=True, text=True,
                          check=True, timeout=120)
     charged, measured = map(int, out.stdout.split())
-    assert measured <= charged * 1.05, (charged, measured)  # peak-RSS noise (allocator arenas): about 1 MiB
+    assert measured <= charged * 1.02, (charged, measured)
     assert measured >= charged * 0.7, (charged, measured)  # proportional: the charge is not a wild guess
 
 

@@ -248,6 +248,7 @@ def test_corrupt_image_data_is_a_typed_decode_error() -> None:
 
 _MEASURE = textwrap.dedent("""
     import re, sys
+    import isal.isal_zlib  # loaded by the first PNG decode; a serving process has it already
     from mmfront.config import MultiModalConfig
     from mmfront.media import DecodeBudget, load_image_bytes
 

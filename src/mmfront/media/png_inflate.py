@@ -20,13 +20,13 @@ errors are Pillow's too.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zlib
 from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
-from isal import isal_zlib
 from PIL import Image
 
 if TYPE_CHECKING:
@@ -42,8 +42,15 @@ _ZLIB_HEADER = b"\x78\x01"
 _LAST_BLOCK = b"\x01\x00\x00\xff\xff"
 """An empty stored block marked final: it closes the stream after the last data block."""
 _IDAT_CRC = zlib.crc32(b"IDAT")
-_ISAL_ERROR = cast("type[Exception]", isal_zlib.error)  # isal's stubs type it as an instance
-_FALLBACK_ERRORS = (OSError, ValueError, EOFError, SyntaxError, struct.error, zlib.error, _ISAL_ERROR)
+_FALLBACK_ERRORS = (OSError, ValueError, EOFError, SyntaxError, struct.error, zlib.error)
+
+
+@functools.cache
+def _isal_zlib() -> Any:
+    """ISA-L's zlib, imported with the first PNG: importing mmfront does not load it."""
+    from isal import isal_zlib
+
+    return isal_zlib
 
 
 class _SizeMismatch(ValueError):
@@ -59,7 +66,7 @@ def decode_png(payload: bytes) -> Image.Image:
             image: Image.Image = Image.open(cast(IO[bytes], stream), formats=("PNG",))
             image.load()
             return image
-        except _FALLBACK_ERRORS:
+        except (*_FALLBACK_ERRORS, cast("type[Exception]", _isal_zlib().error)):
             pass  # Pillow's own decode below gives this file's pixels or its error
     image = Image.open(io.BytesIO(payload), formats=("PNG",))
     image.load()
@@ -112,7 +119,7 @@ class _ReinflatedPng(io.RawIOBase):
         """The file after the chunks that precede the image data: the new IDAT chunks (one stored
         block each, its bytes yielded apart from the framing, so nothing is copied to join them),
         then the rest."""
-        inflater = isal_zlib.decompressobj()
+        inflater = _isal_zlib().decompressobj()
         produced = 0
         adler = 1
         yield from _idat_chunk(_ZLIB_HEADER)
@@ -131,7 +138,7 @@ class _ReinflatedPng(io.RawIOBase):
                 if produced > self._inflated_size:
                     raise _SizeMismatch(f"the image data inflates to more than {self._inflated_size} bytes")
                 if out:
-                    adler = isal_zlib.adler32(out, adler)
+                    adler = _isal_zlib().adler32(out, adler)
                     yield from _idat_chunk(struct.pack("<BHH", 0, len(out), len(out) ^ 0xFFFF), out)
         if produced != self._inflated_size or not inflater.eof:
             raise _SizeMismatch(f"the image data inflates to {produced} of {self._inflated_size} bytes")
@@ -177,6 +184,6 @@ def _idat_chunk(*parts: bytes) -> Iterator[bytes]:
     yield sum(map(len, parts)).to_bytes(4, "big") + b"IDAT"
     crc = _IDAT_CRC
     for part in parts:
-        crc = isal_zlib.crc32(part, crc)
+        crc = _isal_zlib().crc32(part, crc)
         yield part
     yield crc.to_bytes(4, "big")

@@ -18,7 +18,6 @@ import math
 import numbers
 
 import numpy as np
-import soxr
 
 from mmfront.errors import MediaDecodeError, ValidationError
 from mmfront.media.budget import DecodeBudget
@@ -79,6 +78,8 @@ def resample_audio(
     if not (math.isfinite(samples.min()) and math.isfinite(samples.max())):
         raise MediaDecodeError("The audio samples contain NaN or infinity; send finite samples in [-1, 1].",
                                parameter="multi_modal_data")
+    import soxr  # on first use: a process that never resamples never loads it
+
     out = soxr.resample(np.ascontiguousarray(samples, dtype=dtype), orig_sr, target_sr, quality=_QUALITY)
     if len(out) >= out_len:
         return out[:out_len]

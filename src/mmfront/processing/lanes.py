@@ -75,6 +75,10 @@ _STOP_S = 5.0
 """How long a closing lane may take to exit before it is killed."""
 _START_S = 600.0
 """How long a lane may take to import and build its processor (minutes on a loaded machine)."""
+_SHARE_FROM = 1 << 20
+"""Reply frames of at least this many bytes (pixel tensors) come back in shared memory: the
+caller maps them rather than copying them off the socket into fresh memory (see
+:mod:`mmfront.wire.pipe`). Below it the socket is as cheap."""
 
 # --- messages ---------------------------------------------------------------------------------
 
@@ -110,9 +114,10 @@ class LaneSpec(msgspec.Struct, frozen=True):
 
 
 class _EncodedImage(msgspec.Struct, tag="encoded"):
-    """A lazily loaded image: its bytes and the conversion its loader recorded."""
+    """A lazily loaded image: its bytes (an array, so they travel as an aux frame rather than a
+    copy into the message body) and the conversion its loader recorded."""
 
-    payload: bytes
+    payload: np.ndarray
     io_config: dict[str, Any] | None
 
 
@@ -173,7 +178,7 @@ def _media_of(container: ModalityDataItems[Any, Any], index: int) -> _Media | No
     still undecoded travels as its bytes, and is decoded on the lane."""
     raw = container.get_item_for_hash(index)
     if isinstance(raw, MediaWithBytes) and not raw.is_decoded and "source_mode" in raw.info:
-        return _EncodedImage(raw.original_bytes, raw.io_config)
+        return _EncodedImage(np.frombuffer(raw.original_bytes, np.uint8), raw.io_config)
     decoded = container.get(index)
     if isinstance(decoded, Image.Image):
         if decoded.mode in _PALETTE_MODES:
@@ -189,7 +194,7 @@ def _media_of(container: ModalityDataItems[Any, Any], index: int) -> _Media | No
 def _item_of(media: _Media, config: MultiModalConfig) -> object:
     if isinstance(media, _EncodedImage):
         options = media.io_config or {"image_mode": None}
-        return load_image_bytes(media.payload, config=config, budget=DecodeBudget(config.max_media_request_decode_bytes),
+        return load_image_bytes(media.payload.tobytes(), config=config, budget=DecodeBudget(config.max_media_request_decode_bytes),
                                 media_io_kwargs={"image": options}, lazy=False)
     if isinstance(media, _RawImage):
         return Image.frombytes(media.mode, (media.width, media.height), media.pixels.tobytes())
@@ -261,7 +266,7 @@ def worker_main(fd: int) -> None:
         except (EOFError, TransportError):
             return
         if frames is not None:
-            send_frames(conn, lane.run(frames))
+            send_frames(conn, lane.run(frames), share_from=_SHARE_FROM)
 
 
 # --- the caller's side ------------------------------------------------------------------------
@@ -373,7 +378,7 @@ class _Worker:
                     raise self._died()
                 if deadline is not None and time.monotonic() > deadline:
                     raise LaneError(f"Processing lane {self.name} did not build its processor within {_START_S:g} s.")
-            frames = recv_frames(self.conn)
+            frames = recv_frames(self.conn, accept_shared=True)
         except (EOFError, TransportError):
             raise self._died() from None
         assert frames is not None
