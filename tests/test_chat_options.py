@@ -1,6 +1,6 @@
-"""Issue 9.4 and 13.8: chat options reach every entry point; request templates need trust and
-are bounded; a folder without a template (GLM-ASR before its fixture shipped the real one) has
-a way in."""
+"""Issue 9.4: chat options reach every entry point; a folder without a template (GLM-ASR before
+its fixture shipped the real one) has a way in. (Request templates' trust and bounds, issue 13.8,
+are in tests/hardening/test_chat_template_limits.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from mmfront import MultiModalConfig
-from mmfront import chat_template as ct
 from mmfront.chat import parse_chat_messages
 from mmfront.engine.client import EngineClient
 from mmfront.engine.transport import BaseTransport
@@ -91,39 +90,6 @@ def test_generation_flags_with_the_model_template(pre: InputPreprocessor) -> Non
     via_kwargs = pre.preprocess(messages, chat_template_kwargs={"add_generation_prompt": False,
                                                                 "continue_final_message": True})
     assert via_kwargs["prompt"] == continued
-
-
-def test_request_template_needs_trust(gemma3_dir: Path) -> None:
-    untrusted = InputPreprocessor(gemma3_dir)
-    with pytest.raises(ChatFormatError, match="trust_request_chat_template is not set") as e:
-        untrusted.preprocess(MESSAGES, chat_template=TEMPLATE)
-    assert e.value.parameter == "chat_template"
-    with pytest.raises(ChatFormatError, match=r"may not set \['chat_template'\]") as e:
-        untrusted.preprocess(MESSAGES, chat_template_kwargs={"chat_template": TEMPLATE})
-    assert e.value.parameter == "chat_template_kwargs"
-
-
-def test_deployment_template_is_trusted(gemma3_dir: Path) -> None:
-    pre = InputPreprocessor(gemma3_dir, MultiModalConfig(chat_template=TEMPLATE))
-    assert pre.preprocess(MESSAGES)["prompt"] == "<user>Hi<model>"
-
-
-def test_request_template_is_size_bounded(pre: InputPreprocessor) -> None:
-    huge = TEMPLATE + "{# " + "x" * ct.REQUEST_TEMPLATE_MAX_CHARS + " #}"
-    with pytest.raises(ChatFormatError, match=f"at most {ct.REQUEST_TEMPLATE_MAX_CHARS}") as e:
-        pre.preprocess(MESSAGES, chat_template=huge)
-    assert e.value.parameter == "chat_template"
-    with pytest.raises(ChatFormatError, match="non-empty string"):
-        pre.preprocess(MESSAGES, chat_template="  ")
-
-
-def test_request_template_is_time_bounded(pre: InputPreprocessor, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ct, "REQUEST_TEMPLATE_SECONDS", 0.05)
-    endless = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-    with pytest.raises(ChatFormatError, match=r"took longer than 0\.05 s to render") as e:
-        pre.preprocess(MESSAGES, chat_template=endless)
-    assert e.value.parameter == "chat_template"
-    assert pre.preprocess(MESSAGES, chat_template=TEMPLATE)["prompt"] == "<user>Hi<model>"  # tracing is off again
 
 
 @pytest.mark.parametrize(("options", "parameter", "match"), [

@@ -223,7 +223,8 @@ def test_the_thread_plan_divides_the_budget(lanes: int | None, budget: int, want
 
 @pytest.mark.slow
 def test_ray_lanes_give_the_same_inputs_as_in_place(gemma3_dir: Path, in_place: InputPreprocessor) -> None:
-    ray = pytest.importorskip("ray", reason="Ray is the optional extra mmfront[ray]; `make test` installs it")
+    ray = pytest.importorskip("ray", reason="Ray is the optional extra mmfront[ray]; `make test` installs it in "
+                              ".venv only (nothing in the Ray path depends on the transformers version)")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         config = MultiModalConfig(mm_processing_lanes=2, mm_lane_executor="ray", mm_processor_cache_gb=0)
