@@ -170,7 +170,7 @@ def _map_shared(fd: int | None, sizes: Sequence[int]) -> list[memoryview]:
         raise DecodeError(f"The memory of a message's shared frames is not a sealed memfd of {total} bytes.")
     if total == 0:
         return [memoryview(bytearray()) for _ in sizes]
-    whole = memoryview(torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=total, dtype=torch.uint8).numpy())
+    whole = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=total, dtype=torch.uint8).numpy().data
     return [whole[offset:offset + size] for offset, size in zip(offsets, sizes)]
 
 
