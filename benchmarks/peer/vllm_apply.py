@@ -5,7 +5,7 @@ one JSON object. Same images (``mmfront.testing.media.natural_image``, imported 
 same prompt, same timed region (parse + apply with the default LRU sender cache), medians.
 
     VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 PYTHONPATH=src \
-        /tmp/vllm-peer/.venv-vllm/bin/python benchmarks/peer/vllm_apply.py MODEL_DIR [--quick]
+        /tmp/vllm-peer-venv/bin/python benchmarks/peer/vllm_apply.py MODEL_DIR [--quick]
 """
 
 from __future__ import annotations

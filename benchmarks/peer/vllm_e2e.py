@@ -15,8 +15,8 @@ it is ready, then, for each JSON line ``{"workload": PATH, "in_flight": K}`` rea
 JSON lines of ``{"request_id", "messages", "max_tokens"}``), clears its P0 cache, runs the
 workload and prints ``{"requests_per_s", "wire_bytes", "hit_ratio"}``, until stdin closes::
 
-    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer/.venv-vllm/bin/python \
-        benchmarks/peer/vllm_e2e.py /tmp/vllm-peer/.venv-vllm/models/tiny-gemma3-896
+    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer-venv/bin/python \
+        benchmarks/peer/vllm_e2e.py /tmp/vllm-peer-venv/models/tiny-gemma3-896
 """
 
 from __future__ import annotations

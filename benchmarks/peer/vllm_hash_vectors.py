@@ -1,9 +1,9 @@
 """Digests of tests/hashing_vectors.py computed by vLLM 0.33's own hasher (and, with ``--bench``,
 vLLM's hashing times for the inputs of benchmarks/bench_hashing.py).
 
-Run it in the vLLM peer environment (see /work/shared/reference/vllm-peer.md), never in mmfront's:
+Run it in the vLLM peer environment (see ../shared/reference/vllm-peer.md), never in mmfront's:
 
-    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer/.venv-vllm/bin/python \
+    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer-venv/bin/python \
         benchmarks/peer/vllm_hash_vectors.py [--bench]
 
 It prints JSON: ``{"vllm": version, "digests": {name: hex}, "mm_hashes": {case: {modality: [hash]}},

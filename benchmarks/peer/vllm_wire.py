@@ -8,7 +8,7 @@ stays up so that ``bench_wire.py`` can alternate rounds with mmfront's: it print
 the frame sizes, then for each number N read from stdin one JSON line with the median of N hops
 (after one warm-up hop), until stdin closes::
 
-    echo 10 | VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer/.venv-vllm/bin/python benchmarks/peer/vllm_wire.py
+    echo 10 | VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer-venv/bin/python benchmarks/peer/vllm_wire.py
 """
 
 from __future__ import annotations

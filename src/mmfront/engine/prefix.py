@@ -6,7 +6,7 @@ multimodal item overlapping the block (negative when the item began in an earlie
 ``("cache_salt", salt)`` on the first block only, and ``("prompt_embeds", sha256)`` of the block's
 embeddings. Two requests share a block's key only if they share everything before and in it.
 
-vLLM's default hashes ``pickle.dumps`` of the tuple with SHA-256; mmfront hashes a canonical
+vLLM's default hashes a pickle of the tuple with SHA-256; mmfront hashes a canonical
 msgpack encoding instead (no pickle, stable across Python versions), so the structure and the
 collision properties are vLLM's while the digests are mmfront's own.
 """

@@ -4,9 +4,9 @@
 ``multimodal.inputs`` module (they share the names), so the tests can compare mmfront's frames
 with vLLM's byte for byte and decode vLLM's frames with mmfront.
 
-Regenerate (needs the vLLM peer venv, see /work/shared/reference/vllm-peer.md)::
+Regenerate (needs the vLLM peer venv, see ../shared/reference/vllm-peer.md)::
 
-    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer/.venv-vllm/bin/python tests/engine/data/vllm_frames.py
+    VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 /tmp/vllm-peer-venv/bin/python tests/engine/data/vllm_frames.py
 
 Each file is a msgpack array of the message's frames (bin), frame 0 first.
 """
