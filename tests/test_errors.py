@@ -270,6 +270,10 @@ BUILTIN_EXCEPTIONS = frozenset(
 ALLOWED_BUILTIN_RAISES: dict[tuple[str, str, str], str] = {
     ("cli.py", "*", "SystemExit"): "the command-line entry point ends with a message and exit status 1, as argparse "
     "does; library code never exits",
+    ("wire/pipe.py", "_recv_header_and_fd", "EOFError"): "the pipe protocol of multiprocessing.Connection, which "
+    "BaseTransport.recv documents: EOFError means the peer closed its end",
+    ("wire/pipe.py", "_read_into", "OSError"): "a short read is a broken link, as multiprocessing reports it; "
+    "PipeTransport turns it into TransportError",
     ("wire/messages.py", "MirrorOp.__post_init__", "ValueError"): "msgspec's __post_init__ protocol: msgspec turns "
     "a ValueError there into its ValidationError, which the codec reports as DecodeError",
     ("media/base.py", "MediaWithBytes.__getattr__", "AttributeError"): "the __getattr__ protocol: hasattr, copy "
