@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -203,11 +202,14 @@ class InputPreprocessor:
 
     @cached_property
     def executor(self) -> ThreadPoolExecutor:
-        """The threads the async entry points prepare requests on: one per core but one, which the
-        event loop keeps. Preparation is CPU work; more threads only queue for the GIL and delay
-        the loop (16 concurrent misses: a 23 ms longest stall with asyncio's default pool, 7 ms
-        with this one, the same time to admission; ``mmfront bench --only serving``)."""
-        return ThreadPoolExecutor(max_workers=max(1, (os.cpu_count() or 1) - 1), thread_name_prefix="mmfront-prepare")
+        """The threads the async entry points prepare requests on: one per core of the thread
+        budget but one, which the event loop keeps, plus one per processing lane (a thread whose
+        miss is on a lane waits, it does not compute). Preparation is CPU work; more threads only
+        queue for the GIL and delay the loop (16 concurrent misses: a 23 ms longest stall with
+        asyncio's default pool, 7 ms with this one, the same time to admission; ``mmfront bench
+        --only serving``)."""
+        workers = max(1, self.threads.budget - 1) + self.threads.lanes
+        return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmfront-prepare")
 
     def _prepare(
         self, prompt: PromptInput, opts: RequestOptions, request_id: str, cache: BaseMultiModalProcessorCache | None,
