@@ -44,7 +44,7 @@ from mmfront.errors import (
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, group_mm_kwargs_by_modality
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
-__all__ = ["ModelRunner", "scatter_mm_embeddings"]
+__all__ = ["ModelRunner", "error_output", "scatter_mm_embeddings"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -322,7 +322,7 @@ class ModelRunner:
                 mine = encoded if encoded is not None else self.encode(seq.features)
                 out[seq.request_id] = [mine[f.identifier] for f in seq.features]
             except MMFrontError as exc:
-                outputs.append(_error_output(seq.request_id, exc))
+                outputs.append(error_output(seq.request_id, exc))
         return out
 
     # --- the language model -----------------------------------------------------------------
@@ -331,7 +331,7 @@ class ModelRunner:
         try:
             logits = self._run_prompt(seq, rows)
         except MMFrontError as exc:
-            return _error_output(seq.request_id, exc)
+            return error_output(seq.request_id, exc)
         seq.features = []  # their data is in the KV cache now; do not hold it while decoding
         return self._append(seq, int(logits.argmax()))
 
@@ -375,6 +375,7 @@ class ModelRunner:
         return EngineCoreOutput(seq.request_id, [token], finish_reason=reason, stop_reason=stop_reason)
 
 
-def _error_output(request_id: str, exc: MMFrontError) -> EngineCoreOutput:
+def error_output(request_id: str, exc: MMFrontError) -> EngineCoreOutput:
+    """The output that ends ``request_id`` alone with ``exc``: the other requests carry on."""
     return EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR,
                             error=RequestError(type(exc).__name__, str(exc)))

@@ -25,10 +25,9 @@ from mmfront.cache.factory import (
 )
 from mmfront.config import MultiModalConfig
 from mmfront.engine.receiver import EngineCoreReceiver
-from mmfront.engine.runner import ModelRunner
+from mmfront.engine.runner import ModelRunner, error_output
 from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport
 from mmfront.errors import ConfigError, MMFrontError
-from mmfront.wire.structs import EngineCoreOutput, FinishReason, RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +57,7 @@ def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Eve
                 runner.add(request)
                 stats.requests += 1
             except MMFrontError as e:
-                receiver.send([EngineCoreOutput(
-                    request.request_id, [], finish_reason=FinishReason.ERROR,
-                    error=RequestError(type(e).__name__, str(e)))])
+                receiver.send([error_output(request.request_id, e)])
         for request_id in receiver.take_aborted():
             runner.abort(request_id)
         if runner.has_unfinished_requests:
