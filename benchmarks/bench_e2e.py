@@ -20,7 +20,7 @@ that round, so a change of machine load between rounds cancels out. Targets: >= 
 request in flight, >= 3x with 8. Both sides must see the same P0 hit ratio (asserted): the same
 requests, the same repeats.
 
-The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer-venv/bin/python), its
+The peer: :func:`mmfront.testing.peer.vllm_peer_python` (``MMFRONT_VLLM_PEER``, default /tmp/vllm-peer-venv), its
 model folder is ``<venv>/models/tiny-gemma3-896`` (built by ../shared/peer/vllm_peer_setup.sh).
 """
 
@@ -45,6 +45,7 @@ from mmfront.engine.client import EngineClient
 from mmfront.engine.transport import BaseTransport
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.models import cached_model_dir
+from mmfront.testing.peer import vllm_peer_model_dir, vllm_peer_python
 from mmfront.wire import Frame, MsgpackEncoder, SamplingParams
 from mmfront.wire.messages import ADMITTED, Admitted, encode_envelope
 
@@ -142,9 +143,9 @@ class _Peer:
 
 
 def _start_peer() -> _Peer | None:
-    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer-venv/bin/python"))
-    model_dir = python.parents[1] / "models" / "tiny-gemma3-896"
-    if not python.exists() or not model_dir.is_dir():
+    python = vllm_peer_python()
+    model_dir = None if python is None else vllm_peer_model_dir(python)
+    if python is None or model_dir is None:
         return None
     try:
         return _Peer(python, model_dir)

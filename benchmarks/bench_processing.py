@@ -7,7 +7,7 @@ load; mmfront reads the header and hashes the bytes (on the loading threads, off
 lane) and decodes only on a miss, inside ``apply``. So the table also gives load + apply, the
 end-to-end cost of a PNG item, where a hit is compared with vLLM's decode + hit.
 
-The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer-venv/bin/python), its
+The peer: :func:`mmfront.testing.peer.vllm_peer_python` (``MMFRONT_VLLM_PEER``, default /tmp/vllm-peer-venv), its
 model folder is ``<venv>/models/tiny-gemma3-896`` (built by ../shared/peer/vllm_peer_setup.sh).
 
 A PNG miss is also timed stage by stage (decode, to array, resize, normalize), with mmfront's PNG
@@ -40,6 +40,7 @@ from mmfront.models.gemma3 import _normalize_, _resized, _target_size, _to_hwc_u
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import natural_image
 from mmfront.testing.models import cached_model_dir
+from mmfront.testing.peer import vllm_peer_model_dir, vllm_peer_python
 
 PROMPT = "<start_of_turn>user\n<start_of_image>Describe this image in detail.<end_of_turn>\n<start_of_turn>model\n"
 REPO = Path(__file__).resolve().parents[1]
@@ -133,9 +134,9 @@ def measure_miss_stages(proc: Any, rounds: int) -> dict[str, float]:
 
 
 def measure_vllm(quick: bool) -> dict[str, float] | None:
-    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer-venv/bin/python"))
-    model_dir = python.parents[1] / "models" / "tiny-gemma3-896"
-    if not python.exists() or not model_dir.is_dir():
+    python = vllm_peer_python()
+    model_dir = None if python is None else vllm_peer_model_dir(python)
+    if python is None or model_dir is None:
         return None
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO / "src"))
     cmd = [str(python), str(REPO / "benchmarks" / "peer" / "vllm_apply.py"), str(model_dir)]

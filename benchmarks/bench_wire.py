@@ -3,22 +3,24 @@ mmfront against vLLM 0.33's encoder + ZMQ path, measured the same way in the sam
 
 Timed region on both sides, per hop: encode the ``EngineCoreRequest``, send it on P0's ROUTER,
 receive it on the engine's DEALER, decode it (tensors as views of the received frames). mmfront
-goes through its transports (``ZmqFrontendTransport`` -> ``ZmqEngineTransport``, envelope and
-vLLM frame layout included); vLLM's peer (``benchmarks/peer/vllm_wire.py``, in its own venv) uses
-its ``MsgpackEncoder``/``MsgpackDecoder`` on the same sockets. The two sides run alternately, a
-few rounds each, and each side's figure is the median of its round medians, so a burst of load
-on the shared machine hits both.
+goes through its transports as they are by default (``ZmqFrontendTransport`` ->
+``ZmqEngineTransport``, envelope and vLLM frame layout included, the 48 MB frame on the ``ipc``
+side channel: written once into a sealed memfd that the engine maps); vLLM's peer
+(``benchmarks/peer/vllm_wire.py``, in its own venv) uses its ``MsgpackEncoder``/``MsgpackDecoder``
+on the same sockets. The two sides run alternately, a few rounds each, and each side's figure is
+the median of its round medians, so a burst of load on the shared machine hits both.
 
 With the shm cache the tensor goes into the shared-memory ring once and the wire carries only
 the signed handle: that hop adds the put (one copy into warm ring pages) and the receiver's
 zero-copy resolve, and its frames are asserted to be small.
 
-The rows under "where time goes" split mmfront's hop into the codec alone and ZMQ alone on the
-same frames, next to one memcpy of the tensor: both codecs are zero-copy, so nearly all of either
-hop is the unix socket moving 48 MB (a copy into the kernel, a copy out into a fresh buffer),
-which no encoder can avoid; only the shm ring takes the bytes off the socket.
+The rows under "where time goes": the codec alone; the same hop with the side channel off (plain
+ZMQ frames, what vLLM does: the unix socket moves 48 MB, a copy into the kernel and a copy out
+into a fresh buffer); one memcpy of the tensor; and the engine's first read of every byte of the
+tensor it received over the side channel (its pages are mapped, not copied, so the first touch
+is where they fault in; a socket's fresh buffer costs as much to read).
 
-The peer: ``MMFRONT_VLLM_PEER`` names its python (default /tmp/vllm-peer-venv/bin/python);
+The peer: :func:`mmfront.testing.peer.vllm_peer_python` (``MMFRONT_VLLM_PEER``, default /tmp/vllm-peer-venv);
 without it the ratios are skipped.
 """
 
@@ -46,7 +48,8 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     PlaceholderRange,
 )
-from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder, SamplingParams, frame_view
+from mmfront.testing.peer import vllm_peer_python
+from mmfront.wire import EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, SamplingParams, frame_view
 from mmfront.wire.messages import REQUEST, decode_envelope, encode_envelope
 
 GROUP = "wire (5,3,896,896) f32"
@@ -108,8 +111,8 @@ class _Peer:
 
 
 def _start_peer() -> _Peer | None:
-    python = Path(os.environ.get("MMFRONT_VLLM_PEER", "/tmp/vllm-peer-venv/bin/python"))
-    if not python.exists():
+    python = vllm_peer_python()
+    if python is None:
         return None
     try:
         return _Peer(python)
@@ -132,16 +135,19 @@ class _Link:
         self.p0 = ZmqFrontendTransport("ipc")
         self.engine = ZmqEngineTransport(self.p0.addresses, engine_index=0)
         self.p0.wait_for_engines([0], timeout=30)
+        self.p0_plain = ZmqFrontendTransport("ipc", side_channel_min_bytes=None)
+        self.engine_plain = ZmqEngineTransport(self.p0_plain.addresses, engine_index=0)
+        self.p0_plain.wait_for_engines([0], timeout=30)
         self.wire_bytes: list[int] = []
         """The frame sizes of the last envelope sent."""
         self._keys = iter(range(1 << 30))
-        self._frames: list[Frame] | None = None
 
-    def send(self, request: EngineCoreRequest) -> EngineCoreRequest:
+    def send(self, request: EngineCoreRequest, plain: bool = False) -> EngineCoreRequest:
         envelope = encode_envelope(REQUEST, self.encoder.encode(request))
         self.wire_bytes = [frame_view(f, i).nbytes for i, f in enumerate(envelope)]
-        self.p0.send(envelope)
-        frames = self.engine.recv(timeout=30)
+        p0, engine = (self.p0_plain, self.engine_plain) if plain else (self.p0, self.engine)
+        p0.send(envelope)
+        frames = engine.recv(timeout=30)
         assert frames is not None, "the engine transport received nothing"
         return self.decoder.decode(decode_envelope(frames).message)
 
@@ -164,16 +170,26 @@ class _Link:
         envelope = encode_envelope(REQUEST, self.encoder.encode(self.request))
         self.decoder.decode(decode_envelope(envelope).message)
 
-    def zmq_only(self) -> None:
-        """The hop's frames, encoded once, through the sockets alone."""
-        if self._frames is None:
-            self._frames = encode_envelope(REQUEST, self.encoder.encode(self.request))
-        self.p0.send(self._frames)
-        self.engine.recv(timeout=30)
+    def plain_hop(self) -> EngineCoreRequest:
+        return self.send(self.request, plain=True)
+
+    def first_read_ms(self) -> float:
+        """A fresh hop's tensor read once, end to end, by the engine (median of 3)."""
+        samples = []
+        for _ in range(3):
+            got = self.hop().mm_features[0].data  # type: ignore[index]
+            assert got is not None
+            tensor = got["pixel_values"].data
+            t0 = time.perf_counter()
+            tensor.sum()  # type: ignore[union-attr]
+            samples.append(time.perf_counter() - t0)
+        return statistics.median(samples) * 1e3
 
     def close(self) -> None:
         self.engine.close()
         self.p0.close()
+        self.engine_plain.close()
+        self.p0_plain.close()
         self.receiver.close()
         self.sender.close()
 
@@ -198,7 +214,8 @@ def run(report: Report, quick: bool) -> None:
             ours.append(_median_ms(link.hop, reps))
             shm.append(_median_ms(link.shm_hop, reps))
         codec_ms = _median_ms(link.codec_only, reps)
-        zmq_ms = _median_ms(link.zmq_only, reps)
+        plain_ms = _median_ms(link.plain_hop, reps)
+        first_read_ms = link.first_read_ms()
         source = memoryview(pixels.numpy().data).cast("B")
         warm = memoryview(bytearray(source.nbytes))
         memcpy_ms = _median_ms(lambda: warm.__setitem__(slice(None), source), reps)
@@ -207,11 +224,12 @@ def run(report: Report, quick: bool) -> None:
             peer.close()
         link.close()
     mmfront_ms, shm_ms = statistics.median(ours), statistics.median(shm)
-    report.add(GROUP, "mmfront ipc hop (encode+send+recv+decode)", mmfront_ms, "ms")
+    report.add(GROUP, "mmfront ipc hop (encode+send+recv+decode; side channel)", mmfront_ms, "ms")
     report.add(GROUP, f"mmfront shm hop (put+handle hop+resolve; wire {shm_wire} B)", shm_ms, "ms")
     report.add(GROUP, "where time goes: mmfront codec alone (no socket)", codec_ms, "ms")
-    report.add(GROUP, "where time goes: mmfront ZMQ alone (same frames)", zmq_ms, "ms")
+    report.add(GROUP, "where time goes: mmfront ipc hop, side channel off (plain ZMQ)", plain_ms, "ms")
     report.add(GROUP, "where time goes: one memcpy of 48 MB into warm memory", memcpy_ms, "ms")
+    report.add(GROUP, "where time goes: engine's first read of the mapped tensor", first_read_ms, "ms")
     if peer is None:
         report.add(GROUP, "vLLM peer not found: ratios skipped", 0.0, "")
         return

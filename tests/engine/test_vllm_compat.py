@@ -7,8 +7,7 @@ mean vLLM decoded every one of the 22 fields (and every ``SamplingParams`` field
 meant, and that it ignored mmfront's trailing stamp frame. The other direction: vLLM's decoder
 reads mmfront's cache-miss reply, and mmfront reads vLLM's.
 
-Skipped where no peer venv exists; ``MMFRONT_VLLM_PEER`` names its python, else the places
-../shared/peer/vllm_peer_setup.sh is usually pointed at are tried.
+Skipped where no peer venv exists (:mod:`mmfront.testing.peer` says where it is looked for).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import msgspec
 import pytest
 
 from mmfront.engine.zmq import ZmqFrontendTransport
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 from mmfront.wire._zmq_frames import output_frames
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.messages import (
@@ -59,21 +59,8 @@ def _load(name: str) -> Any:
 STRUCTS = _load("vllm_structs")
 
 
-def _peer_python() -> Path | None:
-    candidates = [
-        os.environ.get("MMFRONT_VLLM_PEER"),
-        REPO.parent / "shared" / "peer" / ".venv-vllm" / "bin" / "python",
-        Path(os.environ.get("TMPDIR", "/tmp")) / "vllm-peer" / ".venv-vllm" / "bin" / "python",
-    ]
-    return next((Path(c) for c in candidates if c and Path(c).exists()), None)
-
-
-PEER = _peer_python()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(PEER is None, reason="no vLLM 0.33 peer venv (set MMFRONT_VLLM_PEER or run "
-                                            "../shared/peer/vllm_peer_setup.sh)"),
-]
+PEER = vllm_peer_python()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(PEER is None, reason=SKIP_REASON)]
 
 
 def raw(frames: list[Any]) -> list[str]:

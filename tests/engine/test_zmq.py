@@ -167,7 +167,7 @@ def test_ipc_directory_is_private_and_removed_on_close() -> None:
     p0 = ZmqFrontendTransport()
     directory = Path(p0.addresses.input.removeprefix("ipc://")).parent
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
-    assert {p.name for p in directory.iterdir()} == {"input", "output"}
+    assert {p.name for p in directory.iterdir()} == {"input", "output", "input.fds"}
     p0.close()
     p0.close()  # idempotent
     assert not directory.exists()

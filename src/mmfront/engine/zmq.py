@@ -7,7 +7,10 @@ and lay them out on the sockets as vLLM's frames (:mod:`mmfront.wire._zmq_frames
 vLLM engine can take mmfront's requests and a stock frontend can read mmfront's engine outputs.
 
 ``ipc`` (the default) binds socket files in a private 0700 directory, removed on close; ``tcp``
-binds the loopback address unless ``host`` says otherwise, for engines on other hosts. A bad
+binds the loopback address unless ``host`` says otherwise, for engines on other hosts. Over
+``ipc`` an mmfront engine also opens a side channel (:mod:`mmfront.engine._fd_channel`) that
+takes request frames of ``side_channel_min_bytes`` or more off the socket: they travel in a
+sealed memfd the engine maps, where ZMQ would copy them through the kernel twice. A bad
 message raises :class:`~mmfront.errors.DecodeError` from ``recv`` and is dropped; the next
 ``recv`` reads the next message. ZMQ does not report a vanished peer: ``recv`` just times out.
 
@@ -29,6 +32,7 @@ from typing import Literal
 
 import zmq
 
+from mmfront.engine._fd_channel import FdChannelConnection, FdChannelListener, side_path
 from mmfront.engine.transport import BaseTransport
 from mmfront.errors import ConfigError, TransportError
 from mmfront.wire import Frame
@@ -39,6 +43,9 @@ from mmfront.wire._zmq_frames import (
     request_frames,
 )
 
+SIDE_CHANNEL_MIN_BYTES = 1 << 20
+"""Request frames from this size go on the ``ipc`` side channel (smaller ones cost more to map
+than to copy)."""
 _HELLO = b""
 """What an engine's DEALER sends first, so P0's ROUTER learns that engine is there (vLLM sends
 its ready response here; P0 accepts any payload)."""
@@ -103,7 +110,8 @@ class ZmqFrontendTransport(BaseTransport):
     ``send`` goes to ``engine_index``; ``send_to`` picks the engine. ``hwm`` bounds each socket's
     queue in messages (0: unbounded, as vLLM); with it, ``send_timeout_s`` bounds how long a send
     waits for room. A peer that sends a frame above ``max_frame_bytes`` is disconnected and its
-    message dropped (-1: no limit)."""
+    message dropped (-1: no limit). Over ``ipc``, request frames of ``side_channel_min_bytes`` or
+    more go on the side channel to engines that opened it (``None``: never)."""
 
     def __init__(
         self,
@@ -116,6 +124,7 @@ class ZmqFrontendTransport(BaseTransport):
         hwm: int = 0,
         send_timeout_s: float | None = None,
         max_frame_bytes: int = -1,
+        side_channel_min_bytes: int | None = SIDE_CHANNEL_MIN_BYTES,
     ) -> None:
         if scheme not in ("ipc", "tcp"):
             raise ConfigError(f"scheme must be 'ipc' or 'tcp', got {scheme!r}.")
@@ -127,6 +136,7 @@ class ZmqFrontendTransport(BaseTransport):
         self._identity = engine_identity(engine_index)
         self._call_ids = itertools.count()
         self._dir: Path | None = None
+        self._side: FdChannelListener | None = None
         self._ctx = zmq.Context()
         self._closed = False
         try:
@@ -145,7 +155,10 @@ class ZmqFrontendTransport(BaseTransport):
                 sock.bind(endpoint)
             self.addresses = ZmqAddresses(
                 self._router.getsockopt_string(zmq.LAST_ENDPOINT), self._pull.getsockopt_string(zmq.LAST_ENDPOINT))
-        except zmq.ZMQError as e:
+            path = side_path(self.addresses.input)
+            if path is not None and side_channel_min_bytes is not None:
+                self._side = FdChannelListener(path, side_channel_min_bytes)
+        except (zmq.ZMQError, OSError) as e:
             self.close()
             raise TransportError(f"Cannot bind the {scheme} sockets ({e}); pick other ports or another host.") from e
 
@@ -173,6 +186,8 @@ class ZmqFrontendTransport(BaseTransport):
         unchanged until the engine has answered."""
         identity = self._identity if engine_index == self.engine_index else engine_identity(engine_index)
         out = request_frames(frames, call_ids=self._call_ids, client_index=self.client_index)
+        if self._side is not None:
+            out = self._side.offload(identity, out)
         _send(self._router, [identity, *out], f"Engine {engine_index}")
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
@@ -183,13 +198,16 @@ class ZmqFrontendTransport(BaseTransport):
         if self._closed:
             return
         self._closed = True
+        if self._side is not None:
+            self._side.close()
         self._ctx.destroy(linger=0)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class ZmqEngineTransport(BaseTransport):
-    """An engine's end: connects a DEALER (identity from ``engine_index``) and a PUSH to P0."""
+    """An engine's end: connects a DEALER (identity from ``engine_index``) and a PUSH to P0, and
+    over ``ipc`` the side channel first, unless ``side_channel`` is false (or P0 has none)."""
 
     def __init__(
         self,
@@ -199,10 +217,18 @@ class ZmqEngineTransport(BaseTransport):
         hwm: int = 0,
         send_timeout_s: float | None = None,
         max_frame_bytes: int = -1,
+        side_channel: bool = True,
     ) -> None:
         _check_limits(hwm, max_frame_bytes, send_timeout_s)
         self.engine_index = engine_index
         identity = engine_identity(engine_index)
+        self._side: FdChannelConnection | None = None
+        path = side_path(addresses.input) if side_channel else None
+        if path is not None and Path(path).exists():
+            try:
+                self._side = FdChannelConnection(path, identity, max_frame_bytes)
+            except OSError:
+                self._side = None  # P0 without the channel (or gone): plain frames
         self._ctx = zmq.Context()
         self._closed = False
         try:
@@ -222,13 +248,18 @@ class ZmqEngineTransport(BaseTransport):
         _send(self._push, output_frames(frames, engine_index=self.engine_index), "P0")
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
-        frames = _recv(self._dealer, timeout)
-        return None if frames is None else envelope_from_request_frames(frames)
+        received = _recv(self._dealer, timeout)
+        if received is None:
+            return None
+        frames: list[Frame] = list(received) if self._side is None else self._side.restore(received)
+        return envelope_from_request_frames(frames)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._side is not None:
+            self._side.close()
         self._ctx.destroy(linger=0)
 
 

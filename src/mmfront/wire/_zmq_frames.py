@@ -12,6 +12,11 @@ out so that a stock vLLM 0.33 peer reads what it knows and ignores mmfront's ext
   mmfront reply rides after it as ``[*reply frames, tail]`` where the 9-byte tail says which
   reply and how many frames it has. vLLM's output decoder ignores both.
 
+Over ``ipc://`` an mmfront engine may open a side channel (:mod:`mmfront.engine._fd_channel`):
+large aux frames then travel in a sealed memfd passed on it, each left empty in the ZMQ message,
+and a marker frame after the stamp names the side message that holds them. Only engines that
+opened the channel get such messages; a stock vLLM engine never does.
+
 docs/wire.md ("ZMQ frames") gives the bytes.
 """
 
@@ -55,6 +60,15 @@ TAIL_MAGIC: Final = b"\xc1mmf"
 _TAIL = struct.Struct("<4scI")
 TAIL_SIZE: Final = _TAIL.size
 _REPLIES: Final = frozenset({ADMITTED, CACHE_MISS, MIRROR_RESET, ENGINE_HELLO})
+
+SIDE_MAGIC: Final = b"\xc1mfd"
+"""Starts the marker frame of a message whose large frames are in the side channel."""
+_MARKER = struct.Struct("<4sQ")
+_SIDE_HEADER = struct.Struct("<QI")
+_SIDE_ENTRY = struct.Struct("<IQ")
+MAX_SIDE_FRAMES: Final = 4096
+"""Most frames one side message may carry (it is one datagram)."""
+SIDE_MESSAGE_MAX: Final = _SIDE_HEADER.size + MAX_SIDE_FRAMES * _SIDE_ENTRY.size
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_utility = msgspec.msgpack.Decoder(tuple[int, int, str, list[msgspec.Raw]]).decode
@@ -105,6 +119,36 @@ def envelope_from_request_frames(frames: Sequence[Frame]) -> list[Frame]:
     raise DecodeError(f"Unknown utility call {method!r} with {len(args)} arguments.")
 
 
+def side_marker(token: int) -> bytes:
+    """The frame appended (after the stamp) to a request whose large frames went to the side channel."""
+    return _MARKER.pack(SIDE_MAGIC, token)
+
+
+def split_side_marker(frames: Sequence[Frame]) -> tuple[list[Frame], int | None]:
+    """``frames`` without a trailing side marker, and the marker's token (``None``: none)."""
+    last = frame_view(frames[-1], len(frames) - 1) if frames else memoryview(b"")
+    if last.nbytes != _MARKER.size or bytes(last[:4]) != SIDE_MAGIC:
+        return list(frames), None
+    return list(frames[:-1]), _MARKER.unpack(last)[1]
+
+
+def side_message(token: int, placed: Sequence[tuple[int, int]]) -> bytes:
+    """The side channel's datagram: the token, then (frame index, size) of each frame in its memfd."""
+    if len(placed) > MAX_SIDE_FRAMES:
+        raise DecodeError(f"A side message carries at most {MAX_SIDE_FRAMES} frames, not {len(placed)}.")
+    return _SIDE_HEADER.pack(token, len(placed)) + b"".join(_SIDE_ENTRY.pack(i, n) for i, n in placed)
+
+
+def parse_side_message(data: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """:func:`side_message` read back; :class:`~mmfront.errors.DecodeError` if malformed."""
+    if len(data) < _SIDE_HEADER.size:
+        raise DecodeError(f"A side message has at least {_SIDE_HEADER.size} bytes, got {len(data)}.")
+    token, count = _SIDE_HEADER.unpack_from(data)
+    if count > MAX_SIDE_FRAMES or len(data) != _SIDE_HEADER.size + count * _SIDE_ENTRY.size:
+        raise DecodeError(f"Malformed side message ({len(data)} bytes for {count} frames).")
+    return token, [_SIDE_ENTRY.unpack_from(data, _SIDE_HEADER.size + k * _SIDE_ENTRY.size) for k in range(count)]
+
+
 def _tail(kind: bytes, count: int) -> bytes:
     return _TAIL.pack(TAIL_MAGIC, kind, count)
 
@@ -150,13 +194,20 @@ def envelope_from_output_frames(frames: Sequence[Frame]) -> list[Frame]:
 __all__ = [
     "ABORT_TYPE",
     "ADD",
+    "MAX_SIDE_FRAMES",
     "MIRROR_ONLY_METHOD",
     "RESET_METHOD",
+    "SIDE_MAGIC",
+    "SIDE_MESSAGE_MAX",
     "TAIL_MAGIC",
     "TAIL_SIZE",
     "UTILITY",
     "envelope_from_output_frames",
     "envelope_from_request_frames",
     "output_frames",
+    "parse_side_message",
     "request_frames",
+    "side_marker",
+    "side_message",
+    "split_side_marker",
 ]

@@ -12,26 +12,22 @@ The frame keeps ``Connection``'s own message layout (a ``!i`` length, or ``-1`` 
 length), so either end may still be a plain ``send_bytes``.
 
 Between two processes of one machine on a Unix socket (the processing lanes), large frames can
-travel in a sealed memfd passed with the header instead (``share_from``/``accept_shared``): the
-sender writes them once into the kernel, and the receiver maps those pages, where a socket
-would have it zero-fill fresh memory and copy into it (~2.5 ms of its CPU per 4.8 MB). Their
-lengths carry :data:`_SHARED` in the header. The memory lives as long as the tensors viewing
-it; nothing is left behind when either process dies (the memfd has no name, and the sender
-closes it once sent).
+travel in a sealed memfd passed with the header instead (``share_from``/``accept_shared``,
+:mod:`mmfront.wire._memfd`): the receiver maps them where a socket would have it zero-fill fresh
+memory and copy into it (~2.5 ms of its CPU per 4.8 MB). Their lengths carry :data:`_SHARED` in
+the header. The memory lives as long as the tensors viewing it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import struct
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
-import torch
-
 from mmfront.errors import DecodeError, TransportError
+from mmfront.wire._memfd import map_sealed, write_sealed
 from mmfront.wire._tensors import Frame, frame_view
 
 MAX_FRAMES = 1 << 16
@@ -41,10 +37,6 @@ _DISCARD_CHUNK = 1 << 20
 """How much of a frame that does not match its header is read (and dropped) at a time."""
 _SHARED = 1 << 63
 """Set in a frame's announced length when the frame travels in the message's memfd."""
-_ALIGN = 64
-"""Alignment of each frame in the memfd, so any dtype can view it."""
-_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
-"""A sealed memfd cannot shrink under the receiver's mapping (which would SIGBUS it)."""
 
 
 def send_frames(conn: Connection, frames: Sequence[Frame], *, share_from: int | None = None) -> None:
@@ -100,25 +92,9 @@ def recv_frames(conn: Connection, timeout: float | None = None, *, accept_shared
         raise TransportError(f"The peer is gone ({e}).") from e
 
 
-def _offsets(sizes: Sequence[int]) -> tuple[list[int], int]:
-    """Where each shared frame starts in the memfd, and its total size."""
-    offsets, end = [], 0
-    for size in sizes:
-        offsets.append(end)
-        end += -(-size // _ALIGN) * _ALIGN
-    return offsets, end
-
-
 def _send_with_memfd(conn: Connection, header: bytes, views: Sequence[memoryview]) -> None:
-    offsets, total = _offsets([v.nbytes for v in views])
-    fd = os.memfd_create("mmfront-frames", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    fd = write_sealed(views)
     try:
-        os.ftruncate(fd, total)
-        for view, offset in zip(views, offsets):
-            while view.nbytes:
-                written = os.pwrite(fd, view, offset)
-                view, offset = view[written:], offset + written
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
         data = memoryview(struct.pack("!i", len(header)) + header)
         with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sent = socket.send_fds(sock, [data], [fd])
@@ -153,25 +129,11 @@ def _recv_header_and_fd(conn: Connection) -> tuple[bytes, int | None]:
 
 
 def _map_shared(fd: int | None, sizes: Sequence[int]) -> list[memoryview]:
-    """Writable views of the shared frames in the sealed memfd ``fd``.
-
-    torch maps it (``from_file`` on ``/proc/self/fd``) and closes its own descriptor, so a held
-    tensor does not hold a file descriptor; Python's ``mmap`` would keep one open per message."""
     if not sizes:
         return []
     if fd is None:
         raise DecodeError("A message announced shared frames but came without their memory.")
-    offsets, total = _offsets(sizes)
-    try:
-        sealed = fcntl.fcntl(fd, fcntl.F_GET_SEALS) & _SEALS == _SEALS
-    except OSError:
-        sealed = False
-    if not sealed or os.fstat(fd).st_size < total:
-        raise DecodeError(f"The memory of a message's shared frames is not a sealed memfd of {total} bytes.")
-    if total == 0:
-        return [memoryview(bytearray()) for _ in sizes]
-    whole = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=total, dtype=torch.uint8).numpy().data
-    return [whole[offset:offset + size] for offset, size in zip(offsets, sizes)]
+    return map_sealed(fd, sizes)
 
 
 def _recv_frame_into(fd: int, buf: bytearray) -> None:

@@ -1,0 +1,229 @@
+"""The side channel of the ZMQ transports over ``ipc://``: large frames in a sealed memfd.
+
+Over ``ipc://`` both ends are on one machine, yet ZMQ still pushes every byte through a Unix
+socket: a copy into the kernel on P0, a zero-filled buffer and a copy out of it on the engine,
+~95% of a 48 MB request's hop. Beside its ROUTER's socket file P0 listens on a second one
+(``<input socket>.fds``, SOCK_SEQPACKET, in the same private 0700 directory). An mmfront engine
+connects to it before its DEALER, sends its 2-byte identity, and from then on each request with
+aux frames of at least ``min_bytes`` travels as:
+
+1. on the side channel, one datagram (:func:`~mmfront.wire._zmq_frames.side_message`: a token and
+   the index and size of each large frame) carrying one sealed memfd that holds those frames;
+2. on ZMQ, the request's frames with those frames left empty, then a marker frame naming the token.
+
+The datagram is queued in the engine's socket before the ZMQ message leaves P0, so the engine
+finds it at once. Anything that goes wrong on P0's side (no channel for that engine, a full or
+broken channel) sends the request as plain frames instead; a stock vLLM engine never connects
+and only ever gets plain frames. A datagram whose ZMQ message was lost (an engine restart) is
+dropped by the engine when it reads past it. Descriptors in flight die with their socket.
+
+Thread-safety: as the transports': :class:`FdChannelListener` is used by P0's sending thread,
+:class:`FdChannelConnection` by the engine's receiving thread.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Final
+
+from mmfront.errors import DecodeError, TransportError
+from mmfront.wire._memfd import map_sealed, write_sealed
+from mmfront.wire._tensors import Frame, frame_view
+from mmfront.wire._zmq_frames import (
+    SIDE_MESSAGE_MAX,
+    parse_side_message,
+    side_marker,
+    side_message,
+    split_side_marker,
+)
+
+SUFFIX: Final = ".fds"
+"""The side channel's socket file is the ROUTER's ``ipc://`` path with this suffix."""
+_MAX_PENDING = 64
+"""Connections that have not sent their identity yet; older ones beyond this are closed."""
+_ARRIVAL_S = 0.5
+"""How long the engine waits for a datagram its message announced (it is queued before)."""
+
+
+def side_path(ipc_endpoint: str) -> str | None:
+    """The side channel's socket file for the ROUTER endpoint ``ipc_endpoint`` (``None`` for tcp)."""
+    if not ipc_endpoint.startswith("ipc://"):
+        return None
+    return ipc_endpoint[len("ipc://"):] + SUFFIX
+
+
+class FdChannelListener:
+    """P0's end: accepts engines' connections and moves large frames onto them."""
+
+    def __init__(self, path: str, min_bytes: int) -> None:
+        self.min_bytes = max(1, min_bytes)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._sock.bind(path)
+            self._sock.listen(_MAX_PENDING)
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            raise
+        self._pending: deque[socket.socket] = deque()
+        self._engines: dict[bytes, socket.socket] = {}
+        self._tokens = iter(range(1, 1 << 64))
+
+    def offload(self, identity: bytes, frames: Sequence[Frame]) -> list[Frame]:
+        """``frames`` (``[type, body, *aux, stamp]``) to send to ``identity``: with the large aux
+        frames in the side channel when that engine has one, as they are otherwise."""
+        views = {i: frame_view(frames[i], i) for i in range(2, len(frames) - 1)}
+        large = [i for i, view in views.items() if view.nbytes >= self.min_bytes]
+        if not large:
+            return list(frames)
+        self._accept()
+        conn = self._engines.get(identity)
+        if conn is None:
+            return list(frames)
+        token = next(self._tokens)
+        fd = write_sealed([views[i] for i in large])
+        try:
+            socket.send_fds(conn, [side_message(token, [(i, views[i].nbytes) for i in large])], [fd],
+                            socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return list(frames)  # the engine is behind on the channel: plain frames still work
+        except OSError:
+            del self._engines[identity]
+            conn.close()
+            return list(frames)
+        finally:
+            os.close(fd)
+        out = list(frames)
+        for i in large:
+            out[i] = b""
+        out.append(side_marker(token))
+        return out
+
+    def _accept(self) -> None:
+        """Take new connections, and the identity of those that sent it; a newer connection of an
+        identity (a restarted engine) replaces the older."""
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            conn.setblocking(False)
+            self._pending.append(conn)
+            if len(self._pending) > _MAX_PENDING:
+                self._pending.popleft().close()
+        waiting: deque[socket.socket] = deque()
+        for conn in self._pending:
+            try:
+                identity = conn.recv(16)
+            except BlockingIOError:
+                waiting.append(conn)
+                continue
+            except OSError:
+                conn.close()
+                continue
+            if len(identity) != 2:
+                conn.close()
+                continue
+            old = self._engines.pop(identity, None)
+            if old is not None:
+                old.close()
+            self._engines[identity] = conn
+        self._pending = waiting
+
+    def close(self) -> None:
+        for conn in [*self._pending, *self._engines.values()]:
+            conn.close()
+        self._pending.clear()
+        self._engines.clear()
+        self._sock.close()
+
+
+class FdChannelConnection:
+    """An engine's end: puts the frames a message left in the side channel back in place."""
+
+    def __init__(self, path: str, identity: bytes, max_frame_bytes: int = -1) -> None:
+        self._max_frame_bytes = max_frame_bytes
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._sock.setblocking(False)  # a backlog filled by others fails at once: plain frames
+            self._sock.connect(path)
+            self._sock.send(identity)
+            self._sock.setblocking(True)
+        except OSError:
+            self._sock.close()
+            raise
+        self._ahead: tuple[int, list[tuple[int, int]], int] | None = None
+        """A datagram read past the message being restored (whose own datagram was lost)."""
+
+    def restore(self, frames: Sequence[Frame]) -> list[Frame]:
+        """``frames`` as received, with a marker's frames back in place and the marker removed."""
+        frames, token = split_side_marker(frames)
+        if token is None:
+            return frames
+        while True:
+            got, placed, fd = self._next_datagram()
+            if got < token:
+                os.close(fd)  # its message never arrived
+                continue
+            if got > token:
+                self._ahead = (got, placed, fd)
+                raise DecodeError(f"The side channel holds no frames for message {token}; it was dropped.")
+            try:
+                return self._place(frames, placed, fd)
+            finally:
+                os.close(fd)
+
+    def _next_datagram(self) -> tuple[int, list[tuple[int, int]], int]:
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            return ahead
+        deadline = time.monotonic() + _ARRIVAL_S
+        while True:
+            if not select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise DecodeError("A message announced frames on the side channel that never came; it was dropped.")
+            try:
+                data, fds, flags, _ = socket.recv_fds(self._sock, SIDE_MESSAGE_MAX, 1)
+            except OSError as e:
+                raise TransportError(f"The side channel to P0 failed ({e}); reconnect the engine.") from e
+            if not data:
+                raise TransportError("P0 closed the side channel; reconnect the engine.")
+            if len(fds) != 1 or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                for fd in fds:
+                    os.close(fd)
+                continue  # not a datagram P0 sends: skip it
+            try:
+                token, placed = parse_side_message(data)
+            except DecodeError:
+                os.close(fds[0])
+                continue
+            return token, placed, fds[0]
+
+    def _place(self, frames: list[Frame], placed: list[tuple[int, int]], fd: int) -> list[Frame]:
+        indices = [i for i, _ in placed]
+        if len(set(indices)) != len(indices) or any(not 2 <= i < len(frames) - 1 for i in indices):
+            raise DecodeError(f"The side channel placed frames at {indices} in a {len(frames)}-frame message.")
+        if any(frame_view(frames[i], i).nbytes for i in indices):
+            raise DecodeError("A frame sent on the side channel was not left empty in its message.")
+        too_big = [n for _, n in placed if self._max_frame_bytes != -1 and n > self._max_frame_bytes]
+        if too_big:
+            raise DecodeError(f"A side-channel frame of {too_big[0]} bytes is above max_frame_bytes "
+                              f"({self._max_frame_bytes}); it was dropped.")
+        for i, view in zip(indices, map_sealed(fd, [n for _, n in placed])):
+            frames[i] = view
+        return frames
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            os.close(self._ahead[2])
+            self._ahead = None
+        self._sock.close()
+
+
+__all__ = ["SUFFIX", "FdChannelConnection", "FdChannelListener", "side_path"]
