@@ -27,6 +27,7 @@ from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput
 
 ECHO = Path(__file__).with_name("echo_engine.py")
+SIDE_FROM = 2048
 POOL = [image_data_url(make_image(20 + 3 * i, 16 + 2 * (i % 5), seed=i)) for i in range(24)]
 
 
@@ -90,7 +91,8 @@ def link_factory() -> Iterator[Any]:
     def make(model_dir: Path, scheme: str, cache: str, **engine: Any) -> tuple[AsyncEngineClient, Any]:
         config = MultiModalConfig(mm_processor_cache_gb=0.02, mm_processor_cache_type=cache)
         pre = InputPreprocessor(model_dir, config)
-        transport = ZmqFrontendTransport(scheme)  # type: ignore[arg-type]
+        # the tiny model's tensors are far below 1 MiB: a low threshold sends them over the side channel
+        transport = ZmqFrontendTransport(scheme, side_channel_min_bytes=SIDE_FROM)  # type: ignore[arg-type]
         shm_name = getattr(pre.cache, "shm_name", None)
         procs = [start_engine(transport, cache, shm_name=shm_name, capacity=config.mm_processor_cache_bytes,
                               **engine)]
@@ -145,6 +147,7 @@ def test_a_thousand_chat_requests_each_answered_once_with_the_right_tensors(
     assert client.stats.failures == 0 and client.stats.engine_restarts == 0
     if cache == "lru":
         assert client.client.processor.preprocessor.stats.hits > 0
+        assert (transport.side_channel_messages > 0) == (scheme == "ipc")
     ipc_dir = transport.addresses.input[len("ipc://"):] if scheme == "ipc" else None
     client.close_blocking()
     if ipc_dir:
@@ -178,6 +181,7 @@ def test_engine_killed_and_restarted_mid_run_loses_nothing(gemma3_dir: Path, lin
         assert isinstance(outputs, list), f"{request_id}: {outputs!r}"  # one output each: nothing half-done
         assert [o.new_token_ids for o in outputs] == [[expected(images)]], request_id
     assert client.stats.engine_restarts == 1
+    assert transport.side_channel_messages > 0
 
 
 def test_streaming_abort_and_the_blocking_facade(gemma3_dir: Path, link_factory: Any) -> None:

@@ -73,6 +73,8 @@ class FdChannelListener:
         self._pending: deque[socket.socket] = deque()
         self._engines: dict[bytes, socket.socket] = {}
         self._tokens = iter(range(1, 1 << 64))
+        self.messages = 0
+        """Messages whose large frames went on the side channel."""
 
     def offload(self, identity: bytes, frames: Sequence[Frame]) -> list[Frame]:
         """``frames`` (``[type, body, *aux, stamp]``) to send to ``identity``: with the large aux
@@ -102,6 +104,7 @@ class FdChannelListener:
         for i in large:
             out[i] = b""
         out.append(side_marker(token))
+        self.messages += 1
         return out
 
     def _accept(self) -> None:

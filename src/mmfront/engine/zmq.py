@@ -178,6 +178,11 @@ class ZmqFrontendTransport(BaseTransport):
                 seen.add(identity)
                 self.engines.add(int.from_bytes(identity, "little"))
 
+    @property
+    def side_channel_messages(self) -> int:
+        """Requests whose large frames went on the ``ipc`` side channel so far."""
+        return 0 if self._side is None else self._side.messages
+
     def send(self, frames: Sequence[Frame]) -> None:
         self.send_to(self.engine_index, frames)
 
