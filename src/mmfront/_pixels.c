@@ -1,4 +1,5 @@
-/* mmfront._pixels: pack a PIL image's 4-byte pixels into the bytes numpy's array of it holds.
+/* mmfront._pixels: pack a PIL image's 4-byte pixels into the bytes numpy's array of it holds;
+   and turn resized uint8 planes into normalized model-dtype planes through a table (lut_planes).
 
 Pillow stores an RGB pixel in 4 bytes (RGBX), while np.asarray(image) -- which vLLM hashes --
 holds 3. Pillow's own packer does the conversion holding the GIL, so it can neither overlap the
@@ -342,8 +343,93 @@ kernel(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return NULL;
 }
 
+/* One pass from planar uint8 pixels to planar values through a per-channel table: each plane
+   reads its own 256-entry table, so the loop is a plain gather the compiler unrolls. */
+#define LUT_PLANES(T)                                                                            \
+    do {                                                                                         \
+        const T *table = (const T *)lut;                                                         \
+        T *values = (T *)dst;                                                                    \
+        for (size_t c = 0; c < channels; c++) {                                                  \
+            const T *t = table + 256 * c;                                                        \
+            const uint8_t *in = src + c * n_pixels;                                              \
+            T *out = values + c * n_pixels;                                                      \
+            for (size_t i = 0; i < n_pixels; i++) {                                              \
+                out[i] = t[in[i]];                                                               \
+            }                                                                                    \
+        }                                                                                        \
+    } while (0)
+
+PyDoc_STRVAR(lut_planes_doc,
+"lut_planes(src, lut, dst, channels, /) -> None\n"
+"\n"
+"dst[c, i] = lut[c, src[c, i]]: planar uint8 pixels (src, channels x n bytes) to planar values\n"
+"(dst, channels x n items) through a table of 256 items per channel (lut, channels x 256 items\n"
+"of 2 or 4 bytes, copied bit for bit). All three are C-contiguous buffers; runs without the\n"
+"GIL. Raises TypeError or ValueError for buffers that do not fit.");
+
+static PyObject *
+lut_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "lut_planes() takes 4 positional arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t channels_arg;
+    if (index_arg(args[3], "channels", &channels_arg) < 0) {
+        return NULL;
+    }
+    if (channels_arg < 1 || channels_arg > 4) {
+        PyErr_Format(PyExc_ValueError, "channels must be 1 to 4, not %zd", channels_arg);
+        return NULL;
+    }
+    size_t channels = (size_t)channels_arg;
+    Py_buffer in, table, out;
+    if (PyObject_GetBuffer(args[0], &in, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &table, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&table);
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    size_t n_pixels = (size_t)in.len / channels;
+    size_t item = (size_t)table.len / (256 * channels);
+    if ((size_t)in.len % channels != 0) {
+        PyErr_Format(PyExc_ValueError, "src holds %zd bytes, not %zu planes of equal size", in.len, channels);
+    } else if ((item != 2 && item != 4) || (size_t)table.len != 256 * channels * item) {
+        PyErr_Format(PyExc_ValueError, "lut must hold 256 items of 2 or 4 bytes per channel, got %zd bytes",
+                     table.len);
+    } else if ((size_t)out.len != n_pixels * channels * item) {
+        PyErr_Format(PyExc_ValueError, "dst holds %zd bytes; %zu pixels of %zu channels need %zu", out.len,
+                     n_pixels, channels, n_pixels * channels * item);
+    } else {
+        const uint8_t *src = in.buf;
+        const void *lut = table.buf;
+        void *dst = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        if (item == 2) {
+            LUT_PLANES(uint16_t);
+        } else {
+            LUT_PLANES(uint32_t);
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&in);
+    return result;
+}
+
 static PyMethodDef pixels_methods[] = {
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, pack_doc},
+    {"lut_planes", (PyCFunction)(void (*)(void))lut_planes, METH_FASTCALL, lut_planes_doc},
     {"kernel", (PyCFunction)(void (*)(void))kernel, METH_FASTCALL, kernel_doc},
     {NULL, NULL, 0, NULL},
 };

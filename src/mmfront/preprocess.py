@@ -203,12 +203,13 @@ class InputPreprocessor:
     @cached_property
     def executor(self) -> ThreadPoolExecutor:
         """The threads the async entry points prepare requests on: one per core of the thread
-        budget but one, which the event loop keeps, plus one per processing lane (a thread whose
-        miss is on a lane waits, it does not compute). Preparation is CPU work; more threads only
-        queue for the GIL and delay the loop (16 concurrent misses: a 23 ms longest stall with
-        asyncio's default pool, 7 ms with this one, the same time to admission; ``mmfront bench
-        --only serving``)."""
-        workers = max(1, self.threads.budget - 1) + self.threads.lanes
+        budget, plus one per processing lane (a thread whose miss is on a lane waits, it does not
+        compute). Preparation is CPU work that mostly runs without the GIL (decoding, resizing,
+        the pixel tables); more threads than cores only queue for the GIL and delay the loop. On
+        2 cores, 16 concurrent misses (``mmfront bench --only serving``): 1 thread, a 6.7 ms
+        longest loop stall and 691 ms to admit them all; 2 threads, 5.5 ms and 306 ms; 3 threads,
+        11 ms and 311 ms."""
+        workers = self.threads.budget + self.threads.lanes
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmfront-prepare")
 
     def _prepare(

@@ -33,11 +33,17 @@ import torch.nn.functional as F
 from PIL import Image
 
 from mmfront.errors import ValidationError
+
+try:  # the optional C extension (built unless the install had no C compiler)
+    from mmfront._pixels import lut_planes as _lut_planes
+except ImportError:
+    _lut_planes = None
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.registry import register_processor
 from mmfront.parse import EmbeddingItems, MultiModalDataItems
 from mmfront.processing.hf import ProcessorKwargSpec, call_hf, resolve_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
+from mmfront.processing.threads import map_items
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptReplacement,
@@ -138,6 +144,46 @@ def _resized(hwc: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
     return chw[0]
 
 
+_TABLE_BITS = {2: torch.int16, 4: torch.int32}
+"""Integer views of 2- and 4-byte dtypes: the table's values are copied bit for bit."""
+
+
+def _normalization_table(settings: Mapping[str, Any], dtype: torch.dtype) -> torch.Tensor:
+    """Every value a uint8 pixel of each channel becomes: (3, 256) in ``dtype``, computed by
+    :func:`_normalize_` and the cast to the model dtype themselves, so looking a pixel up gives
+    the very bits the elementwise ops would."""
+    table = torch.arange(256, dtype=torch.float32).expand(3, 256).contiguous()
+    _normalize_(table.view(1, 3, 1, 256), settings)
+    return table.to(dtype)
+
+
+def _pixel_rows(regions: Sequence[torch.Tensor], out_hw: tuple[int, int], settings: Mapping[str, Any],
+                dtype: torch.dtype) -> torch.Tensor:
+    """``regions`` (uint8 HWC) resized, rescaled, normalized and cast to ``dtype``: (N, 3, H, W).
+
+    A uint8 channel has 256 values, so with the C extension each resized row goes through a
+    per-channel table in one pass, straight into the ``dtype`` output (~1 ms for an 896 px row,
+    against ~4 ms for converting, normalizing and casting it with torch), and the rows of one
+    request are resized and looked up in parallel (both run without the GIL). Without the
+    extension, torch does those steps, a row at a time."""
+    pixel_values = torch.empty((len(regions), 3, *out_hw), dtype=dtype)
+    bits = _TABLE_BITS.get(dtype.itemsize)
+    if _lut_planes is not None and bits is not None and dtype.is_floating_point:
+        table = _normalization_table(settings, dtype).view(bits).numpy()
+
+        def fill(row: int) -> None:
+            planes = _resized(regions[row], out_hw).contiguous()  # a resized row already is
+            _lut_planes(planes.numpy(), table, pixel_values[row].view(bits).numpy(), 3)
+
+        map_items(fill, range(len(regions)))
+        return pixel_values
+    staged = pixel_values if dtype == torch.float32 else torch.empty(pixel_values.shape, dtype=torch.float32)
+    for row, region in enumerate(regions):
+        staged[row].copy_(_resized(region, out_hw))
+    _normalize_(staged, settings)
+    return staged if staged is pixel_values else pixel_values.copy_(staged)
+
+
 def _normalize_(pixels: torch.Tensor, settings: Mapping[str, Any]) -> None:
     """Rescale and normalize in place, fused as HF's torchvision backend does."""
     rescale = float(settings.get("rescale_factor") or 1 / 255) if settings.get("do_rescale") else 1.0
@@ -209,7 +255,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
             views = [_to_hwc_uint8(image) for image in images]
             if all(v is not None for v in views):
                 return call_hf(self._native, what="Gemma3 image processing", data_desc=f"{len(images)} image(s)",
-                               views=views, settings=settings)
+                               views=views, settings=settings, dtype=self.info.model_dtype)
         out = call_hf(self.info.hf_processor.image_processor, what="Gemma3ImageProcessor",
                       data_desc=f"{len(images)} image(s)", images=images, return_tensors="pt",
                       **{k: v for k, v in settings.items() if v is not None})
@@ -227,7 +273,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         return rows // seq
 
     @staticmethod
-    def _native(views: Sequence[torch.Tensor], settings: Mapping[str, Any]) -> dict[str, Any]:
+    def _native(views: Sequence[torch.Tensor], settings: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
         out_hw = _target_size(settings)
         crops_per_image: list[list[torch.Tensor]] = []
         for hwc in views:
@@ -240,15 +286,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
                 regions += [hwc[r * crop_h:(r + 1) * crop_h, c * crop_w:(c + 1) * crop_w]
                             for r in range(crops_h) for c in range(crops_w)]
             crops_per_image.append(regions)
-        # One float32 buffer for every row: each resized uint8 row is converted straight into it,
-        # then the whole batch is normalized in place.
-        pixel_values = torch.empty((sum(map(len, crops_per_image)), 3, *out_hw), dtype=torch.float32)
-        row = 0
-        for regions in crops_per_image:
-            for region in regions:
-                pixel_values[row].copy_(_resized(region, out_hw))
-                row += 1
-        _normalize_(pixel_values, settings)
+        pixel_values = _pixel_rows([r for regions in crops_per_image for r in regions], out_hw, settings, dtype)
         crops = torch.tensor([len(regions) - 1 for regions in crops_per_image], dtype=torch.int64)
         return {"pixel_values": pixel_values, "num_patches": crops + 1, "num_crops": crops}
 

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from mmfront.config import MultiModalConfig
 from mmfront.parse import MediaWithBytes
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def available_cores() -> int:
@@ -72,20 +75,23 @@ def apply_thread_plan(plan: ThreadPlan) -> None:
             _decode_threads, _decode_pool = plan.decode_threads, None
 
 
-def decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
-    """Decode lazy items, in parallel when there are several (Pillow releases the GIL), on at
-    most the plan's decode threads."""
+def map_items(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
+    """``[fn(item) for item in items]``, in parallel on the decode pool when there are several:
+    for the per-item work of one request that runs without the GIL (Pillow's decoders, torch's
+    resize, the pixel tables), so a request's images use the cores even with one request in flight."""
     global _decode_pool
-    if len(items) == 1 or _decode_threads == 1:
-        for item in items:
-            _ = item.media
-        return
+    if len(items) <= 1 or _decode_threads == 1:
+        return [fn(item) for item in items]
     with _decode_lock:
         if _decode_pool is None:
             _decode_pool = ThreadPoolExecutor(max_workers=_decode_threads, thread_name_prefix="mmfront-decode")
         pool = _decode_pool
-    for _ in pool.map(lambda item: item.media, items):
-        pass
+    return list(pool.map(fn, items))
 
 
-__all__ = ["ThreadPlan", "apply_thread_plan", "available_cores", "decode_all"]
+def decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
+    """Decode lazy items, in parallel when there are several, on at most the plan's decode threads."""
+    map_items(lambda item: item.media, items)
+
+
+__all__ = ["ThreadPlan", "apply_thread_plan", "available_cores", "decode_all", "map_items"]
