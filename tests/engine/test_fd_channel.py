@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -89,51 +91,51 @@ def _in_memfd(view: memoryview) -> bool:
     return False
 
 
+@contextmanager
+def _stock_dealer(p0: ZmqFrontendTransport) -> Iterator[zmq.Socket]:
+    """Engine 0's DEALER alone, as vLLM's engine core connects it (no side channel)."""
+    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        dealer.setsockopt(zmq.IDENTITY, engine_identity(0))
+        dealer.connect(p0.addresses.input)
+        dealer.send(b"")
+        p0.wait_for_engines([0], TIMEOUT)
+        yield dealer
+    finally:
+        dealer.close(linger=0)
+
+
+def _recv_raw(dealer: zmq.Socket) -> list[bytes]:
+    assert dealer.poll(int(TIMEOUT * 1000))
+    return dealer.recv_multipart()
+
+
 def test_the_stamp_and_the_zmq_frames_with_the_channel() -> None:
     """What crosses ZMQ: the large frame left empty, the stamp, then the 12-byte marker."""
     with ZmqFrontendTransport() as p0:
         path = side_path(p0.addresses.input)
         assert path is not None
         side = FdChannelConnection(path, engine_identity(0))
-        dealer = zmq.Context.instance().socket(zmq.DEALER)
         try:
-            dealer.setsockopt(zmq.IDENTITY, engine_identity(0))
-            dealer.connect(p0.addresses.input)
-            dealer.send(b"")
-            p0.wait_for_engines([0], TIMEOUT)
-            stamp = MirrorStamp(1, 4, b"\x05" * 16)
-            _send(p0, "r", _pixels(BIG), stamp)
-            assert dealer.poll(int(TIMEOUT * 1000))
-            frames = dealer.recv_multipart()
-            assert [len(f) for f in frames[2:]] == [0, len(bytes(stamp_frame(stamp))), 12]
-            assert frames[-1][:4] == SIDE_MAGIC
+            with _stock_dealer(p0) as dealer:
+                stamp = MirrorStamp(1, 4, b"\x05" * 16)
+                _send(p0, "r", _pixels(BIG), stamp)
+                frames = _recv_raw(dealer)
+            stamp_bytes = bytes(encode_envelope(REQUEST, ENCODER.encode(None), stamp)[1])
+            assert [len(f) for f in frames[2:]] == [0, len(stamp_bytes), 12] and frames[-1][:4] == SIDE_MAGIC
             restored = side.restore(frames)
             assert memoryview(restored[2]).nbytes == torch.empty(BIG).nbytes
-            assert torch.equal(_pixels_of(DECODE(decode_envelope(
-                [REQUEST, restored[-1], restored[1], *restored[2:-1]]).message)), _pixels(BIG))
+            envelope = decode_envelope([REQUEST, restored[-1], restored[1], *restored[2:-1]])
+            assert envelope.stamp == stamp and torch.equal(_pixels_of(DECODE(envelope.message)), _pixels(BIG))
         finally:
-            dealer.close(linger=0)
             side.close()
-
-
-def stamp_frame(stamp: MirrorStamp) -> bytes:
-    return bytes(encode_envelope(REQUEST, ENCODER.encode(None), stamp)[1])
 
 
 def test_a_stock_engine_without_the_channel_gets_plain_frames() -> None:
     """A DEALER alone (vLLM's engine core) never sees a marker or an emptied frame."""
-    with ZmqFrontendTransport() as p0:
-        dealer = zmq.Context.instance().socket(zmq.DEALER)
-        try:
-            dealer.setsockopt(zmq.IDENTITY, engine_identity(0))
-            dealer.connect(p0.addresses.input)
-            dealer.send(b"")
-            p0.wait_for_engines([0], TIMEOUT)
-            _send(p0, "r", _pixels(BIG))
-            assert dealer.poll(int(TIMEOUT * 1000))
-            frames = dealer.recv_multipart()
-        finally:
-            dealer.close(linger=0)
+    with ZmqFrontendTransport() as p0, _stock_dealer(p0) as dealer:
+        _send(p0, "r", _pixels(BIG))
+        frames = _recv_raw(dealer)
     assert [len(f) for f in frames] == [1, len(frames[1]), torch.empty(BIG).nbytes, 0]
     assert torch.equal(_pixels_of(DECODE([bytearray(f) for f in frames[1:-1]])), _pixels(BIG))
 
@@ -236,7 +238,7 @@ class _FakeP0:
 
 
 @pytest.fixture
-def fake_p0(tmp_path: os.PathLike[str]) -> tuple[socket.socket, FdChannelConnection]:
+def fake_p0(tmp_path: os.PathLike[str]) -> Iterator[tuple[socket.socket, FdChannelConnection]]:
     path = os.path.join(tmp_path, "input.fds")
     fake = _FakeP0(path)
     engine = FdChannelConnection(path, engine_identity(0), max_frame_bytes=1 << 20)

@@ -8,12 +8,12 @@ fix these fetches ran for the whole trickle (seconds) or succeeded.
 from __future__ import annotations
 
 import socketserver
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from local_services import serve_http
 from mmfront.config import MultiModalConfig
 from mmfront.errors import MediaFetchError
 from mmfront.media import MediaConnector
@@ -62,24 +62,10 @@ class _TrickleHandler(socketserver.StreamRequestHandler):
             time.sleep(BYTE_EVERY)
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        return
-
-
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    server = _Server(("127.0.0.1", 0), _TrickleHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_TrickleHandler) as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,9 +6,6 @@ from __future__ import annotations
 import io
 import os
 import struct
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import IcnsImagePlugin, IcoImagePlugin, Image, ImageFile, WebPImagePlugin
 
+from local_services import measure_decode_peak
 from mmfront import MultiModalConfig, create_processor
 from mmfront.errors import ConfigError, MediaDecodeError, MediaFormatError, MediaTooLargeError
 from mmfront.media import DecodeBudget, load_image_bytes
@@ -222,23 +220,6 @@ def test_the_budget_refuses_before_anything_is_decoded(
     assert budget.used_bytes == 0
 
 
-_MEASURE = textwrap.dedent("""
-    import re, sys
-    import isal.isal_zlib  # loaded by the first PNG decode; a serving process has it already
-    from mmfront.config import MultiModalConfig
-    from mmfront.media import DecodeBudget, load_image_bytes
-
-    def kib(field):
-        return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
-
-    payload = open(sys.argv[1], "rb").read()
-    budget = DecodeBudget(1 << 34)
-    item = load_image_bytes(payload, config=MultiModalConfig(), budget=budget)
-    open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
-    before = kib("VmRSS")
-    item.media
-    print(budget.used_bytes, (kib("VmHWM") - before) * 1024)
-""")
 
 
 @pytest.fixture(scope="module")
@@ -261,9 +242,7 @@ def large_samples(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's resettable peak RSS")
 @pytest.mark.parametrize("name", ["palette-png", "webp", "progressive-jpeg"])
 def test_the_measured_decode_peak_stays_within_the_charge(large_samples: dict[str, Path], name: str) -> None:
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(large_samples[name])], capture_output=True, text=True,
-                         check=True, timeout=120)
-    charged, measured = map(int, out.stdout.split())
+    charged, measured = measure_decode_peak(large_samples[name])
     assert measured <= charged * 1.02, (charged, measured)
     assert measured >= charged * 0.7, (charged, measured)  # proportional: the charge is not a wild guess
 

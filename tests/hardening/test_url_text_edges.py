@@ -9,7 +9,6 @@ tokenized or hashed. Well-formed internationalized URLs are fetched in their ASC
 from __future__ import annotations
 
 import socketserver
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from local_services import serve_http
 from mmfront.config import MultiModalConfig
 from mmfront.errors import MediaFetchError, MediaTooLargeError, MMFrontError, ValidationError
 from mmfront.media import MediaConnector
@@ -46,21 +46,10 @@ class _RawHandler(socketserver.StreamRequestHandler):
             self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
-    server = _Server(("127.0.0.1", 0), _RawHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_RawHandler) as url:
+        yield url
 
 
 def _hex(header_values: list[bytes]) -> str:

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from media_samples import PNG_32, SLOW_SECONDS, WAV_1S
 
+from local_services import serve_http
 from mmfront.config import MultiModalConfig
 from mmfront.media import DecodeBudget
 
@@ -52,23 +52,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(404)
 
 
-class _QuietServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        return  # clients that time out on purpose leave broken pipes behind
-
-
 @pytest.fixture(scope="session")
 def http_base() -> Iterator[str]:
-    server = _QuietServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Handler) as base:
+        yield base
 
 
 @pytest.fixture

@@ -7,9 +7,6 @@ from __future__ import annotations
 import io
 import os
 import struct
-import subprocess
-import sys
-import textwrap
 import zlib
 from pathlib import Path
 from typing import IO, cast
@@ -20,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from local_services import measure_decode_peak
 from mmfront.config import MultiModalConfig
 from mmfront.errors import MediaDecodeError
 from mmfront.media import DecodeBudget, load_image_bytes
@@ -246,23 +244,6 @@ def test_corrupt_image_data_is_a_typed_decode_error() -> None:
 # --- memory -------------------------------------------------------------------------------------------
 
 
-_MEASURE = textwrap.dedent("""
-    import re, sys
-    import isal.isal_zlib  # loaded by the first PNG decode; a serving process has it already
-    from mmfront.config import MultiModalConfig
-    from mmfront.media import DecodeBudget, load_image_bytes
-
-    def kib(field):
-        return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
-
-    payload = open(sys.argv[1], "rb").read()
-    budget = DecodeBudget(1 << 34)
-    item = load_image_bytes(payload, config=MultiModalConfig(), budget=budget)
-    open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
-    before = kib("VmRSS")
-    item.media
-    print(budget.used_bytes, (kib("VmHWM") - before) * 1024)
-""")
 
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's resettable peak RSS")
@@ -270,8 +251,6 @@ def test_the_measured_peak_of_an_rgb_png_stays_within_its_charge(tmp_path: Path)
     path = tmp_path / "photo.png"
     natural_image(2400, 2000).save(path, format="PNG")
     assert _ReinflatedPng.of(path.read_bytes()) is not None
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, check=True,
-                         timeout=120)
-    charged, measured = map(int, out.stdout.split())
+    charged, measured = measure_decode_peak(path)
     assert charged == 2400 * 2000 * 4
     assert measured <= charged * 1.02, (charged, measured)

@@ -1,0 +1,62 @@
+"""What several test modules start inside a test: a loopback HTTP server, and a fresh interpreter
+that measures one image decode's peak memory."""
+
+from __future__ import annotations
+
+import socketserver
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class _QuietServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        return  # clients that time out or hang up on purpose leave broken pipes behind
+
+
+@contextmanager
+def serve_http(handler: type[socketserver.BaseRequestHandler]) -> Iterator[str]:
+    """``http://127.0.0.1:<port>`` served by ``handler`` on a thread until the block ends."""
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+_MEASURE = textwrap.dedent("""
+    import re, sys
+    import isal.isal_zlib  # loaded by the first PNG decode; a serving process has it already
+    from mmfront.config import MultiModalConfig
+    from mmfront.media import DecodeBudget, load_image_bytes
+
+    def kib(field):
+        return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+
+    payload = open(sys.argv[1], "rb").read()
+    budget = DecodeBudget(1 << 34)
+    item = load_image_bytes(payload, config=MultiModalConfig(), budget=budget)
+    open("/proc/self/clear_refs", "w").write("5")  # VmHWM := VmRSS
+    before = kib("VmRSS")
+    item.media
+    print(budget.used_bytes, (kib("VmHWM") - before) * 1024)
+""")
+
+
+def measure_decode_peak(path: Path) -> tuple[int, int]:
+    """Decoding the image file ``path`` in a fresh interpreter: the bytes the decode budget
+    charged for it, and the growth of the peak RSS the decode itself caused (Linux only)."""
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(path)], capture_output=True, text=True, check=True,
+                         timeout=120)
+    charged, measured = map(int, out.stdout.split())
+    return charged, measured
