@@ -108,3 +108,29 @@ def test_map_items_keeps_order_and_raises_the_first_error() -> None:
 
     with pytest.raises(ValueError, match="item 3"):
         map_items(boom, list(range(6)))
+
+
+@pytest.mark.parametrize("pan_and_scan", [False, True])
+def test_items_processed_one_call_each_equal_one_batched_call(gemma3_dir: Any, pan_and_scan: bool) -> None:
+    """In place, Gemma 3 (``lanes_per_item``) processes a request's items one call each, in
+    parallel: every item, its tensors and its flat slices, equals what one call over all of them
+    gives, and each item's tensors own their storage (no copy out of a shared batch)."""
+    from mmfront.models.registry import create_processor
+    from mmfront.testing.media import make_image
+
+    proc = create_processor(gemma3_dir)
+    assert proc.lanes_per_item
+    kwargs = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 16} if pan_and_scan else {}
+    images = [make_image(128, 32, seed=1), make_image(40, 30, seed=2), make_image(32, 96, seed=3)]
+    mm_items = proc.info.parse_mm_data({"image": images})
+    per_item, resolved = proc.process_subset(mm_items, kwargs)
+    batched = proc.process_hf_items(mm_items, kwargs)
+    assert per_item.get_count("image") == batched.get_count("image") == 3
+    for mine, theirs in zip(per_item["image"], batched["image"]):
+        assert mine is not None and theirs is not None
+        assert mine == theirs  # data and fields (flat slices included)
+        pixels = mine["pixel_values"].data
+        assert isinstance(pixels, torch.Tensor) and pixels.untyped_storage().nbytes() == pixels.nbytes
+    assert resolved == proc.resolve_prompt_updates(mm_items, kwargs, batched)
+    assert [int(i["num_patches"].data) for i in per_item["image"] if i is not None] == (
+        [5, 3, 4] if pan_and_scan else [1, 1, 1])

@@ -25,6 +25,7 @@ import math
 import warnings
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -53,6 +54,8 @@ from mmfront.processing.updates import (
 )
 
 _BILINEAR = 2
+_IMAGE_KWARGS_MEMO = 64
+"""Distinct request kwargs whose merged image settings are kept (then the memo starts over)."""
 
 
 class Gemma3ProcessingInfo(BaseProcessingInfo):
@@ -65,7 +68,29 @@ class Gemma3ProcessingInfo(BaseProcessingInfo):
 
     def image_kwargs(self, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """The image processor's settings for one request: its own config, the processor's
-        defaults (pan-and-scan), then the deployment's and the request's kwargs."""
+        defaults (pan-and-scan), then the deployment's and the request's kwargs.
+
+        Merged once per distinct set of kwargs (HF's ``_merge_kwargs`` costs ~0.35 ms, a few
+        percent of a request); a fresh dict each call, so a caller may change it."""
+        try:
+            key = tuple(sorted(hf_kwargs.items()))
+            hash(key)
+        except TypeError:  # an unhashable value: merge it each time
+            return self._merge_image_kwargs(hf_kwargs)
+        memo = self._image_kwargs_memo
+        settings = memo.get(key)
+        if settings is None:
+            settings = self._merge_image_kwargs(hf_kwargs)
+            if len(memo) >= _IMAGE_KWARGS_MEMO:
+                memo.clear()
+            memo[key] = settings
+        return {k: dict(v) if isinstance(v, dict) else v for k, v in settings.items()}
+
+    @cached_property
+    def _image_kwargs_memo(self) -> dict[tuple[tuple[str, Any], ...], dict[str, Any]]:
+        return {}
+
+    def _merge_image_kwargs(self, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         proc = self.hf_processor
         merged = proc._merge_kwargs(proc.valid_processor_kwargs, tokenizer_init_kwargs=self.tokenizer.init_kwargs,
                                     **hf_kwargs)["images_kwargs"]

@@ -50,7 +50,7 @@ from mmfront.processing.hf import (
     valid_hf_kwargs,
 )
 from mmfront.processing.lanes import BaseLaneExecutor, merge_item_results
-from mmfront.processing.threads import decode_all
+from mmfront.processing.threads import decode_all, map_items
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
@@ -481,9 +481,22 @@ class BaseMultiModalProcessor(ABC):
     def process_subset(
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
     ) -> tuple[MultiModalKwargsItems, dict[str, list[list[ResolvedPromptUpdate]]]]:
-        """HF-process ``mm_items``; per-item kwargs and resolved updates, indexed within ``mm_items``."""
-        kw_items = self.process_hf_items(mm_items, hf_kwargs)
+        """HF-process ``mm_items``; per-item kwargs and resolved updates, indexed within ``mm_items``.
+
+        With :attr:`lanes_per_item`, several items are processed one call each, in parallel on
+        the decode pool, and joined as the lanes' results are: each item's tensors then own their
+        storage, where slices of one batch would each be copied out of it."""
+        parts = self._item_parts(mm_items) if self.lanes_per_item else [mm_items]
+        if len(parts) > 1:
+            kw_items = merge_item_results(map_items(lambda part: self.process_hf_items(part, hf_kwargs), parts))
+        else:
+            kw_items = self.process_hf_items(mm_items, hf_kwargs)
         return kw_items, self.resolve_prompt_updates(mm_items, hf_kwargs, kw_items)
+
+    @staticmethod
+    def _item_parts(mm_items: MultiModalDataItems) -> list[MultiModalDataItems]:
+        """``mm_items`` as one subset per item, in modality order then item order."""
+        return [mm_items.subset({m: [j]}) for m, items in mm_items.items() for j in range(items.get_count())]
 
     def _process_on_lanes(
         self, subset: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
@@ -491,8 +504,7 @@ class BaseMultiModalProcessor(ABC):
         """``subset``'s kwargs items, HF-processed on the lanes (one job per item with
         :attr:`lanes_per_item`, else one for the call); ``None`` when an item cannot travel."""
         assert self.lanes is not None
-        parts = ([subset.subset({m: [j]}) for m, items in subset.items() for j in range(items.get_count())]
-                 if self.lanes_per_item else [subset])
+        parts = self._item_parts(subset) if self.lanes_per_item else [subset]
         jobs = [self.lanes.encode_job(part, hf_kwargs) for part in parts]
         if any(job is None for job in jobs):
             return None

@@ -61,6 +61,7 @@ class ThreadPlan:
 _decode_lock = threading.Lock()
 _decode_pool: ThreadPoolExecutor | None = None
 _decode_threads = available_cores()
+_on_pool = threading.local()
 
 
 def apply_thread_plan(plan: ThreadPlan) -> None:
@@ -78,15 +79,22 @@ def apply_thread_plan(plan: ThreadPlan) -> None:
 def map_items(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     """``[fn(item) for item in items]``, in parallel on the decode pool when there are several:
     for the per-item work of one request that runs without the GIL (Pillow's decoders, torch's
-    resize, the pixel tables), so a request's images use the cores even with one request in flight."""
+    resize, the pixel tables), so a request's images use the cores even with one request in flight.
+    Called from a pool thread (an item's work mapping its own parts), it runs in that thread: a
+    pool thread waiting on the pool could wait for ever."""
     global _decode_pool
-    if len(items) <= 1 or _decode_threads == 1:
+    if len(items) <= 1 or _decode_threads == 1 or getattr(_on_pool, "active", False):
         return [fn(item) for item in items]
     with _decode_lock:
         if _decode_pool is None:
-            _decode_pool = ThreadPoolExecutor(max_workers=_decode_threads, thread_name_prefix="mmfront-decode")
+            _decode_pool = ThreadPoolExecutor(max_workers=_decode_threads, thread_name_prefix="mmfront-decode",
+                                              initializer=_mark_pool_thread)
         pool = _decode_pool
     return list(pool.map(fn, items))
+
+
+def _mark_pool_thread() -> None:
+    _on_pool.active = True
 
 
 def decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
