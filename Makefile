@@ -50,6 +50,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q tests/test_architecture.py
 
 pytest: $(STAMP)
 	$(PY) -m pytest
