@@ -52,11 +52,11 @@ _FLOAT64 = struct.Struct("<d")
 
 _BLAKE3_THREADS_MIN_BYTES = 16 << 20
 """From this payload size on, blake3 hashes on all cores. Below it the gain is unreliable: on a
-quiet 2-vCPU VM a 2-3 MiB buffer hashes up to 2x faster, but as soon as the other core is busy
-(torch's thread pool, another request) it is slower than one core, so the latency of a cache hit
-would depend on the neighbours. Packing PIL pixels on a second thread does not pay either
-(measured with Pillow's packer, which holds the GIL, and with mmfront's C packer, which does not:
-handing strips between threads costs more than the packing it hides)."""
+quiet machine a few MiB hash faster on two cores, but as soon as the other core is busy (torch's
+thread pool, another request) it is slower than one core, so the latency of a cache hit would
+depend on the neighbours. Packing PIL pixels on a second thread does not pay either: handing
+strips between threads costs more than the packing it hides (docs/benchmarks.md, "Design
+measurements")."""
 
 _SMALL_CHUNK_BYTES = 4096
 """Chunks shorter than this are buffered before they reach the hasher (the digest is unchanged:
@@ -311,7 +311,7 @@ def _image_prefix(mode: str, typestr: str, shape: tuple[int, ...], field_count: 
     """An image's digest input up to its pixels, and the pixels' byte count.
 
     It depends only on the mode, the size and whether there is a palette, so it is built once
-    (framing it value by value costs ~15 µs, as much as hashing 80 KB)."""
+    (framing it value by value costs as much as hashing a small image's pixels)."""
     pieces: list[Chunk] = []
     writer = _Writer(pieces.append, gather=False)
     writer.framed(b"image")

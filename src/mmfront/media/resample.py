@@ -23,9 +23,11 @@ from mmfront.errors import MediaDecodeError, ValidationError
 from mmfront.media.budget import DecodeBudget
 
 MAX_UPSAMPLE = 1 << 16
-"""Largest ``target_sr / orig_sr``: 1 Hz to 16 kHz passes; soxr was still busy after 120 s at 1e6."""
+"""Largest ``target_sr / orig_sr``: 1 Hz to 16 kHz passes; far larger ratios keep soxr busy for
+minutes."""
 MAX_DOWNSAMPLE = 1 << 10
-"""Largest ``orig_sr / target_sr``: soxr spends ~70 ns per input sample up to 1024x, 2 us at 16000x."""
+"""Largest ``orig_sr / target_sr``: beyond it soxr's cost per input sample grows steeply
+(docs/benchmarks.md, "Design measurements")."""
 _QUALITY = "HQ"
 """librosa's default ``res_type`` (``soxr_hq``), which vLLM's resampler uses."""
 
