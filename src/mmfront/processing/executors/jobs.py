@@ -21,9 +21,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmfront import errors
 from mmfront.config import MultiModalConfig
-from mmfront.errors import EncodeError, LaneError, PromptUpdateError, ValidationError
+from mmfront.errors import EncodeError, LaneError, MMFrontError, PromptUpdateError, ValidationError
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.media.budget import DecodeBudget
 from mmfront.media.image import load_image_bytes
@@ -110,20 +109,31 @@ class LaneFailure(msgspec.Struct):
 
     @classmethod
     def of(cls, exc: BaseException) -> LaneFailure:
-        if isinstance(exc, errors.MMFrontError):
-            return cls(type(exc).__name__, str(exc), getattr(exc, "parameter", None))
+        if isinstance(exc, MMFrontError):
+            return cls(type(exc).__name__, str(exc), exc.parameter if isinstance(exc, ValidationError) else None)
         return cls("", f"{type(exc).__name__}: {exc}")
 
     def reraise(self) -> None:
         """Raise the error the lane raised, as the same mmfront type where it is one."""
-        cls = getattr(errors, self.kind, None) if self.kind else None
-        if isinstance(cls, type) and issubclass(cls, PromptUpdateError):
+        cls = _ERROR_TYPES.get(self.kind)
+        if cls is None or cls is MMFrontError:
+            raise LaneError(f"A processing lane failed: {self.message}")
+        if issubclass(cls, PromptUpdateError):
             raise cls(self.message, modality=self.parameter)
-        if isinstance(cls, type) and issubclass(cls, ValidationError):
+        if issubclass(cls, ValidationError):
             raise cls(self.message, parameter=self.parameter)
-        if isinstance(cls, type) and issubclass(cls, errors.MMFrontError) and cls is not errors.MMFrontError:
-            raise cls(self.message)
-        raise LaneError(f"A processing lane failed: {self.message}")
+        raise cls(self.message)
+
+
+def _error_types(root: type[MMFrontError]) -> dict[str, type[MMFrontError]]:
+    found = {root.__name__: root}
+    for sub in root.__subclasses__():
+        found.update(_error_types(sub))
+    return found
+
+
+_ERROR_TYPES = _error_types(MMFrontError)
+"""mmfront's errors by name (they all live in :mod:`mmfront.errors`, imported above)."""
 
 
 class LaneReply(msgspec.Struct):
