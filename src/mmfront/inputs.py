@@ -16,7 +16,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections import UserDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import accumulate, pairwise
 from typing import Any, Literal, TypedDict, Union
@@ -402,6 +402,21 @@ class MultiModalKwargsItems(UserDict[str, Sequence[MultiModalKwargsItem | None]]
             items_by_modality[modality] = items
         return MultiModalKwargsItems(items_by_modality)
 
+    @classmethod
+    def merge(cls, parts: Sequence[MultiModalKwargsItems]) -> MultiModalKwargsItems:
+        """The items of several HF calls, as one call over all of their items would have split
+        them: each flat field's slice moves past the rows of the items before it (item 1 of a call
+        holds ``slice(1, 2)``, not ``slice(0, 1)``), so items processed one call each are
+        byte-identical to items processed together."""
+        merged: dict[str, list[MultiModalKwargsItem | None]] = {}
+        offsets: dict[tuple[str, str], int] = {}
+        for part in parts:
+            for modality, items in part.items():
+                out = merged.setdefault(modality, [])
+                for item in items:
+                    out.append(None if item is None else _placed(item, modality, offsets))
+        return cls(merged)
+
     def __getitem__(self, modality: str) -> Sequence[MultiModalKwargsItem | None]:
         if modality not in self.data:
             raise ModalityNotFoundError(f"Modality {modality!r} not found. Available modalities: {set(self.data)}")
@@ -431,6 +446,28 @@ class MultiModalKwargsItems(UserDict[str, Sequence[MultiModalKwargsItem | None]]
             for _, batched in groups:
                 out.update(batched)
         return out
+
+
+def _placed(item: MultiModalKwargsItem, modality: str, offsets: dict[tuple[str, str], int]) -> MultiModalKwargsItem:
+    out = MultiModalKwargsItem()
+    for key, elem in item.items():
+        field = elem.field
+        if isinstance(field, MultiModalFlatField) and len(field.slices) == 1:
+            rows = len(elem.data) if field.dim == 0 and isinstance(elem.data, list) else \
+                int(elem.data.shape[field.dim]) if isinstance(elem.data, torch.Tensor) else None
+            if rows is not None:
+                offset = offsets.get((modality, key), 0)
+                offsets[(modality, key)] = offset + rows
+                field = replace(field, slices=[_shifted(field.slices[0], field.dim, offset)])  # type: ignore[arg-type]
+        out[key] = MultiModalFieldElem(elem.data, field)
+    return out
+
+
+def _shifted(where: slice | tuple[slice, ...], dim: int, offset: int) -> slice | tuple[slice, ...]:
+    if isinstance(where, slice):
+        return slice((where.start or 0) + offset, (where.stop or 0) + offset, where.step)
+    axis = where[dim]
+    return (*where[:dim], slice((axis.start or 0) + offset, (axis.stop or 0) + offset, axis.step), *where[dim + 1:])
 
 
 def _same_group(a: MultiModalKwargsItem, b: MultiModalKwargsItem) -> bool:

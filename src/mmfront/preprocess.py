@@ -43,8 +43,8 @@ from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
 from mmfront.processing.commit import commit_mm_inputs, is_committed
 from mmfront.processing.dummy import BaseDummyInputsBuilder
+from mmfront.processing.executors import InPlaceExecutor, ItemExecutor, executor_from_config
 from mmfront.processing.hf import unknown_hf_kwargs
-from mmfront.processing.lanes import lanes_for
 from mmfront.processing.processor import BaseMultiModalProcessor, MultiModalUUIDs
 from mmfront.processing.threads import ThreadPlan, apply_thread_plan
 from mmfront.timing import stage
@@ -149,13 +149,13 @@ class InputPreprocessor:
         self._request_counter = itertools.count()
         self.threads = ThreadPlan.from_config(self.config)
         apply_thread_plan(self.threads)
-        self.processor.lanes = lanes_for(self.processor, self.config, self.threads.lanes)
+        self.item_executor: ItemExecutor = executor_from_config(self.processor, self.config, self.threads.lanes)
+        """Where cache misses are HF-processed: the lanes ``mm_processing_lanes`` asks for, or in place."""
 
     def close(self) -> None:
         """Stop the processing lanes (idempotent); later misses are processed in place."""
-        lanes, self.processor.lanes = self.processor.lanes, None
-        if lanes is not None:
-            lanes.close()
+        executor, self.item_executor = self.item_executor, InPlaceExecutor()
+        executor.close()
 
     def __enter__(self) -> InputPreprocessor:
         return self
@@ -256,6 +256,7 @@ class InputPreprocessor:
         return self.processor.prepare(
             text, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=opts.hf_processor_mm_kwargs,
             media_io_kwargs=opts.media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
+            executor=self.item_executor,
         )
 
     def warmup(self) -> None:
@@ -267,7 +268,7 @@ class InputPreprocessor:
             return
         ids, data = BaseDummyInputsBuilder(self.processor).get_dummy_processor_inputs(
             counts, self.config.limit_mm_per_prompt)
-        self.processor.apply(ids, data, cache=self.tokenize_only_cache)
+        self.processor.apply(ids, data, cache=self.tokenize_only_cache, executor=self.item_executor)
         if self.tokenize_only_cache is not None:
             self.tokenize_only_cache.clear_cache()
 

@@ -112,14 +112,14 @@ def test_map_items_keeps_order_and_raises_the_first_error() -> None:
 
 @pytest.mark.parametrize("pan_and_scan", [False, True])
 def test_items_processed_one_call_each_equal_one_batched_call(gemma3_dir: Any, pan_and_scan: bool) -> None:
-    """In place, Gemma 3 (``lanes_per_item``) processes a request's items one call each, in
+    """In place, Gemma 3 (``items_are_independent``) processes a request's items one call each, in
     parallel: every item, its tensors and its flat slices, equals what one call over all of them
     gives, and each item's tensors own their storage (no copy out of a shared batch)."""
     from mmfront.models.registry import create_processor
     from mmfront.testing.media import make_image
 
     proc = create_processor(gemma3_dir)
-    assert proc.lanes_per_item
+    assert proc.items_are_independent
     kwargs = {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 16} if pan_and_scan else {}
     images = [make_image(128, 32, seed=1), make_image(40, 30, seed=2), make_image(32, 96, seed=3)]
     mm_items = proc.info.parse_mm_data({"image": images})

@@ -227,7 +227,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
 
     info: Gemma3ProcessingInfo
 
-    lanes_per_item: ClassVar[bool] = True  # each image is resized and normalized on its own
+    items_are_independent: ClassVar[bool] = True  # each image is resized and normalized on its own
 
     mm_kwarg_specs: ClassVar[Sequence[ProcessorKwargSpec]] = (
         ProcessorKwargSpec("do_pan_and_scan", bool),

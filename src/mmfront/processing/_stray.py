@@ -10,50 +10,34 @@ set intersection per stretch of prompt between ranges (C speed, no per-token Pyt
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from mmfront.errors import PromptUpdateError
 from mmfront.processing.updates import PlaceholderFeaturesInfo
 
-if TYPE_CHECKING:
-    from mmfront.processing.processor import BaseMultiModalProcessor
 
-_reserved_memo: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def reserved_token_ids(processor: BaseMultiModalProcessor) -> frozenset[int]:
-    """Ids of the processor's reserved multimodal tokens that are single tokens (memoized)."""
-    with _lock:
-        found = _reserved_memo.get(processor)
-    if found is not None:
-        return found
-    tokenizer = processor.info.tokenizer
+def single_token_ids(tokenizer: Any, tokens: Iterable[str]) -> frozenset[int]:
+    """Ids of those ``tokens`` that the tokenizer encodes as one token (a processor's reserved
+    multimodal tokens; a multi-token string cannot be told apart from ordinary text)."""
     ids = set()
-    for token in processor.get_mm_special_tokens():
+    for token in tokens:
         encoded = tokenizer.encode(token, add_special_tokens=False) if token else []
         if len(encoded) == 1:
             ids.add(int(encoded[0]))
-    found = frozenset(ids)
-    with _lock:
-        _reserved_memo[processor] = found
-    return found
+    return frozenset(ids)
 
 
 def refuse_stray_tokens(
-    processor: BaseMultiModalProcessor, prompt_ids: list[int],
-    placeholders: Mapping[str, Sequence[PlaceholderFeaturesInfo]],
+    prompt_ids: list[int], placeholders: Mapping[str, Sequence[PlaceholderFeaturesInfo]], reserved: frozenset[int],
+    tokenizer: Any,
 ) -> None:
-    """Raise :class:`PromptUpdateError` if a reserved token that an item's expansion uses occurs
-    outside every item's range (a placeholder or embedding token with no item).
+    """Raise :class:`PromptUpdateError` if a ``reserved`` token that an item's expansion uses
+    occurs outside every item's range (a placeholder or embedding token with no item).
 
     Only the gaps between ranges are scanned, once; a reserved token found there is looked up in
     the expansions (a model's wrapper tokens, such as Qwen2-Audio's ``<|audio_bos|>``, legitimately
     sit outside its ranges)."""
-    reserved = reserved_token_ids(processor)
     ranges = sorted((p.start_idx, p.start_idx + len(p.tokens)) for ps in placeholders.values() for p in ps)
     gaps = _gaps(ranges, len(prompt_ids))
     outside: set[int] = set().union(*(reserved.intersection(prompt_ids[a:b]) for a, b in gaps))
@@ -62,7 +46,7 @@ def refuse_stray_tokens(
         if modality is None:
             continue
         extra = sum(prompt_ids[a:b].count(token) for a, b in gaps)
-        text = processor.info.tokenizer.convert_ids_to_tokens(token)
+        text = tokenizer.convert_ids_to_tokens(token)
         count = len(placeholders[modality])
         raise PromptUpdateError(
             f"The prompt holds {extra} {text!r} that no {modality} item fills ({count} {modality} item(s) were "

@@ -36,10 +36,12 @@ from mmfront.inputs import (
     PlaceholderRange,
     mm_inputs,
 )
-from mmfront.parse import EmbeddingItems, MediaWithBytes, MultiModalDataItems, MultiModalDataParser
+from mmfront.parse import EmbeddingItems, MultiModalDataItems, MultiModalDataParser
 from mmfront.processing._matching import apply_prompt_updates
-from mmfront.processing._stray import refuse_stray_tokens
+from mmfront.processing._stray import refuse_stray_tokens, single_token_ids
 from mmfront.processing.commit import PendingCommit, commit_mm_inputs
+from mmfront.processing.executors.base import ItemExecutor, ItemJob
+from mmfront.processing.executors.inplace import InPlaceExecutor
 from mmfront.processing.hf import (
     ProcessorKwargSpec,
     cast_floating,
@@ -49,8 +51,6 @@ from mmfront.processing.hf import (
     resolve_model_dtype,
     valid_hf_kwargs,
 )
-from mmfront.processing.lanes import BaseLaneExecutor, merge_item_results
-from mmfront.processing.threads import decode_all, map_items
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
@@ -60,6 +60,8 @@ from mmfront.processing.updates import (
 from mmfront.timing import stage
 
 MultiModalUUIDs = Mapping[str, Sequence[str | None] | str | None]
+
+_IN_PLACE = InPlaceExecutor()
 
 _MAX_PROCESSOR_VARIANTS = 8
 """HF processors ``get_hf_processor(**kwargs)`` keeps per info: one per distinct kwargs, so a
@@ -235,16 +237,13 @@ class BaseMultiModalProcessor(ABC):
     takes is refused per request (the deployment's ``mm_processor_kwargs`` may still set it).
     ``None``: whatever the HF processor accepts, its failures wrapped in ``ProcessorError``."""
 
-    lanes_per_item: ClassVar[bool] = False
-    """On processing lanes, send each missing item to a lane of its own (a 3-image request uses 3
-    lanes). Only for processors whose per-item outputs do not depend on the other items of the
-    call (no padding to the batch's longest item); otherwise a call's items share one lane."""
+    items_are_independent: ClassVar[bool] = False
+    """An item's outputs do not depend on the other items of its HF call (no padding to the
+    batch's longest item), so executors process a call's items one call each, in parallel, and
+    merge them (a 3-image request then uses 3 lanes). Otherwise a call's items stay together."""
 
     def __init__(self, info: BaseProcessingInfo) -> None:
         self.info = info
-        self.lanes: BaseLaneExecutor | None = None
-        """Where cache misses are HF-processed (``None``: in place); set by ``InputPreprocessor``
-        from ``MultiModalConfig.mm_processing_lanes``."""
         if self.mm_kwarg_specs is not None and info.config.mm_processor_kwargs:
             refused = refuse_processor_kwargs(self.mm_kwarg_specs, info.config.mm_processor_kwargs, info.config,
                                               accepted=frozenset(), owner=type(self).__name__,
@@ -346,6 +345,7 @@ class BaseMultiModalProcessor(ABC):
         media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         cache: BaseMultiModalProcessorCache | None = None,
         add_special_tokens: bool = True,
+        executor: ItemExecutor | None = None,
     ) -> MultiModalInputs:
         """Process one prompt and its multimodal items, and commit them to ``cache`` (vLLM's
         ``apply``): :meth:`prepare` followed by :func:`~mmfront.processing.commit.commit_mm_inputs`.
@@ -353,11 +353,12 @@ class BaseMultiModalProcessor(ABC):
         ``prompt`` is a string (tokenized with ``add_special_tokens``) or token ids. ``mm_data``
         maps a modality to its items (PIL images, arrays, ``MediaWithBytes`` — lazily decoded ones
         stay undecoded on a cache hit — or ``None`` for an item named only by its UUID).
-        ``cache`` is a P0 processor cache; ``None`` processes every item.
+        ``cache`` is a P0 processor cache; ``None`` processes every item. ``executor`` runs the HF
+        processing of the cache misses (:mod:`mmfront.processing.executors`); ``None``: in place.
         """
         prepared = self.prepare(
             prompt, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=hf_processor_mm_kwargs,
-            media_io_kwargs=media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
+            media_io_kwargs=media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens, executor=executor,
         )
         return commit_mm_inputs(prepared, cache)
 
@@ -371,6 +372,7 @@ class BaseMultiModalProcessor(ABC):
         media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
         cache: BaseMultiModalProcessorCache | None = None,
         add_special_tokens: bool = True,
+        executor: ItemExecutor | None = None,
     ) -> MultiModalInputs:
         """Everything :meth:`apply` does except the commit: ``cache`` is only read, so requests
         can be prepared concurrently, and one that is never committed leaves no trace in it. The
@@ -421,7 +423,8 @@ class BaseMultiModalProcessor(ABC):
         new_items: dict[str, MultiModalKwargsItem] = {}
         if missing:
             with stage("hf"):
-                new_items = self._process_items(mm_items, missing, hashes, request_kwargs, updates_by_hash)
+                new_items = self._process_items(mm_items, missing, hashes, request_kwargs, updates_by_hash,
+                                                executor=executor)
 
         # 3. Splice the prompt with every item's updates.
         with stage("updates"):
@@ -430,7 +433,7 @@ class BaseMultiModalProcessor(ABC):
             }
             new_ids, placeholders = self._apply_prompt_updates(prompt_ids, mm_prompt_updates)
             self._validate_placeholders(placeholders, counts)
-            refuse_stray_tokens(self, new_ids, placeholders)
+            refuse_stray_tokens(new_ids, placeholders, self._reserved_token_ids, self.info.tokenizer)
 
         order = sorted((p.start_idx, m, p.item_idx) for m, ps in placeholders.items() for p in ps)
         kwargs: dict[str, list[MultiModalKwargsItem | None]] = {
@@ -438,7 +441,8 @@ class BaseMultiModalProcessor(ABC):
         }
 
         def reprocess(modality: str, index: int) -> MultiModalKwargsItem:
-            return self._process_items(mm_items, {modality: [index]}, hashes, request_kwargs, {})[hashes[modality][index]]
+            return self._process_items(mm_items, {modality: [index]}, hashes, request_kwargs, {}, executor=executor)[
+                hashes[modality][index]]
 
         mm_placeholders = {m: [p.to_range() for p in sorted(ps, key=lambda p: p.item_idx)]
                            for m, ps in placeholders.items()}
@@ -450,24 +454,13 @@ class BaseMultiModalProcessor(ABC):
 
     def _process_items(
         self, mm_items: MultiModalDataItems, selection: Mapping[str, Sequence[int]], hashes: Mapping[str, list[str]],
-        request_kwargs: Mapping[str, Any], updates_by_hash: dict[str, PromptUpdates],
+        request_kwargs: Mapping[str, Any], updates_by_hash: dict[str, PromptUpdates], *, executor: ItemExecutor | None,
     ) -> dict[str, MultiModalKwargsItem]:
-        """Process the selected items in one HF call; record their updates; return items by hash.
+        """Process the selected items in one job; record their updates; return items by hash.
 
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
         hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, request_kwargs)
-        subset = mm_items.subset(selection)
-        kw_on_lanes = self._process_on_lanes(subset, hf_kwargs) if self.lanes is not None else None
-        if kw_on_lanes is not None:
-            kw_items, resolved = kw_on_lanes, self.resolve_prompt_updates(subset, hf_kwargs, kw_on_lanes)
-        else:
-            lazy = [
-                raw for items in subset.values() for raw in items.get_all_items_for_hash()
-                if isinstance(raw, MediaWithBytes) and not raw.is_decoded
-            ]
-            if lazy:
-                decode_all(lazy)
-            kw_items, resolved = self.process_subset(subset, hf_kwargs)
+        kw_items, resolved = self.process_subset(mm_items.subset(selection), hf_kwargs, executor)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():
             for j, idx in enumerate(idxs):
@@ -479,41 +472,15 @@ class BaseMultiModalProcessor(ABC):
         return out
 
     def process_subset(
-        self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
+        self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], executor: ItemExecutor | None = None,
     ) -> tuple[MultiModalKwargsItems, dict[str, list[list[ResolvedPromptUpdate]]]]:
-        """HF-process ``mm_items``; per-item kwargs and resolved updates, indexed within ``mm_items``.
-
-        With :attr:`lanes_per_item`, several items are processed one call each, in parallel on
-        the decode pool, and joined as the lanes' results are: each item's tensors then own their
-        storage, where slices of one batch would each be copied out of it."""
-        parts = self._item_parts(mm_items) if self.lanes_per_item else [mm_items]
-        if len(parts) > 1:
-            kw_items = merge_item_results(map_items(lambda part: self.process_hf_items(part, hf_kwargs), parts))
-        else:
-            kw_items = self.process_hf_items(mm_items, hf_kwargs)
+        """HF-process ``mm_items`` on ``executor`` (``None``: in place); per-item kwargs and
+        resolved updates, indexed within ``mm_items``."""
+        kw_items = (executor or _IN_PLACE).run(ItemJob(mm_items, hf_kwargs), self)
         return kw_items, self.resolve_prompt_updates(mm_items, hf_kwargs, kw_items)
 
-    @staticmethod
-    def _item_parts(mm_items: MultiModalDataItems) -> list[MultiModalDataItems]:
-        """``mm_items`` as one subset per item, in modality order then item order."""
-        return [mm_items.subset({m: [j]}) for m, items in mm_items.items() for j in range(items.get_count())]
-
-    def _process_on_lanes(
-        self, subset: MultiModalDataItems, hf_kwargs: Mapping[str, Any],
-    ) -> MultiModalKwargsItems | None:
-        """``subset``'s kwargs items, HF-processed on the lanes (one job per item with
-        :attr:`lanes_per_item`, else one for the call); ``None`` when an item cannot travel."""
-        assert self.lanes is not None
-        parts = self._item_parts(subset) if self.lanes_per_item else [subset]
-        jobs = [self.lanes.encode_job(part, hf_kwargs) for part in parts]
-        if any(job is None for job in jobs):
-            return None
-        futures = [self.lanes.submit_job(job) for job in jobs if job is not None]
-        results = [future.result() for future in futures]
-        return merge_item_results(results) if self.lanes_per_item else results[0]
-
     def process_hf_items(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> MultiModalKwargsItems:
-        """The HF call and its split into per-item kwargs (what a processing lane runs)."""
+        """The HF call and its split into per-item kwargs (what an item executor runs)."""
         hf_out = self._call_hf_processor(mm_items, hf_kwargs)
         for items in mm_items.values():
             hf_out.update(items.get_passthrough_data())
@@ -545,6 +512,11 @@ class BaseMultiModalProcessor(ABC):
                 )
             resolved[modality] = [[u.resolve(i) for u in own] for i in range(count)]
         return resolved
+
+    @cached_property
+    def _reserved_token_ids(self) -> frozenset[int]:
+        """The reserved multimodal tokens that are single tokens (no item may leave one behind)."""
+        return single_token_ids(self.info.tokenizer, self.get_mm_special_tokens())
 
     def _check_prompt_chars(self, prompt: str) -> None:
         limit = self.info.max_prompt_chars

@@ -1,0 +1,141 @@
+"""Local process lanes: misses HF-processed in worker processes give the same inputs, byte for
+byte, as processing in place; a dead lane fails its item with a typed error and restarts; closing
+leaves no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from lane_inputs import items, png, prompt, wire
+
+from mmfront import MultiModalConfig
+from mmfront.errors import LaneError, MediaDecodeError
+from mmfront.media import DecodeBudget
+from mmfront.models.registry import create_processor
+from mmfront.preprocess import InputPreprocessor
+from mmfront.processing.executors import InPlaceExecutor, ItemJob, LaneSpec, LocalProcessExecutor
+from mmfront.testing.media import natural_image
+
+
+@pytest.mark.parametrize("kind", ["pil", "png"])
+@pytest.mark.parametrize("tags", [[1], [1, 2], [1, 2, 3], [4, 5, 4]], ids=["1", "2", "3", "repeated"])
+def test_lanes_give_the_same_inputs_as_in_place(
+    in_place: InputPreprocessor, on_lanes: InputPreprocessor, kind: str, tags: list[int],
+) -> None:
+    ids = prompt(in_place, len(tags))
+    want = in_place.preprocess(ids, {"image": items(kind, tags, in_place.connector)})
+    got = on_lanes.preprocess(ids, {"image": items(kind, tags, on_lanes.connector)})
+    assert wire(got) == wire(want)
+    assert got["mm_hashes"]["image"][0] == want["mm_hashes"]["image"][0]
+
+
+def test_each_unique_item_of_a_request_is_its_own_job(on_lanes: InputPreprocessor, monkeypatch: pytest.MonkeyPatch) -> None:
+    lanes = on_lanes.item_executor
+    assert isinstance(lanes, LocalProcessExecutor)
+    jobs: list[int] = []
+    submit = lanes.submit_job
+    monkeypatch.setattr(lanes, "submit_job", lambda frames: jobs.append(1) or submit(frames))
+    on_lanes.preprocess(prompt(on_lanes, 3), {"image": [natural_image(48, 40, tag=t) for t in (7, 8, 7)]})
+    assert len(jobs) == 2  # the repeated image is processed once
+    monkeypatch.setattr(on_lanes.processor, "items_are_independent", False)
+    on_lanes.preprocess(prompt(on_lanes, 3), {"image": [natural_image(48, 40, tag=t) for t in (9, 10, 11)]})
+    assert len(jobs) == 3  # one job for the whole call
+
+
+def test_an_item_failing_on_a_lane_raises_what_in_place_raises(
+    in_place: InputPreprocessor, on_lanes: InputPreprocessor,
+) -> None:
+    truncated = png(natural_image(48, 40, tag=12))[:-200]  # the header reads, the decode fails
+    errors = []
+    for pre in (in_place, on_lanes):
+        with pytest.raises(MediaDecodeError) as info:
+            pre.preprocess(prompt(pre, 1), {"image": [pre.connector.load_image(truncated, budget=DecodeBudget(1 << 30))]})
+        errors.append((type(info.value), info.value.parameter, str(info.value)))
+    assert errors[0] == errors[1]
+    assert errors[1][1] == "multi_modal_data"
+
+
+def _wait_dead(pid: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still runs")
+
+
+def _wait_started(lanes: LocalProcessExecutor) -> list[int]:
+    deadline = time.monotonic() + 240
+    while None in lanes.pids():
+        assert time.monotonic() < deadline, "the lanes did not start"
+        time.sleep(0.1)
+    return [pid for pid in lanes.pids() if pid is not None]
+
+
+def test_a_killed_lane_fails_its_item_with_lane_error_and_restarts(gemma3_dir: Path, in_place: InputPreprocessor) -> None:
+    with InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processing_lanes=1, mm_processor_cache_gb=0)) as pre:
+        lanes = pre.item_executor
+        assert isinstance(lanes, LocalProcessExecutor)
+        (pid,) = _wait_started(lanes)
+        os.kill(pid, signal.SIGKILL)
+        ids = prompt(pre, 1)
+        with pytest.raises(LaneError, match=r"exited with code -9 while it held an item") as info:
+            pre.preprocess(ids, {"image": [natural_image(48, 40, tag=13)]})
+        assert info.value.retryable is True
+        got = pre.preprocess(ids, {"image": [natural_image(48, 40, tag=13)]})
+        assert wire(got) == wire(in_place.preprocess(ids, {"image": [natural_image(48, 40, tag=13)]}))
+        (new_pid,) = lanes.pids()
+        assert new_pid not in (None, pid)
+
+
+def test_closing_leaves_no_process_and_later_misses_run_in_place(gemma3_dir: Path, in_place: InputPreprocessor) -> None:
+    pre = InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processing_lanes=2, mm_processor_cache_gb=0))
+    lanes = pre.item_executor
+    assert isinstance(lanes, LocalProcessExecutor)
+    pids = _wait_started(lanes)
+    pre.close()
+    pre.close()  # idempotent
+    for pid in pids:
+        _wait_dead(pid)
+    assert lanes.pids() == [None, None]
+    with pytest.raises(LaneError, match="closed"):
+        lanes.submit_job([b""])
+    assert isinstance(pre.item_executor, InPlaceExecutor)
+    ids = prompt(pre, 1)
+    got = pre.preprocess(ids, {"image": [natural_image(48, 40, tag=14)]})
+    assert wire(got) == wire(in_place.preprocess(ids, {"image": [natural_image(48, 40, tag=14)]}))
+
+
+def test_a_lane_that_cannot_build_the_processor_fails_its_items(gemma3_dir: Path) -> None:
+    spec = LaneSpec.of(create_processor(gemma3_dir))
+    assert spec is not None
+    broken = msgspec.structs.replace(spec, model_dir=str(gemma3_dir / "missing"))
+    with LocalProcessExecutor(broken, 1) as lanes:
+        job = ItemJob(create_processor(gemma3_dir).info.parse_mm_data({"image": natural_image(8, 8)}), {})
+        frames = lanes.encode_job(job)
+        assert frames is not None
+        with pytest.raises(LaneError, match="could not build the processor"):
+            lanes.submit_job(frames).result(timeout=240)
+
+
+def test_a_script_without_a_main_guard_runs_once(gemma3_dir: Path, tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "from mmfront import MultiModalConfig\n"
+        "from mmfront.preprocess import InputPreprocessor\n"
+        "from mmfront.testing.media import natural_image\n"
+        f"pre = InputPreprocessor({str(gemma3_dir)!r}, MultiModalConfig(mm_processing_lanes=1))\n"
+        "ids = pre.tokenizer.encode(pre.processor.get_placeholder_str('image', 0))\n"
+        "print('items', len(pre.preprocess(ids, {'image': [natural_image(48, 40)]})['mm_kwargs']['image']))\n"
+        "pre.close()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280, check=False)
+    assert (done.returncode, done.stdout) == (0, "items 1\n"), done.stderr[-2000:]
