@@ -1,9 +1,10 @@
 """Tiny, fully offline instances of real HuggingFace multimodal processors.
 
-Real processor classes (``Gemma3Processor``, ``Idefics3Processor``, ``Emu3Processor``,
-``Qwen2AudioProcessor``, ``GlmAsrProcessor``) with small image/audio sizes and a locally built,
-deterministic byte-level BPE tokenizer, so tests exercise the exact code paths users hit without
-any model hub. Ported from ``shared/reference/tiny_processors.py``.
+Real processor classes of the models the transformers backend serves (``Idefics3Processor``,
+``Emu3Processor``, ``Qwen2AudioProcessor``, ``GlmAsrProcessor``) with small image/audio sizes and a
+locally built, deterministic byte-level BPE tokenizer, so tests exercise the exact code paths users
+hit without any model hub. A model with a native processor declares its builders in its own module
+(``mmfront.models.gemma3.make_gemma3_processor``). Ported from ``shared/reference/tiny_processors.py``.
 
 Offsets (``text_replacement_offsets``): Gemma3/Emu3 report them from transformers 5.15.0,
 Qwen2-Audio from 5.16.0, Idefics3 and GlmAsr already in 5.14.1 (there only via ``text_kwargs``,
@@ -12,8 +13,7 @@ see :func:`offsets_kwargs`).
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import transformers
@@ -21,7 +21,6 @@ from packaging.version import Version
 from transformers import (
     Emu3ImageProcessor,
     Emu3Processor,
-    Gemma3Processor,
     GlmAsrProcessor,
     Idefics3Processor,
     PreTrainedTokenizerFast,
@@ -30,29 +29,21 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from mmfront.testing.bpe import BPEModel, gemma3_real_bpe, make_tokenizer
+from mmfront.fixtures.bpe import make_tokenizer
+from mmfront.fixtures.processors import ImageBackend, image_processor_class
 from mmfront.testing.media import make_audio, make_image
 
 __all__ = [
     "EMU3_CHAT_TEMPLATE",
-    "GEMMA3_CHAT_TEMPLATE",
-    "GEMMA3_EXTRA_SPECIAL_TOKENS",
-    "GEMMA3_PREPROCESSOR",
-    "GEMMA3_SPECIAL_TOKENS",
     "GLMASR_CHAT_TEMPLATE",
     "HAS_OFFSETS_API",
     "IDEFICS3_CHAT_TEMPLATE",
     "IDEFICS3_ROW_COL_TOKENS",
     "TF_VERSION",
-    "ImageBackend",
     "expand_text",
-    "image_processor_class",
     "make_audio",
     "make_emu3_processor",
     "make_emu3_tokenizer",
-    "make_gemma3_896_processor",
-    "make_gemma3_processor",
-    "make_gemma3_tokenizer",
     "make_glmasr_processor",
     "make_glmasr_tokenizer",
     "make_idefics3_processor",
@@ -74,134 +65,6 @@ TF_VERSION = Version(transformers.__version__)
 #: transformers >= 5.15: Gemma3/Emu3 (and Qwen2-Audio from 5.16) go through the replacement hooks,
 #: and ``return_text_replacement_offsets`` is a declared kwarg (flat kwarg works)
 HAS_OFFSETS_API = Version("5.15.0") <= TF_VERSION
-
-ImageBackend = Literal["pil", "torchvision", "auto"]
-
-# --------------------------------------------------------------------------------------
-# Image processor classes
-# --------------------------------------------------------------------------------------
-
-def _torchvision_available() -> bool:
-    try:
-        import torchvision  # noqa: F401
-    except (ImportError, OSError, RuntimeError):  # a CUDA-only build fails to load on CPU torch
-        return False
-    return True
-
-
-def image_processor_class(module: str, name: str, backend: ImageBackend = "pil") -> type[Any]:
-    """The image processor class ``name`` of ``transformers.models.<module>`` for ``backend``.
-
-    "pil" (the default) needs no torchvision, which PyPI only ships for CUDA torch; "auto" takes
-    torchvision when it imports. The submodule is imported directly because transformers' lazy
-    attribute can be a torchvision placeholder even for the PIL class (5.14.1 Idefics3).
-    """
-    if backend == "auto":
-        backend = "torchvision" if _torchvision_available() else "pil"
-    if backend == "pil":
-        mod = importlib.import_module(f"transformers.models.{module}.image_processing_pil_{module}")
-        return getattr(mod, f"{name}Pil")
-    mod = importlib.import_module(f"transformers.models.{module}.image_processing_{module}")
-    return getattr(mod, name)
-
-
-# --------------------------------------------------------------------------------------
-# Gemma3
-# --------------------------------------------------------------------------------------
-
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "<start_of_turn>{{ role }}\n"
-    "{% if message['content'] is string %}{{ message['content'] | trim }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}<start_of_image>"
-    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "<end_of_turn>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
-
-#: special tokens of every Gemma3 tokenizer here, and the attributes they back
-GEMMA3_SPECIAL_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>")
-GEMMA3_EXTRA_SPECIAL_TOKENS = {
-    "image_token": "<image_soft_token>",
-    "boi_token": "<start_of_image>",
-    "eoi_token": "<end_of_image>",
-}
-
-
-def make_gemma3_tokenizer(bpe: BPEModel | None = None) -> PreTrainedTokenizerFast:
-    """Gemma-style tokenizer: prepends ``<bos>``, and runs of 2, 3 and 4 newlines are single
-    tokens. ``bpe`` swaps in another vocabulary (the real-id one of the ``gemma3-896`` fixture)."""
-    return make_tokenizer(
-        list(GEMMA3_SPECIAL_TOKENS),
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        extra_special_tokens=GEMMA3_EXTRA_SPECIAL_TOKENS,
-        add_bos=True,
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        gemma_newlines=True,
-        bpe=bpe,
-    )
-
-
-def make_gemma3_processor(
-    image_size: int = 32,
-    image_seq_length: int = 16,
-    backend: ImageBackend = "pil",
-    *,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-    image_processor_kwargs: dict[str, Any] | None = None,
-) -> Gemma3Processor:
-    """Gemma3Processor: real values are 896x896 images and image_seq_length=256.
-
-    The text placeholder is ``<start_of_image>`` (boi); each image expands to
-    ``"\\n\\n<start_of_image>" + "<image_soft_token>" * image_seq_length + "<end_of_image>\\n\\n"``.
-    Pan-and-scan crops are enabled per call with ``do_pan_and_scan=True`` (and, for
-    tiny images, a small ``pan_and_scan_min_crop_size``).
-    """
-    cls = image_processor_class("gemma3", "Gemma3ImageProcessor", backend)
-    image_processor = cls(size={"height": image_size, "width": image_size}, **(image_processor_kwargs or {}))
-    return Gemma3Processor(
-        image_processor=image_processor,
-        tokenizer=tokenizer or make_gemma3_tokenizer(),
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        image_seq_length=image_seq_length,
-    )
-
-
-#: Gemma 3's real ``preprocessor_config.json`` values (``size`` aside, which is the builder's).
-GEMMA3_PREPROCESSOR: dict[str, Any] = {
-    "do_convert_rgb": True,
-    "do_resize": True,
-    "resample": 2,
-    "do_rescale": True,
-    "rescale_factor": 1 / 255,
-    "do_normalize": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "do_pan_and_scan": False,
-    "pan_and_scan_min_crop_size": 256,
-    "pan_and_scan_max_num_crops": 4,
-    "pan_and_scan_min_ratio_to_activate": 1.2,
-}
-
-
-def make_gemma3_896_processor(image_size: int = 896, image_seq_length: int = 256) -> Gemma3Processor:
-    """Gemma3Processor at Gemma 3's real sizes, preprocessor values and token ids (vocabulary of
-    262145 from :func:`~mmfront.testing.bpe.gemma3_real_bpe`): the benchmarks' and demo's model."""
-    return make_gemma3_processor(
-        image_size,
-        image_seq_length,
-        tokenizer=make_gemma3_tokenizer(gemma3_real_bpe()),
-        image_processor_kwargs=GEMMA3_PREPROCESSOR,
-    )
-
 
 # --------------------------------------------------------------------------------------
 # Idefics3 (SmolVLM-style tokens and template)

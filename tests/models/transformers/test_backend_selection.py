@@ -17,6 +17,8 @@ from transformers import Idefics2Processor, MllamaProcessor, WhisperProcessor
 
 from mmfront import MultiModalConfig
 from mmfront.errors import InputTypeError, MissingOffsetsError, UnsupportedModelError, ValidationError
+from mmfront.fixtures.bpe import make_tokenizer
+from mmfront.fixtures.processors import image_processor_class
 from mmfront.models.registry import create_processor, resolve_factory
 from mmfront.models.transformers import (
     LegacyMultiModalProcessor,
@@ -28,9 +30,8 @@ from mmfront.models.transformers import (
     select_backend,
 )
 from mmfront.processing.processor import ProcessingInfo
-from mmfront.testing.bpe import make_tokenizer
 from mmfront.testing.media import make_audio, make_image
-from mmfront.testing.processors import image_processor_class, make_glmasr_processor
+from mmfront.testing.processors import make_glmasr_processor
 
 pytestmark = pytest.mark.backend
 

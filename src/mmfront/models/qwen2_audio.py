@@ -1,0 +1,38 @@
+"""Qwen2-Audio: served by the transformers backend; this module declares the encoder the
+reference engine runs for it. Its offline fixtures are still :mod:`mmfront.testing.processors`'."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
+from mmfront.models.registry import register_model
+from mmfront.models.spec import ModelSpec, ReferenceModel
+
+
+def encode_qwen2_audio(model: Any, modality: str, kwargs: BatchedTensorInputs,
+                       features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
+    """Qwen2-Audio has no ``get_audio_features``: this is the audio half of its ``forward``."""
+    from transformers.masking_utils import create_bidirectional_mask
+
+    tower = model.model.audio_tower
+    input_features: torch.Tensor = kwargs["input_features"]  # type: ignore[assignment]
+    mask: torch.Tensor = kwargs["feature_attention_mask"]  # type: ignore[assignment]
+    feat_lengths, out_lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
+    steps = (input_features.shape[-1] - 2) // 2 + 1
+    valid = torch.arange(steps, device=mask.device)[None, :] < feat_lengths[:, None]
+    dummy = torch.zeros((valid.shape[0], steps, 1), dtype=input_features.dtype, device=input_features.device)
+    attention = create_bidirectional_mask(config=tower.config, inputs_embeds=dummy, attention_mask=valid.long())
+    hidden = tower(input_features, attention_mask=attention).last_hidden_state
+    projected = model.model.multi_modal_projector(hidden)
+    return [projected[i, :n] for i, n in enumerate(out_lengths.tolist())]
+
+
+QWEN2_AUDIO = register_model(ModelSpec(
+    model_type="qwen2_audio",
+    hf_processor_class="Qwen2AudioProcessor",
+    reference=ReferenceModel(encode_qwen2_audio),
+))
