@@ -18,7 +18,7 @@ from mmfront.errors import ConfigError
 from mmfront.models import registry
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import make_image
-from mmfront.testing.models import build_model_folder, model_kinds
+from mmfront.testing.models import build_model_folder
 
 MODULE = '''
 """A throwaway LLaVA-NeXT-style model: each <image> becomes ``tokens_per_image`` copies of itself."""
@@ -117,7 +117,7 @@ def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Modul
 
 
 def test_one_module_declares_and_serves_a_model(throwaway: ModuleType, tmp_path: Path) -> None:
-    assert "throwaway" in model_kinds()
+    assert "throwaway" in registry.fixture_kinds()
     folder = build_model_folder("throwaway", tmp_path / "folder")  # the module's own fixture builder
     pre = InputPreprocessor(folder)
     assert type(pre.processor) is throwaway.ThrowawayProcessor

@@ -1,6 +1,6 @@
-"""Model processors: one module per model (Gemma 3's native processor; the reference encoders of
-models the transformers backend serves), the transformers backend, and the registry that finds
-the modules and picks a processor. A model module declares everything mmfront needs of it in one
+"""Model processors: one module per model (Gemma 3 with its native processor; Idefics3, Emu3,
+Qwen2-Audio and GLM-ASR, which the transformers backend serves), the transformers backend, and the
+registry that finds the modules and picks a processor. A model module declares everything mmfront needs of it in one
 :class:`ModelSpec` registered with :func:`register_model` (CONTRIBUTING.md, "Adding a model")."""
 
 from mmfront.models.registry import ProcessorFactory, create_processor, register_model, register_processor

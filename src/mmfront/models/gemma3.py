@@ -9,7 +9,7 @@ Pixels are computed natively, the way HF's torchvision backend (vLLM's default) 
 uint8 antialiased bilinear resize in channels-last layout, then the fused rescale-and-normalize in
 float32. That is about three times faster than HF's PIL backend on CPU and differs from it by at
 most one intensity level; configurations the native path does not cover fall back to the HF
-image processor. The kernels are :mod:`mmfront.pixels`'; the crop grid and the settings are Gemma 3's.
+image processor. The kernels are in :mod:`mmfront.pixels`; the crop grid and the settings are Gemma 3's.
 
 Newlines: Gemma's vocabulary has ``"\\n\\n\\n"`` and ``"\\n\\n\\n\\n"`` tokens, and splicing puts
 ``"\\n\\n"`` next to ``"\\n"`` or ``"\\n\\n"``; those pairs are merged as HF's own tokenization would

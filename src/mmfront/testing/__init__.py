@@ -1,12 +1,10 @@
 """Offline HF processors for tests, benchmarks and the demo (no model hub, ever).
 
-- :mod:`mmfront.testing.processors`: tiny real HF processors built in memory for the models the
-  transformers backend serves (Idefics3, Emu3, Qwen2-Audio, GLM-ASR), and helpers to read their
-  outputs. A native model's builders are its module's (``mmfront.models.gemma3``: Gemma 3 tiny
-  and at real sizes).
-- :mod:`mmfront.testing.models`: every model kind (those and the model modules' own) saved as a
-  model folder that ``AutoProcessor.from_pretrained`` loads, and the cached default model of
-  ``make demo``.
+- :mod:`mmfront.testing.models`: every fixture kind the model modules declare (tiny real HF
+  processors built in memory by ``mmfront.models.<model>``: Gemma3 tiny and at real sizes,
+  Idefics3, Emu3, Qwen2-Audio, GLM-ASR) saved as a model folder that
+  ``AutoProcessor.from_pretrained`` loads, and the cached default model of ``make demo``.
+- :mod:`mmfront.testing.processors`: helpers to read the processors' outputs.
 - :mod:`mmfront.testing.weights`: random-weight models of the real architectures, saved next to
   the processors (``build_model_folder(..., with_weights=True)``) for tests that run the model.
 - :mod:`mmfront.fixtures`: the building blocks (deterministic BPE tokenizers, image processor

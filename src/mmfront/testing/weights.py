@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmfront.errors import ConfigError
-from mmfront.testing.models import model_kinds
+from mmfront.models.registry import fixture_kinds
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, ProcessorMixin
@@ -44,7 +44,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def weight_kinds() -> tuple[str, ...]:
     """Every kind :func:`write_weights` builds: those that declare a ``weights_config``."""
-    return tuple(name for name, kind in model_kinds().items() if kind.weights_config is not None)
+    return tuple(name for name, kind in fixture_kinds().items() if kind.weights_config is not None)
 
 
 def _draw_zero_weights(model: PreTrainedModel, generator: torch.Generator) -> None:
@@ -61,7 +61,7 @@ def write_weights(kind: str, processor: ProcessorMixin, folder: Path, *, dtype: 
     into ``folder`` (which already holds the processor); returns ``folder``."""
     import transformers
 
-    spec = model_kinds().get(kind)
+    spec = fixture_kinds().get(kind)
     if spec is None or spec.weights_config is None:
         raise ConfigError(f"no weights for model kind {kind!r}: pass one of {list(weight_kinds())}")
     if dtype not in DTYPES:
