@@ -138,8 +138,14 @@ def test_the_registry_finds_every_model_module_by_scanning_the_package() -> None
     gemma3 = specs["gemma3"]
     assert (gemma3.processor, gemma3.info) == (Gemma3MultiModalProcessor, Gemma3ProcessingInfo)
     assert {"gemma3", "gemma3-896"} <= set(registry.fixture_kinds())
-    assert registry.backend_placeholder_attr("Gemma3Processor", "image") == "boi_token"
-    assert registry.backend_placeholder_attr("Idefics3Processor", "image") is None
+    from transformers import Gemma3Processor, Idefics3Processor
+
+    class MyGemma3Processor(Gemma3Processor):
+        pass
+
+    for cls in (Gemma3Processor, MyGemma3Processor):
+        assert registry.backend_placeholder_attr(cls, "image") == "boi_token"
+    assert registry.backend_placeholder_attr(Idefics3Processor, "image") is None
 
 
 def test_importing_mmfront_imports_no_model_module() -> None:

@@ -212,12 +212,15 @@ def reference_model(model_type: str) -> ReferenceModel | None:
     return spec.reference if spec is not None else None
 
 
-def backend_placeholder_attr(hf_processor_class: str, modality: str) -> str | None:
-    """The HF processor attribute holding ``modality``'s text placeholder, where a model module
-    names one for the transformers backend (``{modality}_token`` otherwise)."""
-    for spec in model_specs().values():
-        if spec.hf_processor_class == hf_processor_class and modality in spec.backend_placeholders:
-            return spec.backend_placeholders[modality]
+def backend_placeholder_attr(hf_processor_class: type, modality: str) -> str | None:
+    """The HF processor attribute holding ``modality``'s text placeholder, where the module of
+    the model whose processor class this is (or subclasses) names one for the transformers
+    backend (``{modality}_token`` otherwise)."""
+    by_class = {spec.hf_processor_class: spec.backend_placeholders for spec in model_specs().values()}
+    for cls in hf_processor_class.__mro__:
+        placeholders = by_class.get(cls.__name__, {})
+        if modality in placeholders:
+            return placeholders[modality]
     return None
 
 

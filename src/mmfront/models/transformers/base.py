@@ -95,7 +95,7 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         attribute its model module names (Gemma 3's ``boi_token``, since transformers < 5.15
         names the soft token ``processor.image_token``)."""
         proc = self.hf_processor
-        attr = backend_placeholder_attr(type(proc).__name__, modality)
+        attr = backend_placeholder_attr(type(proc), modality)
         if attr is not None and isinstance(getattr(proc, attr, None), str):
             return str(getattr(proc, attr))
         return str(getattr(proc, f"{modality}_token"))
