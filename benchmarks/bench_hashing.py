@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from _harness import Report, median_time
-from mmfront import _pixel_strips as pixels
+from mmfront import pixels
 from mmfront.hashing import MultiModalHasher
 from mmfront.parse import MediaWithBytes
 

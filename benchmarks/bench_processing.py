@@ -36,8 +36,9 @@ from mmfront.cache.lru import LruKeyReplicatedSenderCache
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.media.png_inflate import decode_png
-from mmfront.models.gemma3 import _normalize_, _resized, _target_size, _to_hwc_uint8
+from mmfront.models.gemma3 import _target_size
 from mmfront.models.registry import create_processor
+from mmfront.pixels import normalize_, resized, to_hwc_uint8
 from mmfront.testing.media import natural_image
 from mmfront.testing.models import cached_model_dir
 from mmfront.testing.peer import vllm_peer_model_dir, vllm_peer_python
@@ -108,22 +109,22 @@ def measure_miss_stages(proc: Any, rounds: int) -> dict[str, float]:
         image.load()
         return image
 
-    def normalize(resized: torch.Tensor) -> None:
+    def normalize(rows: torch.Tensor) -> None:
         pixels = torch.empty((1, 3, *out_hw), dtype=torch.float32)
-        pixels[0].copy_(resized)
-        _normalize_(pixels, settings)
+        pixels[0].copy_(rows)
+        normalize_(pixels, settings)
 
     image = decode_png(payload)
     assert image.tobytes() == pillow(payload).tobytes(), "the decode must keep Pillow's pixels"
-    view = _to_hwc_uint8(image)
+    view = to_hwc_uint8(image)
     assert view is not None
-    resized = _resized(view, out_hw)
+    resized_view = resized(view, out_hw)
     stages: dict[str, tuple[Callable[[], object], list[float]]] = {
         "stage_pillow_decode_ms": (lambda: pillow(payload), []),
         "stage_decode_ms": (lambda: decode_png(payload), []),
-        "stage_to_array_ms": (lambda: _to_hwc_uint8(image), []),
-        "stage_resize_ms": (lambda: _resized(view, out_hw), []),
-        "stage_normalize_ms": (lambda: normalize(resized), []),
+        "stage_to_array_ms": (lambda: to_hwc_uint8(image), []),
+        "stage_resize_ms": (lambda: resized(view, out_hw), []),
+        "stage_normalize_ms": (lambda: normalize(resized_view), []),
     }
     for _ in range(rounds * 3):
         for stage, samples in stages.values():

@@ -17,10 +17,10 @@ from mmfront.engine.client import EngineClient
 from mmfront.engine.transport import BaseTransport
 from mmfront.errors import ChatFormatError, ValidationError
 from mmfront.media import DecodeBudget, MediaConnector
+from mmfront.models.glmasr import GLMASR_CHAT_TEMPLATE
 from mmfront.models.registry import create_processor
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, wav_bytes
-from mmfront.testing.processors import GLMASR_CHAT_TEMPLATE
 from mmfront.wire import EngineCoreRequest
 from mmfront.wire.codec import MsgpackDecoder
 from mmfront.wire.messages import decode_envelope

@@ -19,8 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from hashing_vectors import IMAGE_UUID, MODEL_ID, RGB_PNG, RGBA_PNG, mm_hash_cases, rgb_image, uuid_image, vectors
-from mmfront import _pixel_strips as pixels
-from mmfront import hashing
+from mmfront import hashing, pixels
 from mmfront.errors import ConfigError, HashingTypeError, InputTypeError, MMFrontError, ValidationError
 from mmfront.hashing import MultiModalHasher, get_mm_hashes
 from mmfront.parse import MediaWithBytes

@@ -25,8 +25,20 @@ from PIL import Image
 from transformers import AutoProcessor, ProcessorMixin
 
 from mmfront.errors import ConfigError, InputTypeError, ValidationError
+from mmfront.models.emu3 import make_emu3_processor, make_emu3_tokenizer
+from mmfront.models.gemma3 import (
+    GEMMA3_PREPROCESSOR,
+    GEMMA3_REAL_IDS,
+    GEMMA3_VOCAB_SIZE,
+    gemma3_real_bpe,
+    make_gemma3_896_processor,
+    make_gemma3_processor,
+    make_gemma3_tokenizer,
+)
+from mmfront.models.glmasr import make_glmasr_processor, make_glmasr_tokenizer
+from mmfront.models.idefics3 import make_idefics3_processor, make_idefics3_tokenizer
+from mmfront.models.qwen2_audio import make_qwen2_audio_processor, make_qwen2_audio_tokenizer
 from mmfront.testing import models
-from mmfront.testing.bpe import GEMMA3_REAL_IDS, GEMMA3_VOCAB_SIZE, gemma3_real_bpe
 from mmfront.testing.media import image_data_url, make_audio, make_image, make_raw_image, wav_bytes
 from mmfront.testing.models import (
     FIXTURE_VERSION,
@@ -37,18 +49,6 @@ from mmfront.testing.models import (
     mmfront_home,
 )
 from mmfront.testing.processors import (
-    GEMMA3_PREPROCESSOR,
-    make_emu3_processor,
-    make_emu3_tokenizer,
-    make_gemma3_896_processor,
-    make_gemma3_processor,
-    make_gemma3_tokenizer,
-    make_glmasr_processor,
-    make_glmasr_tokenizer,
-    make_idefics3_processor,
-    make_idefics3_tokenizer,
-    make_qwen2_audio_processor,
-    make_qwen2_audio_tokenizer,
     offsets_kwargs,
 )
 

@@ -12,6 +12,7 @@ import transformers
 from safetensors.torch import load_file
 
 from mmfront.errors import ConfigError
+from mmfront.models.registry import fixture_kinds
 from mmfront.testing import models
 from mmfront.testing.media import make_audio, make_image
 from mmfront.testing.models import build_model_folder, cached_model_dir, load_processor
@@ -25,7 +26,7 @@ def case(request: pytest.FixtureRequest) -> tuple[str, Path]:
 
 
 def _model(kind: str, folder: Path) -> Any:
-    return getattr(transformers, models.KINDS[kind].architecture).from_pretrained(folder, local_files_only=True)
+    return getattr(transformers, fixture_kinds()[kind].architecture).from_pretrained(folder, local_files_only=True)
 
 
 def _greedy(kind: str, folder: Path, model: Any, seed: int) -> tuple[list[int], torch.Tensor]:
@@ -53,7 +54,7 @@ def test_the_config_agrees_with_the_folders_tokenizer(case: tuple[str, Path]) ->
     tok = load_processor(folder).tokenizer
     config = _config(folder)
     text = config["text_config"]
-    assert config["architectures"] == [models.KINDS[kind].architecture]
+    assert config["architectures"] == [fixture_kinds()[kind].architecture]
     assert (config["dtype"], text["vocab_size"], text["eos_token_id"]) == ("float32", len(tok), tok.eos_token_id)
     key, token = {"gemma3": ("image_token_index", "<image_soft_token>"), "idefics3": ("image_token_id", "<image>"),
                   "qwen2_audio": ("audio_token_index", "<|AUDIO|>")}[kind]
@@ -138,7 +139,7 @@ def test_cached_folders_with_weights_are_built_once_apart_from_the_processor_onl
 
 def test_write_weights_takes_a_dtype_and_a_seed(gemma3_weights_dir: Path, tmp_path: Path) -> None:
     from mmfront.engine.runner import ModelRunner
-    from mmfront.testing.processors import make_gemma3_processor
+    from mmfront.models.gemma3 import make_gemma3_processor
     from mmfront.testing.weights import write_weights
 
     processor = make_gemma3_processor()

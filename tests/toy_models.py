@@ -13,11 +13,11 @@ from typing import Any, ClassVar
 import torch
 
 from mmfront import MultiModalConfig
+from mmfront.fixtures.bpe import make_tokenizer
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.parse import MultiModalDataItems
 from mmfront.processing.processor import BaseMultiModalProcessor, ProcessingInfo
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
-from mmfront.testing.bpe import make_tokenizer
 
 
 class _HF:

@@ -437,7 +437,7 @@ static PyMethodDef pixels_methods[] = {
 static struct PyModuleDef pixels_module = {
     PyModuleDef_HEAD_INIT,
     "mmfront._pixels",
-    "Packs PIL pixels from Pillow's Arrow export without the GIL (optional; mmfront._pixel_strips falls back).",
+    "Packs PIL pixels from Pillow's Arrow export without the GIL (optional; mmfront.pixels falls back).",
     -1,
     pixels_methods,
     NULL,

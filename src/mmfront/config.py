@@ -13,6 +13,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from typing import Any, Literal
 
 from mmfront.errors import ConfigError
@@ -61,6 +62,26 @@ def _check_image_formats(formats: frozenset[str]) -> None:
 
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelOption:
+    """A deployment setting a model module declares (an integer with a floor), read with
+    :meth:`MultiModalConfig.model_option`: the key belongs to the model, and its check to the
+    config, which names no model."""
+
+    name: str
+    default: int
+    minimum: int
+    doc: str
+    """One line for the configuration reference (docs/index.md)."""
+
+    def refuse(self, value: object) -> str | None:
+        """Why ``value`` cannot be this option's value, or None."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.minimum:
+            return f"must be an integer >= {self.minimum}, got {value!r}"
+        return None
+
 
 @dataclass(frozen=True)
 class ModalityLimit:
@@ -120,10 +141,10 @@ class MultiModalConfig:
     either may be given, not both; it is folded into ``limit_mm_per_prompt``."""
     mm_processor_kwargs: Mapping[str, Any] | None = None
     """Deployment-wide HF processor kwargs; request kwargs override them. Not part of the hashes."""
-    max_pan_and_scan_crops: int = 16
-    """Most pan-and-scan crops a request may ask for per image (Gemma 3's
-    ``pan_and_scan_max_num_crops``; the checkpoints default to 4). Each crop is processed and
-    costs the model ``image_seq_length`` tokens."""
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    """Settings a model module declares for itself (a :class:`ModelOption` each, listed in
+    docs/index.md), e.g. ``{"max_pan_and_scan_crops": 4}``. Checked against the installed
+    models' declarations when the processor is created."""
     media_io_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Per-modality media loading options, e.g. ``{"image": {"rgba_background_color": [0, 0, 0]}}``."""
     enable_mm_embeds: bool = False
@@ -241,7 +262,11 @@ class MultiModalConfig:
             self._check_int("mm_processing_lanes", self.mm_processing_lanes, minimum=0)
         if self.mm_thread_budget is not None:
             self._check_int("mm_thread_budget", self.mm_thread_budget, minimum=1)
-        for name in ("api_process_count", "data_parallel_size", "max_pan_and_scan_crops"):
+        if not isinstance(self.model_options, Mapping) or not all(isinstance(k, str) for k in self.model_options):
+            raise ConfigError(f"model_options must map option names to values, e.g. {{'max_pan_and_scan_crops': 4}}, "
+                              f"got {self.model_options!r}")
+        object.__setattr__(self, "model_options", dict(self.model_options))
+        for name in ("api_process_count", "data_parallel_size"):
             self._check_int(name, getattr(self, name), minimum=1)
         for name in ("max_image_pixels", "max_media_request_decode_bytes", "max_media_bytes"):
             self._check_int(name, getattr(self, name), minimum=1)
@@ -285,6 +310,24 @@ class MultiModalConfig:
 
     def get_dummy_options(self, modality: str) -> ModalityLimit | None:
         return self.limit_mm_per_prompt.get(modality)
+
+    def model_option(self, option: ModelOption) -> int:
+        """``option``'s value: the deployment's, else the model module's default."""
+        return int(self.model_options.get(option.name, option.default))
+
+    def check_model_options(self, declared: Mapping[str, ModelOption]) -> None:
+        """Refuse a ``model_options`` key no installed model declares (a typo would otherwise be
+        ignored) and a value out of its option's range."""
+        for name, value in self.model_options.items():
+            option = declared.get(name)
+            if option is None:
+                close = get_close_matches(name, declared, n=1, cutoff=0.6)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"MultiModalConfig.model_options has {name!r}, which no installed model declares."
+                                  f"{hint} Declared options: {sorted(declared) or 'none'}.")
+            reason = option.refuse(value)
+            if reason is not None:
+                raise ConfigError(f"MultiModalConfig.model_options.{name} {reason}")
 
     def replace(self, **changes: Any) -> MultiModalConfig:
         return dataclasses.replace(self, **changes)

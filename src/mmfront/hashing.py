@@ -10,7 +10,7 @@ deterministic, or where vLLM crashes or falls back to pickle:
 
 * PIL pixels are packed strip by strip straight into the hasher instead of being copied into
   one fresh array first (same bytes as ``np.asarray(image)``, no multi-MiB allocation; see
-  :mod:`mmfront._pixel_strips`, which does it in C where it can).
+  :mod:`mmfront.pixels`, which does it in C where it can).
 * A lazily loaded ``MediaWithBytes`` is hashed from its encoded bytes and never decoded.
 * Nothing is pickled. Values vLLM would pickle either get a documented deterministic encoding
   (numpy scalars, integers beyond 64 bits) or raise :class:`~mmfront.errors.HashingTypeError`.
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmfront._pixel_strips import iter_pixel_strips
 from mmfront._text import check_text
 from mmfront.config import HasherAlgorithm as HashAlgorithm
 from mmfront.errors import ConfigError, HashingTypeError, ValidationError
 from mmfront.media.base import MediaWithBytes, exif_image_uuid
+from mmfront.pixels import iter_pixel_strips
 
 __all__ = ["MAX_VALUE_DEPTH", "HashAlgorithm", "MultiModalHasher", "get_mm_hashes", "prehash_media"]
 

@@ -21,8 +21,9 @@ import transformers
 
 from mmfront import InputPreprocessor, InputProcessor
 from mmfront.engine.runner import ModelRunner
+from mmfront.models.registry import fixture_kinds
 from mmfront.testing.media import image_data_url, make_audio, make_image, wav_bytes
-from mmfront.testing.models import KINDS, load_processor
+from mmfront.testing.models import load_processor
 from mmfront.wire import EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
@@ -79,7 +80,7 @@ class Family:
 
     @cached_property
     def hf_model(self) -> Any:
-        return getattr(transformers, KINDS[self.kind].architecture).from_pretrained(self.folder).to(DEVICE)
+        return getattr(transformers, fixture_kinds()[self.kind].architecture).from_pretrained(self.folder).to(DEVICE)
 
     @cached_property
     def input_processor(self) -> InputProcessor:

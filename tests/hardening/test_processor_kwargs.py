@@ -1,7 +1,7 @@
 """Issue 13.2: request-level ``mm_processor_kwargs`` are validated and bounded.
 
 Gemma 3 declares what a request may set (pan-and-scan, with types and ranges; the crop cap is
-``MultiModalConfig.max_pan_and_scan_crops``); everything else HF takes is refused per request,
+its ``max_pan_and_scan_crops`` option, ``MultiModalConfig.model_options``); everything else HF takes is refused per request,
 and whatever still fails inside HF or the native pixel path comes out as a ``ProcessorError``.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from mmfront import MultiModalConfig
 from mmfront.errors import ConfigError, ProcessorError, ValidationError
-from mmfront.models.gemma3 import Gemma3MultiModalProcessor
+from mmfront.models.gemma3 import MAX_PAN_AND_SCAN_CROPS, Gemma3MultiModalProcessor
 from mmfront.models.registry import create_processor
 from mmfront.preprocess import InputPreprocessor
 from mmfront.processing.hf import ProcessorKwargSpec, refuse_processor_kwargs
@@ -37,7 +37,7 @@ def test_a_huge_crop_count_is_refused_before_any_crop_is_made(gemma3_dir: Path, 
     error = refused(gemma3_dir, {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 1,
                                  "pan_and_scan_max_num_crops": 100_000})
     assert str(error) == ("mm_processor_kwargs.pan_and_scan_max_num_crops must be an integer in [1, 16], got 100000. "
-                          "The cap is MultiModalConfig.max_pan_and_scan_crops; the deployment may raise it.")
+                          "The cap is MultiModalConfig.model_options.max_pan_and_scan_crops; the deployment may raise it.")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -84,7 +84,7 @@ def test_apply_checks_too(gemma3_dir: Path) -> None:
 
 
 def test_the_deployment_sets_the_crop_cap(gemma3_dir: Path) -> None:
-    config = MultiModalConfig(max_pan_and_scan_crops=3)
+    config = MultiModalConfig(model_options={"max_pan_and_scan_crops": 3})
     error = refused(gemma3_dir, {"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 4}, config)
     assert "must be an integer in [1, 3], got 4" in str(error)
     pre = InputPreprocessor(gemma3_dir, config)
@@ -120,14 +120,14 @@ def test_failures_inside_processing_are_processor_errors(gemma3_dir: Path, extra
 
 
 @pytest.mark.parametrize(("name", "value"), [("max_pan_and_scan_crops", 0), ("max_pan_and_scan_crops", True)])
-def test_the_cap_is_a_positive_integer(name: str, value: object) -> None:
+def test_the_cap_is_a_positive_integer(gemma3_dir: Path, name: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"{name} must be an integer >= 1, got {value!r}"):
-        MultiModalConfig(**{name: value})
+        create_processor(gemma3_dir, MultiModalConfig(model_options={name: value}))
 
 
 def test_spec_bounds_come_from_the_config() -> None:
-    spec = ProcessorKwargSpec("n", int, minimum=2, maximum="max_pan_and_scan_crops")
-    config = MultiModalConfig(max_pan_and_scan_crops=5)
+    spec = ProcessorKwargSpec("n", int, minimum=2, maximum=MAX_PAN_AND_SCAN_CROPS)
+    config = MultiModalConfig(model_options={"max_pan_and_scan_crops": 5})
     assert [v for v in range(8) if spec.accepts(v, config)] == [2, 3, 4, 5]
     assert refuse_processor_kwargs([spec], {"n": 5, "other": 1}, config, accepted=frozenset(), owner="P") is None
     assert refuse_processor_kwargs([spec], {"other": 1}, config, accepted=frozenset({"other"}), owner="P") == (

@@ -1,6 +1,5 @@
-"""Gemma 3's native pixel steps: the table path (C extension ``lut_planes``, rows in parallel)
-gives the very bits of the torch path (convert, rescale and normalize as HF's torchvision backend
-fuses them, then cast to the model dtype), for every dtype, setting and region shape."""
+"""Gemma 3's native pixel path: its output is already in the model dtype, and a request's items
+processed one call each equal one batched call. The kernels themselves: tests/test_pixels.py."""
 
 from __future__ import annotations
 
@@ -9,92 +8,28 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
+from mmfront import pixels
 from mmfront.models import gemma3
 from mmfront.processing.threads import map_items
 
-lut_planes = gemma3._lut_planes
-needs_extension = pytest.mark.skipif(lut_planes is None, reason="the C extension is not built (no C compiler at install)")
+needs_extension = pytest.mark.skipif(pixels._lut_planes is None,
+                                     reason="the C extension is not built (no C compiler at install)")
 
 GEMMA3 = {"do_resize": True, "size": {"height": 64, "width": 48}, "resample": 2, "do_rescale": True,
           "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
-IMAGENET = {**GEMMA3, "image_mean": [0.48145466, 0.4578275, 0.40821073],
-            "image_std": [0.26862954, 0.26130258, 0.27577711]}
-RESCALE_ONLY = {**GEMMA3, "do_normalize": False}
-NEITHER = {**GEMMA3, "do_normalize": False, "do_rescale": False}
 
 
 def _regions() -> list[torch.Tensor]:
-    """A region to upscale, one to downscale, one already at the target size, and a crop (a
-    strided view of a larger image)."""
     rng = np.random.default_rng(0)
-    big = torch.from_numpy(rng.integers(0, 256, (90, 120, 3), dtype=np.uint8))
     return [torch.from_numpy(rng.integers(0, 256, (30, 20, 3), dtype=np.uint8)),
-            torch.from_numpy(rng.integers(0, 256, (200, 150, 3), dtype=np.uint8)),
-            torch.from_numpy(rng.integers(0, 256, (64, 48, 3), dtype=np.uint8)),
-            big[10:74, 30:78], big]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
-@needs_extension
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("config", [GEMMA3, IMAGENET, RESCALE_ONLY, NEITHER], ids=["gemma3", "imagenet", "rescale", "none"])
-def test_the_table_path_gives_the_torch_paths_bits(monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype,
-                                                   config: dict[str, Any]) -> None:
-    regions = _regions()
-    fast = gemma3._pixel_rows(regions, (64, 48), config, dtype)
-    monkeypatch.setattr(gemma3, "_lut_planes", None)
-    slow = gemma3._pixel_rows(regions, (64, 48), config, dtype)
-    assert fast.dtype == slow.dtype == dtype and fast.shape == (5, 3, 64, 48)
-    assert torch.equal(_bits(fast), _bits(slow))
-    reference = torch.stack([gemma3._resized(r, (64, 48)) for r in regions]).float()
-    gemma3._normalize_(reference, config)
-    assert torch.equal(_bits(fast), _bits(reference.to(dtype)))
+            torch.from_numpy(rng.integers(0, 256, (200, 150, 3), dtype=np.uint8))]
 
 
 @needs_extension
 def test_native_output_is_already_in_the_model_dtype() -> None:
-    out = gemma3.Gemma3MultiModalProcessor._native(_regions()[:2], GEMMA3, torch.bfloat16)
+    out = gemma3.Gemma3MultiModalProcessor._native(_regions(), GEMMA3, torch.bfloat16)
     assert out["pixel_values"].dtype == torch.bfloat16 and out["num_patches"].tolist() == [1, 1]
-
-
-@needs_extension
-@settings(max_examples=60, deadline=None)
-@given(st.integers(1, 4), st.sampled_from([2, 4]), st.integers(0, 300), st.integers(0, 2**32 - 1))
-def test_lut_planes_is_a_per_plane_table_lookup(channels: int, item: int, n: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    kind = {2: np.uint16, 4: np.uint32}[item]
-    src = rng.integers(0, 256, (channels, n), dtype=np.uint8)
-    table = rng.integers(0, np.iinfo(kind).max, (channels, 256), dtype=kind, endpoint=True)
-    dst = np.zeros((channels, n), kind)
-    lut_planes(src, table, dst, channels)
-    assert np.array_equal(dst, np.take_along_axis(table, src.astype(np.intp), axis=1))
-
-
-@needs_extension
-@pytest.mark.parametrize(("src", "table", "dst", "channels", "error"), [
-    (np.zeros(10, np.uint8), np.zeros((3, 256), np.uint16), np.zeros(10, np.uint16), 3, "not 3 planes"),
-    (np.zeros(9, np.uint8), np.zeros((3, 255), np.uint16), np.zeros(9, np.uint16), 3, "256 items of 2 or 4 bytes"),
-    (np.zeros(9, np.uint8), np.zeros((3, 256), np.uint8), np.zeros(9, np.uint8), 3, "256 items of 2 or 4 bytes"),
-    (np.zeros(9, np.uint8), np.zeros((3, 256), np.uint16), np.zeros(8, np.uint16), 3, "dst holds 16 bytes"),
-    (np.zeros(9, np.uint8), np.zeros((3, 256), np.uint16), np.zeros(9, np.uint16), 5, "channels must be 1 to 4"),
-])
-def test_lut_planes_refuses_buffers_that_do_not_fit(src: Any, table: Any, dst: Any, channels: int, error: str) -> None:
-    with pytest.raises(ValueError, match=error):
-        lut_planes(src, table, dst, channels)
-
-
-@needs_extension
-def test_lut_planes_refuses_a_read_only_destination() -> None:
-    dst = np.zeros(3, np.uint16)
-    dst.flags.writeable = False
-    with pytest.raises((BufferError, ValueError, TypeError)):
-        lut_planes(np.zeros(3, np.uint8), np.zeros((3, 256), np.uint16), dst, 3)
 
 
 def test_map_items_keeps_order_and_raises_the_first_error() -> None:

@@ -3,6 +3,8 @@ registered once, and a registered processor is what ``create_processor`` builds.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ import pytest
 
 from mmfront import MultiModalConfig
 from mmfront.errors import ConfigError, InputTypeError
-from mmfront.models import registry
+from mmfront.models import ModelSpec, registry
 from mmfront.models.gemma3 import Gemma3MultiModalProcessor, Gemma3ProcessingInfo
 from mmfront.models.registry import create_processor, register_processor, resolve_factory
 from mmfront.models.transformers import LegacyMultiModalProcessor, MultiModalProcessor, TransformersProcessingInfo
@@ -25,10 +27,11 @@ class MyInfo(TransformersProcessingInfo):
 def tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """The registry tables, restored after the test (built-ins registered first, so a built-in
     first imported inside the test does not land in the copy only)."""
-    registry._load_builtin()
+    registry.model_specs()
     native, by_type = dict(registry._NATIVE), dict(registry._NATIVE_BY_MODEL_TYPE)
     monkeypatch.setattr(registry, "_NATIVE", native)
     monkeypatch.setattr(registry, "_NATIVE_BY_MODEL_TYPE", by_type)
+    monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
     yield native, by_type
 
 
@@ -127,3 +130,44 @@ def test_wrong_types_are_refused(tables: Any) -> None:
     with pytest.raises(InputTypeError, match="decorates a BaseMultiModalProcessor subclass"):
         register_processor("PaliGemmaProcessor", info=MyInfo)(dict)  # type: ignore[type-var]
     assert "PaliGemmaProcessor" not in tables[0]
+
+
+def test_the_registry_finds_every_model_module_by_scanning_the_package() -> None:
+    specs = registry.model_specs()
+    assert {"gemma3", "idefics3", "qwen2_audio"} <= set(specs)
+    gemma3 = specs["gemma3"]
+    assert (gemma3.processor, gemma3.info) == (Gemma3MultiModalProcessor, Gemma3ProcessingInfo)
+    assert {"gemma3", "gemma3-896"} <= set(registry.fixture_kinds())
+    from transformers import Gemma3Processor, Idefics3Processor
+
+    class MyGemma3Processor(Gemma3Processor):
+        pass
+
+    for cls in (Gemma3Processor, MyGemma3Processor):
+        assert registry.backend_placeholder_attr(cls, "image") == "boi_token"
+    assert registry.backend_placeholder_attr(Idefics3Processor, "image") is None
+
+
+def test_importing_mmfront_imports_no_model_module() -> None:
+    code = ("import sys, mmfront, mmfront.testing.models; "
+            "print(sorted(m for m in sys.modules if m.startswith('mmfront.models.') and m not in "
+            "('mmfront.models.registry', 'mmfront.models.spec')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_model_option_is_in_the_configuration_reference() -> None:
+    """docs/index.md's model options table lists exactly the declared options, with their defaults."""
+    text = (Path(__file__).parents[2] / "docs" / "index.md").read_text(encoding="utf-8")
+    table = text.split("Model options (`model_options`)", 1)[1].split("\n\n", 2)[1]
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
+    documented = {cells[0].strip().strip("`"): cells[2].strip().strip("`") for cells in rows}
+    assert documented == {name: str(o.default) for name, o in registry.model_options().items()}
+
+
+def test_a_model_spec_needs_both_processor_and_info(tables: Any) -> None:
+    with pytest.raises(ConfigError, match="gives a processor without info or info without a processor"):
+        registry.register_model(ModelSpec("paligemma", "PaliGemmaProcessor", processor=MultiModalProcessor))
+    with pytest.raises(InputTypeError, match="register_model takes a ModelSpec"):
+        registry.register_model("paligemma")  # type: ignore[arg-type]
+    assert "paligemma" not in registry._MODELS

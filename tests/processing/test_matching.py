@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfront.errors import PromptUpdateError
+from mmfront.models.gemma3 import make_gemma3_tokenizer
 from mmfront.processing._matching import (
     PromptTargetMatch,
     apply_prompt_updates,
@@ -26,7 +27,6 @@ from mmfront.processing.updates import (
     PromptReplacement,
     PromptUpdateDetails,
 )
-from mmfront.testing.processors import make_gemma3_tokenizer
 
 PH = PlaceholderFeaturesInfo
 LONG = [9833, 28747, 32000, 32000, 32000, 9833, 28747, 32000, 32000, 918]

@@ -7,6 +7,7 @@ import torch
 
 from mmfront.errors import ConfigError, InputTypeError
 from mmfront.inputs import PlaceholderRange
+from mmfront.models.gemma3 import make_gemma3_tokenizer
 from mmfront.processing import updates as updates_mod
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
@@ -21,7 +22,6 @@ from mmfront.processing.updates import (
     cached_decode,
     cached_encode,
 )
-from mmfront.testing.processors import make_gemma3_tokenizer
 
 
 @pytest.fixture(scope="module")

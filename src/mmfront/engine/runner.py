@@ -5,7 +5,7 @@ engine core does, so that what mmfront sends can be checked end to end against
 ``model.generate`` on the HF processor's outputs:
 
 * each new item runs the model's own multimodal encoder (``get_image_features`` or the
-  architecture's equivalent), batched per modality over every request admitted in a step, and
+  architecture's equivalent, as its model module declares in ``ModelSpec.reference``), batched per modality over every request admitted in a step, and
   the result is kept in an encoder cache keyed by the feature's ``identifier``, as vLLM keys its
   own; an item seen before is not encoded again;
 * the encoder rows are scattered into the prompt embeddings at the ``is_embed`` positions of the
@@ -24,7 +24,7 @@ the other requests carry on.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,76 +42,12 @@ from mmfront.errors import (
     ValidationError,
 )
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, group_mm_kwargs_by_modality
+from mmfront.models.registry import model_specs, reference_model
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
 __all__ = ["ModelRunner", "error_output", "scatter_mm_embeddings"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-Encoder = Callable[[Any, str, BatchedTensorInputs, Sequence[MultiModalFeatureSpec]], list[torch.Tensor]]
-"""``(model, modality, batched kwargs, the batch's features) -> one [rows, hidden] tensor per feature``."""
-
-
-def _pooled(output: Any) -> torch.Tensor:
-    """``get_image_features``' projected rows as one ``[rows, hidden]`` tensor: transformers
-    returns them in an output's ``pooler_output``, as one tensor or one per prompt."""
-    pooled = output.pooler_output
-    return torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled])
-
-
-def _split(rows: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
-    if sum(counts) != rows.shape[0]:
-        raise PromptUpdateError(
-            f"The encoder produced {rows.shape[0]} embeddings for items that make {list(counts)} of them; the "
-            "items' data does not fit this model.", expected=sum(counts), found=rows.shape[0])
-    return list(rows.split(list(counts)))
-
-
-def _encode_gemma3(model: Any, modality: str, kwargs: BatchedTensorInputs,
-                   features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
-    pooled = _pooled(model.get_image_features(pixel_values=kwargs["pixel_values"], return_dict=True))
-    crops = kwargs.get("num_patches")
-    per_crop = model.config.mm_tokens_per_image
-    counts = [int(n) * per_crop for n in crops.tolist()] if isinstance(crops, torch.Tensor) else \
-        [per_crop] * len(features)
-    return _split(pooled, counts)
-
-
-def _encode_idefics3(model: Any, modality: str, kwargs: BatchedTensorInputs,
-                     features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
-    pixel_values = kwargs["pixel_values"]
-    pooled = _pooled(model.get_image_features(pixel_values, kwargs.get("pixel_attention_mask"), return_dict=True))
-    tiles = [f.data["pixel_values"].data.shape[1] for f in features]  # type: ignore[index, union-attr]
-    per_tile = pooled.shape[0] // max(sum(tiles), 1)
-    return _split(pooled, [t * per_tile for t in tiles])
-
-
-def _encode_qwen2_audio(model: Any, modality: str, kwargs: BatchedTensorInputs,
-                        features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
-    """Qwen2-Audio has no ``get_audio_features``: this is the audio half of its ``forward``."""
-    from transformers.masking_utils import create_bidirectional_mask
-
-    tower = model.model.audio_tower
-    input_features: torch.Tensor = kwargs["input_features"]  # type: ignore[assignment]
-    mask: torch.Tensor = kwargs["feature_attention_mask"]  # type: ignore[assignment]
-    feat_lengths, out_lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
-    steps = (input_features.shape[-1] - 2) // 2 + 1
-    valid = torch.arange(steps, device=mask.device)[None, :] < feat_lengths[:, None]
-    dummy = torch.zeros((valid.shape[0], steps, 1), dtype=input_features.dtype, device=input_features.device)
-    attention = create_bidirectional_mask(config=tower.config, inputs_embeds=dummy, attention_mask=valid.long())
-    hidden = tower(input_features, attention_mask=attention).last_hidden_state
-    projected = model.model.multi_modal_projector(hidden)
-    return [projected[i, :n] for i, n in enumerate(out_lengths.tolist())]
-
-
-#: model_type -> its encoder, and whether its prefill marks the embedding positions in
-#: ``token_type_ids`` (Gemma 3's image tokens attend to each other bidirectionally)
-_ARCHITECTURES: dict[str, tuple[Encoder, bool]] = {
-    "gemma3": (_encode_gemma3, True),
-    "idefics3": (_encode_idefics3, False),
-    "qwen2_audio": (_encode_qwen2_audio, False),
-}
-
 
 def scatter_mm_embeddings(
     inputs_embeds: torch.Tensor, features: Sequence[MultiModalFeatureSpec], rows: Sequence[torch.Tensor],
@@ -171,10 +107,12 @@ class ModelRunner:
             config = transformers.AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{str(model_dir)!r} is not a model folder ({exc}).") from exc
-        if config.model_type not in _ARCHITECTURES:
+        reference = reference_model(config.model_type)
+        if reference is None:
+            runs = sorted(t for t, spec in model_specs().items() if spec.reference is not None)
             raise UnsupportedModelError(f"ModelRunner has no encoder for model type {config.model_type!r}; it runs "
-                                        f"{sorted(_ARCHITECTURES)}.")
-        self._encoder, self._marks_token_types = _ARCHITECTURES[config.model_type]
+                                        f"{runs} (a model module declares its ModelSpec.reference).")
+        self._encoder, self._marks_token_types = reference.encode, reference.marks_token_types
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if isinstance(dtype, str) and dtype not in _DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")

@@ -9,7 +9,7 @@ Pixels are computed natively, the way HF's torchvision backend (vLLM's default) 
 uint8 antialiased bilinear resize in channels-last layout, then the fused rescale-and-normalize in
 float32. That is about three times faster than HF's PIL backend on CPU and differs from it by at
 most one intensity level; configurations the native path does not cover fall back to the HF
-image processor.
+image processor. The kernels are in :mod:`mmfront.pixels`; the crop grid and the settings are Gemma 3's.
 
 Newlines: Gemma's vocabulary has ``"\\n\\n\\n"`` and ``"\\n\\n\\n\\n"`` tokens, and splicing puts
 ``"\\n\\n"`` next to ``"\\n"`` or ``"\\n\\n"``; those pairs are merged as HF's own tokenization would
@@ -17,31 +17,33 @@ Newlines: Gemma's vocabulary has ``"\\n\\n\\n"`` and ``"\\n\\n\\n\\n"`` tokens, 
 covers exactly the merged tokens holding its item. When two images are back to back, the merged
 ``"\\n\\n\\n\\n"`` between them belongs to the first image and the second range starts after it (vLLM 0.33
 gives both ranges that token, so they overlap by one).
+
+The module also declares the rest of what mmfront needs of Gemma 3 (:data:`GEMMA3`): the
+``max_pan_and_scan_crops`` deployment option, the offline ``gemma3`` and ``gemma3-896`` fixtures
+(tokenizer, processor, ``config.json`` keys and random-weight config) and the reference engine's
+image encoder.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from PIL import Image
 
-from mmfront.errors import ValidationError
-
-try:  # the optional C extension (built unless the install had no C compiler)
-    from mmfront._pixels import lut_planes as _lut_planes
-except ImportError:
-    _lut_planes = None
-from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.registry import register_processor
+from mmfront.config import ModelOption
+from mmfront.errors import ConfigError, ValidationError
+from mmfront.fixtures.bpe import BPEModel, byte_bpe_model, byte_token, make_tokenizer
+from mmfront.fixtures.kinds import TEXT_TOWER, VISION_TOWER, ModelKind, special_token_ids
+from mmfront.fixtures.processors import ImageBackend, image_processor_class
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig, MultiModalKwargsItems
+from mmfront.models.registry import register_model
+from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
 from mmfront.parse import EmbeddingItems, MultiModalDataItems
+from mmfront.pixels import pixel_rows, to_hwc_uint8
 from mmfront.processing.hf import ProcessorKwargSpec, call_hf, resolve_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.threads import map_items
@@ -53,9 +55,18 @@ from mmfront.processing.updates import (
     ResolvedPromptUpdate,
 )
 
+if TYPE_CHECKING:
+    from transformers import Gemma3Config, Gemma3Processor, PreTrainedTokenizerFast
+
 _BILINEAR = 2
 _IMAGE_KWARGS_MEMO = 64
 """Distinct request kwargs whose merged image settings are kept (then the memo starts over)."""
+
+MAX_PAN_AND_SCAN_CROPS = ModelOption(
+    "max_pan_and_scan_crops", 16, minimum=1,
+    doc="most pan-and-scan crops a request may ask for per image (Gemma 3; the checkpoints default to 4)")
+"""Each crop is processed and costs the model ``image_seq_length`` tokens, so a request's
+``pan_and_scan_max_num_crops`` is capped by the deployment."""
 
 
 class Gemma3ProcessingInfo(BaseProcessingInfo):
@@ -144,83 +155,6 @@ def _target_size(settings: Mapping[str, Any]) -> tuple[int, int]:
     return int(size.height), int(size.width)
 
 
-def _to_hwc_uint8(image: Any) -> torch.Tensor | None:
-    """A uint8 HWC view of an RGB image, or None when the native path cannot take it."""
-    if isinstance(image, Image.Image):
-        if image.mode != "RGB":
-            return None
-        with warnings.catch_warnings():  # read-only view: the pipeline never writes into its input
-            warnings.simplefilter("ignore", UserWarning)
-            return torch.from_numpy(np.asarray(image))
-    array = image.numpy() if isinstance(image, torch.Tensor) else image
-    if isinstance(array, np.ndarray) and array.dtype == np.uint8 and array.ndim == 3:
-        if array.shape[-1] == 3:
-            return torch.from_numpy(np.ascontiguousarray(array))
-        if array.shape[0] == 3:
-            return torch.from_numpy(np.ascontiguousarray(array.transpose(1, 2, 0)))
-    return None
-
-
-def _resized(hwc: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """uint8 CHW view of ``hwc`` resized to ``out_hw`` (channels-last memory: torch's fast kernel)."""
-    chw = hwc.permute(2, 0, 1).unsqueeze(0)
-    if tuple(chw.shape[-2:]) != out_hw:
-        chw = F.interpolate(chw, size=out_hw, mode="bilinear", antialias=True, align_corners=False)
-    return chw[0]
-
-
-_TABLE_BITS = {2: torch.int16, 4: torch.int32}
-"""Integer views of 2- and 4-byte dtypes: the table's values are copied bit for bit."""
-
-
-def _normalization_table(settings: Mapping[str, Any], dtype: torch.dtype) -> torch.Tensor:
-    """Every value a uint8 pixel of each channel becomes: (3, 256) in ``dtype``, computed by
-    :func:`_normalize_` and the cast to the model dtype themselves, so looking a pixel up gives
-    the very bits the elementwise ops would."""
-    table = torch.arange(256, dtype=torch.float32).expand(3, 256).contiguous()
-    _normalize_(table.view(1, 3, 1, 256), settings)
-    return table.to(dtype)
-
-
-def _pixel_rows(regions: Sequence[torch.Tensor], out_hw: tuple[int, int], settings: Mapping[str, Any],
-                dtype: torch.dtype) -> torch.Tensor:
-    """``regions`` (uint8 HWC) resized, rescaled, normalized and cast to ``dtype``: (N, 3, H, W).
-
-    A uint8 channel has 256 values, so with the C extension each resized row goes through a
-    per-channel table in one pass, straight into the ``dtype`` output (~1 ms for an 896 px row,
-    against ~4 ms for converting, normalizing and casting it with torch), and the rows of one
-    request are resized and looked up in parallel (both run without the GIL). Without the
-    extension, torch does those steps, a row at a time."""
-    pixel_values = torch.empty((len(regions), 3, *out_hw), dtype=dtype)
-    bits = _TABLE_BITS.get(dtype.itemsize)
-    if _lut_planes is not None and bits is not None and dtype.is_floating_point:
-        table = _normalization_table(settings, dtype).view(bits).numpy()
-
-        def fill(row: int) -> None:
-            planes = _resized(regions[row], out_hw).contiguous()  # a resized row already is
-            _lut_planes(planes.numpy(), table, pixel_values[row].view(bits).numpy(), 3)
-
-        map_items(fill, range(len(regions)))
-        return pixel_values
-    staged = pixel_values if dtype == torch.float32 else torch.empty(pixel_values.shape, dtype=torch.float32)
-    for row, region in enumerate(regions):
-        staged[row].copy_(_resized(region, out_hw))
-    _normalize_(staged, settings)
-    return staged if staged is pixel_values else pixel_values.copy_(staged)
-
-
-def _normalize_(pixels: torch.Tensor, settings: Mapping[str, Any]) -> None:
-    """Rescale and normalize in place, fused as HF's torchvision backend does."""
-    rescale = float(settings.get("rescale_factor") or 1 / 255) if settings.get("do_rescale") else 1.0
-    if settings.get("do_normalize"):
-        mean = torch.tensor(settings["image_mean"], dtype=torch.float32).view(-1, 1, 1) / rescale
-        std = torch.tensor(settings["image_std"], dtype=torch.float32).view(-1, 1, 1) / rescale
-        pixels.sub_(mean).div_(std)
-    elif rescale != 1.0:
-        pixels.mul_(rescale)
-
-
-@register_processor("Gemma3Processor", info=Gemma3ProcessingInfo, model_types=("gemma3",))
 class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
     """Precomputed ``image_embeds`` (with ``enable_mm_embeds``) skip the image processor: an item
     of ``(k + 1) * image_seq_length`` rows stands for an image with ``k`` pan-and-scan crops."""
@@ -232,7 +166,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
     mm_kwarg_specs: ClassVar[Sequence[ProcessorKwargSpec]] = (
         ProcessorKwargSpec("do_pan_and_scan", bool),
         ProcessorKwargSpec("pan_and_scan_min_crop_size", int, minimum=1),
-        ProcessorKwargSpec("pan_and_scan_max_num_crops", int, minimum=1, maximum="max_pan_and_scan_crops"),
+        ProcessorKwargSpec("pan_and_scan_max_num_crops", int, minimum=1, maximum=MAX_PAN_AND_SCAN_CROPS),
         ProcessorKwargSpec("pan_and_scan_min_ratio_to_activate", float, minimum=0),
     )
 
@@ -277,7 +211,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         settings = self.info.image_kwargs(hf_kwargs)
         images = items.get_all()
         if _native_supported(settings):
-            views = [_to_hwc_uint8(image) for image in images]
+            views = [to_hwc_uint8(image) for image in images]
             if all(v is not None for v in views):
                 return call_hf(self._native, what="Gemma3 image processing", data_desc=f"{len(images)} image(s)",
                                views=views, settings=settings, dtype=self.info.model_dtype)
@@ -311,7 +245,8 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
                 regions += [hwc[r * crop_h:(r + 1) * crop_h, c * crop_w:(c + 1) * crop_w]
                             for r in range(crops_h) for c in range(crops_w)]
             crops_per_image.append(regions)
-        pixel_values = _pixel_rows([r for regions in crops_per_image for r in regions], out_hw, settings, dtype)
+        pixel_values = pixel_rows([r for regions in crops_per_image for r in regions], out_hw, settings, dtype,
+                                  map_rows=map_items)
         crops = torch.tensor([len(regions) - 1 for regions in crops_per_image], dtype=torch.int64)
         return {"pixel_values": pixel_values, "num_patches": crops + 1, "num_crops": crops}
 
@@ -441,3 +376,209 @@ def _plan_newline_merges(
                 del token_at[pos], token_at[pos + 1]
     merges.sort()
     return merges
+
+
+# --- offline fixtures (mmfront.testing builds and caches the folders) ---------------------------
+
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "<start_of_turn>{{ role }}\n"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' %}<start_of_image>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+#: special tokens of every Gemma3 tokenizer here, and the attributes they back
+GEMMA3_SPECIAL_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>")
+GEMMA3_EXTRA_SPECIAL_TOKENS = {
+    "image_token": "<image_soft_token>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+}
+
+#: Gemma 3's real ids for its special and newline tokens (``<mask>`` fills id 4 as in Gemma 3).
+GEMMA3_REAL_IDS = {
+    "<pad>": 0,
+    "<eos>": 1,
+    "<bos>": 2,
+    "<unk>": 3,
+    "<mask>": 4,
+    "<start_of_turn>": 105,
+    "<end_of_turn>": 106,
+    "\n": 107,
+    "\n\n": 108,
+    "\n\n\n": 109,
+    "\n\n\n\n": 110,
+    "<start_of_image>": 255999,
+    "<end_of_image>": 256000,
+    "<image_soft_token>": 262144,
+}
+#: Gemma 3's vocabulary size (262144 text tokens + ``<image_soft_token>``).
+GEMMA3_VOCAB_SIZE = 262145
+
+#: Gemma 3's real ``preprocessor_config.json`` values (``size`` aside, which is the builder's).
+GEMMA3_PREPROCESSOR: dict[str, Any] = {
+    "do_convert_rgb": True,
+    "do_resize": True,
+    "resample": 2,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "do_pan_and_scan": False,
+    "pan_and_scan_min_crop_size": 256,
+    "pan_and_scan_max_num_crops": 4,
+    "pan_and_scan_min_ratio_to_activate": 1.2,
+}
+
+
+def gemma3_real_bpe() -> BPEModel:
+    """The vocabulary of :func:`~mmfront.fixtures.bpe.byte_bpe_model` with every
+    :data:`GEMMA3_REAL_IDS` token at its real id, padded with ``<unusedN>`` to
+    :data:`GEMMA3_VOCAB_SIZE` so vocab-size costs (``get_vocab``, id validation, tokenizer load)
+    are realistic. The other tokens fill the free ids from 0 up in their ``byte_bpe_model`` order."""
+    base = byte_bpe_model(newline_runs=True)
+    vocab = {byte_token(t) if t.startswith("\n") else t: i for t, i in GEMMA3_REAL_IDS.items()}
+    taken = set(vocab.values())
+    free = (i for i in range(GEMMA3_VOCAB_SIZE) if i not in taken)
+    for token in sorted(base.vocab, key=base.vocab.__getitem__):
+        if token not in vocab:
+            vocab[token] = next(free)
+    vocab.update({f"<unused{n}>": i for n, i in enumerate(free)})
+    return BPEModel(vocab, base.merges)
+
+
+def make_gemma3_tokenizer(bpe: BPEModel | None = None) -> PreTrainedTokenizerFast:
+    """Gemma-style tokenizer: prepends ``<bos>``, and runs of 2, 3 and 4 newlines are single
+    tokens. ``bpe`` swaps in another vocabulary (the real-id one of the ``gemma3-896`` fixture)."""
+    return make_tokenizer(
+        list(GEMMA3_SPECIAL_TOKENS),
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        extra_special_tokens=GEMMA3_EXTRA_SPECIAL_TOKENS,
+        add_bos=True,
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        newline_runs=True,
+        bpe=bpe,
+    )
+
+
+def make_gemma3_processor(
+    image_size: int = 32,
+    image_seq_length: int = 16,
+    backend: ImageBackend = "pil",
+    *,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+    image_processor_kwargs: dict[str, Any] | None = None,
+) -> Gemma3Processor:
+    """Gemma3Processor: real values are 896x896 images and image_seq_length=256.
+
+    The text placeholder is ``<start_of_image>`` (boi); each image expands to
+    ``"\\n\\n<start_of_image>" + "<image_soft_token>" * image_seq_length + "<end_of_image>\\n\\n"``.
+    Pan-and-scan crops are enabled per call with ``do_pan_and_scan=True`` (and, for
+    tiny images, a small ``pan_and_scan_min_crop_size``).
+    """
+    from transformers import Gemma3Processor
+
+    cls = image_processor_class("gemma3", "Gemma3ImageProcessor", backend)
+    image_processor = cls(size={"height": image_size, "width": image_size}, **(image_processor_kwargs or {}))
+    return Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tokenizer or make_gemma3_tokenizer(),
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        image_seq_length=image_seq_length,
+    )
+
+
+def make_gemma3_896_processor(image_size: int = 896, image_seq_length: int = 256) -> Gemma3Processor:
+    """Gemma3Processor at Gemma 3's real sizes, preprocessor values and token ids (vocabulary of
+    262145 from :func:`gemma3_real_bpe`): the benchmarks' and demo's model."""
+    return make_gemma3_processor(
+        image_size,
+        image_seq_length,
+        tokenizer=make_gemma3_tokenizer(gemma3_real_bpe()),
+        image_processor_kwargs=GEMMA3_PREPROCESSOR,
+    )
+
+
+def _config_keys(processor: Any) -> Mapping[str, Any]:
+    """The token indices and image size vLLM's Gemma3 model reads from ``config.json``."""
+    tok = processor.tokenizer
+    return {
+        "boi_token_index": tok.boi_token_id,
+        "eoi_token_index": tok.eoi_token_id,
+        "image_token_index": tok.image_token_id,
+        "mm_tokens_per_image": processor.image_seq_length,
+        "vision_config": {"image_size": processor.image_processor.size["height"]},
+    }
+
+
+def _weights_config(processor: Any, *, tie: bool) -> Gemma3Config:
+    """A sliding-window layer (window 16, shorter than a prompt) and a global one; SigLIP patches
+    pooled 2x2 by the projector into ``image_seq_length`` tokens, as the real model pools 64x64
+    patches into 256. ``gemma3-896`` ties its embeddings: its 262145-token vocabulary is what
+    makes that model large."""
+    from transformers import Gemma3Config
+
+    tok = processor.tokenizer
+    image_size = processor.image_processor.size["height"]
+    side = math.isqrt(processor.image_seq_length)
+    if side * side != processor.image_seq_length or image_size % (2 * side):
+        raise ConfigError(
+            f"Gemma 3 weights need image_seq_length a square number (got {processor.image_seq_length}) and "
+            f"image_size divisible by twice its root (got {image_size}): the projector pools 2x2 patches.")
+    return Gemma3Config(
+        text_config={**TEXT_TOWER, **special_token_ids(tok), "vocab_size": len(tok), "sliding_window": 16,
+                     "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": tie},
+        vision_config={**VISION_TOWER, "image_size": image_size, "patch_size": image_size // (2 * side)},
+        mm_tokens_per_image=processor.image_seq_length,
+        boi_token_index=tok.boi_token_id,
+        eoi_token_index=tok.eoi_token_id,
+        image_token_index=tok.image_token_id,
+        tie_word_embeddings=tie,
+    )
+
+
+def _fixture(build: Any, *, tie: bool) -> ModelKind:
+    """bfloat16 in ``config.json`` like the real checkpoint, so loaders exercise the cast."""
+    return ModelKind("gemma3", "Gemma3ForConditionalGeneration", "bfloat16", build, ("image_size", "image_seq_length"),
+                     config_keys=_config_keys, weights_config=lambda p: _weights_config(p, tie=tie),
+                     stop_tokens=("<end_of_turn>",))
+
+
+# --- the reference engine's encoder ------------------------------------------------------------
+
+
+def encode_gemma3_images(model: Any, modality: str, kwargs: BatchedTensorInputs,
+                         features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
+    """SigLIP and the projector on every crop; an image owns ``num_patches`` crops' rows."""
+    pooled = pooled_rows(model.get_image_features(pixel_values=kwargs["pixel_values"], return_dict=True))
+    crops = kwargs.get("num_patches")
+    per_crop = model.config.mm_tokens_per_image
+    counts = [int(n) * per_crop for n in crops.tolist()] if isinstance(crops, torch.Tensor) else \
+        [per_crop] * len(features)
+    return split_rows(pooled, counts)
+
+
+GEMMA3 = register_model(ModelSpec(
+    model_type="gemma3",
+    hf_processor_class="Gemma3Processor",
+    processor=Gemma3MultiModalProcessor,
+    info=Gemma3ProcessingInfo,
+    options=(MAX_PAN_AND_SCAN_CROPS,),
+    fixtures={"gemma3": _fixture(make_gemma3_processor, tie=False),
+              "gemma3-896": _fixture(make_gemma3_896_processor, tie=True)},
+    reference=ReferenceModel(encode_gemma3_images, marks_token_types=True),
+    # transformers < 5.15 names the soft token ``processor.image_token``; the prompt's is boi
+    backend_placeholders={"image": "boi_token"},
+))

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from mmfront.config import MultiModalConfig
+from mmfront.config import ModelOption, MultiModalConfig
 from mmfront.errors import ProcessorError, UnsupportedModelError
 
 SCOPES = ("text_kwargs", "images_kwargs", "videos_kwargs", "audio_kwargs")
@@ -123,14 +123,14 @@ class ProcessorKwargSpec:
     type: type[bool] | type[int] | type[float]
     """``bool``, ``int`` (bools refused) or ``float`` (ints taken; must be finite)."""
     minimum: float | None = None
-    maximum: float | str | None = None
-    """A number, or the name of the :class:`~mmfront.config.MultiModalConfig` field holding the
-    cap (the deployment sets it)."""
+    maximum: float | ModelOption | None = None
+    """A number, or the model's :class:`~mmfront.config.ModelOption` holding the cap (the
+    deployment sets it)."""
     scope: str = "images_kwargs"
     """Where HF takes it when scoped (``{"images_kwargs": {name: value}}``)."""
 
     def bounds(self, config: MultiModalConfig) -> tuple[float | None, float | None]:
-        cap = getattr(config, self.maximum) if isinstance(self.maximum, str) else self.maximum
+        cap = config.model_option(self.maximum) if isinstance(self.maximum, ModelOption) else self.maximum
         return self.minimum, cap
 
     def describe(self, config: MultiModalConfig) -> str:
@@ -181,8 +181,8 @@ def refuse_processor_kwargs(
         shown = f"{name}.{in_scope}.{key}" if in_scope is not None else f"{name}.{key}"
         if spec is not None and in_scope in (None, spec.scope):
             if not spec.accepts(value, config):
-                cap = (f" The cap is MultiModalConfig.{spec.maximum}; the deployment may raise it."
-                       if isinstance(spec.maximum, str) else "")
+                cap = (f" The cap is MultiModalConfig.model_options.{spec.maximum.name}; the deployment may raise it."
+                       if isinstance(spec.maximum, ModelOption) else "")
                 return f"{shown} must be {spec.describe(config)}, got {value!r}.{cap}"
         elif key in accepted:
             allowed = ", ".join(f"{s.name} ({s.describe(config)})" for s in specs)

@@ -2,10 +2,13 @@
 embedded default model of ``make demo``.
 
 A folder holds what ``save_pretrained`` writes for the processor and its tokenizer, plus a minimal
-``config.json`` (``model_type``, ``architectures``, ``torch_dtype``) so a loader can learn the model
-type and dtype from the folder alone. It loads back with ``transformers.AutoProcessor.from_pretrained``,
-exactly as users load a downloaded model; :func:`load_processor` does that and also works around
-one transformers 5.14.1 bug.
+``config.json`` (``model_type``, ``architectures``, ``torch_dtype`` and the keys its kind adds) so a
+loader can learn the model type and dtype from the folder alone. It loads back with
+``transformers.AutoProcessor.from_pretrained``, exactly as users load a downloaded model;
+:func:`load_processor` does that and also works around one transformers 5.14.1 bug.
+
+Each model module declares its kinds (``ModelSpec.fixtures``: ``gemma3`` and ``gemma3-896`` in
+``mmfront.models.gemma3``); :func:`~mmfront.models.registry.fixture_kinds` finds them all.
 
 Importing this module does not import transformers: :func:`default_model_dir` on a warm cache
 costs a few ``stat`` calls.
@@ -13,18 +16,17 @@ costs a few ``stat`` calls.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmfront.errors import ConfigError
+from mmfront.fixtures.kinds import ModelKind
+from mmfront.models.registry import fixture_kinds
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin
@@ -32,8 +34,6 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MODEL_KIND",
     "FIXTURE_VERSION",
-    "KINDS",
-    "ModelKind",
     "build_model_folder",
     "cached_model_dir",
     "default_model_dir",
@@ -51,92 +51,41 @@ WEIGHTS_VERSION = "1"
 DEFAULT_MODEL_KIND = "gemma3-896"
 
 
-@dataclass(frozen=True)
-class ModelKind:
-    """One buildable folder: which builder, which sizes it takes, and what ``config.json`` says."""
-
-    model_type: str
-    architecture: str
-    torch_dtype: str
-    builder: str
-    sizes: tuple[str, ...]
-
-    def build(self, **sizes: int) -> ProcessorMixin:
-        from mmfront.testing import processors
-
-        make: Callable[..., ProcessorMixin] = getattr(processors, self.builder)
-        return make(**sizes)
-
-
-_IMAGE_GEMMA = ("image_size", "image_seq_length")
-_AUDIO = ("feature_size", "chunk_length", "sampling_rate")
-
-#: Every kind :func:`build_model_folder` knows. The Gemma3 kinds declare bfloat16 like the real
-#: checkpoint (so loaders exercise the cast); the others float32, so their outputs compare
-#: bit-exact with the HF processor's.
-KINDS: dict[str, ModelKind] = {
-    "gemma3": ModelKind("gemma3", "Gemma3ForConditionalGeneration", "bfloat16", "make_gemma3_processor", _IMAGE_GEMMA),
-    "gemma3-896": ModelKind(
-        "gemma3", "Gemma3ForConditionalGeneration", "bfloat16", "make_gemma3_896_processor", _IMAGE_GEMMA
-    ),
-    "idefics3": ModelKind(
-        "idefics3",
-        "Idefics3ForConditionalGeneration",
-        "float32",
-        "make_idefics3_processor",
-        ("patch_size", "max_splits_per_side", "image_seq_len"),
-    ),
-    "emu3": ModelKind(
-        "emu3", "Emu3ForConditionalGeneration", "float32", "make_emu3_processor", ("min_pixels", "max_pixels", "spatial_factor")
-    ),
-    "qwen2_audio": ModelKind(
-        "qwen2_audio", "Qwen2AudioForConditionalGeneration", "float32", "make_qwen2_audio_processor", _AUDIO
-    ),
-    "glmasr": ModelKind("glmasr", "GlmAsrForConditionalGeneration", "float32", "make_glmasr_processor", _AUDIO),
-}
-
-
 def _config_json(kind: ModelKind, processor: ProcessorMixin) -> dict[str, Any]:
-    """What a loader reads from ``config.json``; Gemma3 adds the token indices and image size
-    vLLM's Gemma3 model reads there, so the folder is self-consistent with its tokenizer."""
-    from transformers import Gemma3Processor
-
-    config: dict[str, Any] = {
+    """What a loader reads from ``config.json``."""
+    return {
         "architectures": [kind.architecture],
         "model_type": kind.model_type,
         "torch_dtype": kind.torch_dtype,
+        **kind.config_keys(processor),
     }
-    if isinstance(processor, Gemma3Processor):
-        tok = processor.tokenizer
-        config |= {
-            "boi_token_index": tok.boi_token_id,
-            "eoi_token_index": tok.eoi_token_id,
-            "image_token_index": tok.image_token_id,
-            "mm_tokens_per_image": processor.image_seq_length,
-            "vision_config": {"image_size": processor.image_processor.size["height"]},
-        }
-    return config
 
 
 def build_model_folder(kind: str, folder: Path, *, with_weights: bool = False, **sizes: int) -> Path:
     """Save the ``kind`` processor (with its tokenizer) and a minimal ``config.json`` into ``folder``.
 
     ``sizes`` override the builder's defaults (e.g. ``image_size=224, image_seq_length=64`` for
-    ``"gemma3-896"``); see :data:`KINDS` for which each kind takes. ``with_weights`` adds a
+    ``"gemma3-896"``); see :func:`~mmfront.models.registry.fixture_kinds` for which each kind takes. ``with_weights`` adds a
     random-weight float32 model of the real architecture and its full ``config.json``
     (:func:`mmfront.testing.weights.write_weights`). Returns ``folder``.
     """
-    spec = KINDS.get(kind)
+    kinds = fixture_kinds()
+    spec = kinds.get(kind)
     if spec is None:
-        raise ConfigError(f"unknown model kind {kind!r}: pass one of {sorted(KINDS)}")
+        raise ConfigError(f"unknown model kind {kind!r}: pass one of {sorted(kinds)}")
     unknown = sorted(set(sizes) - set(spec.sizes))
     if unknown:
         raise ConfigError(f"{kind!r} takes no size {unknown}: pass only {list(spec.sizes)}")
     if with_weights:
-        from mmfront.testing.weights import WEIGHT_KINDS, write_weights
+        from mmfront.testing.weights import weight_kinds, write_weights
 
-        if kind not in WEIGHT_KINDS:
-            raise ConfigError(f"no weights for model kind {kind!r}: pass one of {list(WEIGHT_KINDS)}")
+        if spec.weights_config is None:
+            raise ConfigError(f"no weights for model kind {kind!r}: pass one of {list(weight_kinds())}")
+    from transformers.utils import logging as hf_logging
+
+    # The builders exercise deprecated paths on purpose (5.14.1 Gemma3 image_token, Whisper
+    # sampling rate); their warnings would bury real test output.
+    hf_logging.set_verbosity_error()
     processor = spec.build(**sizes)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -177,13 +126,14 @@ def cached_model_dir(kind: str, *, with_weights: bool = False) -> Path:
     sibling that is renamed into place, so a reader never sees a half-written folder; when two
     processes race, one rename wins and the other's copy is discarded.
     """
-    if kind not in KINDS:
-        raise ConfigError(f"unknown model kind {kind!r}: pass one of {sorted(KINDS)}")
     root = mmfront_home() / "models"
     weights = f"-weights{WEIGHTS_VERSION}" if with_weights else ""
     final = root / f"{kind}{weights}-v{FIXTURE_VERSION}-transformers{importlib.metadata.version('transformers')}"
-    if final.is_dir():
+    if final.is_dir():  # before looking the kind up, which imports the model modules
         return final
+    kinds = fixture_kinds()
+    if kind not in kinds:
+        raise ConfigError(f"unknown model kind {kind!r}: pass one of {sorted(kinds)}")
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:

@@ -17,6 +17,9 @@ from transformers import Idefics2Processor, MllamaProcessor, WhisperProcessor
 
 from mmfront import MultiModalConfig
 from mmfront.errors import InputTypeError, MissingOffsetsError, UnsupportedModelError, ValidationError
+from mmfront.fixtures.bpe import make_tokenizer
+from mmfront.fixtures.processors import image_processor_class
+from mmfront.models.glmasr import make_glmasr_processor
 from mmfront.models.registry import create_processor, resolve_factory
 from mmfront.models.transformers import (
     LegacyMultiModalProcessor,
@@ -28,9 +31,7 @@ from mmfront.models.transformers import (
     select_backend,
 )
 from mmfront.processing.processor import ProcessingInfo
-from mmfront.testing.bpe import make_tokenizer
 from mmfront.testing.media import make_audio, make_image
-from mmfront.testing.processors import image_processor_class, make_glmasr_processor
 
 pytestmark = pytest.mark.backend
 
@@ -149,9 +150,9 @@ def test_glmasr_under_offsets_works_on_every_version() -> None:
 
 
 def test_processor_without_a_placeholder_is_refused() -> None:
-    from mmfront.testing.processors import _whisper_feature_extractor
+    from mmfront.fixtures.processors import whisper_feature_extractor
 
-    hf = WhisperProcessor(feature_extractor=_whisper_feature_extractor(16, 2, 16000),
+    hf = WhisperProcessor(feature_extractor=whisper_feature_extractor(16, 2, 16000),
                           tokenizer=make_tokenizer([], bos_token=None, eos_token="<eos>", pad_token="<pad>"))
     with pytest.raises(UnsupportedModelError, match="WhisperProcessor has a audio sub-processor but no `audio_token`"):
         build(LegacyMultiModalProcessor, hf)

@@ -2,7 +2,8 @@
 splitting its outputs into one kwargs item per multimodal item.
 
 The backend serves any HF processor mmfront has no native processor for, so nothing here knows a
-model by name (Gemma3's text placeholder aside, see :meth:`TransformersProcessingInfo.placeholder`).
+model by name: where a model's text placeholder is not ``{modality}_token``, its model module says
+so (``ModelSpec.backend_placeholders``, see :meth:`TransformersProcessingInfo.placeholder`).
 Everything is read from the processor: which modalities it has (its sub-processors), which key
 belongs to which modality (the sub-processor's ``model_input_names``), and how many data rows each
 item owns (``image_grid_thw``, ``_get_num_multimodal_tokens`` or the replacement text).
@@ -26,6 +27,7 @@ import torch
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
+from mmfront.models.registry import backend_placeholder_attr
 from mmfront.parse import AudioProcessorItems, EmbeddingItems, ImageProcessorItems, MultiModalDataItems
 from mmfront.processing.hf import SCOPES, call_hf
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
@@ -89,12 +91,13 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         return next(getattr(proc, a) for a in _SUBPROCESSORS[modality] if getattr(proc, a, None) is not None)
 
     def placeholder(self, modality: str) -> str:
-        """The text placeholder of ``modality``. Gemma3's is ``<start_of_image>`` in every version
-        although transformers < 5.15 names the soft token ``processor.image_token``."""
+        """The text placeholder of ``modality``: the processor's ``{modality}_token``, or the
+        attribute its model module names (Gemma 3's ``boi_token``, since transformers < 5.15
+        names the soft token ``processor.image_token``)."""
         proc = self.hf_processor
-        if modality == "image" and "gemma3" in type(proc).__name__.lower() and isinstance(
-                getattr(proc, "boi_token", None), str):
-            return str(proc.boi_token)
+        attr = backend_placeholder_attr(type(proc), modality)
+        if attr is not None and isinstance(getattr(proc, attr, None), str):
+            return str(getattr(proc, attr))
         return str(getattr(proc, f"{modality}_token"))
 
     def placeholder_ids(self, modality: str) -> list[int]:

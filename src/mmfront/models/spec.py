@@ -1,0 +1,75 @@
+"""What a model module declares: one :class:`ModelSpec`, registered with
+:func:`~mmfront.models.registry.register_model`.
+
+Everything mmfront needs of a model lives in its module (CONTRIBUTING.md, "Adding a model"):
+the native processor and info classes, its deployment options, its offline fixtures, and the
+encoder the reference engine runs. Generic code reads these declarations and names no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mmfront.config import ModelOption
+from mmfront.errors import PromptUpdateError
+from mmfront.fixtures.kinds import ModelKind
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
+from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
+
+__all__ = ["Encoder", "ModelSpec", "ReferenceModel", "pooled_rows", "split_rows"]
+
+Encoder = Callable[[Any, str, BatchedTensorInputs, Sequence[MultiModalFeatureSpec]], list[torch.Tensor]]
+"""``(model, modality, batched kwargs, the batch's features) -> one [rows, hidden] tensor per feature``."""
+
+
+@dataclass(frozen=True)
+class ReferenceModel:
+    """How the reference engine (:class:`~mmfront.engine.runner.ModelRunner`) runs the model's
+    multimodal encoder."""
+
+    encode: Encoder
+    marks_token_types: bool = False
+    """Whether the prefill marks the embedding positions in ``token_type_ids`` (Gemma 3's image
+    tokens attend to each other bidirectionally)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything mmfront needs of one model type.
+
+    Without ``processor`` the transformers backend serves the model; ``backend_placeholders``
+    then names, per modality, the HF processor attribute holding the text placeholder where it
+    is not ``{modality}_token``."""
+
+    model_type: str
+    """``config.json``'s ``model_type``."""
+    hf_processor_class: str
+    """The HF processor class name its folders load as."""
+    processor: type[BaseMultiModalProcessor] | None = None
+    info: type[BaseProcessingInfo] | None = None
+    options: Sequence[ModelOption] = ()
+    """Its keys of ``MultiModalConfig.model_options``."""
+    fixtures: Mapping[str, ModelKind] = field(default_factory=dict)
+    """Offline folders ``mmfront.testing.models.build_model_folder`` builds, by kind name."""
+    reference: ReferenceModel | None = None
+    backend_placeholders: Mapping[str, str] = field(default_factory=dict)
+
+
+def pooled_rows(output: Any) -> torch.Tensor:
+    """``get_image_features``' projected rows as one ``[rows, hidden]`` tensor: transformers
+    returns them in an output's ``pooler_output``, as one tensor or one per prompt."""
+    pooled = output.pooler_output
+    return torch.cat([p.reshape(-1, p.shape[-1]) for p in pooled])
+
+
+def split_rows(rows: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
+    """``rows`` cut into one tensor per item of ``counts`` rows each."""
+    if sum(counts) != rows.shape[0]:
+        raise PromptUpdateError(
+            f"The encoder produced {rows.shape[0]} embeddings for items that make {list(counts)} of them; the "
+            "items' data does not fit this model.", expected=sum(counts), found=rows.shape[0])
+    return list(rows.split(list(counts)))
