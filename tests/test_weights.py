@@ -12,7 +12,7 @@ import transformers
 from safetensors.torch import load_file
 
 from mmfront.errors import ConfigError
-from mmfront.models.registry import fixture_kinds
+from mmfront.models.catalog import fixture_kinds
 from mmfront.testing import models
 from mmfront.testing.media import make_audio, make_image
 from mmfront.testing.models import build_model_folder, cached_model_dir, load_processor

@@ -16,7 +16,7 @@ from mmfront import MultiModalConfig
 from mmfront.fixtures.bpe import make_tokenizer
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.parse import MultiModalDataItems
-from mmfront.processing.processor import BaseMultiModalProcessor, ProcessingInfo
+from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 
@@ -28,7 +28,7 @@ class _HF:
                                         pad_token="<pad>")
 
 
-class ToyInfo(ProcessingInfo):
+class ToyInfo(BaseProcessingInfo):
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         return {"image": None, "audio": 4}
 
@@ -36,7 +36,7 @@ class ToyInfo(ProcessingInfo):
 class ToyProcessor(BaseMultiModalProcessor):
     placeholder_str: ClassVar[Mapping[str, str]] = {"image": "<img>", "audio": "<aud>"}
 
-    def __init__(self, info: ProcessingInfo) -> None:
+    def __init__(self, info: BaseProcessingInfo) -> None:
         super().__init__(info)
         self.calls: list[dict[str, int]] = []
         tok = info.tokenizer

@@ -1,5 +1,5 @@
 """Adding a model is one module: a throwaway model, written into a folder that joins
-``mmfront.models``' search path, is found by the registry's scan with everything it declares
+``mmfront.models``' search path, is found by the catalog's scan with everything it declares
 (processor and info, a config option, its offline fixture, its reference encoder), and serves a
 request through ``InputPreprocessor`` from the folder its own fixture builder made. Nothing else
 in mmfront names it (CONTRIBUTING.md, "Adding a model")."""
@@ -15,7 +15,7 @@ import pytest
 
 from mmfront import InputPreprocessor, MultiModalConfig
 from mmfront.errors import ConfigError
-from mmfront.models import registry
+from mmfront.models import catalog
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import make_image
 from mmfront.testing.models import build_model_folder
@@ -33,7 +33,7 @@ from mmfront.fixtures.bpe import make_tokenizer
 from mmfront.fixtures.kinds import ModelKind
 from mmfront.fixtures.processors import image_processor_class
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.registry import register_model
+from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel
 from mmfront.parse import MultiModalDataItems
 from mmfront.processing.hf import call_hf
@@ -100,24 +100,24 @@ NAME = "mmfront.models.throwaway"
 
 @pytest.fixture
 def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The module written into its own folder on ``mmfront.models.__path__``; the registry's
+    """The module written into its own folder on ``mmfront.models.__path__``; the catalog's
     tables and the path are restored afterwards."""
-    registry.model_specs()  # the built-in modules first, so the copies below hold them
+    catalog.model_specs()  # the built-in modules first, so the copies below hold them
     for table in ("_NATIVE", "_NATIVE_BY_MODEL_TYPE", "_MODELS"):
-        monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
+        monkeypatch.setattr(catalog, table, dict(getattr(catalog, table)))
     folder = tmp_path / "models"
     folder.mkdir()
     (folder / "throwaway.py").write_text(MODULE, encoding="utf-8")
     import mmfront.models
 
     monkeypatch.setattr(mmfront.models, "__path__", [*mmfront.models.__path__, str(folder)])
-    assert "llava_next" in registry.model_specs()  # found by the scan, nothing else told
+    assert "llava_next" in catalog.model_specs()  # found by the scan, nothing else told
     yield sys.modules[NAME]
     del sys.modules[NAME]
 
 
 def test_one_module_declares_and_serves_a_model(throwaway: ModuleType, tmp_path: Path) -> None:
-    assert "throwaway" in registry.fixture_kinds()
+    assert "throwaway" in catalog.fixture_kinds()
     folder = build_model_folder("throwaway", tmp_path / "folder")  # the module's own fixture builder
     pre = InputPreprocessor(folder)
     assert type(pre.processor) is throwaway.ThrowawayProcessor
@@ -126,7 +126,7 @@ def test_one_module_declares_and_serves_a_model(throwaway: ModuleType, tmp_path:
     assert out["prompt_token_ids"].count(image) == 4
     assert out["mm_placeholders"]["image"][0].length == 4
     assert out["mm_kwargs"]["image"][0]["pixel_values"].data.shape == (3, 16, 16)
-    assert registry.reference_model("llava_next") is throwaway.THROWAWAY.reference
+    assert catalog.reference_model("llava_next") is throwaway.THROWAWAY.reference
 
 
 def test_the_module_declares_its_own_config_option(throwaway: ModuleType, tmp_path: Path) -> None:
@@ -148,4 +148,4 @@ def test_a_name_declared_twice_is_refused(throwaway: ModuleType) -> None:
     spec = throwaway.THROWAWAY
     with pytest.raises(ConfigError, match=r"model type 'llava_next', option 'throwaway_tokens_per_image', fixture kind "
                                           r"'throwaway' of 'llava_next' already declared"):
-        registry.register_model(spec)
+        catalog.register_model(spec)

@@ -13,9 +13,10 @@ import pytest
 
 from mmfront import MultiModalConfig
 from mmfront.errors import ConfigError, InputTypeError
-from mmfront.models import ModelSpec, registry
+from mmfront.models import ModelSpec, catalog
+from mmfront.models.catalog import register_processor
 from mmfront.models.gemma3 import Gemma3MultiModalProcessor, Gemma3ProcessingInfo
-from mmfront.models.registry import create_processor, register_processor, resolve_factory
+from mmfront.models.registry import create_processor, resolve_factory
 from mmfront.models.transformers import LegacyMultiModalProcessor, MultiModalProcessor, TransformersProcessingInfo
 
 
@@ -27,11 +28,11 @@ class MyInfo(TransformersProcessingInfo):
 def tables(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """The registry tables, restored after the test (built-ins registered first, so a built-in
     first imported inside the test does not land in the copy only)."""
-    registry.model_specs()
-    native, by_type = dict(registry._NATIVE), dict(registry._NATIVE_BY_MODEL_TYPE)
-    monkeypatch.setattr(registry, "_NATIVE", native)
-    monkeypatch.setattr(registry, "_NATIVE_BY_MODEL_TYPE", by_type)
-    monkeypatch.setattr(registry, "_MODELS", dict(registry._MODELS))
+    catalog.model_specs()
+    native, by_type = dict(catalog._NATIVE), dict(catalog._NATIVE_BY_MODEL_TYPE)
+    monkeypatch.setattr(catalog, "_NATIVE", native)
+    monkeypatch.setattr(catalog, "_NATIVE_BY_MODEL_TYPE", by_type)
+    monkeypatch.setattr(catalog, "_MODELS", dict(catalog._MODELS))
     yield native, by_type
 
 
@@ -132,26 +133,26 @@ def test_wrong_types_are_refused(tables: Any) -> None:
     assert "PaliGemmaProcessor" not in tables[0]
 
 
-def test_the_registry_finds_every_model_module_by_scanning_the_package() -> None:
-    specs = registry.model_specs()
+def test_the_catalog_finds_every_model_module_by_scanning_the_package() -> None:
+    specs = catalog.model_specs()
     assert {"gemma3", "idefics3", "qwen2_audio"} <= set(specs)
     gemma3 = specs["gemma3"]
     assert (gemma3.processor, gemma3.info) == (Gemma3MultiModalProcessor, Gemma3ProcessingInfo)
-    assert {"gemma3", "gemma3-896"} <= set(registry.fixture_kinds())
+    assert {"gemma3", "gemma3-896"} <= set(catalog.fixture_kinds())
     from transformers import Gemma3Processor, Idefics3Processor
 
     class MyGemma3Processor(Gemma3Processor):
         pass
 
     for cls in (Gemma3Processor, MyGemma3Processor):
-        assert registry.backend_placeholder_attr(cls, "image") == "boi_token"
-    assert registry.backend_placeholder_attr(Idefics3Processor, "image") is None
+        assert catalog.backend_placeholder_attr(cls, "image") == "boi_token"
+    assert catalog.backend_placeholder_attr(Idefics3Processor, "image") is None
 
 
 def test_importing_mmfront_imports_no_model_module() -> None:
     code = ("import sys, mmfront, mmfront.testing.models; "
             "print(sorted(m for m in sys.modules if m.startswith('mmfront.models.') and m not in "
-            "('mmfront.models.registry', 'mmfront.models.spec')))")
+            "('mmfront.models.catalog', 'mmfront.models.registry', 'mmfront.models.spec')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 
@@ -162,12 +163,12 @@ def test_every_model_option_is_in_the_configuration_reference() -> None:
     table = text.split("Model options (`model_options`)", 1)[1].split("\n\n", 2)[1]
     rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]
     documented = {cells[0].strip().strip("`"): cells[2].strip().strip("`") for cells in rows}
-    assert documented == {name: str(o.default) for name, o in registry.model_options().items()}
+    assert documented == {name: str(o.default) for name, o in catalog.model_options().items()}
 
 
 def test_a_model_spec_needs_both_processor_and_info(tables: Any) -> None:
     with pytest.raises(ConfigError, match="gives a processor without info or info without a processor"):
-        registry.register_model(ModelSpec("paligemma", "PaliGemmaProcessor", processor=MultiModalProcessor))
+        catalog.register_model(ModelSpec("paligemma", "PaliGemmaProcessor", processor=MultiModalProcessor))
     with pytest.raises(InputTypeError, match="register_model takes a ModelSpec"):
-        registry.register_model("paligemma")  # type: ignore[arg-type]
-    assert "paligemma" not in registry._MODELS
+        catalog.register_model("paligemma")  # type: ignore[arg-type]
+    assert "paligemma" not in catalog._MODELS

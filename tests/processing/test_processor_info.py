@@ -16,7 +16,7 @@ from mmfront import MultiModalConfig
 from mmfront.errors import ConfigError
 from mmfront.models.registry import create_processor
 from mmfront.models.transformers import LegacyMultiModalProcessor, MultiModalProcessor, TransformersProcessingInfo
-from mmfront.processing.processor import BaseProcessingInfo, ProcessingInfo
+from mmfront.processing.processor import BaseProcessingInfo
 
 # (fixture holding the folder, HF processor class, config class, model_type)
 SUITE = {
@@ -127,9 +127,8 @@ def test_unreadable_config_is_a_config_error(idefics3_processor: Any, tmp_path: 
 def test_names_and_facades() -> None:
     import mmfront.models as models
     import mmfront.processing as processing
-    from mmfront.models.registry import register_processor
+    from mmfront.models.catalog import register_processor
 
-    assert ProcessingInfo is BaseProcessingInfo
-    assert processing.BaseProcessingInfo is BaseProcessingInfo and processing.ProcessingInfo is BaseProcessingInfo
-    assert models.BaseProcessingInfo is BaseProcessingInfo and models.ProcessingInfo is BaseProcessingInfo
+    assert processing.BaseProcessingInfo is BaseProcessingInfo and not hasattr(processing, "ProcessingInfo")
+    assert models.BaseProcessingInfo is BaseProcessingInfo and not hasattr(models, "ProcessingInfo")
     assert models.register_processor is register_processor

@@ -42,7 +42,7 @@ from mmfront.errors import (
     ValidationError,
 )
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, group_mm_kwargs_by_modality
-from mmfront.models.registry import model_specs, reference_model
+from mmfront.models.catalog import model_specs, reference_model
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
 __all__ = ["ModelRunner", "error_output", "scatter_mm_embeddings"]

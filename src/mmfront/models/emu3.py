@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from mmfront.fixtures.bpe import make_tokenizer
 from mmfront.fixtures.kinds import ModelKind
-from mmfront.models.registry import register_model
+from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ from mmfront.fixtures.bpe import BPEModel, byte_bpe_model, byte_token, make_toke
 from mmfront.fixtures.kinds import TEXT_TOWER, VISION_TOWER, ModelKind, special_token_ids
 from mmfront.fixtures.processors import ImageBackend, image_processor_class
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.registry import register_model
+from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
 from mmfront.parse import EmbeddingItems, MultiModalDataItems
 from mmfront.pixels import pixel_rows, to_hwc_uint8

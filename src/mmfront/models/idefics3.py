@@ -15,7 +15,7 @@ from mmfront.fixtures.bpe import make_tokenizer
 from mmfront.fixtures.kinds import TEXT_TOWER, VISION_TOWER, ModelKind, special_token_ids
 from mmfront.fixtures.processors import ImageBackend, image_processor_class
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
-from mmfront.models.registry import register_model
+from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
 
 if TYPE_CHECKING:

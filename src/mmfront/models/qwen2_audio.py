@@ -13,7 +13,7 @@ from mmfront.fixtures.bpe import make_tokenizer
 from mmfront.fixtures.kinds import TEXT_TOWER, ModelKind, special_token_ids
 from mmfront.fixtures.processors import whisper_feature_extractor
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
-from mmfront.models.registry import register_model
+from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel
 
 if TYPE_CHECKING:

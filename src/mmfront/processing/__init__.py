@@ -1,10 +1,11 @@
 """The processing layer, under vLLM's names: ``BaseMultiModalProcessor`` with its
-``BaseProcessingInfo`` (``ProcessingInfo`` is the older alias), the prompt updates a processor
+``BaseProcessingInfo``, the prompt updates a processor
 declares, the dummy inputs builder, and the commit step of the P0 cache."""
 
+from mmfront.processing._matching import iter_token_matches
 from mmfront.processing.commit import commit_mm_inputs
 from mmfront.processing.dummy import BaseDummyInputsBuilder
-from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo, ProcessingInfo
+from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptIndexTargets,
@@ -19,11 +20,11 @@ __all__ = [
     "BaseMultiModalProcessor",
     "BaseProcessingInfo",
     "PlaceholderFeaturesInfo",
-    "ProcessingInfo",
     "PromptIndexTargets",
     "PromptInsertion",
     "PromptReplacement",
     "PromptUpdate",
     "PromptUpdateDetails",
     "commit_mm_inputs",
+    "iter_token_matches",
 ]

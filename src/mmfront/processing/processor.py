@@ -216,10 +216,6 @@ class BaseProcessingInfo:
         return cached_encode(self.tokenizer, text, add_special_tokens=add_special_tokens)
 
 
-ProcessingInfo = BaseProcessingInfo
-"""The name mmfront used before it took vLLM's; kept so existing code keeps working."""
-
-
 class BaseMultiModalProcessor(ABC):
     """Turns a prompt plus multimodal items into :class:`MultiModalInputs`.
 

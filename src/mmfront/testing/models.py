@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmfront.errors import ConfigError
 from mmfront.fixtures.kinds import ModelKind
-from mmfront.models.registry import fixture_kinds
+from mmfront.models.catalog import fixture_kinds
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin

@@ -30,7 +30,7 @@ from mmfront.models.transformers import (
     offsets_request_kwargs,
     select_backend,
 )
-from mmfront.processing.processor import ProcessingInfo
+from mmfront.processing.processor import BaseProcessingInfo
 from mmfront.testing.media import make_audio, make_image
 
 pytestmark = pytest.mark.backend
@@ -160,7 +160,7 @@ def test_processor_without_a_placeholder_is_refused() -> None:
 
 def test_backend_needs_its_own_info(idefics3_processor: Any) -> None:
     with pytest.raises(InputTypeError, match="TransformersProcessingInfo"):
-        OffsetsMultiModalProcessor(ProcessingInfo(idefics3_processor, model_id="x"))
+        OffsetsMultiModalProcessor(BaseProcessingInfo(idefics3_processor, model_id="x"))
 
 
 # --- placeholders for the chat layer -----------------------------------------------------------

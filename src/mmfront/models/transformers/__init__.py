@@ -10,7 +10,7 @@ transformers_backend`` overrides it. See ``docs/transformers-backend.md``.
 from __future__ import annotations
 
 from mmfront.config import MultiModalConfig
-from mmfront.models.registry import ProcessorFactory
+from mmfront.models.catalog import ProcessorFactory
 from mmfront.models.transformers.base import TransformersProcessingInfo
 from mmfront.models.transformers.legacy import LegacyMultiModalProcessor
 from mmfront.models.transformers.offsets import (

@@ -27,7 +27,7 @@ import torch
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.registry import backend_placeholder_attr
+from mmfront.models.catalog import backend_placeholder_attr
 from mmfront.parse import AudioProcessorItems, EmbeddingItems, ImageProcessorItems, MultiModalDataItems
 from mmfront.processing.hf import SCOPES, call_hf
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo

@@ -41,7 +41,7 @@ from mmfront.models.transformers.base import (
     _MultiModalProcessorBase,
 )
 from mmfront.parse import ImageProcessorItems, MultiModalDataItems
-from mmfront.processing._matching import iter_token_matches
+from mmfront.processing import iter_token_matches
 from mmfront.processing.hf import resolve_hf_kwargs
 from mmfront.processing.processor import BaseProcessingInfo
 from mmfront.processing.updates import (
