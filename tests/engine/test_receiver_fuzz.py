@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from echo_engine import request_checksum
-from test_codec_fuzz import _max_rss_mb, mutate
 from test_engine_link import Expected, plans, run_requests
+from tests.wire.test_codec_fuzz import _max_rss_mb, mutate
 
 from mmfront import MultiModalConfig
 from mmfront.cache.mirror import MirroredReceiverCache
