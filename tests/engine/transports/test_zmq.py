@@ -12,7 +12,8 @@ import pytest
 import torch
 import zmq
 
-from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
+from mmfront.engine.transports import ENGINE_TRANSPORTS
+from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity, zmq_engine_factory
 from mmfront.engine.transports.zmq_frames import TAIL_MAGIC
 from mmfront.errors import ConfigError, DecodeError, TransportError
 from mmfront.inputs import (
@@ -262,3 +263,14 @@ def test_oversized_frames_are_dropped_by_max_frame_bytes() -> None:
         p0.wait_for_engines([0], TIMEOUT)
         p0.send(encode_envelope(REQUEST, ENCODER.encode(image_request("big", torch.zeros(64, 64)))))
         assert p1.recv(0.3) is None
+
+
+def test_an_engine_connects_through_the_zmq_factory() -> None:
+    assert ENGINE_TRANSPORTS["zmq"] is zmq_engine_factory
+    with ZmqFrontendTransport() as p0:
+        connect = zmq_engine_factory(p0.addresses.input, p0.addresses.output)
+        with connect(3) as engine:
+            assert isinstance(engine, ZmqEngineTransport) and engine.engine_index == 3
+            p0.wait_for_engines([3], TIMEOUT)
+            p0.send_to(3, encode_envelope(RESET_CACHE, ENCODER.encode(None)))
+            assert decode_message(engine.recv(TIMEOUT) or [], Direction.TO_ENGINE).kind == RESET_CACHE
