@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from mmfront.errors import DecodeError
+from mmfront.wire import messages
 from mmfront.wire.codec import MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -92,6 +93,7 @@ def test_an_unknown_kind_is_refused_by_name(direction: Direction, code: bytes) -
 def test_each_row_is_consistent() -> None:
     for code, kind in MESSAGE_KINDS.items():
         assert kind.code == code and len(code) == 1, kind
+        assert getattr(messages, kind.name) == code, kind  # the row's name is its constant's
         if kind.direction is Direction.TO_FRONTEND:
             assert (kind.vllm, kind.utility) == (None, None), kind  # replies ride behind EngineCoreOutputs
         else:

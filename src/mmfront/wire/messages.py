@@ -156,6 +156,7 @@ def _kind(
     code: bytes, name: str, body: Any, direction: Direction, *, needs_stamp: bool = False,
     vllm: EngineCoreRequestType | None = None, utility: str | None = None,
 ) -> bytes:
+    assert code not in _TABLE, f"{name} reuses the type byte of {_TABLE[code].name}"
     _TABLE[code] = MessageKind(code, name, body, direction, needs_stamp, vllm, utility)
     return code
 
