@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import zmq
 
-from mmfront.engine.transport import BaseTransport
-from mmfront.engine.zmq import ZmqFrontendTransport, engine_identity
+from mmfront.engine.transports import BaseTransport
+from mmfront.engine.transports.zmq import ZmqFrontendTransport, engine_identity
+from mmfront.engine.transports.zmq_frames import request_frames
 from mmfront.errors import DecodeError, TransportError
 from mmfront.inputs import (
     MultiModalBatchedField,
@@ -24,8 +25,7 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     PlaceholderRange,
 )
-from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder, SamplingParams, frame_view
-from mmfront.wire._zmq_frames import request_frames
+from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder, SamplingParams, frame_view
 from mmfront.wire.messages import (
     ABORT,
     DIGEST_SIZE,
@@ -34,13 +34,13 @@ from mmfront.wire.messages import (
     MIRROR_ONLY,
     REQUEST,
     RESET_CACHE,
+    Direction,
     MirrorOnly,
     MirrorOp,
     MirrorStamp,
-    decode_envelope,
+    decode_message,
     encode_envelope,
 )
-from mmfront.wire.structs import EngineCoreOutputs
 
 # --- the link between the client and ZMQ --------------------------------------------------------
 
@@ -62,7 +62,6 @@ class FaultyLink(BaseTransport):
         bookkeeping must not be what grows)."""
         self._held: tuple[float, Sequence[Frame]] | None = None
         self._lock = threading.Lock()
-        self._outputs = MsgpackDecoder(EngineCoreOutputs)
 
     def send(self, frames: Sequence[Frame]) -> None:
         with self._lock:
@@ -96,7 +95,7 @@ class FaultyLink(BaseTransport):
             self.lossy = False  # an engine is back: from now on, what is sent arrives
         if frames is not None and kind == ENGINE_OUTPUTS:
             try:
-                outputs = self._outputs.decode(decode_envelope(frames).message)
+                outputs = decode_message(frames, Direction.TO_FRONTEND).body
             except DecodeError:
                 return frames  # the client logs and drops it
             for output in outputs.outputs:
@@ -173,7 +172,6 @@ class MalformedPeer(threading.Thread):
         self.unreachable = 0
         self.refusals = 0
         self.stop = threading.Event()
-        self._outputs = MsgpackDecoder(EngineCoreOutputs)
 
     def run(self) -> None:
         identity = engine_identity(0)
@@ -193,6 +191,6 @@ class MalformedPeer(threading.Thread):
         while (frames := self.transport.recv(0)) is not None:
             if bytes(frame_view(frames[0], 0)) != ENGINE_OUTPUTS:
                 continue
-            failure = self._outputs.decode(decode_envelope(frames).message).utility_output
+            failure = decode_message(frames, Direction.TO_FRONTEND).body.utility_output
             if failure is not None and failure.failure_message:
                 self.refusals += 1

@@ -42,7 +42,7 @@ from _harness import Report
 from mmfront.config import MultiModalConfig
 from mmfront.demo import DemoRequest, generate_workload
 from mmfront.engine.client import EngineClient
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.models import cached_model_dir
 from mmfront.testing.peer import vllm_peer_model_dir, vllm_peer_python

@@ -30,7 +30,7 @@ from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.config import MultiModalConfig
 from mmfront.engine.client import EngineClient, RequestAdmitted
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, natural_image
 from mmfront.testing.models import cached_model_dir

@@ -40,7 +40,7 @@ import torch
 
 from _harness import Report
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
-from mmfront.engine.zmq import ZmqEngineTransport, ZmqFrontendTransport
+from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport
 from mmfront.inputs import (
     MultiModalBatchedField,
     MultiModalFeatureSpec,
@@ -49,8 +49,8 @@ from mmfront.inputs import (
     PlaceholderRange,
 )
 from mmfront.testing.peer import vllm_peer_python
-from mmfront.wire import EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, SamplingParams, frame_view
-from mmfront.wire.messages import REQUEST, decode_envelope, encode_envelope
+from mmfront.wire import EngineCoreRequest, MsgpackEncoder, SamplingParams, frame_view
+from mmfront.wire.messages import REQUEST, Direction, decode_message, encode_envelope
 
 GROUP = "wire (5,3,896,896) f32"
 SHAPE = (5, 3, 896, 896)
@@ -127,7 +127,7 @@ class _Link:
     def __init__(self, pixels: torch.Tensor, ring_slots: int) -> None:
         self.pixels = pixels
         self.request = _request(_item(pixels))
-        self.encoder, self.decoder = MsgpackEncoder(), MsgpackDecoder(EngineCoreRequest)
+        self.encoder = MsgpackEncoder()
         self.nbytes = pixels.numel() * pixels.element_size()
         self.sender = ShmObjectStoreSenderCache(ring_slots * self.nbytes + (1 << 20),
                                                 max_object_size=self.nbytes + (1 << 20))
@@ -149,7 +149,7 @@ class _Link:
         p0.send(envelope)
         frames = engine.recv(timeout=30)
         assert frames is not None, "the engine transport received nothing"
-        return self.decoder.decode(decode_envelope(frames).message)
+        return decode_message(frames, Direction.TO_ENGINE).body
 
     def hop(self) -> EngineCoreRequest:
         return self.send(self.request)
@@ -168,7 +168,7 @@ class _Link:
 
     def codec_only(self) -> None:
         envelope = encode_envelope(REQUEST, self.encoder.encode(self.request))
-        self.decoder.decode(decode_envelope(envelope).message)
+        decode_message(envelope, Direction.TO_ENGINE)
 
     def plain_hop(self) -> EngineCoreRequest:
         return self.send(self.request, plain=True)

@@ -54,7 +54,7 @@ from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.receiver import EngineCoreReceiver
-from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
+from mmfront.engine.transports.zmq import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
 from mmfront.errors import EngineDeadError, MediaTooLargeError, TransportError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image

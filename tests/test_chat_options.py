@@ -14,16 +14,14 @@ import pytest
 from mmfront import MultiModalConfig
 from mmfront.chat import parse_chat_messages
 from mmfront.engine.client import EngineClient
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.errors import ChatFormatError, ValidationError
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.glmasr import GLMASR_CHAT_TEMPLATE
 from mmfront.models.registry import create_processor
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, wav_bytes
-from mmfront.wire import EngineCoreRequest
-from mmfront.wire.codec import MsgpackDecoder
-from mmfront.wire.messages import decode_envelope
+from mmfront.wire.messages import Direction, decode_message
 
 TEMPLATE = ("{% if tools %}[tools:{{ tools | map(attribute='function.name') | join(',') }}]{% endif %}"
             "{% if flavor is defined %}[{{ flavor }}]{% endif %}"
@@ -72,7 +70,7 @@ def test_client_takes_every_chat_option(pre: InputPreprocessor) -> None:
     transport = Recorder()
     EngineClient(InputProcessor(pre), transport).add_request("r1", MESSAGES, **OPTIONS)
     (frames,) = transport.sent
-    request = MsgpackDecoder(EngineCoreRequest).decode(decode_envelope(frames).message)
+    request = decode_message(frames, Direction.TO_ENGINE).body
     assert request.request_id == "r1" and request.prompt_token_ids == ids(pre, RENDERED)
 
 

@@ -132,3 +132,9 @@ def test_bench_lists_the_real_benchmarks_when_only_matches_nothing() -> None:
         main(["bench", "--dir", str(repo_benchmarks), "--only", "no-such-benchmark"])
     assert exc.value.code == ("mmfront bench: --only no-such-benchmark matches no benchmark; "
                               f"known benchmarks: {', '.join(names)}")
+
+
+def test_worker_names_the_transports_it_knows() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["worker", "unused-model", "--input", "ipc://a", "--output", "ipc://b", "--transport", "pigeon"])
+    assert str(exc.value.code) == "mmfront worker: unknown --transport 'pigeon'; known: zmq"

@@ -19,6 +19,7 @@ EXPORTED = {
     'mmfront.processing': ['BaseDummyInputsBuilder', 'BaseMultiModalProcessor', 'BaseProcessingInfo', 'PlaceholderFeaturesInfo', 'PromptIndexTargets', 'PromptInsertion', 'PromptReplacement', 'PromptUpdate', 'PromptUpdateDetails', 'commit_mm_inputs', 'iter_token_matches'],
     'mmfront.processing.executors': ['BaseLaneExecutor', 'InPlaceExecutor', 'ItemExecutor', 'ItemJob', 'ItemProcessor', 'LaneSpec', 'LocalProcessExecutor', 'ProcessorOrigin', 'RayExecutor', 'executor_from_config'],
     'mmfront.models': ['BaseMultiModalProcessor', 'BaseProcessingInfo', 'ModelSpec', 'ProcessorFactory', 'ReferenceModel', 'create_processor', 'register_model', 'register_processor'],
+    'mmfront.engine.transports': ['BaseTransport', 'ENGINE_TRANSPORTS', 'EngineTransportFactory', 'PipeTransport', 'ZmqAddresses', 'ZmqEngineTransport', 'ZmqFrontendTransport', 'engine_identity', 'zmq_engine_factory'],
     'mmfront.engine': ['AsyncEngineClient', 'BaseTransport', 'BlockingEngineClient', 'EngineClient', 'EngineCoreReceiver', 'EngineReceiver', 'PipeTransport', 'RequestAdmitted', 'RequestFailed', 'RequestOutput', 'ZmqAddresses', 'ZmqEngineTransport', 'ZmqFrontendTransport'],
 }
 
@@ -39,7 +40,7 @@ def test_every_exported_name_is_defined_by_mmfront(package: str) -> None:
 
 def test_internal_modules_carry_a_leading_underscore_and_are_not_exported() -> None:
     internal = {m.name for m in pkgutil.walk_packages(mmfront.__path__, "mmfront.") if m.name.rsplit(".", 1)[1].startswith("_")}
-    assert {"mmfront.wire._tensors", "mmfront.wire._zmq_frames", "mmfront.cache._lrumap", "mmfront.cache._shm_ring",
+    assert {"mmfront.wire._tensors", "mmfront.cache._lrumap", "mmfront.cache._shm_ring",
             "mmfront.cache._shm_store", "mmfront.processing._matching", "mmfront._text"} <= internal
     for names in EXPORTED.values():
         assert not any(name.startswith("_") and name != "__version__" for name in names)

@@ -20,7 +20,7 @@ from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.engine.client import EngineClient, RequestAdmitted
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.errors import ConfigError
 from mmfront.metrics import CLIENT_KEYS, PrometheusExporter, snapshot
 from mmfront.testing.media import image_data_url, make_image

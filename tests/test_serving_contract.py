@@ -16,7 +16,7 @@ from mmfront import MultiModalConfig
 from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.errors import InputTypeError, ValidationError
 from mmfront.preprocess import InputPreprocessor, InputProcessor, RequestOptions
 from mmfront.testing.media import make_audio, make_image

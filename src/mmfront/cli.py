@@ -79,8 +79,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from mmfront.config import MultiModalConfig
+    from mmfront.engine.transports import ENGINE_TRANSPORTS
     from mmfront.engine.worker import run_worker
-    from mmfront.engine.zmq import ZmqAddresses
 
     if len(args.input) != len(args.output):
         raise SystemExit(f"mmfront worker: {len(args.input)} --input and {len(args.output)} --output addresses; "
@@ -90,8 +90,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise SystemExit(f"mmfront worker: --cache shm needs one --shm-name per frontend ({len(args.input)}), "
                          f"got {len(shm_names)}; they pair with the addresses in order")
     config = MultiModalConfig(mm_processor_cache_gb=args.cache_gb, mm_processor_cache_type=args.cache)
-    addresses = [ZmqAddresses(i, o) for i, o in zip(args.input, args.output)]
-    stats = run_worker(args.model, addresses, config, engine_index=args.engine_index,
+    connect = ENGINE_TRANSPORTS.get(args.transport)
+    if connect is None:
+        raise SystemExit(f"mmfront worker: unknown --transport {args.transport!r}; known: {', '.join(ENGINE_TRANSPORTS)}")
+    frontends = [connect(i, o) for i, o in zip(args.input, args.output)]
+    stats = run_worker(args.model, frontends, config, engine_index=args.engine_index,
                        shm_name=shm_names if args.cache == "shm" else None, device=args.device, dtype=args.dtype)
     if args.json:
         print(json.dumps(dataclasses.asdict(stats)), flush=True)
@@ -141,12 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--strict", action="store_true", help="exit 1 when a measurement misses its target")
     bench.set_defaults(func=cmd_bench)
     worker = sub.add_parser("worker", help="run a reference engine: a real HF model behind mmfront's receiver",
-                            description="Connect to the ZMQ sockets of one or more frontends (API servers) and "
+                            description="Connect to the sockets of one or more frontends (API servers) and "
                                         "serve their requests with the model in MODEL (a local folder with "
                                         "weights), greedy decoding. For several frontends repeat --input and "
                                         "--output (and --shm-name), paired in order; each frontend keeps its own "
                                         "processor cache. Stops on SIGTERM or Ctrl-C.")
     worker.add_argument("model", metavar="MODEL", help="model folder (config.json, weights, processor)")
+    worker.add_argument("--transport", default="zmq", metavar="NAME",
+                        help="how to reach the frontends, one of mmfront.engine.transports.ENGINE_TRANSPORTS "
+                             "(default zmq: vLLM's ZMQ sockets)")
     worker.add_argument("--input", required=True, action="append", metavar="ADDR",
                         help="a frontend's request socket (ipc://... or tcp://HOST:PORT); repeat once per frontend")
     worker.add_argument("--output", required=True, action="append", metavar="ADDR",

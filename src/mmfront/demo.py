@@ -26,7 +26,7 @@ from typing import Any
 
 from mmfront.config import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.zmq import ZmqFrontendTransport
+from mmfront.engine.transports import ZmqFrontendTransport
 from mmfront.errors import ConfigError, MMFrontError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image

@@ -19,7 +19,7 @@ import torch
 from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache
 from mmfront.engine.receiver import EngineCoreReceiver
-from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport
+from mmfront.engine.transports.zmq import ZmqAddresses, ZmqEngineTransport
 from mmfront.wire import EngineCoreRequest
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 

@@ -21,7 +21,7 @@ import pytest
 from mmfront import MultiModalConfig
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
 from mmfront.engine.receiver import serve_pipe
-from mmfront.engine.transport import BaseTransport, PipeTransport
+from mmfront.engine.transports import BaseTransport, PipeTransport
 from mmfront.errors import EncodeError, ValidationError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, make_image

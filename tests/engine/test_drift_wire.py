@@ -1,4 +1,5 @@
-"""The envelope, the pipe transport, P1's EngineReceiver and P0's EngineClient, in one process."""
+"""The pipe transport, P1's EngineReceiver and P0's EngineClient, in one process (the envelope
+itself: tests/wire/test_messages.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from mmfront.cache.lru import LruKeyReplicatedReceiverCache, LruKeyReplicatedSen
 from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.engine.client import EngineClient, RequestAdmitted
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.transport import BaseTransport, PipeTransport
+from mmfront.engine.transports import BaseTransport, PipeTransport
 from mmfront.errors import DecodeError, TransportError, ValidationError
 from mmfront.inputs import (
     MultiModalBatchedField,
@@ -28,7 +29,7 @@ from mmfront.inputs import (
 )
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, make_image
-from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
+from mmfront.wire.codec import MsgpackEncoder
 from mmfront.wire.messages import (
     ADMITTED,
     CACHE_MISS,
@@ -36,12 +37,12 @@ from mmfront.wire.messages import (
     MIRROR_RESET,
     REQUEST,
     RESET_CACHE,
-    Admitted,
     CacheMiss,
+    Direction,
     MirrorOnly,
     MirrorReset,
     MirrorStamp,
-    decode_envelope,
+    decode_message,
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreRequest
@@ -98,23 +99,7 @@ class Loop:
                 self.events += self.client.handle_reply(reply)
 
 
-# --- envelope and pipe --------------------------------------------------------------------------
-
-
-def test_envelope_round_trip_and_refusals() -> None:
-    stamp = MirrorStamp(7, 3, b"\x01" * 16, ("gone",))
-    frames = encode_envelope(REQUEST, ENC.encode(request("r")), stamp)
-    assert frames[0] == b"R" and len(frames) == 3
-    env = decode_envelope(frames)
-    assert (env.kind, env.stamp) == (REQUEST, stamp)
-    assert MsgpackDecoder(EngineCoreRequest).decode(env.message).request_id == "r"
-    assert decode_envelope(encode_envelope(ADMITTED, ENC.encode(Admitted("r")))).stamp is None
-    with pytest.raises(DecodeError, match="at least 3 frames"):
-        decode_envelope([REQUEST, b""])
-    with pytest.raises(DecodeError, match="Unknown message type"):
-        decode_envelope([b"Q", b"", b"\xc0"])
-    with pytest.raises(DecodeError, match="Malformed mirror stamp"):
-        decode_envelope([REQUEST, b"\x93\x01", b"\xc0"])
+# --- the pipe ---------------------------------------------------------------------------------
 
 
 def test_pipe_transport_carries_frames_into_writable_buffers() -> None:
@@ -130,7 +115,7 @@ def test_pipe_transport_carries_frames_into_writable_buffers() -> None:
     assert got[1] and all(isinstance(f, bytearray) for f in got)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch warns when it views a read-only buffer
-        decoded = MsgpackDecoder(EngineCoreRequest).decode(decode_envelope(got).message)
+        decoded = decode_message(got, Direction.TO_ENGINE).body
     data = decoded.mm_features[0].data["pixel_values"].data
     assert torch.equal(data, tensor)
     data[0] = 5.0  # a view of the received frame, not a copy
@@ -159,14 +144,14 @@ def test_receiver_without_a_cache_admits_complete_requests_only() -> None:
     full = request("full", feature("a", MultiModalKwargsItem.dummy(3)))
     ready, replies = receiver.handle(encode_envelope(REQUEST, ENC.encode(full)))
     assert [r.request_id for r in ready] == ["full"]
-    assert decode_envelope(replies[0]).kind == ADMITTED
+    assert decode_message(replies[0], Direction.TO_FRONTEND).kind == ADMITTED
     ready, replies = receiver.handle(encode_envelope(REQUEST, ENC.encode(request("gap", feature("b", None)))))
     assert ready == []
-    env = decode_envelope(replies[0])
-    assert env.kind == CACHE_MISS and MsgpackDecoder(CacheMiss).decode(env.message) == CacheMiss("gap", ["b"])
+    env = decode_message(replies[0], Direction.TO_FRONTEND)
+    assert env.kind == CACHE_MISS and env.body == CacheMiss("gap", ["b"])
     assert receiver.handle(encode_envelope(RESET_CACHE, ENC.encode(None))) == ([], [])
     assert receiver.poll() == ([], [])
-    with pytest.raises(DecodeError, match="replies for P0"):
+    with pytest.raises(DecodeError, match=r"^MIRROR_RESET \(b'r'\) messages go P1 -> P0, never P0 -> P1"):
         receiver.handle(encode_envelope(MIRROR_RESET, ENC.encode(MirrorReset(1))))
 
 
@@ -220,7 +205,7 @@ def test_client_resends_once_with_every_item_then_ignores_misses_of_earlier_copi
     assert loop.client.handle_reply(miss) == []
     assert cache.epoch != epoch and loop.client.stats.shadow_resets == 1  # type: ignore[attr-defined]
     assert len(loop.queue) == 1  # the resend, with its data
-    resent = MsgpackDecoder(EngineCoreRequest).decode(decode_envelope(loop.queue[0]).message)
+    resent = decode_message(loop.queue[0], Direction.TO_ENGINE).body
     assert resent.mm_features is not None and resent.mm_features[0].data is not None
     # The resend carries every item, so a later miss answers an earlier copy: nothing to do.
     assert loop.client.handle_reply(encode_envelope(CACHE_MISS, ENC.encode(CacheMiss("r", [mm_hash])))) == []
@@ -236,16 +221,16 @@ def test_client_bookkeeping() -> None:
     loop.client.add_request("text", "just text")
     with pytest.raises(ValidationError, match="already in flight"):
         loop.client.add_request("text", "again")
-    assert decode_envelope(loop.queue[0]).stamp is None  # changed nothing in the mirror
+    assert decode_message(loop.queue[0], Direction.TO_ENGINE).stamp is None  # changed nothing in the mirror
     loop.client.add_request("img", "a <img>", mm_data={"image": [make_image(4, 4)]})
-    assert decode_envelope(loop.queue[1]).stamp is not None
+    assert decode_message(loop.queue[1], Direction.TO_ENGINE).stamp is not None
     loop.client.abort_request("img")
     loop.deliver()
     assert [e.request_id for e in loop.events] == ["text"]  # the aborted request's admission is ignored
     assert loop.client.handle_reply(encode_envelope(CACHE_MISS, ENC.encode(CacheMiss("img", ["x"])))) == []
     stale = encode_envelope(MIRROR_RESET, ENC.encode(MirrorReset(12345)))
     assert loop.client.handle_reply(stale) == [] and loop.client.stats.shadow_resets == 0
-    with pytest.raises(DecodeError, match="requests for P1"):
+    with pytest.raises(DecodeError, match=r"^REQUEST \(b'R'\) messages go P0 -> P1, never P1 -> P0"):
         loop.client.handle_reply(encode_envelope(REQUEST, ENC.encode(request("x"))))
 
 

@@ -19,7 +19,7 @@ from echo_engine import request_checksum
 
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient, BlockingEngineClient
-from mmfront.engine.zmq import ZmqFrontendTransport
+from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.errors import EngineDeadError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image

@@ -28,8 +28,8 @@ from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.cli import main
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.runner import ModelRunner
+from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.engine.worker import receiver_caches, run_worker
-from mmfront.engine.zmq import ZmqFrontendTransport
 from mmfront.errors import ConfigError
 from mmfront.metrics import snapshot
 from mmfront.testing.media import image_data_url, make_image

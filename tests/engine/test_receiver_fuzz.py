@@ -18,14 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 from echo_engine import request_checksum
-from test_codec_fuzz import _max_rss_mb, mutate
 from test_engine_link import Expected, plans, run_requests
+from tests.wire.test_codec_fuzz import _max_rss_mb, mutate
 
 from mmfront import MultiModalConfig
 from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.receiver import EngineCoreReceiver
-from mmfront.engine.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
+from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
+from mmfront.engine.transports.zmq_frames import request_frames
 from mmfront.inputs import (
     MultiModalBatchedField,
     MultiModalFeatureSpec,
@@ -35,7 +36,6 @@ from mmfront.inputs import (
 )
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.wire import EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, SamplingParams, frame_view
-from mmfront.wire._zmq_frames import request_frames
 from mmfront.wire.messages import (
     ABORT,
     DIGEST_SIZE,

@@ -23,10 +23,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from mmfront.engine.zmq import ZmqFrontendTransport
+from mmfront.engine.transports.zmq import ZmqFrontendTransport
+from mmfront.engine.transports.zmq_frames import output_frames
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
-from mmfront.wire._zmq_frames import output_frames
-from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
+from mmfront.wire.codec import MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
     CACHE_MISS,
@@ -35,13 +35,14 @@ from mmfront.wire.messages import (
     REQUEST,
     RESET_CACHE,
     CacheMiss,
+    Direction,
     MirrorOnly,
     MirrorOp,
     MirrorStamp,
-    decode_envelope,
+    decode_message,
     encode_envelope,
 )
-from mmfront.wire.structs import EngineCoreOutputs, FinishReason
+from mmfront.wire.structs import FinishReason
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).parent / "data"
@@ -124,9 +125,9 @@ def test_vllm_frontend_reads_mmfront_cache_miss_reply(exchange: dict[str, Any]) 
 
 
 def test_mmfront_reads_vllm_cache_miss_reply(exchange: dict[str, Any]) -> None:
-    envelope = decode_envelope(exchange["reply"])
-    assert envelope.kind == ENGINE_OUTPUTS
-    outputs = MsgpackDecoder(EngineCoreOutputs).decode(envelope.message)
+    message = decode_message(exchange["reply"], Direction.TO_FRONTEND)
+    assert message.kind == ENGINE_OUTPUTS
+    outputs = message.body
     assert outputs.finished_requests == {"r-miss"}
     [output] = outputs.outputs
     assert (output.request_id, output.new_token_ids, output.finish_reason, output.mm_cache_miss_hashes) == (

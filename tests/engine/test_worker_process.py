@@ -14,7 +14,7 @@ from test_frontends import COMBOS, _serve_requests, _stop, expected_tokens
 
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.zmq import ZmqFrontendTransport
+from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 
 REQUESTS = 50

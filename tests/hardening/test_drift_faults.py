@@ -24,7 +24,7 @@ from mmfront import MultiModalConfig
 from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirroredSenderCache
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.inputs import (
     MultiModalBatchedField,
     MultiModalFeatureSpec,

@@ -21,7 +21,7 @@ from mmfront import MultiModalConfig
 from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
 from mmfront.engine.client import EngineClient, RequestAdmitted
 from mmfront.engine.receiver import EngineReceiver
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.errors import MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.media.connector import MediaConnector
@@ -29,7 +29,7 @@ from mmfront.models.gemma3 import Gemma3MultiModalProcessor
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import EngineCoreRequest
-from mmfront.wire.messages import MIRROR_ONLY, REQUEST, decode_envelope
+from mmfront.wire.messages import MIRROR_ONLY, REQUEST, Direction, decode_message
 
 IMAGES = [image_data_url(make_image(40 + 8 * i, 24, seed=i)) for i in range(3)]
 GiB = 1 << 30
@@ -54,7 +54,7 @@ class _Link(BaseTransport):
 
     def send(self, frames: Sequence[Any]) -> None:
         frames = [bytes(memoryview(f).cast("B")) for f in frames]
-        self.kinds.append(decode_envelope(frames).kind)
+        self.kinds.append(decode_message(frames, Direction.TO_ENGINE).kind)
         self.replies += self.receiver.handle(frames)[1]
 
     def recv(self, timeout: float | None = None) -> list[Any] | None:
@@ -162,7 +162,7 @@ def _inject(step: str, error: Exception, mp: pytest.MonkeyPatch, frontend: Front
     elif step == "send":
         send = frontend.link.send
         mp.setattr(frontend.link, "send",
-                   lambda frames: fail() if decode_envelope(list(frames)).kind == REQUEST else send(frames))
+                   lambda frames: fail() if decode_message(list(frames), Direction.TO_ENGINE).kind == REQUEST else send(frames))
     else:
         raise AssertionError(step)
 

@@ -23,7 +23,7 @@ from mmfront import MultiModalConfig
 from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, chain_digest, initial_digest
 from mmfront.engine.client import EngineClient
 from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver, serve_pipe
-from mmfront.engine.transport import BaseTransport, PipeTransport
+from mmfront.engine.transports import BaseTransport, PipeTransport
 from mmfront.errors import DecodeError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
 from mmfront.preprocess import InputPreprocessor, InputProcessor
@@ -38,15 +38,16 @@ from mmfront.wire.messages import (
     MIRROR_RESET,
     REQUEST,
     CacheMiss,
+    Direction,
     EngineHello,
     MirrorOnly,
     MirrorOp,
     MirrorReset,
     MirrorStamp,
-    decode_envelope,
+    decode_message,
     encode_envelope,
 )
-from mmfront.wire.structs import EngineCoreOutputs, EngineCoreRequest
+from mmfront.wire.structs import EngineCoreRequest
 from toy_models import toy
 
 ENC = MsgpackEncoder()
@@ -97,9 +98,9 @@ def test_a_negative_epoch_is_refused_and_the_engine_keeps_serving() -> None:
     engine = EngineCoreReceiver(transport, MirroredReceiverCache(CAPACITY))
     assert [r.request_id for r in engine.poll()] == ["good"]
     assert engine.decode_errors == 1
-    kinds = [decode_envelope(frames).kind for frames in transport.sent]
+    kinds = [decode_message(frames, Direction.TO_FRONTEND).kind for frames in transport.sent]
     assert kinds == [ENGINE_HELLO, ENGINE_OUTPUTS, ADMITTED]  # greeting, the refusal, the admission
-    refusal = MsgpackDecoder(EngineCoreOutputs).decode(decode_envelope(transport.sent[1]).message)
+    refusal = decode_message(transport.sent[1], Direction.TO_FRONTEND).body
     assert refusal.utility_output is not None and "Expected `int` >= 0" in (refusal.utility_output.failure_message or "")
 
 
@@ -116,14 +117,14 @@ def test_a_negative_epoch_is_refused_and_the_engine_keeps_serving() -> None:
 ])
 def test_every_stamp_field_is_checked(fields: tuple[Any, ...], match: str) -> None:
     with pytest.raises(DecodeError, match=r"^Malformed mirror stamp: " + match):
-        decode_envelope(forged(REQUEST, stamp_bytes(*fields), text_request("r")))
+        decode_message(forged(REQUEST, stamp_bytes(*fields), text_request("r")), Direction.TO_ENGINE)
 
 
 def test_the_largest_epoch_is_mirrored_without_overflow() -> None:
     epoch = 2**64 - 1
     digest = chain_digest(initial_digest(epoch, CAPACITY), (), [])
     message = forged(MIRROR_ONLY, stamp_bytes(epoch, 1, digest, []), MirrorOnly([]))
-    assert decode_envelope(message).stamp == MirrorStamp(epoch, 1, digest)
+    assert decode_message(message, Direction.TO_ENGINE).stamp == MirrorStamp(epoch, 1, digest)
     cache = MirroredReceiverCache(CAPACITY)
     assert EngineReceiver(cache).handle(message) == ([], [])
     assert cache.epoch == epoch and cache.resets == 0
@@ -277,9 +278,9 @@ def test_frames_as_any_iterable(wrap: Any) -> None:
     assert len(envelope) == 4  # type, stamp, body and one aux frame
     decoded = MsgpackDecoder(EngineCoreRequest).decode(wrap(envelope[2:]))
     assert decoded.mm_features[0].data == item
-    assert decode_envelope(wrap(envelope)).kind == REQUEST
+    assert decode_message(wrap(envelope), Direction.TO_ENGINE).kind == REQUEST
     ready, replies = EngineReceiver(None).handle(wrap(envelope))
-    assert [r.request_id for r in ready] == ["r"] and decode_envelope(replies[0]).kind == ADMITTED
+    assert [r.request_id for r in ready] == ["r"] and decode_message(replies[0], Direction.TO_FRONTEND).kind == ADMITTED
 
 
 def test_one_buffer_is_one_frame_and_anything_else_is_refused() -> None:
@@ -288,7 +289,7 @@ def test_one_buffer_is_one_frame_and_anything_else_is_refused() -> None:
     with pytest.raises(DecodeError, match=r"^Frames must be a bytes-like object or an iterable of them .* got a int"):
         MsgpackDecoder().decode(5)  # type: ignore[arg-type]
     with pytest.raises(DecodeError, match=r"^Frames must be .* got a float"):
-        decode_envelope(1.5)  # type: ignore[arg-type]
+        decode_message(1.5, Direction.TO_ENGINE)  # type: ignore[arg-type]
     with pytest.raises(DecodeError, match="no frames"):
         MsgpackDecoder().decode(_generator([]))
 
@@ -305,7 +306,7 @@ def test_serve_pipe_refuses_a_forged_message_and_serves_the_next() -> None:
     link.send(forged(REQUEST, stamp_bytes(-1, 1, DIGEST, []), text_request("evil")))
     link.send(encode_envelope(REQUEST, ENC.encode(text_request("good"))))
     reply = link.recv(10.0)
-    assert reply is not None and decode_envelope(reply).kind == ADMITTED
+    assert reply is not None and decode_message(reply, Direction.TO_FRONTEND).kind == ADMITTED
     link.close()
     server.join(10.0)
     assert not server.is_alive()

@@ -8,8 +8,13 @@ live in :mod:`mmfront.engine.runner` and :mod:`mmfront.engine.worker`.
 from mmfront.engine.async_client import AsyncEngineClient, BlockingEngineClient
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed, RequestOutput
 from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver
-from mmfront.engine.transport import BaseTransport, PipeTransport
-from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
+from mmfront.engine.transports import (
+    BaseTransport,
+    PipeTransport,
+    ZmqAddresses,
+    ZmqEngineTransport,
+    ZmqFrontendTransport,
+)
 
 __all__ = [
     "AsyncEngineClient",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmfront.engine.client import EngineClient, RequestFailed, RequestOutput
-from mmfront.engine.transport import BaseTransport
+from mmfront.engine.transports import BaseTransport
 from mmfront.errors import DecodeError, EngineDeadError, MMFrontError, TransportError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PromptInput, RequestOptions

@@ -20,17 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from mmfront.engine.transport import BaseTransport
-from mmfront.errors import DecodeError, EngineDeadError, MMFrontError, TransportError, ValidationError
+from mmfront.engine.transports import BaseTransport
+from mmfront.errors import EngineDeadError, MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
 from mmfront.timing import stage
-from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder, SamplingParams
+from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder, SamplingParams
 from mmfront.wire.messages import (
     ABORT,
     ADMITTED,
@@ -42,9 +42,10 @@ from mmfront.wire.messages import (
     REQUEST,
     Admitted,
     CacheMiss,
+    Direction,
     EngineHello,
     MirrorReset,
-    decode_envelope,
+    decode_message,
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs
@@ -108,7 +109,7 @@ class ClientStats:
 
 
 class EngineClient:
-    """Sends requests to P1 over any :class:`~mmfront.engine.transport.BaseTransport` and handles
+    """Sends requests to P1 over any :class:`~mmfront.engine.transports.BaseTransport` and handles
     P1's replies (feed every arriving envelope to :meth:`handle_reply`).
 
     Drop-in for the part of vLLM's ``EngineCoreClient`` that adds requests: ``add_request`` takes
@@ -127,12 +128,11 @@ class EngineClient:
         self._lane_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmfront-commit-lane")
         self._in_flight: dict[str, _InFlight] = {}
         self._running: dict[str, _InFlight] = {}
-        self._outputs = MsgpackDecoder(EngineCoreOutputs)
-        self._hello = MsgpackDecoder(EngineHello)
         self._encoder = MsgpackEncoder()
-        self._admitted = MsgpackDecoder(Admitted)
-        self._miss = MsgpackDecoder(CacheMiss)
-        self._reset = MsgpackDecoder(MirrorReset)
+        self._handlers: dict[bytes, Callable[[Any], list[ClientEvent]]] = {
+            ENGINE_OUTPUTS: self._on_outputs, ENGINE_HELLO: self._on_hello, ADMITTED: self._on_admitted,
+            MIRROR_RESET: self._on_mirror_reset, CACHE_MISS: self._on_miss}
+        """What each P1 -> P0 kind does, run in the commit lane."""
 
     @property
     def in_flight(self) -> list[str]:
@@ -191,26 +191,9 @@ class EngineClient:
 
     def handle_reply(self, frames: Sequence[Frame]) -> list[ClientEvent]:
         """Act on one envelope from P1; the events the caller must see (often none)."""
-        envelope = decode_envelope(frames)
+        message = decode_message(frames, Direction.TO_FRONTEND)
         with self._lane:
-            if envelope.kind == ENGINE_OUTPUTS:
-                return self._on_outputs(self._outputs.decode(envelope.message))
-            if envelope.kind == ENGINE_HELLO:
-                return self._on_hello(self._hello.decode(envelope.message))
-            if envelope.kind == ADMITTED:
-                admitted = self._admitted.decode(envelope.message)
-                entry = self._in_flight.pop(admitted.request_id, None)
-                if entry is None:
-                    return []
-                if self.stream_outputs:
-                    self._running[admitted.request_id] = entry
-                return [RequestAdmitted(admitted.request_id, admitted.request)]
-            if envelope.kind == MIRROR_RESET:
-                self._reset_shadow(self._reset.decode(envelope.message).epoch)
-                return []
-            if envelope.kind == CACHE_MISS:
-                return self._on_miss(self._miss.decode(envelope.message))
-        raise DecodeError(f"P0 does not accept {envelope.kind!r} messages; they are requests for P1.")
+            return self._handlers[message.kind](message.body)
 
     def engine_restarted(self) -> list[ClientEvent]:
         """P1 was replaced by an empty one and what was in transit to the old one is lost: clear
@@ -269,6 +252,18 @@ class EngineClient:
                 self.processor.request_finished(output.request_id)
             events.append(RequestOutput(output.request_id, output))
         return events
+
+    def _on_admitted(self, admitted: Admitted) -> list[ClientEvent]:
+        entry = self._in_flight.pop(admitted.request_id, None)
+        if entry is None:
+            return []
+        if self.stream_outputs:
+            self._running[admitted.request_id] = entry
+        return [RequestAdmitted(admitted.request_id, admitted.request)]
+
+    def _on_mirror_reset(self, reset: MirrorReset) -> list[ClientEvent]:
+        self._reset_shadow(reset.epoch)
+        return []
 
     def _on_hello(self, hello: EngineHello) -> list[ClientEvent]:
         known, self.engine_epoch = self.engine_epoch, hello.epoch

@@ -22,10 +22,10 @@ from mmfront.cache.base import BaseMultiModalReceiverCache
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirrorEvent
 from mmfront.config import MultiModalConfig
-from mmfront.engine.transport import BaseTransport, PipeTransport
+from mmfront.engine.transports import BaseTransport, PipeTransport
 from mmfront.errors import DecodeError, MultiModalCacheMissError, TransportError
 from mmfront.inputs import MultiModalFeatureSpec
-from mmfront.wire import EngineCoreRequest, Frame, MsgpackDecoder, MsgpackEncoder
+from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
     ADMITTED,
@@ -38,10 +38,11 @@ from mmfront.wire.messages import (
     RESET_CACHE,
     Admitted,
     CacheMiss,
+    Direction,
     EngineHello,
-    MirrorOnly,
+    Message,
     MirrorReset,
-    decode_envelope,
+    decode_message,
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, UtilityOutput
@@ -65,36 +66,34 @@ class EngineReceiver:
         self.cache = cache
         self.echo = echo
         self._encoder = MsgpackEncoder()
-        self._requests = MsgpackDecoder(EngineCoreRequest)
-        self._mirror_only = MsgpackDecoder(MirrorOnly)
 
     def handle(self, frames: Sequence[Frame]) -> tuple[list[EngineCoreRequest], list[Reply]]:
         """One arrived envelope -> the requests now ready for the engine, and the replies to P0.
 
         A request may become ready later (it waits for an earlier one that is still in transit),
         and one arrival may release several."""
-        envelope = decode_envelope(frames)
+        return self.handle_message(decode_message(frames, Direction.TO_ENGINE))
+
+    def handle_message(self, envelope: Message) -> tuple[list[EngineCoreRequest], list[Reply]]:
+        """:meth:`handle` for an envelope already decoded."""
         cache = self.cache
         events: list[MirrorEvent]
         if envelope.kind == REQUEST:
-            request = self._requests.decode(envelope.message)
+            request: EngineCoreRequest = envelope.body
             features = request.mm_features or []
             if isinstance(cache, MirroredReceiverCache):
                 events = cache.receive(envelope.stamp, features, request)
             else:
                 events = [MirrorDelivery(request, features, self._fill_plain(features))]
         elif envelope.kind == MIRROR_ONLY:
-            message = self._mirror_only.decode(envelope.message)
-            if envelope.stamp is None:
-                raise DecodeError("A mirror-only message must carry the stamp of the request it stands for.")
+            message = envelope.body
+            assert envelope.stamp is not None  # decode_message refuses a MIRROR_ONLY without one
             events = cache.receive_mirror_only(envelope.stamp, message) if isinstance(
                 cache, MirroredReceiverCache) else []
         elif envelope.kind == RESET_CACHE:
             events = self.reset_cache()
-        elif envelope.kind == ABORT:
-            events = []  # nothing of an aborted request is held here; the engine loop stops it
         else:
-            raise DecodeError(f"P1 does not accept {envelope.kind!r} messages; they are replies for P0.")
+            events = []  # nothing else is held here: aborts are the engine loop's (EngineCoreReceiver)
         return self._answer(events)
 
     def poll(self) -> tuple[list[EngineCoreRequest], list[Reply]]:
@@ -174,7 +173,6 @@ class EngineCoreReceiver:
         self._routes: dict[str, _Frontend] = {}
         self._aborted: list[str] = []
         self._encoder = MsgpackEncoder()
-        self._abort_ids = MsgpackDecoder(list[str])
         self.add_frontend(transport, cache)
 
     def add_frontend(self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None) -> int:
@@ -253,15 +251,14 @@ class EngineCoreReceiver:
         return ready
 
     def _handle(self, frontend: _Frontend, frames: Sequence[Frame]) -> list[EngineCoreRequest]:
-        envelope = decode_envelope(frames)
-        if envelope.kind == ABORT:
-            ids = self._abort_ids.decode(envelope.message)
-            for request_id in ids:
+        message = decode_message(frames, Direction.TO_ENGINE)
+        if message.kind == ABORT:
+            for request_id in message.body:
                 if self._routes.get(request_id) is frontend:
                     del self._routes[request_id]
                     self._aborted.append(request_id)
             return []
-        requests, replies = frontend.receiver.handle(frames)
+        requests, replies = frontend.receiver.handle_message(message)
         self._reply(frontend, replies)
         ready = []
         for request in requests:

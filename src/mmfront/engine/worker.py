@@ -1,8 +1,8 @@
 """``mmfront worker``: a reference engine process that runs a real HF model behind mmfront.
 
 It is built only on what an existing engine would embed: :class:`EngineCoreReceiver` over one
-ZMQ transport per frontend (several API servers, one engine, each frontend with its own receiver
-cache) takes requests (features filled in from the P1 cache), a
+transport per frontend (several API servers, one engine, each frontend with its own receiver
+cache; ``mmfront worker`` connects over vLLM's ZMQ sockets) takes requests (features filled in from the P1 cache), a
 :class:`~mmfront.engine.runner.ModelRunner` encodes the items, places their embeddings and
 decodes greedily, and the receiver streams the outputs back. The loop below is the whole engine
 (docs/engine.md walks through it as the example of embedding the receiver).
@@ -26,7 +26,7 @@ from mmfront.cache.factory import (
 from mmfront.config import MultiModalConfig
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner, error_output
-from mmfront.engine.zmq import ZmqAddresses, ZmqEngineTransport
+from mmfront.engine.transports import EngineTransportFactory
 from mmfront.errors import ConfigError, MMFrontError
 
 logger = logging.getLogger(__name__)
@@ -83,32 +83,32 @@ def receiver_caches(
 
 
 def run_worker(
-    model_dir: str | Path, addresses: ZmqAddresses | Sequence[ZmqAddresses], config: MultiModalConfig | None = None,
+    model_dir: str | Path, frontends: Sequence[EngineTransportFactory], config: MultiModalConfig | None = None,
     *, engine_index: int = 0, shm_name: str | Sequence[str] | None = None, device: str | None = None,
     dtype: str | None = None, stop: threading.Event | None = None,
 ) -> WorkerStats:
-    """Serve the frontends at ``addresses`` (one engine, any number of API servers) until
-    ``stop`` is set (in the process's main thread: also on SIGTERM or SIGINT).
+    """Serve ``frontends`` (one engine, any number of API servers; each connects this engine's
+    transport to one) until ``stop`` is set (in the process's main thread: also on SIGTERM or
+    SIGINT).
 
     Each frontend gets its own receiver cache and its requests get its position in
-    ``addresses`` as ``client_index``. Request ids must be distinct across frontends: a
+    ``frontends`` as ``client_index``. Request ids must be distinct across frontends: a
     duplicate of a running id is refused to its sender (see docs/engine.md)."""
-    pairs = [addresses] if isinstance(addresses, ZmqAddresses) else list(addresses)
-    if not pairs:
-        raise ConfigError("run_worker needs the addresses of at least one frontend.")
+    if not frontends:
+        raise ConfigError("run_worker needs at least one frontend to connect to.")
     config = config or MultiModalConfig()
-    caches = receiver_caches(config, len(pairs), shm_name)
+    caches = receiver_caches(config, len(frontends), shm_name)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     runner = ModelRunner(model_dir, device=device, dtype=dtype)
     stats = WorkerStats()
-    receiver = EngineCoreReceiver(ZmqEngineTransport(pairs[0], engine_index), caches[0], engine_index=engine_index)
+    receiver = EngineCoreReceiver(frontends[0](engine_index), caches[0], engine_index=engine_index)
     with receiver:
-        for pair, cache in zip(pairs[1:], caches[1:]):
-            receiver.add_frontend(ZmqEngineTransport(pair, engine_index), cache)
-        logger.info("mmfront worker %d serving %s to %d frontends: %s", engine_index, model_dir, len(pairs), pairs)
+        for connect, cache in zip(frontends[1:], caches[1:]):
+            receiver.add_frontend(connect(engine_index), cache)
+        logger.info("mmfront worker %d serving %s to %d frontends", engine_index, model_dir, len(frontends))
         serve(receiver, runner, stop, stats)
     return stats
 

@@ -15,15 +15,18 @@ have their one size, sizes are never negative.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Final, Literal
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 from mmfront.errors import DecodeError
 from mmfront.wire._tensors import Frame, as_frames, frame_view
-from mmfront.wire.structs import EngineCoreRequest
+from mmfront.wire.codec import MsgpackDecoder
+from mmfront.wire.structs import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
 
 # Mirror operation kinds, as they enter the stamp's digest and a MirrorOp.
 HIT: Final = "H"
@@ -84,36 +87,6 @@ class MirrorReset(msgspec.Struct, array_like=True, frozen=True):
     epoch: Epoch
 
 
-# P0 -> P1
-REQUEST: Final = b"R"
-"""Body: an ``EngineCoreRequest``; stamped when it changed the mirror."""
-MIRROR_ONLY: Final = b"M"
-"""Body: a ``MirrorOnly``; always stamped. A request committed on P0 but never sent."""
-RESET_CACHE: Final = b"X"
-"""Body: nil. Clear P1's cache (vLLM's ``reset_mm_cache``); P1 answers with a ``MirrorReset``."""
-ABORT: Final = b"A"
-"""Body: a list of request ids. Abort them (vLLM's ABORT)."""
-
-# P1 -> P0
-ADMITTED: Final = b"a"
-"""Body: an ``Admitted``. P1 filled every feature and handed the request to the engine."""
-CACHE_MISS: Final = b"m"
-"""Body: a ``CacheMiss``. P1 did not admit the request: resend it with these items' data."""
-MIRROR_RESET: Final = b"r"
-"""Body: a ``MirrorReset``. P1 cleared its cache: P0 clears its shadow if still in that epoch."""
-ENGINE_OUTPUTS: Final = b"o"
-"""Body: an ``EngineCoreOutputs``, the engine's own step outputs as vLLM sends them."""
-ENGINE_HELLO: Final = b"h"
-"""Body: an ``EngineHello``. Sent when an engine starts serving a frontend and as its heartbeat; a
-new ``epoch`` tells P0 the engine restarted and lost what was in flight."""
-
-MESSAGE_TYPES: Final = frozenset(
-    {REQUEST, MIRROR_ONLY, RESET_CACHE, ABORT, ADMITTED, CACHE_MISS, MIRROR_RESET, ENGINE_OUTPUTS, ENGINE_HELLO})
-
-_encode_stamp = msgspec.msgpack.Encoder().encode
-_decode_stamp = msgspec.msgpack.Decoder(MirrorStamp).decode
-
-
 class CacheMiss(msgspec.Struct, array_like=True, frozen=True):
     """P1 lacks ``mm_hashes``, which the request sent without data. ``stale_epoch`` is set when
     P1 had retired the request's epoch, i.e. P0's whole shadow is stale, not just these keys."""
@@ -138,12 +111,107 @@ class EngineHello(msgspec.Struct, array_like=True, frozen=True):
     epoch: Epoch
 
 
+# --- the message table ----------------------------------------------------------------------------
+# Every kind of envelope is one ``_kind`` row below: its type byte, what its body decodes into,
+# which way it travels, and how it rides on vLLM's sockets. ``decode_message`` and the ZMQ
+# framing (``mmfront.engine.transports.zmq_frames``) read only this table.
+
+
+class Direction(enum.Enum):
+    """Which way a message travels: from the frontend (P0) to the engine (P1), or back."""
+
+    TO_ENGINE = "P0 -> P1"
+    TO_FRONTEND = "P1 -> P0"
+
+
 @dataclass(frozen=True)
-class Envelope:
+class MessageKind:
+    """One row of the message table."""
+
+    code: bytes
+    """The envelope's type byte."""
+    name: str
+    body: Any
+    """The type the body decodes into (``NoneType``: the body is nil)."""
+    direction: Direction
+    needs_stamp: bool = False
+    """Refused without a mirror stamp."""
+    vllm: EngineCoreRequestType | None = None
+    """P0 -> P1 only: the request type it travels as on vLLM's sockets. Its body is vLLM's body
+    (ADD, ABORT), or the one argument of a call of ``utility`` (none when the body is nil). Every
+    P1 -> P0 kind rides behind an ``EngineCoreOutputs``; ``ENGINE_OUTPUTS`` is one."""
+    utility: str | None = None
+    decoder: MsgpackDecoder = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decoder", MsgpackDecoder(self.body))
+
+
+_TABLE: dict[bytes, MessageKind] = {}
+MESSAGE_KINDS: Final[Mapping[bytes, MessageKind]] = MappingProxyType(_TABLE)
+"""The message table: each kind by its type byte."""
+
+
+def _kind(
+    code: bytes, name: str, body: Any, direction: Direction, *, needs_stamp: bool = False,
+    vllm: EngineCoreRequestType | None = None, utility: str | None = None,
+) -> bytes:
+    assert code not in _TABLE, f"{name} reuses the type byte of {_TABLE[code].name}"
+    _TABLE[code] = MessageKind(code, name, body, direction, needs_stamp, vllm, utility)
+    return code
+
+
+# P0 -> P1
+REQUEST: Final = _kind(b"R", "REQUEST", EngineCoreRequest, Direction.TO_ENGINE, vllm=EngineCoreRequestType.ADD)
+"""Body: an ``EngineCoreRequest``; stamped when it changed the mirror."""
+MIRROR_ONLY: Final = _kind(b"M", "MIRROR_ONLY", MirrorOnly, Direction.TO_ENGINE, needs_stamp=True,
+                           vllm=EngineCoreRequestType.UTILITY, utility="mmfront_mirror_only")
+"""Body: a ``MirrorOnly``; always stamped. A request committed on P0 but never sent. A stock
+engine answers the utility call with a failed ``UtilityOutput``."""
+RESET_CACHE: Final = _kind(b"X", "RESET_CACHE", type(None), Direction.TO_ENGINE,
+                           vllm=EngineCoreRequestType.UTILITY, utility="reset_mm_cache")
+"""Body: nil. Clear P1's cache (vLLM's ``reset_mm_cache``, which a stock engine runs too); P1
+answers with a ``MirrorReset``."""
+ABORT: Final = _kind(b"A", "ABORT", list[str], Direction.TO_ENGINE, vllm=EngineCoreRequestType.ABORT)
+"""Body: a list of request ids. Abort them (vLLM's ABORT)."""
+
+# P1 -> P0
+ADMITTED: Final = _kind(b"a", "ADMITTED", Admitted, Direction.TO_FRONTEND)
+"""Body: an ``Admitted``. P1 filled every feature and handed the request to the engine."""
+CACHE_MISS: Final = _kind(b"m", "CACHE_MISS", CacheMiss, Direction.TO_FRONTEND)
+"""Body: a ``CacheMiss``. P1 did not admit the request: resend it with these items' data."""
+MIRROR_RESET: Final = _kind(b"r", "MIRROR_RESET", MirrorReset, Direction.TO_FRONTEND)
+"""Body: a ``MirrorReset``. P1 cleared its cache: P0 clears its shadow if still in that epoch."""
+ENGINE_OUTPUTS: Final = _kind(b"o", "ENGINE_OUTPUTS", EngineCoreOutputs, Direction.TO_FRONTEND)
+"""Body: an ``EngineCoreOutputs``, the engine's own step outputs as vLLM sends them."""
+ENGINE_HELLO: Final = _kind(b"h", "ENGINE_HELLO", EngineHello, Direction.TO_FRONTEND)
+"""Body: an ``EngineHello``. Sent when an engine starts serving a frontend and as its heartbeat; a
+new ``epoch`` tells P0 the engine restarted and lost what was in flight."""
+
+_encode_stamp = msgspec.msgpack.Encoder().encode
+_decode_stamp = msgspec.msgpack.Decoder(MirrorStamp).decode
+
+
+@dataclass(frozen=True)
+class Message:
+    """One envelope, decoded: ``body`` is an instance of its kind's ``body`` type."""
+
     kind: bytes
     stamp: MirrorStamp | None
-    message: Sequence[Frame]
-    """``[body, *aux]``, for ``MsgpackDecoder.decode``."""
+    body: Any
+
+
+def message_kind(code: Frame, direction: Direction) -> MessageKind:
+    """The row of type byte ``code``; :class:`~mmfront.errors.DecodeError` naming it when it is
+    unknown or travels the other way."""
+    key = bytes(frame_view(code, 0))
+    kind = MESSAGE_KINDS.get(key)
+    if kind is None:
+        raise DecodeError(f"Unknown message type {key!r}; expected one of {sorted(MESSAGE_KINDS)}.")
+    if kind.direction is not direction:
+        raise DecodeError(f"{kind.name} ({kind.code!r}) messages go {kind.direction.value}, never "
+                          f"{direction.value}.")
+    return kind
 
 
 def encode_envelope(kind: bytes, message: Sequence[Frame], stamp: MirrorStamp | None = None) -> list[Frame]:
@@ -151,20 +219,21 @@ def encode_envelope(kind: bytes, message: Sequence[Frame], stamp: MirrorStamp | 
     return [kind, b"" if stamp is None else _encode_stamp(stamp), *message]
 
 
-def decode_envelope(frames: Iterable[Frame]) -> Envelope:
-    """Split an envelope (its frames as a list, tuple or any other iterable) and decode its stamp."""
+def decode_message(frames: Iterable[Frame], direction: Direction) -> Message:
+    """Decode one envelope (its frames as a list, tuple or any other iterable) that travelled
+    ``direction``: its kind, stamp and body, each checked."""
     frames = as_frames(frames)
     if len(frames) < 3:
         raise DecodeError(f"An envelope has at least 3 frames (type, stamp, body), got {len(frames)}.")
-    kind = bytes(frame_view(frames[0], 0))
-    if kind not in MESSAGE_TYPES:
-        raise DecodeError(f"Unknown message type {kind!r}; expected one of {sorted(MESSAGE_TYPES)}.")
+    kind = message_kind(frames[0], direction)
     raw_stamp = frame_view(frames[1], 1)
     try:
         stamp = _decode_stamp(raw_stamp) if raw_stamp.nbytes else None
     except msgspec.DecodeError as e:
         raise DecodeError(f"Malformed mirror stamp: {e}") from e
-    return Envelope(kind, stamp, frames[2:])
+    if stamp is None and kind.needs_stamp:
+        raise DecodeError(f"A {kind.name} message must carry the stamp of the request it stands for.")
+    return Message(kind.code, stamp, kind.decoder.decode(frames[2:]))
 
 
 __all__ = [
@@ -177,7 +246,7 @@ __all__ = [
     "EVICT",
     "HIT",
     "INSERT",
-    "MESSAGE_TYPES",
+    "MESSAGE_KINDS",
     "MIRROR_ONLY",
     "MIRROR_RESET",
     "OVERSIZE",
@@ -185,12 +254,15 @@ __all__ = [
     "RESET_CACHE",
     "Admitted",
     "CacheMiss",
+    "Direction",
     "EngineHello",
-    "Envelope",
+    "Message",
+    "MessageKind",
     "MirrorOnly",
     "MirrorOp",
     "MirrorReset",
     "MirrorStamp",
-    "decode_envelope",
+    "decode_message",
     "encode_envelope",
+    "message_kind",
 ]

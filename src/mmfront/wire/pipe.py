@@ -1,5 +1,5 @@
 """Message framing over one end of a ``multiprocessing`` pipe: the one home of the byte layout
-that :class:`~mmfront.engine.transport.PipeTransport` and the processing lanes' worker pipes share.
+that :class:`~mmfront.engine.transports.PipeTransport` and the processing lanes' worker pipes share.
 
 A message is a header (frame count and lengths) followed by one pipe message per non-empty
 frame; frames arrive in writable buffers, so decoded tensors can view them without a copy.
@@ -13,7 +13,7 @@ length), so either end may still be a plain ``send_bytes``.
 
 Between two processes of one machine on a Unix socket (the processing lanes), large frames can
 travel in a sealed memfd passed with the header instead (``share_from``/``accept_shared``,
-:mod:`mmfront.wire._memfd`): the receiver maps them where a socket would have it zero-fill fresh
+:mod:`mmfront.wire.memfd`): the receiver maps them where a socket would have it zero-fill fresh
 memory and copy into it (~2.5 ms of its CPU per 4.8 MB). Their lengths carry :data:`_SHARED` in
 the header. The memory lives as long as the tensors viewing it.
 """
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
 from mmfront.errors import DecodeError, TransportError
-from mmfront.wire._memfd import map_sealed, write_sealed
 from mmfront.wire._tensors import Frame, frame_view
+from mmfront.wire.memfd import map_sealed, write_sealed
 
 MAX_FRAMES = 1 << 16
 """Most frames one message may announce."""

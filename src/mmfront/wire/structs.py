@@ -22,6 +22,14 @@ from mmfront.inputs import MultiModalFeatureSpec
 from mmfront.wire.params import LoRARequest, PoolingParams, SamplingParams
 
 
+class EngineCoreRequestType(enum.Enum):
+    """The first frame of every message a vLLM frontend sends an engine core (vLLM's bytes)."""
+
+    ADD = b"\x00"
+    ABORT = b"\x01"
+    UTILITY = b"\x03"
+
+
 class KvHintAction(msgspec.Struct, frozen=True):
     """One orchestrator hint about a request's KV cache; ``payload`` is JSON-like."""
 
@@ -166,6 +174,7 @@ __all__ = [
     "EngineCoreOutput",
     "EngineCoreOutputs",
     "EngineCoreRequest",
+    "EngineCoreRequestType",
     "FinishReason",
     "KvHintAction",
     "KvHintsEnvelope",

@@ -16,21 +16,27 @@ import torch
 import zmq
 from hypothesis import given
 from hypothesis import strategies as st
-from tests.engine.test_zmq import image_request
+from tests.engine.transports.test_zmq import image_request
 
-from mmfront.engine._fd_channel import FdChannelConnection, side_path
-from mmfront.engine.zmq import SIDE_CHANNEL_MIN_BYTES, ZmqEngineTransport, ZmqFrontendTransport, engine_identity
-from mmfront.errors import DecodeError
-from mmfront.wire._memfd import write_sealed
-from mmfront.wire._zmq_frames import (
+from mmfront.engine.transports.fd_channel import (
     SIDE_MAGIC,
+    FdChannelConnection,
     parse_side_message,
     side_marker,
     side_message,
+    side_path,
     split_side_marker,
 )
+from mmfront.engine.transports.zmq import (
+    SIDE_CHANNEL_MIN_BYTES,
+    ZmqEngineTransport,
+    ZmqFrontendTransport,
+    engine_identity,
+)
+from mmfront.errors import DecodeError
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
-from mmfront.wire.messages import REQUEST, MirrorStamp, decode_envelope, encode_envelope
+from mmfront.wire.memfd import write_sealed
+from mmfront.wire.messages import REQUEST, Direction, MirrorStamp, decode_message, encode_envelope
 from mmfront.wire.structs import EngineCoreRequest
 
 ENCODER = MsgpackEncoder()
@@ -51,8 +57,7 @@ def _send(p0: ZmqFrontendTransport, request_id: str, pixels: torch.Tensor, stamp
 def _received(p1: ZmqEngineTransport) -> tuple[EngineCoreRequest, list[memoryview]]:
     frames = p1.recv(TIMEOUT)
     assert frames is not None
-    envelope = decode_envelope(frames)
-    return DECODE(envelope.message), [memoryview(f) for f in envelope.message]
+    return decode_message(frames, Direction.TO_ENGINE).body, [memoryview(f) for f in frames[2:]]
 
 
 def _pixels_of(request: EngineCoreRequest) -> torch.Tensor:
@@ -125,8 +130,8 @@ def test_the_stamp_and_the_zmq_frames_with_the_channel() -> None:
             assert [len(f) for f in frames[2:]] == [0, len(stamp_bytes), 12] and frames[-1][:4] == SIDE_MAGIC
             restored = side.restore(frames)
             assert memoryview(restored[2]).nbytes == torch.empty(BIG).nbytes
-            envelope = decode_envelope([REQUEST, restored[-1], restored[1], *restored[2:-1]])
-            assert envelope.stamp == stamp and torch.equal(_pixels_of(DECODE(envelope.message)), _pixels(BIG))
+            message = decode_message([REQUEST, restored[-1], restored[1], *restored[2:-1]], Direction.TO_ENGINE)
+            assert message.stamp == stamp and torch.equal(_pixels_of(message.body), _pixels(BIG))
         finally:
             side.close()
 

@@ -12,7 +12,9 @@ import pytest
 import torch
 import zmq
 
-from mmfront.engine.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
+from mmfront.engine.transports import ENGINE_TRANSPORTS
+from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity, zmq_engine_factory
+from mmfront.engine.transports.zmq_frames import TAIL_MAGIC
 from mmfront.errors import ConfigError, DecodeError, TransportError
 from mmfront.inputs import (
     MultiModalBatchedField,
@@ -21,7 +23,6 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     PlaceholderRange,
 )
-from mmfront.wire._zmq_frames import TAIL_MAGIC
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -34,11 +35,12 @@ from mmfront.wire.messages import (
     RESET_CACHE,
     Admitted,
     CacheMiss,
+    Direction,
     MirrorOnly,
     MirrorOp,
     MirrorReset,
     MirrorStamp,
-    decode_envelope,
+    decode_message,
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
@@ -79,10 +81,10 @@ def test_request_with_a_large_tensor_round_trips_zero_copy(link: tuple[ZmqFronte
     p0.send(encode_envelope(REQUEST, ENCODER.encode(image_request("r1", pixels)), stamp))
     frames = p1.recv(TIMEOUT)
     assert frames is not None
-    envelope = decode_envelope(frames)
-    assert (envelope.kind, envelope.stamp) == (REQUEST, stamp)
-    [body, aux] = envelope.message
-    got = MsgpackDecoder(EngineCoreRequest).decode(envelope.message)
+    message = decode_message(frames, Direction.TO_ENGINE)
+    assert (message.kind, message.stamp) == (REQUEST, stamp)
+    [body, aux] = frames[2:]
+    got = message.body
     tensor = got.mm_features[0].data["pixel_values"].data
     assert torch.equal(tensor, pixels)
     assert tensor.data_ptr() == np.frombuffer(aux, np.uint8).ctypes.data  # a view of the received frame
@@ -97,11 +99,9 @@ def test_every_p0_message_kind_arrives_as_sent(link: tuple[ZmqFrontendTransport,
     p0.send(encode_envelope(MIRROR_ONLY, ENCODER.encode(mirror_only), stamp))
     p0.send(encode_envelope(RESET_CACHE, ENCODER.encode(None)))
     p0.send(encode_envelope(ABORT, ENCODER.encode(["r1", "r2"])))
-    got = [decode_envelope(p1.recv(TIMEOUT) or []) for _ in range(3)]
+    got = [decode_message(p1.recv(TIMEOUT) or [], Direction.TO_ENGINE) for _ in range(3)]
     assert [(e.kind, e.stamp) for e in got] == [(MIRROR_ONLY, stamp), (RESET_CACHE, None), (ABORT, None)]
-    assert MsgpackDecoder(MirrorOnly).decode(got[0].message) == mirror_only
-    assert MsgpackDecoder().decode(got[1].message) is None
-    assert MsgpackDecoder(list[str]).decode(got[2].message) == ["r1", "r2"]
+    assert [e.body for e in got] == [mirror_only, None, ["r1", "r2"]]
 
 
 def test_every_p1_reply_arrives_as_sent(link: tuple[ZmqFrontendTransport, ZmqEngineTransport]) -> None:
@@ -113,14 +113,14 @@ def test_every_p1_reply_arrives_as_sent(link: tuple[ZmqFrontendTransport, ZmqEng
     p1.send(encode_envelope(CACHE_MISS, ENCODER.encode(CacheMiss("r3", ["h1", "h2"], 4))))
     p1.send(encode_envelope(MIRROR_RESET, ENCODER.encode(MirrorReset(5))))
     p1.send(encode_envelope(ENGINE_OUTPUTS, ENCODER.encode(outputs)))
-    got = [decode_envelope(p0.recv(TIMEOUT) or []) for _ in range(4)]
+    got = [decode_message(p0.recv(TIMEOUT) or [], Direction.TO_FRONTEND) for _ in range(4)]
     assert [e.kind for e in got] == [ADMITTED, CACHE_MISS, MIRROR_RESET, ENGINE_OUTPUTS]
-    admitted = MsgpackDecoder(Admitted).decode(got[0].message)
+    admitted = got[0].body
     assert admitted.request is not None
     assert torch.equal(admitted.request.mm_features[0].data["pixel_values"].data, pixels)
-    assert MsgpackDecoder(CacheMiss).decode(got[1].message) == CacheMiss("r3", ["h1", "h2"], 4)
-    assert MsgpackDecoder(MirrorReset).decode(got[2].message) == MirrorReset(5)
-    [output] = MsgpackDecoder(EngineCoreOutputs).decode(got[3].message).outputs
+    assert got[1].body == CacheMiss("r3", ["h1", "h2"], 4)
+    assert got[2].body == MirrorReset(5)
+    [output] = got[3].body.outputs
     assert (output.request_id, output.new_token_ids, output.finish_reason) == ("r2", [5, 6], FinishReason.STOP)
 
 
@@ -154,13 +154,12 @@ def test_two_engines_get_their_own_requests() -> None:
         for engine_index in (1, 0, 1):
             request = EngineCoreRequest(f"to-{engine_index}", [1], None, None, None, 0.0, None, None, None)
             p0.send_to(engine_index, encode_envelope(REQUEST, ENCODER.encode(request)))
-        decode = MsgpackDecoder(EngineCoreRequest).decode
-        got0 = [decode(decode_envelope(e0.recv(TIMEOUT) or []).message).request_id]
-        got1 = [decode(decode_envelope(e1.recv(TIMEOUT) or []).message).request_id for _ in range(2)]
+        got0 = [decode_message(e0.recv(TIMEOUT) or [], Direction.TO_ENGINE).body.request_id]
+        got1 = [decode_message(e1.recv(TIMEOUT) or [], Direction.TO_ENGINE).body.request_id for _ in range(2)]
         assert (got0, got1) == (["to-0"], ["to-1", "to-1"])
         assert e0.recv(0.05) is None
         e1.send(encode_envelope(MIRROR_RESET, ENCODER.encode(MirrorReset(1))))
-        assert decode_envelope(p0.recv(TIMEOUT) or []).kind == MIRROR_RESET
+        assert decode_message(p0.recv(TIMEOUT) or [], Direction.TO_FRONTEND).kind == MIRROR_RESET
 
 
 def test_ipc_directory_is_private_and_removed_on_close() -> None:
@@ -194,7 +193,7 @@ def test_malformed_messages_raise_decode_error_and_the_next_one_still_arrives() 
             with pytest.raises(DecodeError, match="Malformed reply tail"):
                 p0.recv(TIMEOUT)
             engine.send(encode_envelope(MIRROR_RESET, ENCODER.encode(MirrorReset(2))))
-            assert decode_envelope(p0.recv(TIMEOUT) or []).kind == MIRROR_RESET
+            assert decode_message(p0.recv(TIMEOUT) or [], Direction.TO_FRONTEND).kind == MIRROR_RESET
             engine.close()
         finally:
             ctx.destroy(linger=0)
@@ -211,7 +210,7 @@ def test_malformed_messages_raise_decode_error_and_the_next_one_still_arrives() 
             with pytest.raises(DecodeError, match=match):
                 p1.recv(TIMEOUT)
         p0.send(encode_envelope(RESET_CACHE, ENCODER.encode(None)))
-        assert decode_envelope(p1.recv(TIMEOUT) or []).kind == RESET_CACHE
+        assert decode_message(p1.recv(TIMEOUT) or [], Direction.TO_ENGINE).kind == RESET_CACHE
 
 
 def test_sending_to_an_engine_that_is_not_connected_raises() -> None:
@@ -225,9 +224,9 @@ def test_sending_to_an_engine_that_is_not_connected_raises() -> None:
 
 def test_wrong_direction_kinds_raise_decode_error() -> None:
     with ZmqFrontendTransport() as p0, ZmqEngineTransport(p0.addresses, 0) as p1:
-        with pytest.raises(DecodeError, match="P0 does not send"):
+        with pytest.raises(DecodeError, match=r"^ADMITTED \(b'a'\) messages go P1 -> P0, never P0 -> P1"):
             p0.send(encode_envelope(ADMITTED, ENCODER.encode(Admitted("r"))))
-        with pytest.raises(DecodeError, match="P1 does not send"):
+        with pytest.raises(DecodeError, match=r"^REQUEST \(b'R'\) messages go P0 -> P1, never P1 -> P0"):
             p1.send(encode_envelope(REQUEST, [b"\xc0"]))
 
 
@@ -264,3 +263,14 @@ def test_oversized_frames_are_dropped_by_max_frame_bytes() -> None:
         p0.wait_for_engines([0], TIMEOUT)
         p0.send(encode_envelope(REQUEST, ENCODER.encode(image_request("big", torch.zeros(64, 64)))))
         assert p1.recv(0.3) is None
+
+
+def test_an_engine_connects_through_the_zmq_factory() -> None:
+    assert ENGINE_TRANSPORTS["zmq"] is zmq_engine_factory
+    with ZmqFrontendTransport() as p0:
+        connect = zmq_engine_factory(p0.addresses.input, p0.addresses.output)
+        with connect(3) as engine:
+            assert isinstance(engine, ZmqEngineTransport) and engine.engine_index == 3
+            p0.wait_for_engines([3], TIMEOUT)
+            p0.send_to(3, encode_envelope(RESET_CACHE, ENCODER.encode(None)))
+            assert decode_message(engine.recv(TIMEOUT) or [], Direction.TO_ENGINE).kind == RESET_CACHE

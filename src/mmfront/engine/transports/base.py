@@ -4,7 +4,9 @@ A transport moves lists of frames (``bytes``-like buffers) in order between two 
 nothing about what they mean: the envelope and its messages live in :mod:`mmfront.wire.messages`.
 :class:`BaseTransport` is the interface the client and the receiver take (httpx's
 ``BaseTransport`` is the model); :class:`PipeTransport` runs over a ``multiprocessing.Pipe``
-(tests, a P1 in a child process) and the ZMQ transport over vLLM's sockets.
+(tests, a P1 in a child process) and the ZMQ transport over vLLM's sockets. An engine process
+(``mmfront worker``) takes an :class:`EngineTransportFactory` per frontend, so it never names
+the medium.
 
 Thread-safety: one sender thread and one receiver thread per end; the frames of two messages
 must not interleave, so concurrent senders serialise through the caller's commit lane.
@@ -16,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from types import TracebackType
+from typing import Protocol
 
 from mmfront.wire import Frame
 from mmfront.wire.pipe import recv_frames, send_frames
@@ -66,4 +69,10 @@ class PipeTransport(BaseTransport):
         self.conn.close()
 
 
-__all__ = ["BaseTransport", "PipeTransport"]
+class EngineTransportFactory(Protocol):
+    """Connects engine ``engine_index``'s end of the link to one frontend."""
+
+    def __call__(self, engine_index: int) -> BaseTransport: ...
+
+
+__all__ = ["BaseTransport", "EngineTransportFactory", "PipeTransport"]

@@ -2,14 +2,15 @@
 
 The layout is vLLM's: P0 binds a ROUTER for requests and a PULL for outputs; each engine connects
 a DEALER whose identity is ``engine_index.to_bytes(2, "little")`` and a PUSH. Both ends speak
-mmfront's envelopes to their callers (as :class:`~mmfront.engine.transport.PipeTransport` does)
-and lay them out on the sockets as vLLM's frames (:mod:`mmfront.wire._zmq_frames`), so a stock
-vLLM engine can take mmfront's requests and a stock frontend can read mmfront's engine outputs.
+mmfront's envelopes to their callers (as :class:`~mmfront.engine.transports.PipeTransport`
+does) and lay them out on the sockets as vLLM's frames
+(:mod:`mmfront.engine.transports.zmq_frames`), so a stock vLLM engine can take mmfront's
+requests and a stock frontend can read mmfront's engine outputs.
 
 ``ipc`` (the default) binds socket files in a private 0700 directory, removed on close; ``tcp``
 binds the loopback address unless ``host`` says otherwise, for engines on other hosts. Over
-``ipc`` an mmfront engine also opens a side channel (:mod:`mmfront.engine._fd_channel`) that
-takes request frames of ``side_channel_min_bytes`` or more off the socket: they travel in a
+``ipc`` an mmfront engine also opens a side channel (:mod:`mmfront.engine.transports.fd_channel`)
+that takes request frames of ``side_channel_min_bytes`` or more off the socket: they travel in a
 sealed memfd the engine maps, where ZMQ would copy them through the kernel twice. A bad
 message raises :class:`~mmfront.errors.DecodeError` from ``recv`` and is dropped; the next
 ``recv`` reads the next message. ZMQ does not report a vanished peer: ``recv`` just times out.
@@ -32,16 +33,16 @@ from typing import Literal
 
 import zmq
 
-from mmfront.engine._fd_channel import FdChannelConnection, FdChannelListener, side_path
-from mmfront.engine.transport import BaseTransport
-from mmfront.errors import ConfigError, TransportError
-from mmfront.wire import Frame
-from mmfront.wire._zmq_frames import (
+from mmfront.engine.transports.base import BaseTransport, EngineTransportFactory
+from mmfront.engine.transports.fd_channel import FdChannelConnection, FdChannelListener, side_path
+from mmfront.engine.transports.zmq_frames import (
     envelope_from_output_frames,
     envelope_from_request_frames,
     output_frames,
     request_frames,
 )
+from mmfront.errors import ConfigError, TransportError
+from mmfront.wire import Frame
 
 SIDE_CHANNEL_MIN_BYTES = 1 << 20
 """Request frames from this size go on the ``ipc`` side channel (smaller ones cost more to map
@@ -268,4 +269,17 @@ class ZmqEngineTransport(BaseTransport):
         self._ctx.destroy(linger=0)
 
 
-__all__ = ["ZmqAddresses", "ZmqEngineTransport", "ZmqFrontendTransport", "engine_identity"]
+def zmq_engine_factory(input_address: str, output_address: str) -> EngineTransportFactory:
+    """How an engine connects to the frontend whose sockets are bound at these addresses."""
+    addresses = ZmqAddresses(input_address, output_address)
+    return lambda engine_index: ZmqEngineTransport(addresses, engine_index)
+
+
+__all__ = [
+    "SIDE_CHANNEL_MIN_BYTES",
+    "ZmqAddresses",
+    "ZmqEngineTransport",
+    "ZmqFrontendTransport",
+    "engine_identity",
+    "zmq_engine_factory",
+]

@@ -31,7 +31,7 @@ from mmfront.inputs import (
 )
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "engine" / "data"
 
 
 class Bag(msgspec.Struct):

@@ -29,7 +29,7 @@ from mmfront.wire.structs import (
     FinishReason,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "engine" / "data"
 _spec = importlib.util.spec_from_file_location("vllm_structs", DATA / "vllm_structs.py")
 assert _spec is not None and _spec.loader is not None
 STRUCTS = importlib.util.module_from_spec(_spec)

@@ -2,14 +2,15 @@
 
 Over ``ipc://`` both ends are on one machine, yet ZMQ still pushes every byte through a Unix
 socket: a copy into the kernel on P0, a zero-filled buffer and a copy out of it on the engine,
-~95% of a 48 MB request's hop. Beside its ROUTER's socket file P0 listens on a second one
+most of a large request's hop (docs/benchmarks.md). Beside its ROUTER's socket file P0 listens on a second one
 (``<input socket>.fds``, SOCK_SEQPACKET, in the same private 0700 directory). An mmfront engine
 connects to it before its DEALER, sends its 2-byte identity, and from then on each request with
 aux frames of at least ``min_bytes`` travels as:
 
-1. on the side channel, one datagram (:func:`~mmfront.wire._zmq_frames.side_message`: a token and
-   the index and size of each large frame) carrying one sealed memfd that holds those frames;
-2. on ZMQ, the request's frames with those frames left empty, then a marker frame naming the token.
+1. on the side channel, one datagram (:func:`side_message`: a token and the index and size of
+   each large frame) carrying one sealed memfd that holds those frames;
+2. on ZMQ, the request's frames with those frames left empty, then a marker frame after the stamp
+   (:func:`side_marker`) naming the token.
 
 The datagram is queued in the engine's socket before the ZMQ message leaves P0, so the engine
 finds it at once. Anything that goes wrong on P0's side (no channel for that engine, a full or
@@ -26,28 +27,60 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Final
 
 from mmfront.errors import DecodeError, TransportError
-from mmfront.wire._memfd import map_sealed, write_sealed
-from mmfront.wire._tensors import Frame, frame_view
-from mmfront.wire._zmq_frames import (
-    SIDE_MESSAGE_MAX,
-    parse_side_message,
-    side_marker,
-    side_message,
-    split_side_marker,
-)
+from mmfront.wire import Frame, frame_view
+from mmfront.wire.memfd import map_sealed, write_sealed
 
 SUFFIX: Final = ".fds"
 """The side channel's socket file is the ROUTER's ``ipc://`` path with this suffix."""
+SIDE_MAGIC: Final = b"\xc1mfd"
+"""Starts the marker frame of a message whose large frames are in the side channel."""
+_MARKER = struct.Struct("<4sQ")
+_SIDE_HEADER = struct.Struct("<QI")
+_SIDE_ENTRY = struct.Struct("<IQ")
+MAX_SIDE_FRAMES: Final = 4096
+"""Most frames one side message may carry (it is one datagram)."""
+SIDE_MESSAGE_MAX: Final = _SIDE_HEADER.size + MAX_SIDE_FRAMES * _SIDE_ENTRY.size
 _MAX_PENDING = 64
 """Connections that have not sent their identity yet; older ones beyond this are closed."""
 _ARRIVAL_S = 0.5
 """How long the engine waits for a datagram its message announced (it is queued before)."""
+
+
+def side_marker(token: int) -> bytes:
+    """The frame appended (after the stamp) to a request whose large frames went to the side channel."""
+    return _MARKER.pack(SIDE_MAGIC, token)
+
+
+def split_side_marker(frames: Sequence[Frame]) -> tuple[list[Frame], int | None]:
+    """``frames`` without a trailing side marker, and the marker's token (``None``: none)."""
+    last = frame_view(frames[-1], len(frames) - 1) if frames else memoryview(b"")
+    if last.nbytes != _MARKER.size or bytes(last[:4]) != SIDE_MAGIC:
+        return list(frames), None
+    return list(frames[:-1]), _MARKER.unpack(last)[1]
+
+
+def side_message(token: int, placed: Sequence[tuple[int, int]]) -> bytes:
+    """The side channel's datagram: the token, then (frame index, size) of each frame in its memfd."""
+    if len(placed) > MAX_SIDE_FRAMES:
+        raise DecodeError(f"A side message carries at most {MAX_SIDE_FRAMES} frames, not {len(placed)}.")
+    return _SIDE_HEADER.pack(token, len(placed)) + b"".join(_SIDE_ENTRY.pack(i, n) for i, n in placed)
+
+
+def parse_side_message(data: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """:func:`side_message` read back; :class:`~mmfront.errors.DecodeError` if malformed."""
+    if len(data) < _SIDE_HEADER.size:
+        raise DecodeError(f"A side message has at least {_SIDE_HEADER.size} bytes, got {len(data)}.")
+    token, count = _SIDE_HEADER.unpack_from(data)
+    if count > MAX_SIDE_FRAMES or len(data) != _SIDE_HEADER.size + count * _SIDE_ENTRY.size:
+        raise DecodeError(f"Malformed side message ({len(data)} bytes for {count} frames).")
+    return token, [_SIDE_ENTRY.unpack_from(data, _SIDE_HEADER.size + k * _SIDE_ENTRY.size) for k in range(count)]
 
 
 def side_path(ipc_endpoint: str) -> str | None:
@@ -229,4 +262,16 @@ class FdChannelConnection:
         self._sock.close()
 
 
-__all__ = ["SUFFIX", "FdChannelConnection", "FdChannelListener", "side_path"]
+__all__ = [
+    "MAX_SIDE_FRAMES",
+    "SIDE_MAGIC",
+    "SIDE_MESSAGE_MAX",
+    "SUFFIX",
+    "FdChannelConnection",
+    "FdChannelListener",
+    "parse_side_message",
+    "side_marker",
+    "side_message",
+    "side_path",
+    "split_side_marker",
+]

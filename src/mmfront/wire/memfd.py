@@ -2,7 +2,7 @@
 machine to another without a socket copying them.
 
 Two paths use it: the processing lanes' pipes (:mod:`mmfront.wire.pipe`) and the ZMQ transports'
-side channel over ``ipc://`` (:mod:`mmfront.engine._fd_channel`). The sender writes the frames
+side channel over ``ipc://`` (:mod:`mmfront.engine.transports.fd_channel`). The sender writes the frames
 once into the kernel and passes the descriptor (``SCM_RIGHTS``); the receiver maps those pages,
 where a socket would have it zero-fill fresh memory and copy into it. The memfd has no name, so
 nothing is left behind when either process dies, and it is sealed, so it cannot shrink under the
