@@ -21,7 +21,7 @@ import msgspec
 
 from mmfront.errors import ConfigError, ValidationError
 from mmfront.inputs import MultiModalFeatureSpec
-from mmfront.wire._tensors import tensor_bytes
+from mmfront.wire import tensor_bytes
 from mmfront.wire.structs import EngineCoreRequest
 
 ExtraKeys = tuple[tuple[Any, ...], ...]

@@ -8,7 +8,7 @@ preprocessor and the engine side can all speak it without importing each other.
 
 from __future__ import annotations
 
-from mmfront.wire._tensors import Frame, frame_view, frame_views
+from mmfront.wire._tensors import Frame, frame_view, frame_views, tensor_bytes
 from mmfront.wire.codec import DEFAULT_SIZE_THRESHOLD, MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.params import LoRARequest, PoolingParams, RequestOutputKind, SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
@@ -28,4 +28,5 @@ __all__ = [
     "SamplingParams",
     "frame_view",
     "frame_views",
+    "tensor_bytes",
 ]
