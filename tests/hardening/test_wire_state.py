@@ -33,7 +33,7 @@ from mmfront.wire.messages import (
     CACHE_MISS,
     ENGINE_HELLO,
     ENGINE_OUTPUTS,
-    INSERT,
+    MirrorOpKind,
     MIRROR_ONLY,
     MIRROR_RESET,
     REQUEST,
@@ -131,7 +131,7 @@ def test_the_largest_epoch_is_mirrored_without_overflow() -> None:
 
 def test_a_forged_negative_insert_size_cannot_disable_the_capacity_bound() -> None:
     epoch = 5
-    ops = [INSERT, "x"]
+    ops = [MirrorOpKind.INSERT, "x"]
     digest = chain_digest(initial_digest(epoch, CAPACITY), (), ops)  # the digest is not keyed: forgeable
     cache = MirroredReceiverCache(CAPACITY)
     receiver = EngineReceiver(cache)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Final, Literal
+from enum import StrEnum
+from typing import Annotated, Final
 
 import msgspec
 
@@ -25,11 +26,17 @@ from mmfront.errors import DecodeError
 from mmfront.wire._tensors import Frame, as_frames, frame_view
 from mmfront.wire.structs import EngineCoreRequest
 
-# Mirror operation kinds, as they enter the stamp's digest and a MirrorOp.
-HIT: Final = "H"
-INSERT: Final = "N"
-OVERSIZE: Final = "O"
-EVICT: Final = "E"
+
+
+class MirrorOpKind(StrEnum):
+    """What happened to an item in the mirror, as it enters a stamp's digest and a
+    :class:`MirrorOp`. The one definition of the kinds that travel; the op log of
+    :mod:`mmfront.cache.mirror.oplog` adds only the evictions an insert caused, which each side
+    derives from its own LRU."""
+
+    HIT = "H"
+    INSERT = "N"
+    OVERSIZE = "O"
 
 DIGEST_SIZE: Final = 16
 """Bytes of a stamp's digest (blake2b-128)."""
@@ -59,13 +66,14 @@ class MirrorStamp(msgspec.Struct, array_like=True, frozen=True):
 class MirrorOp(msgspec.Struct, array_like=True, frozen=True):
     """One item's operation in a mirror-only message (``nbytes`` is the size an insert charged)."""
 
-    kind: Literal["H", "N", "O"]
+    kind: MirrorOpKind
     mm_hash: Key
     nbytes: ByteCount = 0
 
     def __post_init__(self) -> None:
-        if self.nbytes and self.kind != INSERT:
-            raise ValueError(f"only an insert ({INSERT!r}) has a size, got a {self.kind!r} of {self.nbytes} bytes")
+        if self.nbytes and self.kind != MirrorOpKind.INSERT:
+            raise ValueError(f"only an insert ({str(MirrorOpKind.INSERT)!r}) has a size, got a {str(self.kind)!r} of "
+                             f"{self.nbytes} bytes")
 
 
 class MirrorOnly(msgspec.Struct, array_like=True, frozen=True):
@@ -174,13 +182,9 @@ __all__ = [
     "DIGEST_SIZE",
     "ENGINE_HELLO",
     "ENGINE_OUTPUTS",
-    "EVICT",
-    "HIT",
-    "INSERT",
     "MESSAGE_TYPES",
     "MIRROR_ONLY",
     "MIRROR_RESET",
-    "OVERSIZE",
     "REQUEST",
     "RESET_CACHE",
     "Admitted",
@@ -189,6 +193,7 @@ __all__ = [
     "Envelope",
     "MirrorOnly",
     "MirrorOp",
+    "MirrorOpKind",
     "MirrorReset",
     "MirrorStamp",
     "decode_envelope",
