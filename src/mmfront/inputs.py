@@ -577,10 +577,6 @@ class MultiModalInputs(_MultiModalInputsBase, total=False):
 
     prompt: str
     cache_salt: str
-    mm_pending: Any
-    """Present while the inputs are prepared but not committed to the P0 cache: a
-    ``mmfront.processing.commit.PendingCommit``. Items that were cache hits have ``None`` kwargs
-    until the commit decides whether they travel with data."""
 
 
 def mm_inputs(

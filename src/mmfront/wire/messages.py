@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum
 from typing import Annotated, Final
 
 import msgspec
@@ -27,8 +27,7 @@ from mmfront.wire._tensors import Frame, as_frames, frame_view
 from mmfront.wire.structs import EngineCoreRequest
 
 
-
-class MirrorOpKind(StrEnum):
+class MirrorOpKind(str, Enum):
     """What happened to an item in the mirror, as it enters a stamp's digest and a
     :class:`MirrorOp`. The one definition of the kinds that travel; the op log of
     :mod:`mmfront.cache.mirror.oplog` adds only the evictions an insert caused, which each side
@@ -72,8 +71,8 @@ class MirrorOp(msgspec.Struct, array_like=True, frozen=True):
 
     def __post_init__(self) -> None:
         if self.nbytes and self.kind != MirrorOpKind.INSERT:
-            raise ValueError(f"only an insert ({str(MirrorOpKind.INSERT)!r}) has a size, got a {str(self.kind)!r} of "
-                             f"{self.nbytes} bytes")
+            raise ValueError(f"only an insert ({MirrorOpKind.INSERT.value!r}) has a size, got a "
+                             f"{MirrorOpKind(self.kind).value!r} of {self.nbytes} bytes")
 
 
 class MirrorOnly(msgspec.Struct, array_like=True, frozen=True):
