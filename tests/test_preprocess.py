@@ -131,3 +131,37 @@ def test_request_checks(gemma3_dir: Path) -> None:
                                               "encoder cache size 16"):
         wide.process_inputs("g", "<start_of_image>", mm_data={"image": [make_image(128, 32, 0)]},
                             hf_processor_mm_kwargs={"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 16})
+
+
+def test_one_pipeline_behind_both_of_vllms_names(gemma3_dir: Path) -> None:
+    pre = InputPreprocessor(gemma3_dir)
+    processor = InputProcessor(pre)
+    pipeline = pre.pipeline
+    assert processor.pipeline is pipeline
+    assert (pre.processor, pre.cache, pre.stats, pre.item_executor) == (
+        pipeline.processor, pipeline.cache, pipeline.stats, pipeline.item_executor)
+    assert processor.cache is pipeline.cache
+
+
+@pytest.mark.parametrize("entry", ["preprocess", "InputProcessor.prepare"])
+def test_a_cache_p1_does_not_mirror_is_committed_while_preparing(gemma3_dir: Path, entry: str) -> None:
+    """Both entry points take the one commit step of the pipeline: multimodal requests are
+    committed and counted once, text-only requests leave the statistics alone."""
+    pre = InputPreprocessor(gemma3_dir, MultiModalConfig(api_process_count=2))  # processor_only
+    assert pre.cache is not None and not pre.cache.commit_at_send
+    processor = InputProcessor(pre)
+
+    def run(n: int, prompt: Any, mm_data: dict[str, Any] | None = None) -> dict[str, Any]:
+        if entry == "preprocess":
+            return dict(pre.preprocess(prompt, mm_data))
+        return dict(processor.prepare(f"r{n}", prompt, mm_data=mm_data).inputs)
+
+    image = make_image(40, 30, seed=0)
+    first = run(0, PROMPT, {"image": [image, image]})
+    assert "mm_pending" not in first and all(k is not None for k in first["mm_kwargs"]["image"])
+    assert (pre.stats.requests, pre.stats.queries, pre.stats.hits) == (1, 2, 1)
+    assert "mm_pending" not in run(1, "just text")
+    assert pre.stats.requests == 1
+    again = run(2, PROMPT, {"image": [image, image]})
+    assert all(k is not None for k in again["mm_kwargs"]["image"])  # this cache serves hits with data
+    assert (pre.stats.requests, pre.stats.queries, pre.stats.hits) == (2, 4, 3)

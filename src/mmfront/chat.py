@@ -190,7 +190,7 @@ def _prehashing(load: Callable[[], Any], modality: str, uuid: str | None, tracke
     """Hash a loaded item's bytes right after loading it, when its content will be its key: on
     the loading threads rather than in the processing lane (see ``prehash_media``)."""
     config = tracker.processor.info.config
-    if uuid is not None or not (config.mm_processor_cache_gb > 0 or config.enable_prefix_caching):
+    if uuid is not None or not config.needs_content_hashes:
         return load
 
     def load_and_hash() -> Any:

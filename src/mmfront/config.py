@@ -304,6 +304,13 @@ class MultiModalConfig:
     def mm_shm_cache_max_object_size_bytes(self) -> int:
         return (self.mm_shm_cache_max_object_size_mb or 128) * MiB_bytes
 
+    @property
+    def needs_content_hashes(self) -> bool:
+        """Whether an item without a UUID is keyed by its content hash. Only a cache can hit on
+        it (the processor cache, the engine's prefix cache); with both off, items are named per
+        request instead, and hashing would be wasted work."""
+        return self.mm_processor_cache_gb > 0 or self.enable_prefix_caching
+
     def get_limit_per_prompt(self, modality: str) -> int:
         limit = self.limit_mm_per_prompt.get(modality)
         return DEFAULT_LIMIT_PER_PROMPT if limit is None else limit.count

@@ -520,6 +520,12 @@ class MultiModalFeatureSpec:
     mm_position: PlaceholderRange
     mm_hash: str | None = None
 
+    @property
+    def cache_key(self) -> str:
+        """The key of this item in the processor caches, P0's and P1's alike: its ``mm_hash``,
+        or the identifier of an item sent without one."""
+        return self.mm_hash or self.identifier
+
     @staticmethod
     def gather_kwargs(features: Sequence[MultiModalFeatureSpec], keys: set[str]) -> dict[str, list[NestedTensors]]:
         out: dict[str, list[NestedTensors]] = {key: [] for key in keys}
@@ -571,10 +577,6 @@ class MultiModalInputs(_MultiModalInputsBase, total=False):
 
     prompt: str
     cache_salt: str
-    mm_pending: Any
-    """Present while the inputs are prepared but not committed to the P0 cache: a
-    ``mmfront.processing.commit.PendingCommit``. Items that were cache hits have ``None`` kwargs
-    until the commit decides whether they travel with data."""
 
 
 def mm_inputs(

@@ -1,7 +1,9 @@
 """Requests in, processed inputs and ``EngineCoreRequest``s out.
 
+:class:`ModelPipeline` owns one model's processor, P0 caches, statistics and item executor (the processing lanes),
+and is where requests are prepared and committed. Over it, under vLLM's names,
 :class:`InputPreprocessor` takes a chat conversation, a prompt string, token ids, or a vLLM
-prompt dict, plus multimodal data, and returns vLLM's ``MultiModalInputs``. :class:`InputProcessor`
+prompt dict, plus multimodal data, and returns vLLM's ``MultiModalInputs``; :class:`InputProcessor`
 adds the request-level checks of vLLM's ``InputProcessor`` (empty prompt, model length, encoder
 budget, vocabulary) and flattens the items into ``MultiModalFeatureSpec``s sorted by placeholder
 offset.
@@ -31,7 +33,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from mmfront.cache.base import BaseMultiModalProcessorCache
+from mmfront.cache.base import NULL_SENDER_MIRROR, BaseMultiModalProcessorCache, SenderMirror
 from mmfront.cache.factory import processor_cache_from_config, processor_only_cache_from_config
 from mmfront.cache.stats import MultiModalCacheStats
 from mmfront.chat import parse_chat_messages
@@ -41,7 +43,7 @@ from mmfront.hashing import scope_uuids
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
-from mmfront.processing.commit import commit_mm_inputs, is_committed
+from mmfront.processing.commit import PreparedInputs, commit, pending_commit
 from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.executors import InPlaceExecutor, ItemExecutor, executor_from_config
 from mmfront.processing.hf import unknown_hf_kwargs
@@ -129,9 +131,11 @@ def _from_prompt_dict(prompt: Mapping[str, Any], options: RequestOptions) -> tup
     return text, replace(options, **updates) if updates else options
 
 
-class InputPreprocessor:
-    """The frontend's multimodal path for one model: owns the processor, the P0 cache, the media
-    connector and the cache statistics."""
+class ModelPipeline:
+    """The frontend's multimodal path for one model: owns the processor, the P0 caches, the media
+    connector, the cache statistics and the item executor (the processing lanes), and is the one place requests are
+    prepared and committed. :class:`InputPreprocessor` and :class:`InputProcessor` are vLLM's
+    faces of it."""
 
     def __init__(
         self, model: str | Path | Any, config: MultiModalConfig | None = None, *, model_id: str | None = None,
@@ -157,49 +161,6 @@ class InputPreprocessor:
         executor, self.item_executor = self.item_executor, InPlaceExecutor()
         executor.close()
 
-    def __enter__(self) -> InputPreprocessor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.processor.info.tokenizer
-
-    def preprocess(
-        self,
-        prompt: PromptInput,
-        mm_data: Mapping[str, Any] | None = None,
-        *,
-        request_id: str | None = None,
-        skip_mm_cache: bool = False,
-        options: RequestOptions | None = None,
-        **kwargs: Any,
-    ) -> MultiModalInputs:
-        """Process one request (keyword options: the fields of :class:`RequestOptions`). Chat
-        messages carry their media as content parts; a string or token-id prompt takes
-        ``mm_data``. ``skip_mm_cache`` (warm-up, tokenize-only requests) uses a separate
-        processor-only cache so the P0/P1 mirror is never disturbed.
-
-        The result is *prepared*: a cache P1 depends on is only read, and the items it would
-        send as references are committed (or processed again) when the inputs become a request."""
-        opts = RequestOptions.of(options, kwargs if mm_data is None else {**kwargs, "mm_data": mm_data})
-        cache = self.tokenize_only_cache if skip_mm_cache else self.cache
-        out = self._prepare(prompt, opts, request_id or f"mmfront-{next(self._request_counter)}", cache)
-        if cache is not None and not cache.commit_at_send and not is_committed(out):
-            out = commit_mm_inputs(out, cache)
-            self.stats.record_request(cache)
-        return out
-
-    async def preprocess_async(
-        self, prompt: PromptInput, mm_data: Mapping[str, Any] | None = None, **kwargs: Any,
-    ) -> MultiModalInputs:
-        """:meth:`preprocess` on a worker thread, so the event loop stays free while media load
-        and the HF processor runs."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: self.preprocess(prompt, mm_data, **kwargs))
-
     @cached_property
     def executor(self) -> ThreadPoolExecutor:
         """The threads the async entry points prepare requests on: one per core of the thread
@@ -212,9 +173,46 @@ class InputPreprocessor:
         workers = self.threads.budget + self.threads.lanes
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmfront-prepare")
 
+    # --- prepare and commit -------------------------------------------------------------------
+
+    def prepare(
+        self, prompt: PromptInput, opts: RequestOptions, request_id: str | None = None, *, skip_mm_cache: bool = False,
+    ) -> MultiModalInputs:
+        """Process one request. A cache P1 depends on is only read: the result is prepared, and
+        committed when it is sent (:meth:`commit`). Any other cache is committed to at once, since
+        a request that is never sent cannot disturb it. ``skip_mm_cache`` (warm-up,
+        tokenize-only requests) uses the processor-only cache, so the P0/P1 mirror is never
+        disturbed."""
+        cache = self.tokenize_only_cache if skip_mm_cache else self.cache
+        prepared = self._prepare(prompt, opts, request_id or f"mmfront-{next(self._request_counter)}", cache)
+        if cache is not None and not cache.commit_at_send:
+            return self._commit(prepared, cache)
+        return prepared
+
+    def commit(self, inputs: MultiModalInputs, request_id: str) -> MultiModalInputs:
+        """``inputs`` committed as they are sent: to the cache if it commits at send (then exactly
+        one of :meth:`take_stamp` and :meth:`take_mirror_only` must follow), otherwise only
+        completed with the data of every item the cache does not serve."""
+        cache = self.cache
+        if cache is None or not cache.commit_at_send:
+            return commit(inputs, None)
+        return self._commit(inputs, cache, request_id)
+
+    def _commit(
+        self, inputs: MultiModalInputs, cache: BaseMultiModalProcessorCache, request_id: str | None = None,
+    ) -> MultiModalInputs:
+        pending = pending_commit(inputs)
+        if pending is None or not pending.order:
+            return commit(inputs, None)
+        if request_id is not None:
+            cache.begin_request(request_id)
+        committed = commit(inputs, cache)
+        self.stats.record_request(cache)
+        return committed
+
     def _prepare(
         self, prompt: PromptInput, opts: RequestOptions, request_id: str, cache: BaseMultiModalProcessorCache | None,
-    ) -> MultiModalInputs:
+    ) -> PreparedInputs:
         if isinstance(prompt, Mapping):
             prompt, opts = _from_prompt_dict(prompt, opts)
         if opts.hf_processor_mm_kwargs:
@@ -249,7 +247,7 @@ class InputPreprocessor:
         else:
             raise InputTypeError("prompt must be a string, a list of token ids, a list of chat messages or a vLLM "
                                  f"prompt dict; got {type(prompt).__name__}.", parameter="prompt")
-        if mm_data and cache is None and not self.config.enable_prefix_caching:
+        if mm_data and not self.config.needs_content_hashes:
             mm_uuids = _per_request_uuids(request_id, mm_data, mm_uuids)
         elif mm_uuids:
             mm_uuids = scope_uuids(mm_uuids, opts.cache_salt)
@@ -258,6 +256,37 @@ class InputPreprocessor:
             media_io_kwargs=opts.media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
             executor=self.item_executor,
         )
+
+    # --- the P0 half of the mirror --------------------------------------------------------------
+
+    @property
+    def mirror(self) -> SenderMirror:
+        return NULL_SENDER_MIRROR if self.cache is None else self.cache.mirror
+
+    def invalidate(self, mm_hashes: Sequence[str]) -> None:
+        """P1 lacks these items: the next commit sends their data."""
+        if self.cache is not None:
+            for mm_hash in mm_hashes:
+                self.cache.invalidate(mm_hash)
+
+    def reset_shadow(self, epoch: int | None = None) -> bool:
+        """Clear the mirror's P0 shadow (a new epoch), if it is still in ``epoch`` (``None``: any)."""
+        current = self.mirror.epoch
+        if self.cache is None or current is None or (epoch is not None and current != epoch):
+            return False
+        self.cache.clear_cache()
+        self.stats.reset = True
+        return True
+
+    def request_finished(self, request_id: str, *, aborted: bool = False) -> None:
+        """The request left the engine: what the P0 cache held for it (shm chunks) may be reused."""
+        if self.cache is not None:
+            if aborted:
+                self.cache.on_request_aborted(request_id)
+            else:
+                self.cache.on_request_finished(request_id)
+
+    # --- lifecycle ------------------------------------------------------------------------------
 
     def warmup(self) -> None:
         """Run one largest dummy item per supported modality, as vLLM's renderer does at start-up,
@@ -273,12 +302,102 @@ class InputPreprocessor:
             self.tokenize_only_cache.clear_cache()
 
     def clear_cache(self) -> None:
-        """Reset the P0 cache (vLLM's ``reset_mm_cache``); P1 must be reset alongside it (the
+        """Reset the P0 caches (vLLM's ``reset_mm_cache``); P1 must be reset alongside it (the
         mirrored cache starts a new epoch, which tells P1 with the next request)."""
         for cache in (self.cache, self.tokenize_only_cache):
             if cache is not None:
                 cache.clear_cache()
         self.stats.reset = True
+
+
+class InputPreprocessor:
+    """vLLM's ``InputPreprocessor`` over a :class:`ModelPipeline`: requests in,
+    ``MultiModalInputs`` out."""
+
+    def __init__(
+        self, model: str | Path | Any, config: MultiModalConfig | None = None, *, model_id: str | None = None,
+        processor: BaseMultiModalProcessor | None = None,
+    ) -> None:
+        self.pipeline = ModelPipeline(model, config, model_id=model_id, processor=processor)
+
+    @property
+    def config(self) -> MultiModalConfig:
+        return self.pipeline.config
+
+    @property
+    def processor(self) -> BaseMultiModalProcessor:
+        return self.pipeline.processor
+
+    @property
+    def cache(self) -> BaseMultiModalProcessorCache | None:
+        return self.pipeline.cache
+
+    @property
+    def tokenize_only_cache(self) -> BaseMultiModalProcessorCache | None:
+        return self.pipeline.tokenize_only_cache
+
+    @property
+    def connector(self) -> MediaConnector:
+        return self.pipeline.connector
+
+    @property
+    def stats(self) -> MultiModalCacheStats:
+        return self.pipeline.stats
+
+    @property
+    def item_executor(self) -> ItemExecutor:
+        return self.pipeline.item_executor
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        return self.pipeline.executor
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.pipeline.processor.info.tokenizer
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+    def __enter__(self) -> InputPreprocessor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def preprocess(
+        self,
+        prompt: PromptInput,
+        mm_data: Mapping[str, Any] | None = None,
+        *,
+        request_id: str | None = None,
+        skip_mm_cache: bool = False,
+        options: RequestOptions | None = None,
+        **kwargs: Any,
+    ) -> MultiModalInputs:
+        """Process one request (keyword options: the fields of :class:`RequestOptions`). Chat
+        messages carry their media as content parts; a string or token-id prompt takes
+        ``mm_data``. ``skip_mm_cache`` (warm-up, tokenize-only requests) uses a separate
+        processor-only cache so the P0/P1 mirror is never disturbed.
+
+        The result is *prepared*: a cache P1 depends on is only read, and the items it would
+        send as references are committed (or processed again) when the inputs become a request."""
+        opts = RequestOptions.of(options, kwargs if mm_data is None else {**kwargs, "mm_data": mm_data})
+        return self.pipeline.prepare(prompt, opts, request_id, skip_mm_cache=skip_mm_cache)
+
+    async def preprocess_async(
+        self, prompt: PromptInput, mm_data: Mapping[str, Any] | None = None, **kwargs: Any,
+    ) -> MultiModalInputs:
+        """:meth:`preprocess` on a worker thread, so the event loop stays free while media load
+        and the HF processor runs."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: self.preprocess(prompt, mm_data, **kwargs))
+
+    def warmup(self) -> None:
+        self.pipeline.warmup()
+
+    def clear_cache(self) -> None:
+        self.pipeline.clear_cache()
 
     reset_mm_cache = clear_cache
 
@@ -335,19 +454,20 @@ class PreparedRequest:
 
 
 class InputProcessor:
-    """Builds ``EngineCoreRequest``s with vLLM's request-level checks, and owns the commit step
-    of the P0 cache (see the module docstring for which methods are thread-safe)."""
+    """vLLM's ``InputProcessor`` over the :class:`ModelPipeline` of ``preprocessor``: builds
+    ``EngineCoreRequest``s with vLLM's request-level checks, and is the commit step of the P0
+    cache (see the module docstring for which methods are thread-safe)."""
 
     def __init__(self, preprocessor: InputPreprocessor) -> None:
         self.preprocessor = preprocessor
-        self.config = preprocessor.config
-        tokenizer = preprocessor.tokenizer
-        self.vocab_size = len(tokenizer)
-        self.max_tokens_per_item = preprocessor.processor.get_max_tokens_per_item()
+        self.pipeline = preprocessor.pipeline
+        self.config = self.pipeline.config
+        self.vocab_size = len(preprocessor.tokenizer)
+        self.max_tokens_per_item = self.pipeline.processor.get_max_tokens_per_item()
 
     @property
     def cache(self) -> BaseMultiModalProcessorCache | None:
-        return self.preprocessor.cache
+        return self.pipeline.cache
 
     def prepare(
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
@@ -358,11 +478,7 @@ class InputProcessor:
         if isinstance(prompt, Mapping) and prompt.get("type") == "multimodal":
             inputs: MultiModalInputs = prompt  # type: ignore[assignment]
         else:
-            cache = self.preprocessor.cache
-            inputs = self.preprocessor._prepare(prompt, opts, request_id, cache)
-            if cache is not None and not cache.commit_at_send:
-                inputs = commit_mm_inputs(inputs, cache)
-                self.preprocessor.stats.record_request(cache)
+            inputs = self.pipeline.prepare(prompt, opts, request_id)
         self._validate(inputs)
         arrival = opts.arrival_time if opts.arrival_time is not None else time.time()
         return PreparedRequest(request_id, inputs, params or SamplingParams(), opts, arrival)
@@ -375,57 +491,35 @@ class InputProcessor:
         that P1 does not depend on already served it. The P0/P1 mirror is not touched; send
         requests through ``EngineClient`` to use it."""
         prepared = self.prepare(request_id, prompt, params, options=options, **kwargs)
-        return self._build(prepared, commit_mm_inputs(prepared.inputs, None))
+        return self._build(prepared, commit(prepared.inputs, None))
 
     def commit(self, prepared: PreparedRequest) -> EngineCoreRequest:
         """Commit ``prepared`` to the P0 cache and build the request to send. Not thread-safe: the
         client calls it from one ordered lane, right before the transport, so the mirror's order
         is the order on the wire. Then exactly one of :meth:`take_stamp` (it is sent) and
         :meth:`take_mirror_only` (it is not) must follow."""
-        cache = self.preprocessor.cache
-        if cache is None or not cache.commit_at_send or is_committed(prepared.inputs):
-            return self._build(prepared, commit_mm_inputs(prepared.inputs, None))
-        cache.begin_request(prepared.request_id)
-        committed = commit_mm_inputs(prepared.inputs, cache)
-        self.preprocessor.stats.record_request(cache)
-        return self._build(prepared, committed)
+        return self._build(prepared, self.pipeline.commit(prepared.inputs, prepared.request_id))
 
     def take_stamp(self, request_id: str, *, keep: bool = False) -> MirrorStamp | None:
         """The stamp of ``request_id``'s commit, to send with it (``None``: it changed nothing);
         ``keep``: leave it issued until the send succeeded (see :meth:`take_mirror_only`)."""
-        take = getattr(self.preprocessor.cache, "take_stamp", None)
-        return take(request_id, keep=keep) if take is not None else None
+        return self.pipeline.mirror.take_stamp(request_id, keep=keep)
 
     def take_mirror_only(self, request_id: str) -> tuple[MirrorStamp, MirrorOnly] | None:
         """For a committed request that will not be sent after all: what P1 must replay."""
-        take = getattr(self.preprocessor.cache, "take_mirror_only", None)
-        return take(request_id) if take is not None else None
+        return self.pipeline.mirror.take_mirror_only(request_id)
 
     def invalidate(self, mm_hashes: Sequence[str]) -> None:
         """P1 lacks these items: the next commit sends their data."""
-        cache = self.preprocessor.cache
-        if cache is not None:
-            for mm_hash in mm_hashes:
-                cache.invalidate(mm_hash)
+        self.pipeline.invalidate(mm_hashes)
 
     def reset_shadow(self, epoch: int | None = None) -> bool:
         """Clear the mirror's P0 shadow (a new epoch), if it is still in ``epoch`` (``None``: any)."""
-        cache = self.preprocessor.cache
-        current = getattr(cache, "epoch", None)
-        if cache is None or current is None or (epoch is not None and current != epoch):
-            return False
-        cache.clear_cache()
-        self.preprocessor.stats.reset = True
-        return True
+        return self.pipeline.reset_shadow(epoch)
 
     def request_finished(self, request_id: str, *, aborted: bool = False) -> None:
         """The request left the engine: what the P0 cache held for it (shm chunks) may be reused."""
-        cache = self.preprocessor.cache
-        if cache is not None:
-            if aborted:
-                cache.on_request_aborted(request_id)
-            else:
-                cache.on_request_finished(request_id)
+        self.pipeline.request_finished(request_id, aborted=aborted)
 
     def _build(self, prepared: PreparedRequest, inputs: MultiModalInputs) -> EngineCoreRequest:
         opts = prepared.options

@@ -7,6 +7,7 @@ from mmfront.cache.factory import (
     get_processor_cache_type,
     processor_cache_from_config,
     processor_only_cache_from_config,
+    receiver_cache_from_config,
     worker_receiver_cache_from_config,
 )
 from mmfront.cache.lru import (
@@ -14,6 +15,7 @@ from mmfront.cache.lru import (
     LruKeyReplicatedSenderCache,
     MultiModalProcessorOnlyCache,
 )
+from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
 from mmfront.errors import CacheError
@@ -85,5 +87,24 @@ def test_shm_deployment_gets_writer_and_worker_readers():
         assert all(isinstance(r, ShmObjectStoreReceiverCache) for r in readers)
         for r in readers:
             r.close()
+    finally:
+        p0.close()
+
+
+def test_receiver_cache_from_config_is_the_one_rule_for_p1():
+    lru = MultiModalConfig(mm_processor_cache_gb=SMALL_GB)
+    assert isinstance(receiver_cache_from_config(lru), MirroredReceiverCache)
+    assert receiver_cache_from_config(MultiModalConfig(mm_processor_cache_gb=0)) is None
+    assert receiver_cache_from_config(MultiModalConfig(mm_processor_cache_gb=SMALL_GB, api_process_count=2)) is None
+    shm = MultiModalConfig(mm_processor_cache_gb=2 * SMALL_GB, mm_processor_cache_type="shm",
+                           mm_shm_cache_max_object_size_mb=1)
+    p0 = processor_cache_from_config(shm)
+    assert isinstance(p0, ShmObjectStoreSenderCache)
+    try:
+        with pytest.raises(CacheError, match="shm_name"):
+            receiver_cache_from_config(shm)
+        reader = receiver_cache_from_config(shm, shm_name=p0.shm_name)
+        assert isinstance(reader, ShmObjectStoreReceiverCache)
+        reader.close()
     finally:
         p0.close()

@@ -168,7 +168,7 @@ def test_unstamped_mirror_drifts_on_swapped_delivery_where_the_stamped_one_does_
     for name in ("unstamped", "stamped"):
         processor = toy_processor(64)
         if name == "unstamped":
-            processor.preprocessor.cache = LruKeyReplicatedSenderCache(64)
+            processor.pipeline.cache = LruKeyReplicatedSenderCache(64)
             receiver = EngineReceiver(LruKeyReplicatedReceiverCache(64), echo=True)
         else:
             receiver = EngineReceiver(MirroredReceiverCache(64), echo=True)

@@ -33,7 +33,6 @@ from mmfront.wire.messages import (
     CACHE_MISS,
     ENGINE_HELLO,
     ENGINE_OUTPUTS,
-    INSERT,
     MIRROR_ONLY,
     MIRROR_RESET,
     REQUEST,
@@ -42,6 +41,7 @@ from mmfront.wire.messages import (
     EngineHello,
     MirrorOnly,
     MirrorOp,
+    MirrorOpKind,
     MirrorReset,
     MirrorStamp,
     decode_message,
@@ -132,7 +132,7 @@ def test_the_largest_epoch_is_mirrored_without_overflow() -> None:
 
 def test_a_forged_negative_insert_size_cannot_disable_the_capacity_bound() -> None:
     epoch = 5
-    ops = [INSERT, "x"]
+    ops = [MirrorOpKind.INSERT, "x"]
     digest = chain_digest(initial_digest(epoch, CAPACITY), (), ops)  # the digest is not keyed: forgeable
     cache = MirroredReceiverCache(CAPACITY)
     receiver = EngineReceiver(cache)

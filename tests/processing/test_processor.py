@@ -159,3 +159,52 @@ def test_receiver_reports_every_missing_hash() -> None:
     with pytest.raises(MultiModalCacheMissError) as info:
         LruKeyReplicatedReceiverCache(1 << 20).get_and_update_features(features)
     assert info.value.mm_hashes == out["mm_hashes"]["image"]
+
+
+# --- prepare -> commit, typed ---------------------------------------------------------------------
+
+
+def test_prepared_inputs_leave_the_cache_untouched_until_committed_once() -> None:
+    from mmfront.processing.commit import commit, pending_commit
+
+    proc = toy()
+    cache = RecordingCache(1 << 20)
+    image = make_image(4, 4, 0)
+    prepared = proc.prepare("a <img>", {"image": [image]}, cache=cache)
+    pending = pending_commit(prepared)
+    assert pending is not None and pending is prepared["mm_pending"]
+    assert [m for _, m, _ in pending.order] == ["image"] and cache.log == []
+    committed = commit(prepared, cache)
+    assert "mm_pending" not in committed and pending_commit(committed) is None
+    assert [op for op, _, _ in cache.log] == ["touch", "update"]
+    assert committed["mm_kwargs"]["image"][0] is not None  # a miss: it travels with its data
+    assert committed["mm_hashes"] == prepared["mm_hashes"]
+    # Committing committed inputs is a no-op: the same inputs back, the cache untouched.
+    assert commit(committed, cache) is committed
+    assert len(cache.log) == 2
+
+
+def test_a_request_without_items_commits_without_touching_the_cache() -> None:
+    from mmfront.processing.commit import NOTHING_TO_COMMIT, commit
+
+    proc = toy()
+    cache = RecordingCache(1 << 20)
+    prepared = proc.prepare("just text", None, cache=cache)
+    assert prepared["mm_pending"] is NOTHING_TO_COMMIT
+    committed = commit(prepared, cache)
+    assert "mm_pending" not in committed and cache.log == [] and cache.make_stats().total == 0
+    assert committed["prompt_token_ids"] == prepared["prompt_token_ids"]
+
+
+def test_a_hit_evicted_before_the_commit_is_processed_again() -> None:
+    from mmfront.processing.commit import commit
+
+    proc = toy()
+    cache = LruKeyReplicatedSenderCache(1 << 20)
+    image = make_image(4, 4, 0)
+    proc.apply("a <img>", {"image": [image]}, cache=cache)
+    prepared = proc.prepare("b <img>", {"image": [image]}, cache=cache)
+    assert prepared["mm_kwargs"]["image"] == [None] and proc.calls == [{"image": 1}]  # a hit: not processed
+    cache.clear_cache()
+    committed = commit(prepared, cache)
+    assert committed["mm_kwargs"]["image"][0] is not None and len(proc.calls) == 2

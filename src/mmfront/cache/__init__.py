@@ -17,6 +17,7 @@ from mmfront.cache.factory import (
     get_processor_cache_type,
     processor_cache_from_config,
     processor_only_cache_from_config,
+    receiver_cache_from_config,
     worker_receiver_cache_from_config,
 )
 from mmfront.cache.lru import (
@@ -46,5 +47,6 @@ __all__ = [
     "get_processor_cache_type",
     "processor_cache_from_config",
     "processor_only_cache_from_config",
+    "receiver_cache_from_config",
     "worker_receiver_cache_from_config",
 ]

@@ -8,6 +8,10 @@ Mirror rule (LRU mode): ``is_cached``/``is_cached_item``/``peek_prompt_updates``
 ``get_and_update_item`` is called exactly once per item of a request, in placeholder-offset
 order, after every item of the request has been touched. P1 walks the same order, so both LRUs
 evolve identically.
+
+Every cache answers the mirror protocol (:mod:`mmfront.cache.mirror`) through its ``mirror``:
+:class:`SenderMirror` on P0, :class:`ReceiverMirror` on P1. A cache P1 does not mirror answers
+through the null halves here, so the frontend and the engine receiver drive every cache alike.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from mmfront.errors import ValidationError
+from mmfront.errors import MultiModalCacheMissError, ValidationError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem
+from mmfront.wire.messages import MirrorOnly, MirrorReset, MirrorStamp
 
 PromptUpdates = Sequence[Any]
 """An item's resolved prompt updates (``mmfront.processing.updates.ResolvedPromptUpdate``): the
@@ -67,6 +72,110 @@ class HitCounter:
         change = info - self._last
         self._last = info
         return change
+
+
+@dataclass(slots=True)
+class MirrorDelivery:
+    """A request P1 is done with: ``missing`` is empty when every feature's data is filled in
+    (admit it), and otherwise lists the hashes P0 must resend. ``stale_epoch`` is set when P1
+    served the request outside the mirror because its epoch was retired."""
+
+    payload: Any
+    features: list[MultiModalFeatureSpec]
+    missing: list[str]
+    stale_epoch: int | None = None
+
+
+MirrorEvent = MirrorDelivery | MirrorReset
+"""What P1's mirror hands the engine receiver: a request to answer, or a reset to announce."""
+
+
+class SenderMirror(ABC):
+    """P0's half of the mirror, as the frontend drives it after each commit."""
+
+    @property
+    @abstractmethod
+    def epoch(self) -> int | None:
+        """The epoch of P0's shadow; ``None`` for a cache P1 does not mirror."""
+
+    @abstractmethod
+    def take_stamp(self, request_id: str | None, *, keep: bool = False) -> MirrorStamp | None:
+        """The stamp of ``request_id``'s commit, to send with it; ``None`` if it changed nothing.
+        ``keep`` leaves it issued until the send succeeds, so a request the transport fails to
+        carry can still hand P1 its :meth:`take_mirror_only`."""
+
+    @abstractmethod
+    def take_mirror_only(self, request_id: str | None) -> tuple[MirrorStamp, MirrorOnly] | None:
+        """For a request committed but never to be sent: its stamp and operations, for P1 to
+        replay; ``None`` if it changed nothing P1 mirrors."""
+
+
+class NullSenderMirror(SenderMirror):
+    """The mirror of a cache P1 does not mirror: nothing to stamp, nothing to replay."""
+
+    @property
+    def epoch(self) -> int | None:
+        return None
+
+    def take_stamp(self, request_id: str | None, *, keep: bool = False) -> MirrorStamp | None:
+        return None
+
+    def take_mirror_only(self, request_id: str | None) -> tuple[MirrorStamp, MirrorOnly] | None:
+        return None
+
+
+NULL_SENDER_MIRROR = NullSenderMirror()
+
+
+class ReceiverMirror(ABC):
+    """P1's half of the mirror, as the engine receiver drives it: each method takes what arrived
+    and returns what is ready, in order."""
+
+    @abstractmethod
+    def receive(
+        self, stamp: MirrorStamp | None, features: Sequence[MultiModalFeatureSpec], payload: Any,
+    ) -> list[MirrorEvent]:
+        """Take one request with the stamp it carries (``None``: it changed nothing on P0)."""
+
+    @abstractmethod
+    def receive_mirror_only(self, stamp: MirrorStamp, message: MirrorOnly) -> list[MirrorEvent]:
+        """Take the mirror operations of a request P0 committed but never sent."""
+
+    @abstractmethod
+    def poll(self) -> list[MirrorEvent]:
+        """What became due without an arrival (call it when idle)."""
+
+
+class NullReceiverMirror(ReceiverMirror):
+    """P1 without a mirror: each request is served at once from what ``cache`` holds (fill or
+    resolve), stamps are ignored, and a request that lacks data is answered with its misses.
+    Without a cache, every feature must carry its data."""
+
+    def __init__(self, cache: BaseMultiModalReceiverCache | None) -> None:
+        self._cache = cache
+
+    def receive(
+        self, stamp: MirrorStamp | None, features: Sequence[MultiModalFeatureSpec], payload: Any,
+    ) -> list[MirrorEvent]:
+        feats = list(features)
+        return [MirrorDelivery(payload, feats, self._fill(feats))]
+
+    def receive_mirror_only(self, stamp: MirrorStamp, message: MirrorOnly) -> list[MirrorEvent]:
+        return []
+
+    def poll(self) -> list[MirrorEvent]:
+        return []
+
+    def _fill(self, features: list[MultiModalFeatureSpec]) -> list[str]:
+        if not features:
+            return []
+        if self._cache is None:
+            return [f.cache_key for f in features if f.data is None]
+        try:
+            self._cache.get_and_update_features(features)
+        except MultiModalCacheMissError as e:
+            return e.mm_hashes
+        return []
 
 
 class BaseMultiModalCache(ABC, Generic[I, O]):
@@ -140,6 +249,11 @@ class BaseMultiModalProcessorCache(BaseMultiModalCache[ProcessorCacheInput | Non
     def close(self) -> None:
         """Release resources held by the cache (shared memory)."""
 
+    @property
+    def mirror(self) -> SenderMirror:
+        """This cache's half of the P0/P1 mirror (the null one unless P1 mirrors it)."""
+        return NULL_SENDER_MIRROR
+
 
 class BaseMultiModalReceiverCache(
     BaseMultiModalCache[MultiModalKwargsItem | None, MultiModalKwargsItem]
@@ -156,3 +270,8 @@ class BaseMultiModalReceiverCache(
 
         Raises :class:`~mmfront.errors.MultiModalCacheMissError` listing *every* missing hash,
         after the features that did carry data have been stored."""
+
+    @property
+    def mirror(self) -> ReceiverMirror:
+        """How P1 takes requests into this cache (the null mirror unless P0 mirrors it)."""
+        return NullReceiverMirror(self)

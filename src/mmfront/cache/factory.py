@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 from mmfront.cache._shm_store import Lock
-from mmfront.cache.base import BaseMultiModalProcessorCache
+from mmfront.cache.base import BaseMultiModalProcessorCache, BaseMultiModalReceiverCache
 from mmfront.cache.lru import MultiModalProcessorOnlyCache
 from mmfront.cache.mirror import MirroredReceiverCache, MirroredSenderCache
 from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache, ShmObjectStoreSenderCache
@@ -56,6 +56,18 @@ def processor_only_cache_from_config(config: MultiModalConfig) -> MultiModalProc
     if get_processor_cache_type(config) is None:
         return None
     return MultiModalProcessorOnlyCache(config.mm_processor_cache_bytes)
+
+
+def receiver_cache_from_config(
+    config: MultiModalConfig, *, shm_name: str | None = None, reader_rank: int = 0, lock: Lock | None = None,
+    zero_copy: bool = False,
+) -> BaseMultiModalReceiverCache | None:
+    """The P1 cache ``config`` gets: the mirrored LRU (``lru``), a reader of P0's segment
+    (``shm``, with the arguments of :func:`worker_receiver_cache_from_config`), or none."""
+    if get_processor_cache_type(config) == "shm":
+        return worker_receiver_cache_from_config(config, shm_name=shm_name, reader_rank=reader_rank, lock=lock,
+                                                 zero_copy=zero_copy)
+    return engine_receiver_cache_from_config(config)
 
 
 def engine_receiver_cache_from_config(config: MultiModalConfig) -> MirroredReceiverCache | None:

@@ -58,7 +58,7 @@ class OversizeWarning:
         )
 
 
-def _no_data_error(mm_hash: str) -> CacheError:
+def no_data_error(mm_hash: str) -> CacheError:
     return CacheError(
         f"Processor cache has no entry for mm_hash {mm_hash!r} and no item was given. Pass "
         "(item, prompt_updates) for every item is_cached() reported missing; if it reported this "
@@ -111,7 +111,7 @@ class MultiModalProcessorOnlyCache(_LruProcessorCache[ProcessorCacheInput]):
         if cached is not None:
             return cached
         if mm_item is None:
-            raise _no_data_error(mm_hash)
+            raise no_data_error(mm_hash)
         nbytes = mm_item[0].nbytes
         if not self._cache.put_if_fits(mm_hash, mm_item, nbytes):
             self._oversize(nbytes, self._cache.capacity)
@@ -135,7 +135,7 @@ class LruKeyReplicatedSenderCache(_LruProcessorCache[PromptUpdates]):
         if updates is not None:
             return None, updates
         if mm_item is None:
-            raise _no_data_error(mm_hash)
+            raise no_data_error(mm_hash)
         nbytes = mm_item[0].nbytes
         if not self._cache.put_if_fits(mm_hash, mm_item[1], nbytes):
             self._oversize(nbytes, self._cache.capacity)
@@ -174,7 +174,7 @@ class LruKeyReplicatedReceiverCache(BaseMultiModalReceiverCache):
         return mm_item
 
     def get_and_update_features(self, mm_features: Sequence[MultiModalFeatureSpec]) -> list[MultiModalFeatureSpec]:
-        keys = [f.mm_hash or f.identifier for f in mm_features]
+        keys = [f.cache_key for f in mm_features]
         for key in keys:
             self._cache.touch(key)
         missing: list[str] = []

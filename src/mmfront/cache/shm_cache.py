@@ -181,7 +181,7 @@ class ShmObjectStoreReceiverCache(BaseMultiModalReceiverCache):
     def get_and_update_features(self, mm_features: Sequence[MultiModalFeatureSpec]) -> list[MultiModalFeatureSpec]:
         for feature in mm_features:
             if feature.data is not None:
-                feature.data = self.get_and_update_item(feature.data, feature.mm_hash or feature.identifier)
+                feature.data = self.get_and_update_item(feature.data, feature.cache_key)
         return list(mm_features)
 
     def release_reads(self) -> None:

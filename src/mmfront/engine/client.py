@@ -166,7 +166,7 @@ class EngineClient:
         self._reserve(request_id)
         try:
             prepared = await loop.run_in_executor(
-                self.processor.preprocessor.executor,
+                self.processor.pipeline.executor,
                 lambda: self.processor.prepare(request_id, prompt, params, options=options, **kwargs))
         except BaseException:
             self._release(request_id)

@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
-from mmfront.cache.base import BaseMultiModalReceiverCache
+from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullReceiverMirror
 from mmfront.cache.factory import engine_receiver_cache_from_config
-from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, MirrorEvent
 from mmfront.config import MultiModalConfig
 from mmfront.engine.transports import BaseTransport, PipeTransport
-from mmfront.errors import DecodeError, MultiModalCacheMissError, TransportError
-from mmfront.inputs import MultiModalFeatureSpec
+from mmfront.errors import DecodeError, TransportError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -58,12 +56,14 @@ class EngineReceiver:
     ``cache`` is what :func:`~mmfront.cache.engine_receiver_cache_from_config` gives: a
     :class:`~mmfront.cache.mirror.MirroredReceiverCache` in ``lru`` mode (stamps are checked,
     requests applied in P0's order), ``None`` otherwise (requests must carry all their data).
-    A plain :class:`~mmfront.cache.LruKeyReplicatedReceiverCache` works too, without drift
-    detection. ``echo`` puts each admitted request in its ``Admitted`` reply.
+    Any other receiver cache works too, through its null mirror: each request is served at once
+    from what it holds, without drift detection. ``echo`` puts each admitted request in its
+    ``Admitted`` reply.
     """
 
     def __init__(self, cache: BaseMultiModalReceiverCache | None, *, echo: bool = False) -> None:
         self.cache = cache
+        self.mirror = NullReceiverMirror(None) if cache is None else cache.mirror
         self.echo = echo
         self._encoder = MsgpackEncoder()
 
@@ -76,20 +76,13 @@ class EngineReceiver:
 
     def handle_message(self, envelope: Message) -> tuple[list[EngineCoreRequest], list[Reply]]:
         """:meth:`handle` for an envelope already decoded."""
-        cache = self.cache
         events: list[MirrorEvent]
         if envelope.kind == REQUEST:
             request: EngineCoreRequest = envelope.body
-            features = request.mm_features or []
-            if isinstance(cache, MirroredReceiverCache):
-                events = cache.receive(envelope.stamp, features, request)
-            else:
-                events = [MirrorDelivery(request, features, self._fill_plain(features))]
+            events = self.mirror.receive(envelope.stamp, request.mm_features or [], request)
         elif envelope.kind == MIRROR_ONLY:
-            message = envelope.body
             assert envelope.stamp is not None  # decode_message refuses a MIRROR_ONLY without one
-            events = cache.receive_mirror_only(envelope.stamp, message) if isinstance(
-                cache, MirroredReceiverCache) else []
+            events = self.mirror.receive_mirror_only(envelope.stamp, envelope.body)
         elif envelope.kind == RESET_CACHE:
             events = self.reset_cache()
         else:
@@ -98,28 +91,14 @@ class EngineReceiver:
 
     def poll(self) -> tuple[list[EngineCoreRequest], list[Reply]]:
         """What became due without an arrival; call it from the engine loop when idle."""
-        if isinstance(self.cache, MirroredReceiverCache):
-            return self._answer(self.cache.poll())
-        return [], []
+        return self._answer(self.mirror.poll())
 
     def reset_cache(self) -> list[MirrorEvent]:
         """Clear the processor cache (reset_mm_cache, sleep); the events tell P0 to follow."""
         if self.cache is None:
             return []
         self.cache.clear_cache()
-        return self.cache.poll() if isinstance(self.cache, MirroredReceiverCache) else []
-
-    def _fill_plain(self, features: list[MultiModalFeatureSpec]) -> list[str]:
-        """Without a mirror: fill (LRU) or resolve (shm handles) what the cache serves."""
-        if not features:
-            return []
-        if self.cache is None:
-            return [f.mm_hash or f.identifier for f in features if f.data is None]
-        try:
-            self.cache.get_and_update_features(features)
-        except MultiModalCacheMissError as e:
-            return e.mm_hashes
-        return []
+        return self.mirror.poll()
 
     def _answer(self, events: list[MirrorEvent]) -> tuple[list[EngineCoreRequest], list[Reply]]:
         ready: list[EngineCoreRequest] = []

@@ -18,11 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmfront.cache.base import BaseMultiModalReceiverCache
-from mmfront.cache.factory import (
-    engine_receiver_cache_from_config,
-    get_processor_cache_type,
-    worker_receiver_cache_from_config,
-)
+from mmfront.cache.factory import get_processor_cache_type, receiver_cache_from_config
 from mmfront.config import MultiModalConfig
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner, error_output
@@ -40,13 +36,6 @@ class WorkerStats:
     tokens: int = 0
     encoder_hits: int = 0
     encoder_lookups: int = 0
-
-
-def receiver_cache(config: MultiModalConfig, shm_name: str | None) -> BaseMultiModalReceiverCache | None:
-    """P1's cache for ``config``: the mirrored LRU (``lru``), a reader of P0's segment (``shm``)."""
-    if config.mm_processor_cache_type == "shm":
-        return worker_receiver_cache_from_config(config, shm_name=shm_name)
-    return engine_receiver_cache_from_config(config)
 
 
 def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Event, stats: WorkerStats) -> None:
@@ -74,12 +63,12 @@ def receiver_caches(
     """One receiver cache per frontend, so each keeps its own mirror (``lru``) or reads its own
     segment (``shm``: ``shm_name`` gives one segment name per frontend, in the same order)."""
     if get_processor_cache_type(config) != "shm":
-        return [receiver_cache(config, None) for _ in range(frontends)]
+        return [receiver_cache_from_config(config) for _ in range(frontends)]
     names = [shm_name] if shm_name is None or isinstance(shm_name, str) else list(shm_name)
     if len(names) != frontends:
         raise ConfigError(f"The shm cache needs one segment name per frontend: {frontends} frontends, "
                           f"{len(names)} names; pass the names in the order of the frontends' addresses.")
-    return [receiver_cache(config, name) for name in names]
+    return [receiver_cache_from_config(config, shm_name=name) for name in names]
 
 
 def run_worker(
@@ -113,4 +102,4 @@ def run_worker(
     return stats
 
 
-__all__ = ["WorkerStats", "receiver_cache", "receiver_caches", "run_worker", "serve"]
+__all__ = ["WorkerStats", "receiver_caches", "run_worker", "serve"]

@@ -6,14 +6,19 @@ prepared but never sent leaves no trace. Committing is what moves the cache: it 
 decides which items travel with data and which as references to what P1 already holds, so for
 the mirrored caches it runs in one ordered lane, immediately before the request is handed to the
 transport (see ``mmfront.engine.client``). P1 walks the same order, so both LRUs evolve alike.
+
+:meth:`~mmfront.processing.processor.BaseMultiModalProcessor.prepare` returns
+:class:`PreparedInputs`; :func:`commit` is the one way from them to committed inputs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from mmfront.cache.base import BaseMultiModalProcessorCache, PromptUpdates
+from mmfront.errors import ValidationError
 from mmfront.inputs import MultiModalInputs, MultiModalKwargsItem, MultiModalKwargsItems
 
 Reprocess = Callable[[str, int], MultiModalKwargsItem]
@@ -22,8 +27,7 @@ Reprocess = Callable[[str, int], MultiModalKwargsItem]
 
 @dataclass(frozen=True)
 class PendingCommit:
-    """What committing a prepared request needs, kept in its ``MultiModalInputs`` under
-    ``"mm_pending"`` until the commit.
+    """What committing a prepared request needs.
 
     ``new_items`` holds the items processed while preparing (the lookups' misses); the others
     were cache hits then and are processed again from their media only if the cache has dropped
@@ -37,17 +41,35 @@ class PendingCommit:
     reprocess: Reprocess
 
 
-def is_committed(inputs: MultiModalInputs) -> bool:
-    return "mm_pending" not in inputs
+def _no_item(modality: str, index: int) -> MultiModalKwargsItem:
+    raise ValidationError(f"The request has no {modality} item {index}.", parameter=modality)
 
 
-def commit_mm_inputs(inputs: MultiModalInputs, cache: BaseMultiModalProcessorCache | None) -> MultiModalInputs:
+NOTHING_TO_COMMIT = PendingCommit((), {}, {}, {}, _no_item)
+"""The commit of a request without items: it leaves every cache as it is."""
+
+
+class PreparedInputs(MultiModalInputs):
+    """A request prepared against the P0 cache and not yet committed: its inputs, where the items
+    that were cache hits have ``None`` kwargs until the commit decides whether they travel with
+    data, and the commit they wait for."""
+
+    mm_pending: PendingCommit
+
+
+def pending_commit(inputs: MultiModalInputs) -> PendingCommit | None:
+    """The commit ``inputs`` wait for; ``None`` once committed."""
+    return cast(PreparedInputs, inputs)["mm_pending"] if "mm_pending" in inputs else None
+
+
+def commit(inputs: MultiModalInputs, cache: BaseMultiModalProcessorCache | None) -> MultiModalInputs:
     """The committed copy of prepared ``inputs``: each item's kwargs is its data, or ``None`` where
-    the cache (and so P1) already holds it. Committing twice is a no-op.
+    the cache (and so P1) already holds it. Inputs already committed are returned as they are, so
+    committing twice is a no-op.
 
     Items that were hits while preparing but are gone now are processed again *before* the cache
     is touched, so a failure there leaves the cache as it was."""
-    pending = inputs.get("mm_pending")
+    pending = pending_commit(inputs)
     if pending is None:
         return inputs
     new_items = dict(pending.new_items)
@@ -56,7 +78,7 @@ def commit_mm_inputs(inputs: MultiModalInputs, cache: BaseMultiModalProcessorCac
         if mm_hash not in new_items and (cache is None or not cache.is_cached_item(mm_hash)):
             new_items[mm_hash] = pending.reprocess(modality, index)
     kwargs: dict[str, list[MultiModalKwargsItem | None]] = {m: [None] * len(h) for m, h in pending.hashes.items()}
-    if cache is None:
+    if cache is None or not pending.order:
         for _, modality, index in pending.order:
             kwargs[modality][index] = new_items[pending.hashes[modality][index]]
     else:
@@ -88,4 +110,4 @@ def _update_cache(
         cache.release_sender_touches()
 
 
-__all__ = ["PendingCommit", "Reprocess", "commit_mm_inputs", "is_committed"]
+__all__ = ["NOTHING_TO_COMMIT", "PendingCommit", "PreparedInputs", "Reprocess", "commit", "pending_commit"]

@@ -39,7 +39,7 @@ from mmfront.inputs import (
 from mmfront.parse import EmbeddingItems, MultiModalDataItems, MultiModalDataParser
 from mmfront.processing._matching import apply_prompt_updates
 from mmfront.processing._stray import refuse_stray_tokens, single_token_ids
-from mmfront.processing.commit import PendingCommit, commit_mm_inputs
+from mmfront.processing.commit import NOTHING_TO_COMMIT, PendingCommit, PreparedInputs, commit
 from mmfront.processing.executors.base import ItemExecutor, ItemJob
 from mmfront.processing.executors.inplace import InPlaceExecutor
 from mmfront.processing.hf import (
@@ -344,7 +344,7 @@ class BaseMultiModalProcessor(ABC):
         executor: ItemExecutor | None = None,
     ) -> MultiModalInputs:
         """Process one prompt and its multimodal items, and commit them to ``cache`` (vLLM's
-        ``apply``): :meth:`prepare` followed by :func:`~mmfront.processing.commit.commit_mm_inputs`.
+        ``apply``): :meth:`prepare` followed by :func:`~mmfront.processing.commit.commit`.
 
         ``prompt`` is a string (tokenized with ``add_special_tokens``) or token ids. ``mm_data``
         maps a modality to its items (PIL images, arrays, ``MediaWithBytes`` — lazily decoded ones
@@ -356,7 +356,7 @@ class BaseMultiModalProcessor(ABC):
             prompt, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=hf_processor_mm_kwargs,
             media_io_kwargs=media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens, executor=executor,
         )
-        return commit_mm_inputs(prepared, cache)
+        return commit(prepared, cache)
 
     def prepare(
         self,
@@ -369,10 +369,10 @@ class BaseMultiModalProcessor(ABC):
         cache: BaseMultiModalProcessorCache | None = None,
         add_special_tokens: bool = True,
         executor: ItemExecutor | None = None,
-    ) -> MultiModalInputs:
+    ) -> PreparedInputs:
         """Everything :meth:`apply` does except the commit: ``cache`` is only read, so requests
-        can be prepared concurrently, and one that is never committed leaves no trace in it. The
-        result carries ``"mm_pending"`` until it is committed."""
+        can be prepared concurrently, and one that is never committed leaves no trace in it.
+        :func:`~mmfront.processing.commit.commit` turns the result into committed inputs."""
         if isinstance(prompt, str):
             self._check_prompt_chars(prompt)
             check_text(prompt, parameter="prompt", where="The prompt")
@@ -381,8 +381,9 @@ class BaseMultiModalProcessor(ABC):
         counts = {m: items.get_count() for m, items in mm_items.items() if items.get_count() > 0}
         prompt_ids = self._tokenize_prompt(prompt, counts, add_special_tokens=add_special_tokens)
         if not counts:
-            return mm_inputs(prompt_ids, MultiModalKwargsItems(), {}, {},
-                             prompt=prompt if isinstance(prompt, str) else None)
+            text_only = mm_inputs(prompt_ids, MultiModalKwargsItems(), {}, {},
+                                  prompt=prompt if isinstance(prompt, str) else None)
+            return PreparedInputs(**text_only, mm_pending=NOTHING_TO_COMMIT)
 
         request_kwargs = dict(hf_processor_mm_kwargs or {})
         with stage("hash"):
@@ -444,9 +445,8 @@ class BaseMultiModalProcessor(ABC):
                            for m, ps in placeholders.items()}
         out = mm_inputs(new_ids, MultiModalKwargsItems(kwargs), {m: list(hashes[m]) for m in counts},
                         mm_placeholders, prompt=prompt if isinstance(prompt, str) else None)
-        out["mm_pending"] = PendingCommit(order, {m: list(hashes[m]) for m in counts}, new_items, updates_by_hash,
-                                          reprocess)
-        return out
+        pending = PendingCommit(order, {m: list(hashes[m]) for m in counts}, new_items, updates_by_hash, reprocess)
+        return PreparedInputs(**out, mm_pending=pending)
 
     def _process_items(
         self, mm_items: MultiModalDataItems, selection: Mapping[str, Sequence[int]], hashes: Mapping[str, list[str]],

@@ -15,11 +15,11 @@ have their one size, sizes are never negative.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from types import MappingProxyType
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -28,11 +28,16 @@ from mmfront.wire._tensors import Frame, as_frames, frame_view
 from mmfront.wire.codec import MsgpackDecoder
 from mmfront.wire.structs import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
 
-# Mirror operation kinds, as they enter the stamp's digest and a MirrorOp.
-HIT: Final = "H"
-INSERT: Final = "N"
-OVERSIZE: Final = "O"
-EVICT: Final = "E"
+
+class MirrorOpKind(str, Enum):
+    """What happened to an item in the mirror, as it enters a stamp's digest and a
+    :class:`MirrorOp`. The one definition of the kinds that travel; the op log of
+    :mod:`mmfront.cache.mirror.oplog` adds only the evictions an insert caused, which each side
+    derives from its own LRU."""
+
+    HIT = "H"
+    INSERT = "N"
+    OVERSIZE = "O"
 
 DIGEST_SIZE: Final = 16
 """Bytes of a stamp's digest (blake2b-128)."""
@@ -62,13 +67,14 @@ class MirrorStamp(msgspec.Struct, array_like=True, frozen=True):
 class MirrorOp(msgspec.Struct, array_like=True, frozen=True):
     """One item's operation in a mirror-only message (``nbytes`` is the size an insert charged)."""
 
-    kind: Literal["H", "N", "O"]
+    kind: MirrorOpKind
     mm_hash: Key
     nbytes: ByteCount = 0
 
     def __post_init__(self) -> None:
-        if self.nbytes and self.kind != INSERT:
-            raise ValueError(f"only an insert ({INSERT!r}) has a size, got a {self.kind!r} of {self.nbytes} bytes")
+        if self.nbytes and self.kind != MirrorOpKind.INSERT:
+            raise ValueError(f"only an insert ({MirrorOpKind.INSERT.value!r}) has a size, got a "
+                             f"{MirrorOpKind(self.kind).value!r} of {self.nbytes} bytes")
 
 
 class MirrorOnly(msgspec.Struct, array_like=True, frozen=True):
@@ -117,7 +123,7 @@ class EngineHello(msgspec.Struct, array_like=True, frozen=True):
 # framing (``mmfront.engine.transports.zmq_frames``) read only this table.
 
 
-class Direction(enum.Enum):
+class Direction(Enum):
     """Which way a message travels: from the frontend (P0) to the engine (P1), or back."""
 
     TO_ENGINE = "P0 -> P1"
@@ -243,13 +249,9 @@ __all__ = [
     "DIGEST_SIZE",
     "ENGINE_HELLO",
     "ENGINE_OUTPUTS",
-    "EVICT",
-    "HIT",
-    "INSERT",
     "MESSAGE_KINDS",
     "MIRROR_ONLY",
     "MIRROR_RESET",
-    "OVERSIZE",
     "REQUEST",
     "RESET_CACHE",
     "Admitted",
@@ -260,6 +262,7 @@ __all__ = [
     "MessageKind",
     "MirrorOnly",
     "MirrorOp",
+    "MirrorOpKind",
     "MirrorReset",
     "MirrorStamp",
     "decode_message",
