@@ -1,4 +1,4 @@
-"""docs/index.md's configuration reference lists every field of ``MultiModalConfig``, and only
+"""docs/index.md's configuration table lists every field of ``MultiModalConfig``, and only
 those: a knob nobody can read about is a knob nobody sets, and a documented one that is gone
 misleads."""
 
@@ -16,8 +16,9 @@ INDEX = Path(__file__).resolve().parents[1] / "docs" / "index.md"
 def documented_fields() -> list[str]:
     text = INDEX.read_text()
     section = text.split("## Configuration: `MultiModalConfig`", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| field |", 1)[1].split("\n\n", 1)[0]
     names = []
-    for line in section.splitlines():
+    for line in table.splitlines():
         if line.startswith("| `"):
             names += re.findall(r"`([a-z_]+)`", line.split("|")[1])
     return names

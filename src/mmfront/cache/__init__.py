@@ -5,6 +5,7 @@ See docs/caching.md for the modes, the P0/P1 mirror invariant and how to size th
 
 from __future__ import annotations
 
+from mmfront.cache._lrumap import LRUCache
 from mmfront.cache._shm_ring import cleanup_stale_segments
 from mmfront.cache.base import (
     BaseMultiModalCache,
@@ -34,6 +35,7 @@ __all__ = [
     "BaseMultiModalProcessorCache",
     "BaseMultiModalReceiverCache",
     "CacheInfo",
+    "LRUCache",
     "LruKeyReplicatedReceiverCache",
     "LruKeyReplicatedSenderCache",
     "MirroredReceiverCache",

@@ -31,8 +31,7 @@ from typing import Any
 
 import torch
 
-from mmfront.cache import CacheInfo
-from mmfront.cache._lrumap import LRUCache
+from mmfront.cache import CacheInfo, LRUCache
 from mmfront.errors import (
     ConfigError,
     FieldConfigError,
