@@ -525,11 +525,10 @@ def get_mm_hashes(
     # vLLM walks the data items only: UUIDs of a modality without items are the validator's concern.
     given = {m: v for m, v in (mm_uuids or {}).items() if m in mm_items}
     normalized = normalize_mm_uuids(given, {modality: len(items) for modality, items in mm_items.items()})
-    processor_kwargs = hf_processor_mm_kwargs or {}
     media_kwargs = media_io_kwargs or {}
     hashes: dict[str, list[str]] = {}
     for modality, items in mm_items.items():
-        factors = _hash_factors(modality, processor_kwargs, media_kwargs)
+        factors = _hash_factors(modality, hf_processor_mm_kwargs or {}, media_kwargs)
         uuids = normalized.get(modality) or [None] * len(items)
         modality_hashes: list[str] = []
         for index, (item, uuid) in enumerate(zip(items, uuids)):

@@ -505,6 +505,17 @@ def group_and_batch_mm_items(
 # --- features and processor outputs -----------------------------------------------------------
 
 
+def placeholders_in_prompt_order(
+    mm_placeholders: Mapping[str, Sequence[PlaceholderRange]],
+) -> list[tuple[int, str, int]]:
+    """Every placeholder as ``(offset, modality, item index)``, in prompt order: the order a
+    request's features are sent in, so the order P0 commits and P1 walks them (stable: ties keep
+    modality, then item order)."""
+    flat = [(r.offset, m, i) for m, ranges in mm_placeholders.items() for i, r in enumerate(ranges)]
+    flat.sort(key=lambda x: x[0])
+    return flat
+
+
 @dataclass
 class MultiModalFeatureSpec:
     """One multimodal item as it travels to the engine.
@@ -613,4 +624,5 @@ __all__ = [
     "mm_inputs",
     "nested_tensors_equal",
     "nested_tensors_nbytes",
+    "placeholders_in_prompt_order",
 ]

@@ -35,9 +35,9 @@ from mmfront.errors import HashingTypeError
 __all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "pixel_rows", "resized", "to_hwc_uint8"]
 
 _STRIP_BYTES = 1 << 19
-"""Pixel bytes per strip: big enough that per-strip overhead vanishes (on a 1024x1024 RGB image,
-64 KiB strips cost ~20% more than 512 KiB with Pillow's packer), small enough that a packed strip
-is still in the core's cache when the hasher reads it."""
+"""Pixel bytes per strip: big enough that per-strip overhead vanishes, small enough that a packed
+strip is still in the core's cache when the hasher reads it (docs/benchmarks.md, "Design
+measurements")."""
 
 _PACKED_CHANNELS = {"RGB": 3, "YCbCr": 3, "HSV": 3, "RGBA": 4, "RGBX": 4, "RGBa": 4, "CMYK": 4}
 """Modes stored in 4 bytes per pixel whose array holds the first 3 or all 4 of them. (Not LAB:
@@ -79,7 +79,7 @@ def iter_pixel_strips(
     ``stream_offset`` is where the pixels start in the caller's byte stream. The fast path cuts
     its strips anywhere, even inside a pixel, so that each ends on a multiple of the strip size in
     that stream: blake3 then hashes every strip in whole groups of 16 chunks on its widest SIMD
-    path, where strips shifted by the ~200 header bytes hash about 3% slower. Pillow's path cuts
+    path, where strips shifted by the header bytes hash slower. Pillow's path cuts
     whole rows."""
     channels = _PACKED_CHANNELS.get(image.mode)
     if channels is not None and _pack is not None:

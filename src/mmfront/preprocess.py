@@ -40,7 +40,7 @@ from mmfront.chat import parse_chat_messages
 from mmfront.config import MultiModalConfig
 from mmfront.errors import ConfigError, InputTypeError, ValidationError
 from mmfront.hashing import scope_uuids
-from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
+from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs, placeholders_in_prompt_order
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
 from mmfront.processing.commit import PreparedInputs, commit, pending_commit
@@ -166,10 +166,8 @@ class ModelPipeline:
         """The threads the async entry points prepare requests on: one per core of the thread
         budget, plus one per processing lane (a thread whose miss is on a lane waits, it does not
         compute). Preparation is CPU work that mostly runs without the GIL (decoding, resizing,
-        the pixel tables); more threads than cores only queue for the GIL and delay the loop. On
-        2 cores, 16 concurrent misses (``mmfront bench --only serving``): 1 thread, a 6.7 ms
-        longest loop stall and 691 ms to admit them all; 2 threads, 5.5 ms and 306 ms; 3 threads,
-        11 ms and 311 ms."""
+        the pixel tables); fewer threads leave cores idle, more only queue for the GIL and delay
+        the loop (docs/benchmarks.md, "Design measurements")."""
         workers = self.threads.budget + self.threads.lanes
         return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mmfront-prepare")
 
@@ -539,19 +537,16 @@ class InputProcessor:
     def build_mm_features(
         self, inputs: MultiModalInputs, lora_request: LoRARequest | None = None,
     ) -> list[MultiModalFeatureSpec]:
-        """One feature per item, sorted by placeholder offset (stable: ties keep modality, then
-        item order)."""
+        """One feature per item, in prompt order (:func:`~mmfront.inputs.placeholders_in_prompt_order`)."""
         hashes = inputs["mm_hashes"]
         for modality, values in hashes.items():
             if not all(isinstance(h, str) for h in values):
                 raise InputTypeError(f"mm_hashes[{modality!r}] must contain only strings: an incorrect custom "
                                      "implementation of BaseMultiModalProcessor.apply.", parameter="mm_hashes")
-        flat = [(r.offset, m, i) for m, ranges in inputs["mm_placeholders"].items() for i, r in enumerate(ranges)]
-        flat.sort(key=lambda x: x[0])
         prefix = (f"{lora_request.lora_name}:" if lora_request is not None and self.config.enable_tower_connector_lora
                   else "")
         features = []
-        for _, modality, i in flat:
+        for _, modality, i in placeholders_in_prompt_order(inputs["mm_placeholders"]):
             mm_hash = hashes[modality][i]
             features.append(MultiModalFeatureSpec(
                 data=inputs["mm_kwargs"][modality][i], modality=modality, identifier=prefix + mm_hash,

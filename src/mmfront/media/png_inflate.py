@@ -1,10 +1,9 @@
-"""PNG decoding with ISA-L's inflate: Pillow's pixels in about half of Pillow's time.
+"""PNG decoding with ISA-L's inflate: Pillow's pixels, faster than Pillow decodes them.
 
-Decoding a photo-like PNG is mostly zlib inflate (~80% of Pillow's decode of a 1024x1024 one),
-and Pillow inflates with the zlib the system has (1.2.13 on Debian), about three times slower
-than ISA-L's. So :func:`decode_png` hands Pillow the same file with its image data inflated by
-ISA-L and framed again as *stored* (uncompressed) deflate blocks: Pillow's inflate becomes a
-copy, and Pillow still does everything else (unfiltering, bit depths, palettes, transparency,
+Decoding a photo-like PNG is mostly zlib inflate, and Pillow inflates with the zlib the system
+has, several times slower than ISA-L's (docs/benchmarks.md, "The PNG miss, profiled"). So
+:func:`decode_png` hands Pillow the same file with its image data inflated by ISA-L and framed
+again as *stored* (uncompressed) deflate blocks: Pillow's inflate becomes a copy, and Pillow still does everything else (unfiltering, bit depths, palettes, transparency,
 metadata). The inflated bytes are the same whichever inflater produces them, so the pixels are
 Pillow's by construction, not by tolerance.
 

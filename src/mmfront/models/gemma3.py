@@ -7,8 +7,8 @@ pan-and-scan to "Here is the original image {seq} and here are some crops to hel
 
 Pixels are computed natively, the way HF's torchvision backend (vLLM's default) computes them: a
 uint8 antialiased bilinear resize in channels-last layout, then the fused rescale-and-normalize in
-float32. That is about three times faster than HF's PIL backend on CPU and differs from it by at
-most one intensity level; configurations the native path does not cover fall back to the HF
+float32. That is faster than HF's PIL backend on CPU and differs from it by at most one
+intensity level; configurations the native path does not cover fall back to the HF
 image processor. The kernels are in :mod:`mmfront.pixels`; the crop grid and the settings are Gemma 3's.
 
 Newlines: Gemma's vocabulary has ``"\\n\\n\\n"`` and ``"\\n\\n\\n\\n"`` tokens, and splicing puts
@@ -53,6 +53,7 @@ from mmfront.processing.updates import (
     PromptUpdate,
     PromptUpdateDetails,
     ResolvedPromptUpdate,
+    placeholder_spans,
 )
 
 if TYPE_CHECKING:
@@ -81,8 +82,8 @@ class Gemma3ProcessingInfo(BaseProcessingInfo):
         """The image processor's settings for one request: its own config, the processor's
         defaults (pan-and-scan), then the deployment's and the request's kwargs.
 
-        Merged once per distinct set of kwargs (HF's ``_merge_kwargs`` costs ~0.35 ms, a few
-        percent of a request); a fresh dict each call, so a caller may change it."""
+        Merged once per distinct set of kwargs (HF's ``_merge_kwargs`` is a measurable part of a
+        request); a fresh dict each call, so a caller may change it."""
         try:
             key = tuple(sorted(hf_kwargs.items()))
             hash(key)
@@ -298,7 +299,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
         self, prompt_ids: list[int], mm_prompt_updates: Mapping[str, Sequence[Sequence[ResolvedPromptUpdate]]],
     ) -> tuple[list[int], Mapping[str, Sequence[PlaceholderFeaturesInfo]]]:
         ids, placeholders = super()._apply_prompt_updates(prompt_ids, mm_prompt_updates)
-        contents = sorted((p.start_idx, p.start_idx + len(p.tokens)) for ps in placeholders.values() for p in ps)
+        contents = placeholder_spans(placeholders)
         merges = _plan_newline_merges(ids, contents, self._merges)
         if not merges:
             return ids, placeholders

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from mmfront.errors import PromptUpdateError
-from mmfront.processing.updates import PlaceholderFeaturesInfo
+from mmfront.processing.updates import PlaceholderFeaturesInfo, placeholder_spans
 
 
 def single_token_ids(tokenizer: Any, tokens: Iterable[str]) -> frozenset[int]:
@@ -38,8 +38,7 @@ def refuse_stray_tokens(
     Only the gaps between ranges are scanned, once; a reserved token found there is looked up in
     the expansions (a model's wrapper tokens, such as Qwen2-Audio's ``<|audio_bos|>``, legitimately
     sit outside its ranges)."""
-    ranges = sorted((p.start_idx, p.start_idx + len(p.tokens)) for ps in placeholders.values() for p in ps)
-    gaps = _gaps(ranges, len(prompt_ids))
+    gaps = _gaps(placeholder_spans(placeholders), len(prompt_ids))
     outside: set[int] = set().union(*(reserved.intersection(prompt_ids[a:b]) for a, b in gaps))
     for token in sorted(outside):
         modality = next((m for m, ps in placeholders.items() for p in ps if token in p.tokens), None)

@@ -33,8 +33,8 @@ from mmfront.inputs import (
     MultiModalInputs,
     MultiModalKwargsItem,
     MultiModalKwargsItems,
-    PlaceholderRange,
     mm_inputs,
+    placeholders_in_prompt_order,
 )
 from mmfront.parse import EmbeddingItems, MultiModalDataItems, MultiModalDataParser
 from mmfront.processing._matching import apply_prompt_updates
@@ -385,12 +385,12 @@ class BaseMultiModalProcessor(ABC):
                                   prompt=prompt if isinstance(prompt, str) else None)
             return PreparedInputs(**text_only, mm_pending=NOTHING_TO_COMMIT)
 
-        request_kwargs = dict(hf_processor_mm_kwargs or {})
+        hf_processor_mm_kwargs = dict(hf_processor_mm_kwargs or {})
         with stage("hash"):
             hashes = get_mm_hashes(
                 {m: mm_items[m].get_all_items_for_hash() for m in counts}, self.info.model_id,
                 self.info.config.mm_hasher_algorithm, mm_uuids=normalize_mm_uuids(mm_uuids, counts),
-                hf_processor_mm_kwargs=request_kwargs, media_io_kwargs=media_io_kwargs,
+                hf_processor_mm_kwargs=hf_processor_mm_kwargs, media_io_kwargs=media_io_kwargs,
             )
         if any(isinstance(mm_items[m], EmbeddingItems) for m in counts):
             cache = None  # embeddings are given, not processed: nothing to cache (vLLM does the same)
@@ -420,7 +420,7 @@ class BaseMultiModalProcessor(ABC):
         new_items: dict[str, MultiModalKwargsItem] = {}
         if missing:
             with stage("hf"):
-                new_items = self._process_items(mm_items, missing, hashes, request_kwargs, updates_by_hash,
+                new_items = self._process_items(mm_items, missing, hashes, hf_processor_mm_kwargs, updates_by_hash,
                                                 executor=executor)
 
         # 3. Splice the prompt with every item's updates.
@@ -432,17 +432,18 @@ class BaseMultiModalProcessor(ABC):
             self._validate_placeholders(placeholders, counts)
             refuse_stray_tokens(new_ids, placeholders, self._reserved_token_ids, self.info.tokenizer)
 
-        order = sorted((p.start_idx, m, p.item_idx) for m, ps in placeholders.items() for p in ps)
         kwargs: dict[str, list[MultiModalKwargsItem | None]] = {
             m: [new_items.get(h) for h in hashes[m]] for m in counts
         }
 
         def reprocess(modality: str, index: int) -> MultiModalKwargsItem:
-            return self._process_items(mm_items, {modality: [index]}, hashes, request_kwargs, {}, executor=executor)[
-                hashes[modality][index]]
+            items = self._process_items(mm_items, {modality: [index]}, hashes, hf_processor_mm_kwargs, {},
+                                        executor=executor)
+            return items[hashes[modality][index]]
 
         mm_placeholders = {m: [p.to_range() for p in sorted(ps, key=lambda p: p.item_idx)]
                            for m, ps in placeholders.items()}
+        order = placeholders_in_prompt_order(mm_placeholders)
         out = mm_inputs(new_ids, MultiModalKwargsItems(kwargs), {m: list(hashes[m]) for m in counts},
                         mm_placeholders, prompt=prompt if isinstance(prompt, str) else None)
         pending = PendingCommit(order, {m: list(hashes[m]) for m in counts}, new_items, updates_by_hash, reprocess)
@@ -450,12 +451,12 @@ class BaseMultiModalProcessor(ABC):
 
     def _process_items(
         self, mm_items: MultiModalDataItems, selection: Mapping[str, Sequence[int]], hashes: Mapping[str, list[str]],
-        request_kwargs: Mapping[str, Any], updates_by_hash: dict[str, PromptUpdates], *, executor: ItemExecutor | None,
+        hf_processor_mm_kwargs: Mapping[str, Any], updates_by_hash: dict[str, PromptUpdates], *, executor: ItemExecutor | None,
     ) -> dict[str, MultiModalKwargsItem]:
         """Process the selected items in one job; record their updates; return items by hash.
 
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, request_kwargs)
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, hf_processor_mm_kwargs)
         kw_items, resolved = self.process_subset(mm_items.subset(selection), hf_kwargs, executor)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():
@@ -535,8 +536,3 @@ class BaseMultiModalProcessor(ABC):
                     f"Expected {count} prompt placeholder(s) for {modality} items but found {found}. Put one "
                     f"placeholder in the prompt for each {modality}.", modality=modality, expected=count, found=found,
                 )
-
-    def placeholder_ranges(self, inputs: MultiModalInputs) -> list[tuple[str, int, PlaceholderRange]]:
-        """Every placeholder as ``(modality, item_idx, range)``, sorted by offset (stable)."""
-        flat = [(m, i, r) for m, rs in inputs["mm_placeholders"].items() for i, r in enumerate(rs)]
-        return sorted(flat, key=lambda x: x[2].offset)

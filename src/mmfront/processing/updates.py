@@ -442,3 +442,8 @@ class PlaceholderFeaturesInfo:
 
 MultiModalPromptPlaceholders: TypeAlias = Mapping[str, Sequence[PlaceholderFeaturesInfo]]
 """modality -> placeholders, in item order."""
+
+
+def placeholder_spans(placeholders: Mapping[str, Sequence[PlaceholderFeaturesInfo]]) -> list[tuple[int, int]]:
+    """Every placeholder's ``[start, end)`` in the updated prompt, in prompt order."""
+    return sorted((p.start_idx, p.start_idx + p.length) for ps in placeholders.values() for p in ps)

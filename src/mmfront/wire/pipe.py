@@ -7,14 +7,14 @@ Nothing is pickled: the pipe carries only the codec's frames.
 
 A frame is read straight from the pipe into its buffer. ``Connection.recv_bytes_into`` would
 read it in chunks, allocating a buffer of the whole remaining size for each, then copy the
-chunks twice: for a 4.8 MB tensor that was ~4.5 ms of the receiver's CPU, against ~0.6 ms now.
+chunks twice, several times the receiver's CPU of one read.
 The frame keeps ``Connection``'s own message layout (a ``!i`` length, or ``-1`` and a ``!Q``
 length), so either end may still be a plain ``send_bytes``.
 
 Between two processes of one machine on a Unix socket (the processing lanes), large frames can
 travel in a sealed memfd passed with the header instead (``share_from``/``accept_shared``,
 :mod:`mmfront.wire.memfd`): the receiver maps them where a socket would have it zero-fill fresh
-memory and copy into it (~2.5 ms of its CPU per 4.8 MB). Their lengths carry :data:`_SHARED` in
+memory and copy into it. Their lengths carry :data:`_SHARED` in
 the header. The memory lives as long as the tensors viewing it.
 """
 

@@ -49,6 +49,7 @@ from mmfront.processing.updates import (
     PromptUpdate,
     PromptUpdateDetails,
     ResolvedPromptUpdate,
+    placeholder_spans,
 )
 
 MAX_WRAPPER_DISTANCE = 16
@@ -180,7 +181,7 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
         around it (``<|audio_bos|><|AUDIO|><|audio_eos|>``), as the structure tokens an expansion
         brings are in its range."""
         ids, placeholders = super()._apply_prompt_updates(prompt_ids, mm_prompt_updates)
-        bounds = sorted((p.start_idx, p.start_idx + p.length) for ps in placeholders.values() for p in ps)
+        bounds = placeholder_spans(placeholders)
         prev_end = {start: bounds[i - 1][1] if i else 0 for i, (start, _) in enumerate(bounds)}
         next_start = {stop: bounds[i + 1][0] if i + 1 < len(bounds) else len(ids)
                       for i, (_, stop) in enumerate(bounds)}
