@@ -4,8 +4,9 @@ Decoding a photo-like PNG is mostly zlib inflate, and Pillow inflates with the z
 has, several times slower than ISA-L's (docs/benchmarks.md, "The PNG miss, profiled"). So
 :func:`decode_png` hands Pillow the same file with its image data inflated by ISA-L and framed
 again as *stored* (uncompressed) deflate blocks: Pillow's inflate becomes a copy, and Pillow
-still does everything else (unfiltering, bit depths, palettes, transparency, metadata). The inflated bytes are the same whichever inflater produces them, so the pixels are
-Pillow's by construction, not by tolerance.
+still does everything else (unfiltering, bit depths, palettes, transparency, metadata). The
+inflated bytes are the same whichever inflater produces them, so the pixels are Pillow's by
+construction, not by tolerance.
 
 The stand-in file is made while Pillow reads it, one stored block (64 KiB) at a time, framed
 here rather than by ``zlib.compressobj(0)``, which would copy every byte once more and hold a
