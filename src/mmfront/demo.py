@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmfront.cache import ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.transports import ZmqFrontendTransport
@@ -267,7 +268,8 @@ def run_demo(
         worker = Engine(None)
     else:
         transport = ZmqFrontendTransport("ipc")
-        worker = start_worker(model_dir, transport, config, getattr(pre.cache, "shm_name", None))
+        shm_name = pre.cache.shm_name if isinstance(pre.cache, ShmObjectStoreSenderCache) else None
+        worker = start_worker(model_dir, transport, config, shm_name)
     client = AsyncEngineClient(InputProcessor(pre), transport, engine_timeout_s=120)
     take_stage_times()
     try:
