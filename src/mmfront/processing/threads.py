@@ -61,7 +61,15 @@ class ThreadPlan:
 _decode_lock = threading.Lock()
 _decode_pool: ThreadPoolExecutor | None = None
 _decode_threads = available_cores()
-_on_pool = threading.local()
+
+
+class _PoolMark(threading.local):
+    """Whether the current thread is one of the decode pool's."""
+
+    active = False
+
+
+_on_pool = _PoolMark()
 
 
 def apply_thread_plan(plan: ThreadPlan) -> None:
@@ -83,7 +91,7 @@ def map_items(fn: Callable[[T], R], items: Sequence[T]) -> list[R]:
     Called from a pool thread (an item's work mapping its own parts), it runs in that thread: a
     pool thread waiting on the pool could wait for ever."""
     global _decode_pool
-    if len(items) <= 1 or _decode_threads == 1 or getattr(_on_pool, "active", False):
+    if len(items) <= 1 or _decode_threads == 1 or _on_pool.active:
         return [fn(item) for item in items]
     with _decode_lock:
         if _decode_pool is None:
