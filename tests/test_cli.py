@@ -138,3 +138,17 @@ def test_worker_names_the_transports_it_knows() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["worker", "unused-model", "--input", "ipc://a", "--output", "ipc://b", "--transport", "pigeon"])
     assert str(exc.value.code) == "mmfront worker: unknown --transport 'pigeon'; known: zmq"
+
+
+def test_worker_needs_a_frontend_by_handshake_or_by_sockets() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["worker", "unused-model"])
+    assert str(exc.value.code).startswith("mmfront worker: give a frontend to serve: --data-parallel-address")
+
+
+def test_worker_takes_vllms_handshake_options() -> None:
+    from mmfront.cli import build_parser
+
+    args = build_parser().parse_args(["worker", "m", "--data-parallel-address", "10.0.0.1", "--data-parallel-rpc-port",
+                                      "29551"])
+    assert (args.data_parallel_address, args.data_parallel_rpc_port, args.input) == ("10.0.0.1", 29551, [])

@@ -130,6 +130,7 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "EncodeError": (TypeError,),
     "TransportError": (RuntimeError,),
     "EngineDeadError": (RuntimeError,),
+    "HandshakeError": (RuntimeError,),
     "LaneError": (RuntimeError,),
 }
 

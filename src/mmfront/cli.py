@@ -82,19 +82,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from mmfront.engine.transports import ENGINE_TRANSPORTS
     from mmfront.engine.worker import run_worker
 
+    handshake = [*args.handshake]
+    if args.data_parallel_address:
+        handshake.append(f"tcp://{args.data_parallel_address}:{args.data_parallel_rpc_port}")
+    if not args.input and not handshake:
+        raise SystemExit("mmfront worker: give a frontend to serve: --data-parallel-address (vLLM's handshake), "
+                         "--handshake ADDR, or --input and --output")
     if len(args.input) != len(args.output):
         raise SystemExit(f"mmfront worker: {len(args.input)} --input and {len(args.output)} --output addresses; "
                          "give one --input and one --output per frontend (they pair in order)")
     shm_names = args.shm_name or []
-    if args.cache == "shm" and args.cache_gb > 0 and len(shm_names) != len(args.input):
-        raise SystemExit(f"mmfront worker: --cache shm needs one --shm-name per frontend ({len(args.input)}), "
+    if args.cache == "shm" and args.cache_gb > 0 and len(shm_names) != len(args.input) + len(handshake):
+        raise SystemExit(f"mmfront worker: --cache shm needs one --shm-name per frontend "
+                         f"({len(args.input) + len(handshake)}), "
                          f"got {len(shm_names)}; they pair with the addresses in order")
     config = MultiModalConfig(mm_processor_cache_gb=args.cache_gb, mm_processor_cache_type=args.cache)
     connect = ENGINE_TRANSPORTS.get(args.transport)
     if connect is None:
         raise SystemExit(f"mmfront worker: unknown --transport {args.transport!r}; known: {', '.join(ENGINE_TRANSPORTS)}")
     frontends = [connect(i, o) for i, o in zip(args.input, args.output)]
-    stats = run_worker(args.model, frontends, config, engine_index=args.engine_index,
+    stats = run_worker(args.model, frontends, config, engine_index=args.engine_index, handshake=handshake,
+                       local=args.local,
                        shm_name=shm_names if args.cache == "shm" else None, device=args.device, dtype=args.dtype)
     if args.json:
         print(json.dumps(dataclasses.asdict(stats)), flush=True)
@@ -144,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--strict", action="store_true", help="exit 1 when a measurement misses its target")
     bench.set_defaults(func=cmd_bench)
     worker = sub.add_parser("worker", help="run a reference engine: a real HF model behind mmfront's receiver",
-                            description="Connect to the sockets of one or more frontends (API servers) and "
+                            description="Meet one or more frontends (API servers) through vLLM's start-up "
+                                        "handshake (--data-parallel-address/--data-parallel-rpc-port, as "
+                                        "'vllm serve --headless'; or --handshake), or connect to their sockets, and "
                                         "serve their requests with the model in MODEL (a local folder with "
                                         "weights), greedy decoding. For several frontends repeat --input and "
                                         "--output (and --shm-name), paired in order; each frontend keeps its own "
@@ -153,10 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--transport", default="zmq", metavar="NAME",
                         help="how to reach the frontends, one of mmfront.engine.transports.ENGINE_TRANSPORTS "
                              "(default zmq: vLLM's ZMQ sockets)")
-    worker.add_argument("--input", required=True, action="append", metavar="ADDR",
+    worker.add_argument("--input", default=[], action="append", metavar="ADDR",
                         help="a frontend's request socket (ipc://... or tcp://HOST:PORT); repeat once per frontend")
-    worker.add_argument("--output", required=True, action="append", metavar="ADDR",
+    worker.add_argument("--output", default=[], action="append", metavar="ADDR",
                         help="a frontend's output socket; repeat once per frontend, in the order of --input")
+    worker.add_argument("--data-parallel-address", metavar="HOST",
+                        help="meet the frontend through vLLM's start-up handshake at this host, as a headless "
+                             "engine (vLLM's 'vllm serve --headless' option)")
+    worker.add_argument("--data-parallel-rpc-port", type=int, default=29550, metavar="PORT",
+                        help="the frontend's handshake port (vLLM's option; default 29550)")
+    worker.add_argument("--handshake", action="append", default=[], metavar="ADDR",
+                        help="a frontend's handshake address (ipc://... or tcp://HOST:PORT); repeat once per frontend")
+    worker.add_argument("--local", action="store_true",
+                        help="greet the --handshake frontends as an engine of their own host, not a headless one")
     worker.add_argument("--engine-index", type=int, default=0, metavar="N", help="this engine's index (default 0)")
     worker.add_argument("--cache", choices=["lru", "shm"], default="lru",
                         help="the frontend's processor cache type, which this engine mirrors (default lru)")

@@ -35,7 +35,8 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     ├── DecodeError [ValueError]
     ├── EncodeError [TypeError]
     ├── TransportError [RuntimeError]
-    │   └── EngineDeadError
+    │   ├── EngineDeadError
+    │   └── HandshakeError
     └── LaneError [RuntimeError]
 
 Above :class:`ValidationError` sit the deployment's faults (configuration, a model mmfront
@@ -206,6 +207,11 @@ class EngineDeadError(TransportError):
     request cannot finish. ``retryable`` is true: send it again (vLLM's ``EngineDeadError``)."""
 
     retryable = True
+
+
+class HandshakeError(TransportError):
+    """An engine's start-up handshake failed: a peer that is not an expected engine rank, one
+    whose greeting does not fit the configuration, or a rank that never came within the wait."""
 
 
 class LaneError(MMFrontError, RuntimeError):

@@ -7,7 +7,9 @@ P0/P1 mirror needs is done by :class:`~mmfront.engine.client.EngineClient` in it
 An engine that restarts is noticed by its new epoch (every engine greets with one and repeats it
 as a heartbeat): what it had not answered is resent, what it was generating fails with
 :class:`~mmfront.errors.EngineDeadError`; an engine silent for ``engine_timeout_s`` while requests
-wait fails them all. A request is answered exactly once either way.
+wait fails them all. A stock vLLM engine sends no heartbeat (it is silent while a step runs):
+it is declared dead only by ``ENGINE_CORE_DEAD`` or a dropped connection, never by silence.
+A request is answered exactly once either way.
 
 Backpressure: sends run in the commit lane; a transport with a send high-water mark blocks
 there, so a slow engine slows ``add_request`` and never loses a request.
@@ -25,11 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmfront.engine.client import EngineClient, RequestFailed, RequestOutput
+from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
 from mmfront.errors import DecodeError, EngineDeadError, MMFrontError, TransportError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PromptInput, RequestOptions
 from mmfront.wire import SamplingParams
+from mmfront.wire.handshake import EXTRA_HEARTBEAT
 from mmfront.wire.structs import EngineCoreOutput
 
 logger = logging.getLogger(__name__)
@@ -53,9 +57,9 @@ class AsyncEngineClient:
 
     def __init__(
         self, processor: InputProcessor, transport: BaseTransport, *, engine_timeout_s: float = 30.0,
-        poll_interval_s: float = 0.05,
+        poll_interval_s: float = 0.05, engine: EngineInfo | None = None,
     ) -> None:
-        self.client = EngineClient(processor, transport, stream_outputs=True)
+        self.client = EngineClient(processor, transport, stream_outputs=True, engine=engine)
         self.transport = transport
         self.engine_timeout_s = engine_timeout_s
         self._poll_interval_s = poll_interval_s
@@ -145,7 +149,8 @@ class AsyncEngineClient:
                 self._dispatch(self.client.fail_all(EngineDeadError(f"The engine link broke ({e}).")))
                 return
             if frames is None:
-                if self._waiting() and time.monotonic() - self._last_heard > self.engine_timeout_s:
+                if (EXTRA_HEARTBEAT in self.client.extras and self._waiting()
+                        and time.monotonic() - self._last_heard > self.engine_timeout_s):
                     self._dispatch(self.client.fail_all(EngineDeadError(
                         f"The engine sent nothing for {self.engine_timeout_s:.0f} s (no heartbeat): it is gone. "
                         "Restart it, then send the requests again.")))

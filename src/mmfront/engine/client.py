@@ -7,6 +7,12 @@ until P1 admits it; when P1 reports missing items it invalidates every item of t
 commits it again, which now sends all their data, so P1 admits it whatever state it is in. The
 caller sees admitted requests and real errors only.
 
+mmfront's extras (mirror stamps, ``Admitted`` replies) are used only with an engine that
+announced them in vLLM's start-up handshake (``engine``, an
+:class:`~mmfront.engine.handshake.EngineInfo`). With a stock vLLM engine a request is running
+once sent, and a miss comes back as vLLM's own: the request's output finished with ``ERROR``
+and ``mm_cache_miss_hashes``, which the client answers with a resend, invisibly to the caller.
+
 Concurrency: :meth:`EngineClient.add_request` may be called from any number of threads, and
 :meth:`EngineClient.add_request_async` from any number of tasks. Media loading, hashing and HF
 processing run on the caller's thread (a worker thread for the async form); the commit to the
@@ -25,12 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
 from mmfront.errors import EngineDeadError, MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
 from mmfront.timing import stage
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder, SamplingParams
+from mmfront.wire.handshake import EXTRA_ADMITTED, EXTRA_MIRROR, MMFRONT_EXTRAS
 from mmfront.wire.messages import (
     ABORT,
     ADMITTED,
@@ -48,7 +56,7 @@ from mmfront.wire.messages import (
     decode_message,
     encode_envelope,
 )
-from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs
+from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +121,21 @@ class EngineClient:
     P1's replies (feed every arriving envelope to :meth:`handle_reply`).
 
     Drop-in for the part of vLLM's ``EngineCoreClient`` that adds requests: ``add_request`` takes
-    the arguments of ``InputProcessor.process_inputs``.
+    the arguments of ``InputProcessor.process_inputs``. ``engine`` is what the engine said in
+    vLLM's start-up handshake; without one (a pipe, a transport connected by hand) the engine is
+    taken to be mmfront's, with every extra.
     """
 
-    def __init__(self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False) -> None:
+    def __init__(
+        self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False,
+        engine: EngineInfo | None = None,
+    ) -> None:
         self.processor = processor
         self.transport = transport
+        self.engine = engine
+        """The engine's start-up answer (``max_model_len``, ``num_gpu_blocks``, ``block_size``)."""
+        self.extras = MMFRONT_EXTRAS if engine is None else engine.extras
+        """The mmfront extras this engine announced; none for a stock vLLM engine."""
         self.stats = ClientStats()
         self.stream_outputs = stream_outputs
         """Keep admitted requests until their last output (the engine's outputs come back over
@@ -246,6 +263,9 @@ class EngineClient:
             entry = self._running.get(output.request_id)
             if entry is None:
                 continue  # aborted, or from before an engine restart
+            if output.mm_cache_miss_hashes and output.finish_reason == FinishReason.ERROR and not entry.produced:
+                events += self._on_stock_miss(output.request_id, entry, output.mm_cache_miss_hashes)
+                continue
             entry.produced = True
             if output.finish_reason is not None:
                 del self._running[output.request_id]
@@ -254,12 +274,25 @@ class EngineClient:
         return events
 
     def _on_admitted(self, admitted: Admitted) -> list[ClientEvent]:
-        entry = self._in_flight.pop(admitted.request_id, None)
-        if entry is None:
+        if not self._admit(admitted.request_id):
             return []
-        if self.stream_outputs:
-            self._running[admitted.request_id] = entry
         return [RequestAdmitted(admitted.request_id, admitted.request)]
+
+    def _admit(self, request_id: str) -> bool:
+        entry = self._in_flight.pop(request_id, None)
+        if entry is None:
+            return False
+        if self.stream_outputs:
+            self._running[request_id] = entry
+        return True
+
+    def _on_stock_miss(self, request_id: str, entry: _InFlight, mm_hashes: list[str]) -> list[ClientEvent]:
+        """A stock engine's miss (vLLM's reply): the request ended there; send it again."""
+        if entry.complete:
+            return []  # answers a copy sent before the complete resend, which is on its way
+        del self._running[request_id]
+        self._in_flight[request_id] = entry
+        return self._on_miss(CacheMiss(request_id, mm_hashes))
 
     def _on_mirror_reset(self, reset: MirrorReset) -> list[ClientEvent]:
         self._reset_shadow(reset.epoch)
@@ -343,7 +376,8 @@ class EngineClient:
             self._send_mirror_only(prepared.request_id)
             raise
         request_id = prepared.request_id
-        envelope = encode_envelope(REQUEST, message, self.processor.take_stamp(request_id, keep=True))
+        stamp = self.processor.take_stamp(request_id, keep=True)
+        envelope = encode_envelope(REQUEST, message, stamp if EXTRA_MIRROR in self.extras else None)
         self.stats.wire_bytes += sum(memoryview(frame).nbytes for frame in envelope)
         cache = self.processor.cache
         if cache is not None:
@@ -366,13 +400,18 @@ class EngineClient:
             raise
         else:
             self.processor.take_stamp(request_id)
+            if EXTRA_ADMITTED not in self.extras:
+                self._admit(request_id)  # a stock engine sends no Admitted: the request runs once sent
 
     def _send_mirror_only(self, request_id: str) -> None:
         """The request changed the shadow but will not be sent: P1 must replay the change. When
         even that cannot be sent, the shadow starts a new epoch, which P1 adopts at the next
         request, instead of leaving P1 a hole in the sequence to wait out."""
         taken = self.processor.take_mirror_only(request_id)
-        if taken is not None:
+        if taken is not None and EXTRA_MIRROR not in self.extras:
+            if self.processor.reset_shadow():  # a stock engine has no mirror-only replay
+                self.stats.shadow_resets += 1
+        elif taken is not None:
             stamp, message = taken
             self.stats.mirror_only += 1
             try:

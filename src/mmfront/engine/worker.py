@@ -20,10 +20,12 @@ from pathlib import Path
 from mmfront.cache.base import BaseMultiModalReceiverCache
 from mmfront.cache.factory import get_processor_cache_type, receiver_cache_from_config
 from mmfront.config import MultiModalConfig
+from mmfront.engine.handshake import handshake_engine_factory
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner, error_output
 from mmfront.engine.transports import EngineTransportFactory
 from mmfront.errors import ConfigError, MMFrontError
+from mmfront.wire.handshake import EngineCoreReadyResponse
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +73,18 @@ def receiver_caches(
     return [receiver_cache_from_config(config, shm_name=name) for name in names]
 
 
+def ready_response(runner: ModelRunner) -> EngineCoreReadyResponse:
+    """What this engine tells a frontend at start-up. The runner keeps each sequence's whole KV
+    cache, so its "blocks" are of one token: one sequence of ``max_model_len`` fits."""
+    return EngineCoreReadyResponse(max_model_len=runner.max_model_len, num_gpu_blocks=runner.max_model_len,
+                                   block_size=1, dtype=str(runner.dtype).removeprefix("torch."))
+
+
 def run_worker(
     model_dir: str | Path, frontends: Sequence[EngineTransportFactory], config: MultiModalConfig | None = None,
     *, engine_index: int = 0, shm_name: str | Sequence[str] | None = None, device: str | None = None,
-    dtype: str | None = None, stop: threading.Event | None = None,
+    dtype: str | None = None, stop: threading.Event | None = None, handshake: Sequence[str] = (),
+    local: bool = False,
 ) -> WorkerStats:
     """Serve ``frontends`` (one engine, any number of API servers; each connects this engine's
     transport to one) until ``stop`` is set (in the process's main thread: also on SIGTERM or
@@ -82,16 +92,22 @@ def run_worker(
 
     Each frontend gets its own receiver cache and its requests get its position in
     ``frontends`` as ``client_index``. Request ids must be distinct across frontends: a
-    duplicate of a running id is refused to its sender (see docs/engine.md)."""
-    if not frontends:
+    duplicate of a running id is refused to its sender (see docs/engine.md).
+
+    ``handshake`` lists more frontends by their handshake address: the engine meets each through
+    vLLM's start-up handshake (as a ``local`` engine or a headless one), which tells it where
+    the data sockets are and tells the frontend this engine's limits and mmfront extras."""
+    if not frontends and not handshake:
         raise ConfigError("run_worker needs at least one frontend to connect to.")
     config = config or MultiModalConfig()
-    caches = receiver_caches(config, len(frontends), shm_name)
+    caches = receiver_caches(config, len(frontends) + len(handshake), shm_name)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     runner = ModelRunner(model_dir, device=device, dtype=dtype)
+    ready = ready_response(runner)
+    frontends = [*frontends, *(handshake_engine_factory(address, ready, local=local) for address in handshake)]
     stats = WorkerStats()
     receiver = EngineCoreReceiver(frontends[0](engine_index), caches[0], engine_index=engine_index)
     with receiver:
@@ -102,4 +118,4 @@ def run_worker(
     return stats
 
 
-__all__ = ["WorkerStats", "receiver_caches", "run_worker", "serve"]
+__all__ = ["WorkerStats", "ready_response", "receiver_caches", "run_worker", "serve"]

@@ -8,12 +8,18 @@ does) and lay them out on the sockets as vLLM's frames
 requests and a stock frontend can read mmfront's engine outputs.
 
 ``ipc`` (the default) binds socket files in a private 0700 directory, removed on close; ``tcp``
-binds the loopback address unless ``host`` says otherwise, for engines on other hosts. Over
+binds the loopback address unless ``host`` says otherwise, for engines on other hosts. How an
+engine learns these addresses is vLLM's start-up handshake (:mod:`mmfront.engine.handshake`);
+the first message an engine's DEALER sends is its ready response, which
+:meth:`ZmqFrontendTransport.recv_first` hands to it. Over
 ``ipc`` an mmfront engine also opens a side channel (:mod:`mmfront.engine.transports.fd_channel`)
 that takes request frames of ``side_channel_min_bytes`` or more off the socket: they travel in a
 sealed memfd the engine maps, where ZMQ would copy them through the kernel twice. A bad
 message raises :class:`~mmfront.errors.DecodeError` from ``recv`` and is dropped; the next
-``recv`` reads the next message. ZMQ does not report a vanished peer: ``recv`` just times out.
+``recv`` reads the next message. A stock engine that dies of an error pushes
+``ENGINE_CORE_DEAD``, which ``recv`` raises as :class:`~mmfront.errors.EngineDeadError`; one that
+vanishes is seen only by the socket monitor, which ``watch_disconnects`` turns on (for engines
+that send no heartbeat).
 
 Thread-safety: the P0 end sends on the ROUTER and receives on the PULL, the engine end receives on
 the DEALER and sends on the PUSH, so one sender thread and one receiver thread may share an end.
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from mmfront.engine.transports.base import BaseTransport, EngineTransportFactory
 from mmfront.engine.transports.fd_channel import FdChannelConnection, FdChannelListener, side_path
@@ -41,15 +48,13 @@ from mmfront.engine.transports.zmq_frames import (
     output_frames,
     request_frames,
 )
-from mmfront.errors import ConfigError, TransportError
+from mmfront.errors import ConfigError, EngineDeadError, TransportError
 from mmfront.wire import Frame
+from mmfront.wire.handshake import ENGINE_CORE_DEAD
 
 SIDE_CHANNEL_MIN_BYTES = 1 << 20
 """Request frames from this size go on the ``ipc`` side channel (smaller ones cost more to map
 than to copy)."""
-_HELLO = b""
-"""What an engine's DEALER sends first, so P0's ROUTER learns that engine is there (vLLM sends
-its ready response here; P0 accepts any payload)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class ZmqFrontendTransport(BaseTransport):
         self._call_ids = itertools.count()
         self._dir: Path | None = None
         self._side: FdChannelListener | None = None
+        self._monitor: zmq.Socket | None = None
         self._ctx = zmq.Context()
         self._closed = False
         try:
@@ -163,21 +169,35 @@ class ZmqFrontendTransport(BaseTransport):
             self.close()
             raise TransportError(f"Cannot bind the {scheme} sockets ({e}); pick other ports or another host.") from e
 
-    def wait_for_engines(self, engine_indices: Iterable[int], timeout: float) -> None:
-        """Block until every engine in ``engine_indices`` has connected; call it before sending
-        (from the sending thread: it reads the ROUTER)."""
-        wanted = {engine_identity(i) for i in engine_indices}
-        deadline = time.monotonic() + timeout
-        seen = {engine_identity(i) for i in self.engines}
-        while not wanted <= seen:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._router.poll(round(left * 1000)):
-                missing = sorted(int.from_bytes(i, "little") for i in wanted - seen)
-                raise TransportError(f"Engines {missing} did not connect within {timeout} s; check their addresses.")
-            identity, *_ = self._router.recv_multipart()
+    def recv_first(self, timeout: float) -> tuple[int, bytes] | None:
+        """The next start-up message an engine sent on the ROUTER, with its engine index, or
+        ``None`` after ``timeout`` seconds; call it before sending (from the sending thread)."""
+        while True:
+            if not self._router.poll(max(0, round(timeout * 1000))):
+                return None
+            identity, *payload = self._router.recv_multipart()
             if len(identity) == 2:
-                seen.add(identity)
-                self.engines.add(int.from_bytes(identity, "little"))
+                index = int.from_bytes(identity, "little")
+                self.engines.add(index)
+                return index, payload[0] if payload else b""
+
+    def wait_for_engines(self, engine_indices: Iterable[int], timeout: float) -> None:
+        """Block until every engine in ``engine_indices`` has connected (any first message); call
+        it before sending (from the sending thread: it reads the ROUTER)."""
+        wanted = set(engine_indices)
+        deadline = time.monotonic() + timeout
+        while not wanted <= self.engines:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.recv_first(left) is None:
+                missing = sorted(wanted - self.engines)
+                raise TransportError(f"Engines {missing} did not connect within {timeout} s; check their addresses.")
+
+    def watch_disconnects(self) -> None:
+        """From now on ``recv`` raises :class:`~mmfront.errors.EngineDeadError` when an engine's
+        input connection drops (ZMQ's socket monitor): how P0 sees a stock engine vanish, as it
+        sends no heartbeat. Call it once the engines connected, before a receiving thread starts."""
+        if self._monitor is None:
+            self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
     @property
     def side_channel_messages(self) -> int:
@@ -197,8 +217,32 @@ class ZmqFrontendTransport(BaseTransport):
         _send(self._router, [identity, *out], f"Engine {engine_index}")
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
+        if self._monitor is not None:
+            self._check_monitor()
+            if timeout is None or timeout > 0:
+                poller = zmq.Poller()
+                poller.register(self._pull, zmq.POLLIN)
+                poller.register(self._monitor, zmq.POLLIN)
+                ready = dict(poller.poll(None if timeout is None else round(timeout * 1000)))
+                if self._monitor in ready:
+                    self._check_monitor()
+                if self._pull not in ready:
+                    return None
         frames = _recv(self._pull, timeout)
-        return None if frames is None else envelope_from_output_frames(frames)
+        if frames is None:
+            return None
+        if len(frames) == 1 and frames[0] == ENGINE_CORE_DEAD:
+            raise EngineDeadError("The engine core reported ENGINE_CORE_DEAD (a fatal error in the engine); "
+                                  "its log says why. Restart it, then send the requests again.")
+        return envelope_from_output_frames(frames)
+
+    def _check_monitor(self) -> None:
+        assert self._monitor is not None
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                raise EngineDeadError(f"An engine's connection to {self.addresses.input} dropped (socket monitor): "
+                                      "the engine process is gone. Restart it, then send the requests again.")
 
     def close(self) -> None:
         if self._closed:
@@ -206,6 +250,9 @@ class ZmqFrontendTransport(BaseTransport):
         self._closed = True
         if self._side is not None:
             self._side.close()
+        if self._monitor is not None:
+            self._router.disable_monitor()
+            self._monitor.close(0)
         self._ctx.destroy(linger=0)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
@@ -213,7 +260,9 @@ class ZmqFrontendTransport(BaseTransport):
 
 class ZmqEngineTransport(BaseTransport):
     """An engine's end: connects a DEALER (identity from ``engine_index``) and a PUSH to P0, and
-    over ``ipc`` the side channel first, unless ``side_channel`` is false (or P0 has none)."""
+    over ``ipc`` the side channel first, unless ``side_channel`` is false (or P0 has none).
+    ``ready`` is the DEALER's first message: the engine's encoded ready response after vLLM's
+    handshake (empty without one; P0 accepts any payload as "connected")."""
 
     def __init__(
         self,
@@ -224,6 +273,7 @@ class ZmqEngineTransport(BaseTransport):
         send_timeout_s: float | None = None,
         max_frame_bytes: int = -1,
         side_channel: bool = True,
+        ready: bytes = b"",
     ) -> None:
         _check_limits(hwm, max_frame_bytes, send_timeout_s)
         self.engine_index = engine_index
@@ -245,10 +295,15 @@ class ZmqEngineTransport(BaseTransport):
                 _configure(sock, hwm, max_frame_bytes, send_timeout_s)
             self._dealer.connect(addresses.input)
             self._push.connect(addresses.output)
-            self._dealer.send(_HELLO)
+            self._dealer.send(ready)
         except zmq.ZMQError as e:
             self.close()
             raise TransportError(f"Cannot connect to {addresses} ({e}).") from e
+
+    @property
+    def side_channel(self) -> bool:
+        """Whether this engine opened the ``ipc`` side channel (an extra it announces)."""
+        return self._side is not None
 
     def send(self, frames: Sequence[Frame]) -> None:
         _send(self._push, output_frames(frames, engine_index=self.engine_index), "P0")

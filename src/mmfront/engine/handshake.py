@@ -1,0 +1,260 @@
+"""vLLM 0.33's engine start-up handshake, both sides, so mmfront has one protocol whether the
+engine is vLLM's or mmfront's.
+
+P0 (:class:`FrontendHandshake`) binds the handshake ROUTER next to the transport's sockets: an
+``ipc`` path when every engine is local (``data_parallel_size_local == data_parallel_size``),
+``tcp://data_parallel_address:data_parallel_rpc_port`` otherwise, as vLLM's frontend does. Each
+engine says ``HELLO`` (its rank is its DEALER identity), P0 checks the rank and local/headless
+and answers where the data sockets are; the engine's first message on the input socket is its
+ready response (``max_model_len``, ``num_gpu_blocks``, ``block_size``, ...), then it says
+``READY``. A peer that breaks the protocol, or a rank that never comes within the wait, is a
+:class:`~mmfront.errors.HandshakeError` naming it.
+
+The engine side (:func:`engine_handshake`) is what ``mmfront worker`` runs; it announces
+mmfront's extras (:data:`~mmfront.wire.handshake.MMFRONT_EXTRAS`) in its greeting, and P0 uses
+an extra only with an engine that announced it (:class:`EngineInfo`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from mmfront.engine.transports import EngineTransportFactory, ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
+from mmfront.engine.transports.zmq import engine_identity
+from mmfront.errors import ConfigError, HandshakeError
+from mmfront.wire.handshake import (
+    EXTRA_ADMITTED,
+    EXTRA_HEARTBEAT,
+    EXTRA_MIRROR,
+    EXTRA_SIDE_CHANNEL,
+    EngineCoreReadyResponse,
+    EngineHandshakeMetadata,
+    HandshakeAddresses,
+    HandshakeStatus,
+)
+
+DEFAULT_RPC_PORT = 29550
+"""vLLM's default ``data_parallel_rpc_port``."""
+HANDSHAKE_TIMEOUT_S = 300.0
+"""How long an engine waits for P0's answer to its ``HELLO`` (vLLM's ``HANDSHAKE_TIMEOUT_MINS``)."""
+_POLL_S = 0.01
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_status = msgspec.msgpack.Decoder(HandshakeStatus).decode
+_decode_ready = msgspec.msgpack.Decoder(EngineCoreReadyResponse).decode
+_decode_metadata = msgspec.msgpack.Decoder(EngineHandshakeMetadata).decode
+
+
+@dataclass(frozen=True)
+class DataParallelConfig:
+    """Where P0 meets its engines, in vLLM's names: ``data_parallel_size`` ranks, the first
+    ``data_parallel_size_local`` of them on this host; remote (headless) ones reach
+    ``tcp://data_parallel_address:data_parallel_rpc_port``."""
+
+    data_parallel_size: int = 1
+    data_parallel_size_local: int = 1
+    data_parallel_address: str = "127.0.0.1"
+    data_parallel_rpc_port: int = DEFAULT_RPC_PORT
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.data_parallel_size < 1 << 16:
+            raise ConfigError(f"data_parallel_size must be in [1, 65535], got {self.data_parallel_size}.")
+        if not 0 <= self.data_parallel_size_local <= self.data_parallel_size:
+            raise ConfigError(f"data_parallel_size_local must be in [0, data_parallel_size={self.data_parallel_size}], "
+                              f"got {self.data_parallel_size_local}.")
+        if not 0 <= self.data_parallel_rpc_port < 1 << 16:
+            raise ConfigError(f"data_parallel_rpc_port must be a port number, got {self.data_parallel_rpc_port}.")
+
+    @property
+    def all_local(self) -> bool:
+        return self.data_parallel_size_local == self.data_parallel_size
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What one engine said at start-up: its limits and the mmfront extras it speaks (none for a
+    stock vLLM engine)."""
+
+    engine_index: int
+    ready: EngineCoreReadyResponse
+    extras: frozenset[str]
+    local: bool
+
+    @property
+    def max_model_len(self) -> int:
+        return self.ready.max_model_len
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return self.ready.num_gpu_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.ready.block_size
+
+
+@dataclass
+class _Rank:
+    hello: HandshakeStatus | None = None
+    ready: EngineCoreReadyResponse | None = None
+    ready_said: HandshakeStatus | None = None
+
+
+class FrontendHandshake:
+    """P0's half: binds the handshake socket (``address``) for ``transport``'s engines; start
+    the engines, then :meth:`wait`. ``data_parallel_size`` must be 1 for now (one engine)."""
+
+    def __init__(self, transport: ZmqFrontendTransport, parallel: DataParallelConfig | None = None) -> None:
+        self.parallel = parallel or DataParallelConfig()
+        self.transport = transport
+        self._dir: Path | None = None
+        self._ctx = zmq.Context()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.LINGER, 0)
+        try:
+            if self.parallel.all_local:
+                self._dir = Path(tempfile.mkdtemp(prefix="mmfront-handshake-"))
+                self._router.bind(f"ipc://{self._dir}/handshake")
+            else:
+                port = self.parallel.data_parallel_rpc_port or "*"
+                self._router.bind(f"tcp://{self.parallel.data_parallel_address}:{port}")
+        except zmq.ZMQError as e:
+            self.close()
+            raise HandshakeError(f"Cannot bind the handshake socket ({e}); pick another data_parallel_rpc_port.") from e
+        self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def wait(self, timeout: float = 600.0) -> list[EngineInfo]:
+        """Run the handshake with every rank; their start-up answers, by rank. Engines that
+        send no heartbeat get the transport's socket monitor instead (``watch_disconnects``)."""
+        ranks = {i: _Rank() for i in range(self.parallel.data_parallel_size)}
+        deadline = time.monotonic() + timeout
+        while not all(r.ready is not None and r.ready_said is not None for r in ranks.values()):
+            if time.monotonic() > deadline:
+                raise HandshakeError(self._missing(ranks, timeout))
+            if self._router.poll(round(_POLL_S * 1000)):
+                self._on_handshake(ranks, *self._router.recv_multipart())
+            first = self.transport.recv_first(0.0 if any(r.hello for r in ranks.values()) else _POLL_S)
+            if first is not None:
+                self._on_ready(ranks, *first)
+        infos = [self._info(index, rank) for index, rank in sorted(ranks.items())]
+        if any(EXTRA_HEARTBEAT not in info.extras for info in infos):
+            self.transport.watch_disconnects()
+        return infos
+
+    def close(self) -> None:
+        self._ctx.destroy(linger=0)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> FrontendHandshake:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _on_handshake(self, ranks: dict[int, _Rank], identity: bytes, *payload: bytes) -> None:
+        index = int.from_bytes(identity, "little") if len(identity) == 2 else None
+        rank = None if index is None else ranks.get(index)
+        if index is None or rank is None:
+            raise HandshakeError(f"A peer with identity {identity.hex() or '(none)'} spoke on {self.address}; "
+                                 f"expected engine ranks 0..{self.parallel.data_parallel_size - 1}.")
+        try:
+            status = _decode_status(payload[0] if payload else b"")
+        except msgspec.DecodeError as e:
+            raise HandshakeError(f"Engine rank {index} sent a malformed handshake message: {e}.") from e
+        expect_local = index < self.parallel.data_parallel_size_local
+        if status.local != expect_local or (not status.local and not status.headless):
+            raise HandshakeError(
+                f"Engine rank {index} says local={status.local}, headless={status.headless}; expected "
+                f"{'a local engine' if expect_local else 'a remote one started with --headless'} "
+                f"(data_parallel_size_local={self.parallel.data_parallel_size_local}).")
+        if status.status == "HELLO":
+            rank.hello = status
+            addresses = HandshakeAddresses([self.transport.addresses.input], [self.transport.addresses.output])
+            self._router.send_multipart([identity, _encode(EngineHandshakeMetadata(addresses))])
+        elif rank.hello is None:
+            raise HandshakeError(f"Engine rank {index} said READY before HELLO.")
+        else:
+            rank.ready_said = status
+
+    def _on_ready(self, ranks: dict[int, _Rank], index: int, payload: bytes) -> None:
+        rank = ranks.get(index)
+        if rank is None or rank.hello is None:
+            raise HandshakeError(f"Engine rank {index} connected to the input socket without a handshake "
+                                 f"(it must greet {self.address} first).")
+        try:
+            rank.ready = _decode_ready(payload)
+        except msgspec.DecodeError as e:
+            raise HandshakeError(f"Engine rank {index}'s first message is not a ready response: {e}.") from e
+
+    def _missing(self, ranks: dict[int, _Rank], timeout: float) -> str:
+        for what, missing in (("said HELLO", [i for i, r in ranks.items() if r.hello is None]),
+                              ("sent its ready response", [i for i, r in ranks.items() if r.ready is None]),
+                              ("said READY", [i for i, r in ranks.items() if r.ready_said is None])):
+            if missing:
+                return (f"Engine rank(s) {missing} never {what} within {timeout} s on {self.address}; "
+                        "check that they run and point at this address.")
+        return "The handshake did not finish."
+
+    def _info(self, index: int, rank: _Rank) -> EngineInfo:
+        assert rank.hello is not None and rank.ready is not None and rank.ready_said is not None
+        extras = {*(rank.hello.mmfront_extras or ()), *(rank.ready_said.mmfront_extras or ())}
+        return EngineInfo(index, rank.ready, frozenset(extras), rank.hello.local)
+
+
+def engine_handshake(
+    handshake_address: str, engine_index: int, ready: EngineCoreReadyResponse, *, local: bool = False,
+    extras: Collection[str] = (EXTRA_MIRROR, EXTRA_ADMITTED, EXTRA_HEARTBEAT),
+    timeout: float = HANDSHAKE_TIMEOUT_S,
+) -> ZmqEngineTransport:
+    """The engine's half: greet P0 at ``handshake_address`` as rank ``engine_index`` (announcing
+    ``extras``), connect the data sockets it names with ``ready`` as the first message, say
+    READY (adding ``side_channel`` when the transport opened it), and return the transport."""
+    ctx = zmq.Context()
+    try:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, engine_identity(engine_index))
+        dealer.setsockopt(zmq.LINGER, 5000)
+        dealer.connect(handshake_address)
+        dealer.send(_encode(HandshakeStatus("HELLO", local, not local, mmfront_extras=sorted(extras))))
+        if not dealer.poll(round(timeout * 1000)):
+            raise HandshakeError(f"No frontend answered engine rank {engine_index}'s HELLO on {handshake_address} "
+                                 f"within {timeout} s.")
+        try:
+            metadata = _decode_metadata(dealer.recv())
+        except msgspec.DecodeError as e:
+            raise HandshakeError(f"The frontend at {handshake_address} answered with no handshake metadata: {e}.") from e
+        addresses = ZmqAddresses(metadata.addresses.inputs[0], metadata.addresses.outputs[0])
+        ready = msgspec.structs.replace(ready, data_parallel_rank=engine_index)
+        transport = ZmqEngineTransport(addresses, engine_index, ready=_encode(ready))
+        said = [EXTRA_SIDE_CHANNEL] if transport.side_channel else None
+        dealer.send(_encode(HandshakeStatus("READY", local, not local, mmfront_extras=said)))
+    finally:
+        ctx.destroy(linger=5000)
+    return transport
+
+
+def handshake_engine_factory(
+    handshake_address: str, ready: EngineCoreReadyResponse, *, local: bool = False,
+) -> EngineTransportFactory:
+    """How an mmfront engine reaches a frontend through vLLM's handshake (``mmfront worker
+    --handshake``): the frontend tells it where the data sockets are."""
+    return lambda engine_index: engine_handshake(handshake_address, engine_index, ready, local=local)
+
+
+__all__ = [
+    "DEFAULT_RPC_PORT",
+    "DataParallelConfig",
+    "EngineInfo",
+    "FrontendHandshake",
+    "engine_handshake",
+    "handshake_engine_factory",
+]
