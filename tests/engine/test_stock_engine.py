@@ -1,0 +1,184 @@
+"""mmfront's client in front of a STOCK vLLM 0.33 engine core, through vLLM's start-up handshake.
+
+The engine is ``../shared/peer/stock_engine.py`` (``vllm serve --headless`` with a stub
+executor: generated token k of a request is 1000 + 10 * n + k, n = images that reached the
+executor with their data, so the tokens prove every image arrived resolved). P0 binds the
+handshake socket as vLLM's API server does with ``--data-parallel-size-local 0``, and uses none
+of mmfront's extras: the engine announced none.
+
+Skipped where the peer venv or its model folder is absent (:mod:`mmfront.testing.peer`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
+from mmfront.engine.async_client import AsyncEngineClient
+from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
+from mmfront.engine.transports.zmq import ZmqFrontendTransport
+from mmfront.errors import EngineDeadError
+from mmfront.testing.media import image_data_url, make_image
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
+from mmfront.wire import SamplingParams
+
+PEER = vllm_peer_python()
+MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
+PEER_DIR = Path(__file__).resolve().parents[3] / "shared" / "peer"
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
+
+POOL = [image_data_url(make_image(40 + 8 * i, 32 + 4 * i, seed=i)) for i in range(5)]
+STARTUP_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def chat(images: tuple[int, ...]) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": POOL[i]}} for i in images]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in these pictures?"}]}]
+
+
+def expected(images: tuple[int, ...], max_tokens: int) -> list[int]:
+    return [1000 + 10 * len(images) + k for k in range(max_tokens)]
+
+
+@dataclass
+class Stock:
+    client: AsyncEngineClient
+    proc: subprocess.Popen[bytes]
+    trace: Path
+    pre: InputPreprocessor
+
+
+def start_stock(tmp_path: Path, **env: str) -> Stock:
+    """Bind P0 and its handshake socket, start the stock engine headless, run the handshake."""
+    assert PEER is not None and MODEL is not None
+    pre = InputPreprocessor(MODEL, MultiModalConfig())
+    port = free_port()
+    transport = ZmqFrontendTransport("tcp")
+    trace = tmp_path / "trace.jsonl"
+    handshake = FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", port))
+    proc = subprocess.Popen(
+        [str(PEER), str(PEER_DIR / "stock_engine.py"), str(MODEL), handshake.address, "--",
+         "--distributed-executor-backend", "stub_trace.TraceStubExecutor"],
+        cwd=PEER_DIR, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "engine.log", "wb"),  # noqa: SIM115
+        env={**os.environ, "STUB_TRACE_LOG": str(trace), **env}, start_new_session=True)
+    try:
+        [info] = handshake.wait(STARTUP_S)
+    except BaseException:
+        kill(proc)
+        transport.close()
+        raise
+    finally:
+        handshake.close()
+    return Stock(AsyncEngineClient(InputProcessor(pre), transport, engine=info), proc, trace, pre)
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def stock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stock]:
+    running = start_stock(tmp_path_factory.mktemp("stock"), STUB_TRACE_STEP_DELAY_S="0.02")
+    yield running
+    running.client.close_blocking()
+    kill(running.proc)
+    if running.pre.cache is not None:
+        running.pre.cache.close()
+
+
+def trace(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def collect(client: AsyncEngineClient, request_id: str, images: tuple[int, ...], max_tokens: int) -> list[int]:
+    stream = await client.add_request(request_id, chat(images), SamplingParams(max_tokens=max_tokens))
+    return [t async for output in stream for t in output.new_token_ids]
+
+
+def test_handshake_gives_the_client_the_engines_limits(stock: Stock) -> None:
+    engine = stock.client.client.engine
+    assert engine is not None
+    assert (engine.max_model_len, engine.block_size) == (4096, 16)
+    assert engine.num_gpu_blocks > 0
+    assert engine.extras == frozenset() and not engine.local
+
+
+def test_twenty_concurrent_chats_with_repeated_images(stock: Stock) -> None:
+    combos = [tuple(sorted({i % 5, (3 * i + 1) % 5})) for i in range(20)]
+
+    async def main() -> list[list[int]]:
+        return list(await asyncio.gather(*(collect(stock.client, f"chat-{i}", c, 4) for i, c in enumerate(combos))))
+
+    before = stock.client.stats.saved_bytes
+    assert asyncio.run(asyncio.wait_for(main(), 120)) == [expected(c, 4) for c in combos]
+    assert stock.client.stats.saved_bytes > before  # some images went as references, resolved by vLLM's P1 cache
+    assert stock.client.stats.failures == 0
+
+
+def test_an_abort_stops_generation(stock: Stock) -> None:
+    async def main() -> None:
+        stream = await stock.client.add_request("long", chat((0,)), SamplingParams(max_tokens=1000))
+        got = 0
+        async for output in stream:
+            got += len(output.new_token_ids)
+            if got >= 3:
+                await stock.client.abort("long")
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    deadline = time.monotonic() + 20
+    while not [e for e in trace(stock.trace) if e["ev"] == "finished" and e["req_id"].startswith("long")]:
+        assert time.monotonic() < deadline, "the engine never finished the aborted request"
+        time.sleep(0.2)
+    [finished] = [e for e in trace(stock.trace) if e["ev"] == "finished" and e["req_id"].startswith("long")]
+    assert finished["generated"] < 1000
+
+
+def test_sigkill_mid_request_fails_it_within_30_s(tmp_path: Path) -> None:
+    running = start_stock(tmp_path, STUB_TRACE_STEP_DELAY_S="0.2")
+    try:
+        async def main() -> float:
+            stream = await running.client.add_request("doomed", chat((1,)), SamplingParams(max_tokens=1000))
+            await anext(stream)
+            os.killpg(running.proc.pid, signal.SIGKILL)
+            start = time.monotonic()
+            with pytest.raises(EngineDeadError):
+                async for _ in stream:
+                    pass
+            return time.monotonic() - start
+
+        assert asyncio.run(asyncio.wait_for(main(), 60)) < 30
+    finally:
+        running.client.close_blocking()
+        kill(running.proc)
+
+
+def test_a_thirty_second_first_step_completes(tmp_path: Path) -> None:
+    running = start_stock(tmp_path, STUB_EXECUTOR_FIRST_STEP_DELAY_S="30")
+    try:
+        answer = asyncio.run(asyncio.wait_for(collect(running.client, "patient", (2, 3), 3), 120))
+        assert answer == expected((2, 3), 3)
+    finally:
+        running.client.close_blocking()
+        kill(running.proc)
