@@ -135,6 +135,10 @@ class EngineCoreReceiver:
     with many API servers). The engine loop calls :meth:`poll` for requests whose features are
     filled in and :meth:`send` for its step outputs; :meth:`take_aborted` lists what P0 aborted.
 
+    Reach each frontend through vLLM's start-up handshake
+    (:func:`~mmfront.engine.handshake.engine_handshake`), which announces the extras this
+    receiver speaks (mirror stamps, ``Admitted``, heartbeats) so P0 relies on them.
+
     A malformed message costs only its sender: it is answered with a ``DecodeError`` failure
     and service goes on. Not thread-safe: call it from the engine loop's thread.
     """
