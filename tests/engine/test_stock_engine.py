@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
@@ -34,6 +35,13 @@ from mmfront.errors import EngineDeadError
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 from mmfront.wire import SamplingParams
+from mmfront.wire.handshake import (
+    MMFRONT_EXTRAS,
+    EngineCoreReadyResponse,
+    EngineHandshakeMetadata,
+    HandshakeAddresses,
+    HandshakeStatus,
+)
 
 PEER = vllm_peer_python()
 MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
@@ -182,3 +190,33 @@ def test_a_thirty_second_first_step_completes(tmp_path: Path) -> None:
     finally:
         running.client.close_blocking()
         kill(running.proc)
+
+
+VLLM_DECODE = """
+import json, sys, msgspec
+from vllm.v1.engine import EngineCoreReadyResponse
+from vllm.v1.engine.utils import EngineHandshakeMetadata
+hello, ready, metadata = (bytes.fromhex(h) for h in sys.argv[1:4])
+said = msgspec.msgpack.decode(hello)
+got = msgspec.msgpack.decode(ready, type=EngineCoreReadyResponse)
+meta = msgspec.msgpack.decode(metadata, type=EngineHandshakeMetadata)
+print(json.dumps([said["status"], said["local"], said["headless"], got.max_model_len, got.num_gpu_blocks,
+                  got.block_size, meta.addresses.inputs, meta.addresses.outputs, meta.parallel_config]))
+"""
+
+
+def test_vllm_reads_the_handshake_messages_of_mmfront_engines_and_frontends() -> None:
+    """What vLLM's frontend reads from an mmfront engine (its HELLO, with the extra key, and its
+    ready response), and what vLLM's engine reads from mmfront's frontend, decode with vLLM's
+    own types."""
+    assert PEER is not None
+    encode = msgspec.msgpack.encode
+    hello = encode(HandshakeStatus("HELLO", False, True, mmfront_extras=sorted(MMFRONT_EXTRAS)))
+    ready = encode(EngineCoreReadyResponse(max_model_len=8192, num_gpu_blocks=8192, block_size=1))
+    metadata = encode(EngineHandshakeMetadata(HandshakeAddresses(["tcp://127.0.0.1:1"], ["tcp://127.0.0.1:2"])))
+    done = subprocess.run([str(PEER), "-c", VLLM_DECODE, hello.hex(), ready.hex(), metadata.hex()],
+                          capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
+        "HELLO", False, True, 8192, 8192, 1, ["tcp://127.0.0.1:1"], ["tcp://127.0.0.1:2"], {}]
