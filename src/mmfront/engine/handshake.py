@@ -110,7 +110,8 @@ class _Rank:
 
 class FrontendHandshake:
     """P0's half: binds the handshake socket (``address``) for ``transport``'s engines; start
-    the engines, then :meth:`wait`. ``data_parallel_size`` must be 1 for now (one engine)."""
+    the engines, then :meth:`wait`. It meets every rank of ``data_parallel_size``; the client
+    serves one engine for now (rank 0), so pass 1 until data-parallel ranks are wired in."""
 
     def __init__(self, transport: ZmqFrontendTransport, parallel: DataParallelConfig | None = None) -> None:
         self.parallel = parallel or DataParallelConfig()
