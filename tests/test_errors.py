@@ -127,9 +127,11 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "CacheError": (RuntimeError,),
     "ShmHandleError": (ValueError,),
     "DecodeError": (ValueError,),
+    "UnknownUtilityError": (ValueError,),
     "EncodeError": (TypeError,),
     "TransportError": (RuntimeError,),
     "EngineDeadError": (RuntimeError,),
+    "UtilityCallError": (RuntimeError,),
     "LaneError": (RuntimeError,),
 }
 
