@@ -90,6 +90,18 @@ def test_a_consumer_that_goes_away_aborts_its_request_in_the_engine(echo: EchoLi
     assert aborted(log) == stopped  # aborted once
 
 
+def test_leaving_the_blocking_clients_iterator_aborts_the_request(echo: EchoLinks, tmp_path: Path) -> None:
+    log = tmp_path / "aborts.log"
+    client, _ = echo.start("--steps", str(STEPS), "--step-delay", "0.005", "--abort-log", str(log), blocking=True)
+    got = 0
+    for _ in client.add_request("r1", messages((0,), 1)):
+        got += 1
+        if got == 3:
+            break
+    stopped = aborted(log)
+    assert list(stopped) == ["r1"] and got <= stopped["r1"] < STEPS
+
+
 def test_a_stream_read_to_its_end_is_not_aborted(echo: EchoLinks, tmp_path: Path) -> None:
     log = tmp_path / "aborts.log"
     client, _ = echo.start("--steps", "3", "--abort-log", str(log))

@@ -274,6 +274,28 @@ def test_mmfront_worker_answers_the_calls_with_vllms_meaning(gemma3_weights_dir:
             assert await client.reset_prefix_cache() is True
             assert await client.reset_encoder_cache() is None
             assert await client.reset_mm_cache() is None
+            kept = await client.add_request("kept", messages((0,), 3),
+                                            SamplingParams(max_tokens=100_000, ignore_eos=True))
+            outputs: list[Any] = []
+
+            async def consume() -> None:
+                async for output in kept:
+                    outputs.append(output)
+
+            consumer = asyncio.ensure_future(consume())
+            while not outputs:
+                await asyncio.sleep(0.01)
+            await client.sleep(0, "keep")  # level 0, "keep": the request stays, and waits
+            await asyncio.sleep(0.3)  # the outputs of steps before the pause arrive
+            before = len(outputs)
+            await asyncio.sleep(1.0)
+            assert len(outputs) == before and not consumer.done()  # no step while asleep, nothing aborted
+            assert await client.is_sleeping() is True
+            assert await client.wake_up(["scheduling"]) is True  # level 0: scheduling is all that slept
+            while len(outputs) == before:
+                await asyncio.sleep(0.01)
+            await client.abort("kept")
+            await consumer
             with pytest.raises(UtilityCallError, match=r"^Call to sleep method failed: sleep mode 'wait': mmfront "
                                                        r"worker sleeps with 'abort' or 'keep'\.$"):
                 await client.sleep(0, "wait")
