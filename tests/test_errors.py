@@ -127,10 +127,12 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "CacheError": (RuntimeError,),
     "ShmHandleError": (ValueError,),
     "DecodeError": (ValueError,),
+    "UnknownUtilityError": (ValueError,),
     "EncodeError": (TypeError,),
     "TransportError": (RuntimeError,),
     "EngineDeadError": (RuntimeError,),
     "HandshakeError": (RuntimeError,),
+    "UtilityCallError": (RuntimeError,),
     "LaneError": (RuntimeError,),
 }
 

@@ -33,10 +33,12 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     ├── CacheError [RuntimeError]
     ├── ShmHandleError [ValueError]
     ├── DecodeError [ValueError]
+    │   └── UnknownUtilityError
     ├── EncodeError [TypeError]
     ├── TransportError [RuntimeError]
     │   ├── EngineDeadError
     │   └── HandshakeError
+    ├── UtilityCallError [RuntimeError]
     └── LaneError [RuntimeError]
 
 Above :class:`ValidationError` sit the deployment's faults (configuration, a model mmfront
@@ -194,6 +196,15 @@ class DecodeError(MMFrontError, ValueError):
     """Wire bytes could not be decoded: truncated, malformed, or inconsistent."""
 
 
+class UnknownUtilityError(DecodeError):
+    """A utility call names a method the engine does not have. ``call_id`` is the call's, so the
+    engine answers that call with a failure instead of leaving its caller waiting."""
+
+    def __init__(self, message: str, *, call_id: int = -1) -> None:
+        super().__init__(message)
+        self.call_id = call_id
+
+
 class EncodeError(MMFrontError, TypeError):
     """An object cannot be encoded for the wire (mmfront never falls back to pickle)."""
 
@@ -212,6 +223,15 @@ class EngineDeadError(TransportError):
 class HandshakeError(TransportError):
     """An engine's start-up handshake failed: a peer that is not an expected engine rank, one
     whose greeting does not fit the configuration, or a rank that never came within the wait."""
+
+
+class UtilityCallError(MMFrontError, RuntimeError):
+    """The engine ran a utility call and it failed: the message is the engine's
+    ``failure_message`` (vLLM raises it as a plain ``Exception``). ``method`` names the call."""
+
+    def __init__(self, message: str, *, method: str = "") -> None:
+        super().__init__(message)
+        self.method = method
 
 
 class LaneError(MMFrontError, RuntimeError):

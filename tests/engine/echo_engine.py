@@ -2,7 +2,9 @@
 tensors each request brings and answers with them as token ids.
 
 Run as a process: ``python echo_engine.py INPUT OUTPUT --cache lru|shm|none [--capacity-bytes N]
-[--shm-name NAME] [--steps K] [--engine-index I]``. It serves until killed (SIGTERM: clean).
+[--shm-name NAME] [--steps K] [--engine-index I] [--step-delay S] [--abort-log PATH]``. It serves
+until killed (SIGTERM: clean). Beyond two steps, the outputs are zeros; ``--abort-log`` gets one
+line per aborted request, ``ID OUTPUTS_SENT``. It answers the utility calls of :data:`UTILITIES`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import hashlib
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,19 +42,50 @@ def request_checksum(request: EngineCoreRequest) -> int:
     return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
 
 
-def serve(receiver: EngineCoreReceiver, steps: int, stop: list[bool]) -> None:
-    """The engine loop: each request gets ``steps`` outputs, the checksum then the prompt length."""
+class EchoUtilities:
+    """The echo engine's utility methods: vLLM's names, a sleeping flag and nothing to reset."""
+
+    def __init__(self) -> None:
+        self.sleeping = False
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        if mode not in ("abort", "keep", "wait"):
+            raise ValueError(f"Invalid pause mode: {mode}")
+        self.sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        self.sleeping = False
+        return True
+
+    def methods(self) -> dict[str, Callable[..., Any]]:
+        return {"get_supported_tasks": lambda: ("generate",), "is_sleeping": lambda: self.sleeping,
+                "sleep": self.sleep, "wake_up": self.wake_up, "reset_prefix_cache": lambda *_: True,
+                "reset_encoder_cache": lambda: None}
+
+
+def serve(receiver: EngineCoreReceiver, steps: int, stop: list[bool], *, step_delay: float = 0.0,
+          abort_log: Path | None = None) -> None:
+    """The engine loop: each request gets ``steps`` outputs, the checksum then the prompt length
+    (then zeros)."""
     running: dict[str, list[int]] = {}
+    sent: dict[str, int] = {}
     while not stop:
         for request in receiver.poll(0.02 if not running else 0.0):
-            running[request.request_id] = [request_checksum(request), len(request.prompt_token_ids or [])][:steps]
+            tokens = [request_checksum(request), len(request.prompt_token_ids or [])]
+            running[request.request_id] = (tokens + [0] * max(0, steps - 2))[:steps]
+            sent[request.request_id] = 0
         for request_id in receiver.take_aborted():
-            running.pop(request_id, None)
+            if running.pop(request_id, None) is not None and abort_log is not None:
+                with abort_log.open("a") as log:
+                    log.write(f"{request_id} {sent[request_id]}\n")
+        if running and step_delay:
+            time.sleep(step_delay)
         outputs = []
         for request_id, tokens in list(running.items()):
             token = tokens.pop(0)
             done = not tokens
             outputs.append(EngineCoreOutput(request_id, [token], finish_reason=FinishReason.LENGTH if done else None))
+            sent[request_id] += 1
             if done:
                 del running[request_id]
         if outputs:
@@ -66,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shm-name")
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--engine-index", type=int, default=0)
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--abort-log", type=Path)
     args = parser.parse_args(argv)
     if args.cache == "lru":
         cache: MirroredReceiverCache | ShmObjectStoreReceiverCache | None = MirroredReceiverCache(args.capacity_bytes)
@@ -76,8 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     transport = ZmqEngineTransport(ZmqAddresses(args.input, args.output), args.engine_index)
-    with EngineCoreReceiver(transport, cache, engine_index=args.engine_index, heartbeat_s=0.2) as receiver:
-        serve(receiver, args.steps, stop)
+    with EngineCoreReceiver(transport, cache, engine_index=args.engine_index, heartbeat_s=0.2,
+                            utilities=EchoUtilities().methods()) as receiver:
+        serve(receiver, args.steps, stop, step_delay=args.step_delay, abort_log=args.abort_log)
     time.sleep(0.01)
     return 0
 

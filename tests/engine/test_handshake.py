@@ -24,7 +24,7 @@ from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake, engine_handshake
 from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
-from mmfront.errors import ConfigError, EngineDeadError, HandshakeError
+from mmfront.errors import ConfigError, EngineDeadError, HandshakeError, ValidationError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
@@ -210,6 +210,19 @@ def test_with_a_stock_like_engine_outputs_are_the_only_reply(stock_like: Any) ->
     assert asyncio.run(main()) == [[1020, 1021]] * 6
     assert any(f.data is None for r in engine.seen for f in r.mm_features or [])  # some went as references
     assert client.stats.resends == 0
+
+
+def test_the_engines_max_model_len_refuses_an_overlong_request_before_it_is_sent(stock_like: Any) -> None:
+    client, _, _ = stock_like
+    assert client.max_model_len == 4096
+
+    async def main() -> None:
+        await client.add_request("too-long", chat((0,)), SamplingParams(max_tokens=4096))
+
+    with pytest.raises(ValidationError) as raised:
+        asyncio.run(main())
+    assert raised.value.parameter == "max_tokens" and "4096" in str(raised.value)
+    assert client.client.stats.wire_bytes == 0  # nothing was sent
 
 
 def test_a_stock_miss_is_resent_with_the_data_invisibly(stock_like: Any) -> None:

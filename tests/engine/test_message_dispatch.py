@@ -32,6 +32,7 @@ from mmfront.wire.messages import (
     MIRROR_RESET,
     REQUEST,
     RESET_CACHE,
+    UTILITY,
     Admitted,
     CacheMiss,
     Direction,
@@ -40,6 +41,7 @@ from mmfront.wire.messages import (
     MirrorOp,
     MirrorReset,
     MirrorStamp,
+    UtilityCall,
     encode_envelope,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -60,6 +62,7 @@ TO_ENGINE = [
     encode_envelope(MIRROR_ONLY, ENC.encode(MirrorOnly([MirrorOp("N", "h", 4)])), STAMP),
     encode_envelope(RESET_CACHE, ENC.encode(None)),
     encode_envelope(ABORT, ENC.encode(["r"])),
+    encode_envelope(UTILITY, ENC.encode(UtilityCall(1, "is_sleeping"))),
 ]
 TO_FRONTEND = [
     encode_envelope(ENGINE_HELLO, ENC.encode(EngineHello(0, 1))),

@@ -7,9 +7,17 @@ P0/P1 mirror needs is done by :class:`~mmfront.engine.client.EngineClient` in it
 An engine that restarts is noticed by its new epoch (every engine greets with one and repeats it
 as a heartbeat): what it had not answered is resent, what it was generating fails with
 :class:`~mmfront.errors.EngineDeadError`; an engine silent for ``engine_timeout_s`` while requests
-wait fails them all. A stock vLLM engine sends no heartbeat (it is silent while a step runs):
-it is declared dead only by ``ENGINE_CORE_DEAD`` or a dropped connection, never by silence.
-A request is answered exactly once either way.
+wait fails them all and marks the client :attr:`~AsyncEngineClient.errored` until the engine is
+heard again. A stock vLLM engine sends no heartbeat (it is silent while a step runs): it is
+declared dead only by ``ENGINE_CORE_DEAD`` or a dropped connection, never by silence. A request
+is answered exactly once either way.
+
+The caller's view is vLLM's ``AsyncLLM``: a stream whose consumer goes away (its task is
+cancelled, the iterator is closed or garbage-collected before the last output) aborts the request
+in the engine; a request whose prompt and ``max_tokens`` exceed the engine's ``max_model_len``
+is refused with :class:`~mmfront.errors.ValidationError` before anything is sent; engine methods
+are called by name with :meth:`~AsyncEngineClient.call_utility` (vLLM's ``call_utility_async``)
+and its named wrappers (``sleep``, ``wake_up``, ``reset_mm_cache``, ...).
 
 Backpressure: sends run in the commit lane; a transport with a send high-water mark blocks
 there, so a slow engine slows ``add_request`` and never loses a request.
@@ -19,22 +27,27 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import itertools
 import logging
+import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+import weakref
+from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmfront.engine.client import EngineClient, RequestFailed, RequestOutput
+from mmfront.engine.client import EngineClient, RequestFailed, RequestOutput, UtilityReply
 from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
-from mmfront.errors import DecodeError, EngineDeadError, MMFrontError, TransportError
+from mmfront.errors import DecodeError, EngineDeadError, MMFrontError, TransportError, UtilityCallError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PromptInput, RequestOptions
 from mmfront.wire import SamplingParams
 from mmfront.wire.handshake import EXTRA_HEARTBEAT
-from mmfront.wire.structs import EngineCoreOutput
+from mmfront.wire.messages import UtilityCall, utility_value
+from mmfront.wire.structs import EngineCoreOutput, UtilityOutput
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +58,18 @@ _END = object()
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+
+@dataclass
+class _Call:
+    method: str
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+FIRST_CALL_ID = 1 << 32
+"""The client numbers its utility calls from here; the transport numbers mmfront's own utility
+messages (``RESET_CACHE``, ``MIRROR_ONLY``) from 0, so an answer to one never resolves a call."""
 
 
 class AsyncEngineClient:
@@ -64,6 +89,11 @@ class AsyncEngineClient:
         self.engine_timeout_s = engine_timeout_s
         self._poll_interval_s = poll_interval_s
         self._streams: dict[str, _Stream] = {}
+        self._calls: dict[int, _Call] = {}
+        self._call_ids = itertools.count(FIRST_CALL_ID)
+        self._abandoned: queue.SimpleQueue[tuple[str, _Stream]] = queue.SimpleQueue()
+        """Requests whose stream's consumer went away; the reader thread aborts them."""
+        self._dead: EngineDeadError | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._last_heard = time.monotonic()
@@ -74,14 +104,43 @@ class AsyncEngineClient:
     def stats(self) -> Any:
         return self.client.stats
 
+    @property
+    def max_model_len(self) -> int | None:
+        """The engine's context length, which requests are checked against (``None``: unchecked)."""
+        return self.client.max_model_len
+
+    @max_model_len.setter
+    def max_model_len(self, value: int | None) -> None:
+        self.client.max_model_len = value
+
+    @property
+    def errored(self) -> bool:
+        """The engine is dead (vLLM's ``AsyncLLM.errored``): its link broke, or it went silent
+        while requests waited. Cleared when a restarted engine is heard again."""
+        return self._dead is not None
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        """Why the engine is considered dead (vLLM's ``dead_error``)."""
+        return self._dead or EngineDeadError("The engine is dead.")
+
+    async def check_health(self) -> None:
+        """Raise :class:`~mmfront.errors.EngineDeadError` when :attr:`errored` (vLLM's ``check_health``)."""
+        if self._dead is not None:
+            raise self._dead
+
     async def add_request(
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
         options: RequestOptions | None = None, **kwargs: Any,
-    ) -> AsyncIterator[EngineCoreOutput]:
+    ) -> AsyncGenerator[EngineCoreOutput, None]:
         """Prepare and send one request; its outputs, in order, as they come. Errors in the
-        request raise here; an engine failure raises from the iterator."""
+        request raise here; an engine failure raises from the iterator. Closing the iterator (or
+        dropping it, or cancelling the task that reads it) before its last output aborts the
+        request in the engine."""
         if self._closed.is_set():
             raise TransportError("The client is closed; create a new one.")
+        if self._dead is not None:
+            raise self._dead
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             if request_id in self._streams:
@@ -93,7 +152,64 @@ class AsyncEngineClient:
             with self._lock:
                 self._streams.pop(request_id, None)
             raise
-        return self._iterate(request_id, stream)
+        iterator = self._iterate(request_id, stream)
+        # an iterator dropped without being closed, even one never iterated, aborts its request too
+        weakref.finalize(iterator, self._forget, request_id, stream, abort=True).atexit = False
+        return iterator
+
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Run the engine's method ``method`` with ``args`` and return its result (vLLM's
+        ``call_utility_async``). A failure in the engine raises
+        :class:`~mmfront.errors.UtilityCallError` with the engine's message; a dead engine,
+        :class:`~mmfront.errors.EngineDeadError` (at once when it is known dead)."""
+        if self._closed.is_set():
+            raise TransportError("The client is closed; create a new one.")
+        if self._dead is not None:
+            raise self._dead
+        loop = asyncio.get_running_loop()
+        call = UtilityCall(next(self._call_ids), method, args)
+        pending = _Call(method, loop, loop.create_future())
+        with self._lock:
+            self._calls[call.call_id] = pending
+        try:
+            try:
+                await loop.run_in_executor(None, self.client.call_utility, call)
+            except EngineDeadError:
+                raise
+            except TransportError as e:
+                raise EngineDeadError(f"The engine cannot be reached ({e}).") from e
+            return await pending.future
+        finally:
+            with self._lock:
+                self._calls.pop(call.call_id, None)
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        return tuple(await self.call_utility("get_supported_tasks"))
+
+    async def is_sleeping(self) -> bool:
+        return bool(await self.call_utility("is_sleeping"))
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """Put the engine to sleep (vLLM's ``sleep``); from level 1 the P0 caches are cleared too,
+        as the engine clears its own."""
+        if level >= 1:
+            await asyncio.get_running_loop().run_in_executor(None, self.client.clear_cache)
+        await self.call_utility("sleep", level, mode)
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Wake the engine (``tags``: only those parts); True when it is fully awake."""
+        return bool(await self.call_utility("wake_up", tags))
+
+    async def reset_mm_cache(self) -> None:
+        """Clear the multimodal caches on both sides (vLLM's ``reset_mm_cache``)."""
+        await asyncio.get_running_loop().run_in_executor(None, self.client.clear_cache)
+        await self.call_utility("reset_mm_cache")
+
+    async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        return bool(await self.call_utility("reset_prefix_cache", reset_running_requests, reset_connector))
+
+    async def reset_encoder_cache(self) -> None:
+        await self.call_utility("reset_encoder_cache")
 
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id``: the engine is told, and its stream ends (even when telling the
@@ -113,6 +229,7 @@ class AsyncEngineClient:
         self._reader.join(5)
         for request_id in list(self._streams):
             self._end(request_id, TransportError("The client was closed before the request finished."))
+        self._fail_calls(TransportError("The client was closed before the engine answered."))
         self.transport.close()
 
     async def __aenter__(self) -> AsyncEngineClient:
@@ -121,49 +238,80 @@ class AsyncEngineClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _iterate(self, request_id: str, stream: _Stream) -> AsyncIterator[EngineCoreOutput]:
+    async def _iterate(self, request_id: str, stream: _Stream) -> AsyncGenerator[EngineCoreOutput, None]:
+        done = False
         try:
             while True:
                 item = await stream.queue.get()
+                done = item is _END or isinstance(item, BaseException) or item.finish_reason is not None
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
                 yield item
-                if item.finish_reason is not None:
+                if done:
                     return
         finally:
-            with self._lock:
-                self._streams.pop(request_id, None)
+            self._forget(request_id, stream, abort=not done)
+
+    def _forget(self, request_id: str, stream: _Stream, *, abort: bool) -> None:
+        """``stream`` is over for its consumer. ``abort``: it went away before the end; the reader
+        thread aborts the request in the engine, if the stream is still its. Takes no lock, so a
+        garbage collection may call it anywhere (``weakref.finalize``)."""
+        if abort:
+            self._abandoned.put((request_id, stream))
+            return
+        with self._lock:
+            if self._streams.get(request_id) is stream:
+                del self._streams[request_id]
 
     # --- the reader thread ------------------------------------------------------------------------
 
     def _read(self) -> None:
         while not self._closed.is_set():
+            self._abort_abandoned()
             try:
                 frames = self.transport.recv(self._poll_interval_s)
             except DecodeError as e:
                 logger.warning("Dropped a malformed message from the engine: %s", e)
                 continue
             except (EOFError, TransportError) as e:
-                self._dispatch(self.client.fail_all(EngineDeadError(f"The engine link broke ({e}).")))
+                self._engine_died(EngineDeadError(f"The engine link broke ({e})."))
                 return
             if frames is None:
                 if (EXTRA_HEARTBEAT in self.client.extras and self._waiting()
                         and time.monotonic() - self._last_heard > self.engine_timeout_s):
-                    self._dispatch(self.client.fail_all(EngineDeadError(
+                    self._engine_died(EngineDeadError(
                         f"The engine sent nothing for {self.engine_timeout_s:.0f} s (no heartbeat): it is gone. "
-                        "Restart it, then send the requests again.")))
+                        "Restart it, then send the requests again."))
                     self._last_heard = time.monotonic()
                 continue
             self._last_heard = time.monotonic()
+            self._dead = None
             try:
                 self._dispatch(self.client.handle_reply(frames))
             except DecodeError as e:
                 logger.warning("Dropped a malformed message from the engine: %s", e)
 
     def _waiting(self) -> bool:
-        return bool(self.client.in_flight or self.client.running)
+        return bool(self.client.in_flight or self.client.running or self._calls)
+
+    def _engine_died(self, error: EngineDeadError) -> None:
+        self._dead = error
+        self._dispatch(self.client.fail_all(error))
+        self._fail_calls(error)
+
+    def _abort_abandoned(self) -> None:
+        while not self._abandoned.empty():
+            request_id, stream = self._abandoned.get_nowait()
+            with self._lock:
+                if self._streams.get(request_id) is not stream:
+                    continue  # it ended (answered, failed or aborted), or the id now belongs to another
+                del self._streams[request_id]
+            try:
+                self.client.abort_request(request_id)
+            except TransportError as e:
+                logger.warning("Could not abort %r, whose consumer went away: %s", request_id, e)
 
     def _dispatch(self, events: list[Any]) -> None:
         for event in events:
@@ -171,6 +319,43 @@ class AsyncEngineClient:
                 self._put(event.request_id, event.output)
             elif isinstance(event, RequestFailed):
                 self._end(event.request_id, event.error)
+            elif isinstance(event, UtilityReply):
+                self._answer(event.output)
+
+    def _answer(self, output: UtilityOutput) -> None:
+        with self._lock:
+            call = self._calls.pop(output.call_id, None)
+        if call is None:
+            return  # not ours (an answer to mmfront's own utility message), or its caller gave up
+        result: Any = None
+        error: BaseException | None = None
+        if output.failure_message is not None:
+            error = UtilityCallError(output.failure_message, method=call.method)
+        else:
+            try:
+                result = utility_value(output.result)
+            except DecodeError as e:
+                error = e
+        self._settle(call, result, error)
+
+    def _fail_calls(self, error: BaseException) -> None:
+        with self._lock:
+            calls, self._calls = list(self._calls.values()), {}
+        for call in calls:
+            self._settle(call, None, error)
+
+    @staticmethod
+    def _settle(call: _Call, result: Any, error: BaseException | None) -> None:
+        def settle() -> None:
+            if call.future.done():
+                return  # its caller was cancelled
+            if error is not None:
+                call.future.set_exception(error)
+            else:
+                call.future.set_result(result)
+
+        with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits any more
+            call.loop.call_soon_threadsafe(settle)
 
     def _put(self, request_id: str, item: Any) -> None:
         with self._lock:
@@ -178,9 +363,8 @@ class AsyncEngineClient:
         if stream is not None:
             try:
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed: nobody listens any more
-                with self._lock:
-                    self._streams.pop(request_id, None)
+            except RuntimeError:  # the caller's loop is closed: nobody listens any more, so it is aborted
+                self._forget(request_id, stream, abort=True)
 
     def _end(self, request_id: str, item: Any) -> None:
         self._put(request_id, item)
@@ -210,17 +394,55 @@ class BlockingEngineClient:
         stream = self._call(self.client.add_request(request_id, prompt, params, **kwargs))
         return self._iterate(stream)
 
-    def _iterate(self, stream: AsyncIterator[EngineCoreOutput]) -> Iterator[EngineCoreOutput]:
-        while True:
-            future: concurrent.futures.Future[EngineCoreOutput] = asyncio.run_coroutine_threadsafe(
-                anext(stream), self._loop)  # type: ignore[arg-type]
-            try:
-                yield future.result()
-            except StopAsyncIteration:
-                return
+    def _iterate(self, stream: AsyncGenerator[EngineCoreOutput, None]) -> Iterator[EngineCoreOutput]:
+        try:
+            while True:
+                future: concurrent.futures.Future[EngineCoreOutput] = asyncio.run_coroutine_threadsafe(
+                    anext(stream), self._loop)
+                try:
+                    output = future.result()
+                except StopAsyncIteration:
+                    return
+                yield output
+        finally:  # closing this iterator closes the stream: the request is aborted if it still runs
+            if self._loop.is_running():
+                asyncio.run_coroutine_threadsafe(stream.aclose(), self._loop).result()
 
     def abort(self, request_id: str) -> None:
         self._call(self.client.abort(request_id))
+
+    def call_utility(self, method: str, *args: Any) -> Any:
+        """:meth:`AsyncEngineClient.call_utility`, blocking."""
+        return self._call(self.client.call_utility(method, *args))
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        result: tuple[str, ...] = self._call(self.client.get_supported_tasks())
+        return result
+
+    def is_sleeping(self) -> bool:
+        return bool(self._call(self.client.is_sleeping()))
+
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        self._call(self.client.sleep(level, mode))
+
+    def wake_up(self, tags: list[str] | None = None) -> bool:
+        return bool(self._call(self.client.wake_up(tags)))
+
+    def reset_mm_cache(self) -> None:
+        self._call(self.client.reset_mm_cache())
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        return bool(self._call(self.client.reset_prefix_cache(reset_running_requests, reset_connector)))
+
+    def reset_encoder_cache(self) -> None:
+        self._call(self.client.reset_encoder_cache())
+
+    @property
+    def errored(self) -> bool:
+        return self.client.errored
+
+    def check_health(self) -> None:
+        self._call(self.client.check_health())
 
     def close(self) -> None:
         self.client.close_blocking()
@@ -235,4 +457,4 @@ class BlockingEngineClient:
         self.close()
 
 
-__all__ = ["AsyncEngineClient", "BlockingEngineClient"]
+__all__ = ["FIRST_CALL_ID", "AsyncEngineClient", "BlockingEngineClient"]

@@ -48,15 +48,17 @@ from mmfront.wire.messages import (
     MIRROR_ONLY,
     MIRROR_RESET,
     REQUEST,
+    UTILITY,
     Admitted,
     CacheMiss,
     Direction,
     EngineHello,
     MirrorReset,
+    UtilityCall,
     decode_message,
     encode_envelope,
 )
-from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityOutput
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +88,14 @@ class RequestOutput:
     output: EngineCoreOutput
 
 
-ClientEvent = RequestAdmitted | RequestFailed | RequestOutput
+@dataclass(frozen=True)
+class UtilityReply:
+    """The engine answered a utility call (:meth:`EngineClient.call_utility`)."""
+
+    output: UtilityOutput
+
+
+ClientEvent = RequestAdmitted | RequestFailed | RequestOutput | UtilityReply
 
 
 @dataclass
@@ -141,6 +150,10 @@ class EngineClient:
         """Keep admitted requests until their last output (the engine's outputs come back over
         the same transport); otherwise a request is done for the client once admitted."""
         self.engine_epoch: int | None = None
+        self.max_model_len: int | None = None if engine is None else engine.max_model_len
+        """The engine's context length (from its start-up answer): a request whose prompt and
+        ``max_tokens`` exceed it is refused before it is sent (``None``: unknown, nothing is
+        checked)."""
         self._lane = threading.RLock()
         self._lane_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmfront-commit-lane")
         self._in_flight: dict[str, _InFlight] = {}
@@ -206,6 +219,16 @@ class EngineClient:
                 self.processor.request_finished(request_id, aborted=True)
                 self.transport.send(encode_envelope(ABORT, self._encoder.encode([request_id])))
 
+    def call_utility(self, call: UtilityCall) -> None:
+        """Send one utility call; its answer comes back as a :class:`UtilityReply` event."""
+        with self._lane:
+            self.transport.send(encode_envelope(UTILITY, self._encoder.encode(call)))
+
+    def clear_cache(self) -> None:
+        """Clear the P0 caches (the frontend's half of vLLM's ``reset_mm_cache``), in the lane."""
+        with self._lane:
+            self.processor.preprocessor.reset_mm_cache()
+
     def handle_reply(self, frames: Sequence[Frame]) -> list[ClientEvent]:
         """Act on one envelope from P1; the events the caller must see (often none)."""
         message = decode_message(frames, Direction.TO_FRONTEND)
@@ -254,11 +277,13 @@ class EngineClient:
     # --- the commit lane ----------------------------------------------------------------------
 
     def _on_outputs(self, outputs: EngineCoreOutputs) -> list[ClientEvent]:
+        events: list[ClientEvent] = []
         failure = outputs.utility_output
         if failure is not None and failure.call_id == -1:
             logger.warning("Engine %d refused a message of this frontend: %s", outputs.engine_index,
                            failure.failure_message)
-        events: list[ClientEvent] = []
+        elif failure is not None:
+            events.append(UtilityReply(failure))
         for output in outputs.outputs:
             entry = self._running.get(output.request_id)
             if entry is None:
@@ -322,6 +347,11 @@ class EngineClient:
         with self._lane:
             if prepared.request_id not in self._in_flight:
                 return  # aborted while it was being prepared
+            try:
+                self._check_length(prepared)
+            except ValidationError:
+                del self._in_flight[prepared.request_id]
+                raise
             entry = _InFlight(prepared)
             self._in_flight[prepared.request_id] = entry
             try:
@@ -329,6 +359,24 @@ class EngineClient:
             except BaseException:
                 self._in_flight.pop(prepared.request_id, None)
                 raise
+
+    def _check_length(self, prepared: PreparedRequest) -> None:
+        """vLLM's length checks, before anything is committed or sent."""
+        limit = self.max_model_len
+        if limit is None:
+            return
+        prompt = len(prepared.inputs.get("prompt_token_ids") or [])
+        if prompt >= limit:
+            raise ValidationError(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains {prompt} "
+                "input tokens, which leaves no room for output tokens. Please reduce the length of the input prompt.",
+                parameter="input_tokens")
+        max_tokens = prepared.params.max_tokens
+        if max_tokens is not None and prompt + max_tokens > limit:
+            raise ValidationError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt + max_tokens} tokens ({prompt} in the input, {max_tokens} in max_tokens). Please reduce "
+                "the length of the input prompt or max_tokens.", parameter="max_tokens")
 
     def _on_miss(self, miss: CacheMiss) -> list[ClientEvent]:
         entry = self._in_flight.get(miss.request_id)
@@ -421,4 +469,5 @@ class EngineClient:
                     self.stats.shadow_resets += 1
 
 
-__all__ = ["ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed", "RequestOutput"]
+__all__ = [
+    "ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed", "RequestOutput", "UtilityReply"]

@@ -14,15 +14,16 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullReceiverMirror
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.config import MultiModalConfig
 from mmfront.engine.transports import BaseTransport, PipeTransport
-from mmfront.errors import DecodeError, TransportError
+from mmfront.errors import DecodeError, TransportError, UnknownUtilityError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -34,20 +35,25 @@ from mmfront.wire.messages import (
     MIRROR_RESET,
     REQUEST,
     RESET_CACHE,
+    UTILITY,
     Admitted,
     CacheMiss,
     Direction,
     EngineHello,
     Message,
     MirrorReset,
+    UtilityCall,
     decode_message,
     encode_envelope,
+    utility_result,
 )
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, UtilityOutput
 
 logger = logging.getLogger(__name__)
 
 Reply = list[Frame]
+UtilityMethods = Mapping[str, Callable[..., Any]]
+"""An engine's utility methods by vLLM name (``EngineCore.sleep`` is ``"sleep"``)."""
 
 
 class EngineReceiver:
@@ -139,15 +145,21 @@ class EngineCoreReceiver:
     (:func:`~mmfront.engine.handshake.engine_handshake`), which announces the extras this
     receiver speaks (mirror stamps, ``Admitted``, heartbeats) so P0 relies on them.
 
+    Utility calls (vLLM's UTILITY requests) run ``utilities[method_name]`` and are answered with
+    a ``UtilityOutput`` as vLLM's engine answers them: the result, or ``failure_message``
+    ``"Call to NAME method failed: ..."``. ``reset_mm_cache`` is the receiver's own: it clears the
+    caller's receiver cache and tells its P0 (``MirrorReset``) before it runs the engine's.
+
     A malformed message costs only its sender: it is answered with a ``DecodeError`` failure
     and service goes on. Not thread-safe: call it from the engine loop's thread.
     """
 
     def __init__(
         self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None, *, engine_index: int = 0,
-        heartbeat_s: float = 1.0, poll_slice_s: float = 0.005,
+        heartbeat_s: float = 1.0, poll_slice_s: float = 0.005, utilities: UtilityMethods | None = None,
     ) -> None:
         self.engine_index = engine_index
+        self.utilities: UtilityMethods = utilities or {}
         self.epoch = secrets.randbits(63)
         self.heartbeat_s = heartbeat_s
         self.poll_slice_s = poll_slice_s
@@ -155,6 +167,8 @@ class EngineCoreReceiver:
         self._frontends: list[_Frontend] = []
         self._routes: dict[str, _Frontend] = {}
         self._aborted: list[str] = []
+        self._ready: list[EngineCoreRequest] = []
+        """Admitted outside an arrival (a cache reset released them); the next poll returns them."""
         self._encoder = MsgpackEncoder()
         self.add_frontend(transport, cache)
 
@@ -198,6 +212,11 @@ class EngineCoreReceiver:
             message = EngineCoreOutputs(engine_index=self.engine_index, outputs=group, timestamp=now)
             self._frontends[index].transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
 
+    def reset_mm_caches(self) -> None:
+        """Clear every frontend's receiver cache and tell each P0 (``sleep`` does this)."""
+        for frontend in self._frontends:
+            self._reset_mm_cache(frontend)
+
     def take_aborted(self) -> list[str]:
         """Requests P0 aborted since the last call: stop generating for them."""
         aborted, self._aborted = self._aborted, []
@@ -216,7 +235,7 @@ class EngineCoreReceiver:
     # --- internals --------------------------------------------------------------------------------
 
     def _poll_once(self) -> list[EngineCoreRequest]:
-        ready: list[EngineCoreRequest] = []
+        ready, self._ready = self._ready, []
         now = time.monotonic()
         for frontend in self._frontends:
             if now - frontend.last_hello >= self.heartbeat_s:
@@ -241,8 +260,15 @@ class EngineCoreReceiver:
                     del self._routes[request_id]
                     self._aborted.append(request_id)
             return []
+        if message.kind == UTILITY:
+            self._call(frontend, message.body)
+            ready, self._ready = self._ready, []
+            return ready
         requests, replies = frontend.receiver.handle_message(message)
         self._reply(frontend, replies)
+        return self._admit(frontend, requests)
+
+    def _admit(self, frontend: _Frontend, requests: list[EngineCoreRequest]) -> list[EngineCoreRequest]:
         ready = []
         for request in requests:
             if request.request_id in self._routes:
@@ -254,6 +280,34 @@ class EngineCoreReceiver:
             self._routes[request.request_id] = frontend
             ready.append(request)
         return ready
+
+    def _reset_mm_cache(self, frontend: _Frontend) -> None:
+        requests, replies = frontend.receiver.handle_message(Message(RESET_CACHE, None, None))
+        self._reply(frontend, replies)
+        self._ready += self._admit(frontend, requests)
+
+    def _call(self, frontend: _Frontend, call: UtilityCall) -> None:
+        """Run one utility call and answer it to its caller, as vLLM's engine does."""
+        output = UtilityOutput(call.call_id)
+        name = call.method_name
+        try:
+            if name == "reset_mm_cache":
+                self._reset_mm_cache(frontend)
+            method = self.utilities.get(name)
+            if method is None and name != "reset_mm_cache":
+                raise UnknownUtilityError(f"engine {self.engine_index} has no method {name!r}", call_id=call.call_id)
+            output.result = utility_result(None if method is None else method(*call.args))
+        except Exception as e:  # vLLM answers every failure of the method to its caller; the engine goes on
+            logger.warning("Engine %d: utility call %s failed: %s", self.engine_index, name, e)
+            output.failure_message = f"Call to {name} method failed: {e}"
+        self._send_utility_output(frontend, output)
+
+    def _send_utility_output(self, frontend: _Frontend, output: UtilityOutput) -> None:
+        message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=output, timestamp=time.time())
+        try:
+            frontend.transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
+        except TransportError:
+            logger.warning("Engine %d: frontend %d is gone.", self.engine_index, frontend.index)
 
     def _reply(self, frontend: _Frontend, replies: list[Reply]) -> None:
         for reply in replies:
@@ -270,12 +324,8 @@ class EngineCoreReceiver:
         if self.decode_errors <= 10 or self.decode_errors % 1000 == 0:  # a hostile peer must not flood the log
             logger.warning("Engine %d: refused a message from frontend %d (%d refused so far): %s",
                            self.engine_index, frontend.index, self.decode_errors, error)
-        failure = UtilityOutput(call_id=-1, failure_message=f"DecodeError: {error}")
-        message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=failure, timestamp=time.time())
-        try:
-            frontend.transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
-        except TransportError:
-            logger.warning("Engine %d: frontend %d is gone.", self.engine_index, frontend.index)
+        call_id = error.call_id if isinstance(error, UnknownUtilityError) else -1
+        self._send_utility_output(frontend, UtilityOutput(call_id, failure_message=f"DecodeError: {error}"))
 
     def _wait(self, seconds: float) -> list[EngineCoreRequest]:
         """Sleep until a message arrives (one frontend: in its ``recv``) or ``seconds`` pass."""

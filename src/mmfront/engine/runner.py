@@ -186,6 +186,20 @@ class ModelRunner:
     def has_unfinished_requests(self) -> bool:
         return bool(self._waiting or self._running)
 
+    @property
+    def request_ids(self) -> list[str]:
+        """Every request admitted and not finished: waiting for its prefill, then running."""
+        return [*self._waiting, *self._running]
+
+    def reset_encoder_cache(self) -> None:
+        """Forget every encoder output (vLLM's ``reset_encoder_cache``: after a weight update)."""
+        self._encoder_cache.clear()
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache``: True, there is nothing to drop. Each request keeps its own
+        KV cache, which ends with it, and no block is shared between requests."""
+        return True
+
     def step(self) -> list[EngineCoreOutput]:
         """Prefill the requests added since the last step (each gets its first token) and decode
         one token for every request already running; one output per request."""

@@ -24,6 +24,7 @@ from mmfront.engine.handshake import handshake_engine_factory
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner, error_output
 from mmfront.engine.transports import EngineTransportFactory
+from mmfront.engine.utilities import WorkerUtilities
 from mmfront.errors import ConfigError, MMFrontError
 from mmfront.wire.handshake import EngineCoreReadyResponse
 
@@ -41,9 +42,14 @@ class WorkerStats:
 
 
 def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Event, stats: WorkerStats) -> None:
-    """The engine loop: admit what arrived, drop what was aborted, run one step, send its outputs."""
+    """The engine loop: admit what arrived, drop what was aborted, run one step, send its outputs.
+    While the engine sleeps (:class:`~mmfront.engine.utilities.WorkerUtilities`) it runs no step:
+    requests are admitted and held."""
+    utilities = WorkerUtilities(runner, receiver)
+    receiver.utilities = utilities.methods
     while not stop.is_set():
-        for request in receiver.poll(0.0 if runner.has_unfinished_requests else 0.05):
+        stepping = runner.has_unfinished_requests and not utilities.paused
+        for request in receiver.poll(0.0 if stepping else 0.05):
             try:
                 runner.add(request)
                 stats.requests += 1
@@ -51,7 +57,7 @@ def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Eve
                 receiver.send([error_output(request.request_id, e)])
         for request_id in receiver.take_aborted():
             runner.abort(request_id)
-        if runner.has_unfinished_requests:
+        if runner.has_unfinished_requests and not utilities.paused:
             outputs = runner.step()
             stats.tokens += sum(len(o.new_token_ids) for o in outputs)
             receiver.send(outputs)

@@ -110,6 +110,43 @@ class Admitted(msgspec.Struct, array_like=True, omit_defaults=True):
     request: EngineCoreRequest | None = None
 
 
+class UtilityCall(msgspec.Struct, array_like=True, frozen=True):
+    """A call of the engine's method ``method_name`` (vLLM's UTILITY request, less the
+    ``client_index`` the transport adds). The answer is a
+    :class:`~mmfront.wire.structs.UtilityOutput` with the same ``call_id``, in an
+    ``EngineCoreOutputs``; its ``result`` travels as vLLM's ``[type info, value]`` (see
+    :func:`utility_result`)."""
+
+    call_id: Annotated[int, msgspec.Meta(ge=0)]
+    method_name: Key
+    args: tuple[Any, ...] = ()
+
+
+UTILITY_METHODS: Final = frozenset({
+    "get_supported_tasks", "is_sleeping", "sleep", "wake_up", "reset_mm_cache", "reset_prefix_cache",
+    "reset_encoder_cache"})
+"""The vLLM ``EngineCore`` methods an mmfront engine answers; a call of another method is refused
+with a failed ``UtilityOutput`` for that call."""
+
+
+def utility_result(value: Any) -> list[Any]:
+    """A utility call's return value as vLLM 0.33 carries it in ``UtilityOutput.result``:
+    ``[type info, value]``, the type info nil for plain msgpack values."""
+    return [None, value]
+
+
+def utility_value(result: Any) -> Any:
+    """The return value in a ``UtilityOutput.result`` (:func:`utility_result`'s inverse).
+    :class:`~mmfront.errors.DecodeError` for a typed result (an engine with
+    ``VLLM_ALLOW_INSECURE_SERIALIZATION`` returning a class mmfront does not import)."""
+    if not isinstance(result, (list, tuple)) or len(result) != 2:
+        raise DecodeError(f"A utility result is [type info, value], got {result!r}.")
+    if result[0] is not None:
+        raise DecodeError(f"The engine returned a typed utility result ({result[0]!r}); mmfront reads plain "
+                          "msgpack values only.")
+    return result[1]
+
+
 class EngineHello(msgspec.Struct, array_like=True, frozen=True):
     """An engine's greeting and heartbeat: ``epoch`` is random per engine process."""
 
@@ -180,6 +217,12 @@ RESET_CACHE: Final = _kind(b"X", "RESET_CACHE", type(None), Direction.TO_ENGINE,
 answers with a ``MirrorReset``."""
 ABORT: Final = _kind(b"A", "ABORT", list[str], Direction.TO_ENGINE, vllm=EngineCoreRequestType.ABORT)
 """Body: a list of request ids. Abort them (vLLM's ABORT)."""
+UTILITY: Final = _kind(b"U", "UTILITY", UtilityCall, Direction.TO_ENGINE, vllm=EngineCoreRequestType.UTILITY,
+                       utility="*")
+"""Body: a ``UtilityCall``. Run the engine method it names (``*``: any; vLLM's UTILITY, whose
+body on vLLM's sockets is ``[client_index, call_id, method_name, args]``); the answer is a
+``UtilityOutput`` with its ``call_id``. Over ZMQ an engine receives every call of a vLLM method
+as this kind (a ``RESET_CACHE`` too, as a call of ``reset_mm_cache``), so it can answer it."""
 
 # P1 -> P0
 ADMITTED: Final = _kind(b"a", "ADMITTED", Admitted, Direction.TO_FRONTEND)
@@ -254,6 +297,8 @@ __all__ = [
     "MIRROR_RESET",
     "REQUEST",
     "RESET_CACHE",
+    "UTILITY",
+    "UTILITY_METHODS",
     "Admitted",
     "CacheMiss",
     "Direction",
@@ -265,7 +310,10 @@ __all__ = [
     "MirrorOpKind",
     "MirrorReset",
     "MirrorStamp",
+    "UtilityCall",
     "decode_message",
     "encode_envelope",
     "message_kind",
+    "utility_result",
+    "utility_value",
 ]

@@ -13,7 +13,9 @@ out so that a stock vLLM 0.33 peer reads what it knows and ignores mmfront's ext
   reply and how many frames it has. vLLM's output decoder ignores both.
 
 Which type byte (or utility call) a kind travels as is a column of the message table
-(:data:`~mmfront.wire.messages.MESSAGE_KINDS`), so a new kind needs no change here. Over
+(:data:`~mmfront.wire.messages.MESSAGE_KINDS`), so a new kind needs no change here. A
+``UTILITY`` call gets the transport's ``client_index``; on the engine side every call of a vLLM
+method arrives as ``UTILITY``, with its ``call_id``, so the engine can answer it. Over
 ``ipc://`` large aux frames may travel on a side channel instead
 (:mod:`mmfront.engine.transports.fd_channel`). docs/wire.md ("ZMQ frames") gives the bytes.
 """
@@ -27,9 +29,17 @@ from typing import Final
 
 import msgspec
 
-from mmfront.errors import DecodeError
+from mmfront.errors import DecodeError, UnknownUtilityError
 from mmfront.wire import Frame, frame_view
-from mmfront.wire.messages import CACHE_MISS, ENGINE_OUTPUTS, MESSAGE_KINDS, Direction, message_kind
+from mmfront.wire.messages import (
+    CACHE_MISS,
+    ENGINE_OUTPUTS,
+    MESSAGE_KINDS,
+    UTILITY,
+    UTILITY_METHODS,
+    Direction,
+    message_kind,
+)
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequestType, FinishReason
 
 TAIL_MAGIC: Final = b"\xc1mmf"
@@ -39,10 +49,14 @@ TAIL_SIZE: Final = _TAIL.size
 _UTILITY: Final = EngineCoreRequestType.UTILITY.value
 _NIL: Final = type(None)
 _BY_REQUEST_TYPE: Final = {k.vllm.value: k for k in MESSAGE_KINDS.values() if k.vllm is not None and k.utility is None}
-_BY_UTILITY: Final = {k.utility: k for k in MESSAGE_KINDS.values() if k.utility is not None}
+_BY_UTILITY: Final = {k.utility: k for k in MESSAGE_KINDS.values() if k.utility is not None and k.body is not _NIL
+                       and k.code != UTILITY}
+"""mmfront's own calls, each arriving as its kind; a call of a vLLM method arrives as ``UTILITY``
+with its ``call_id``, so that the engine can answer it (a stock frontend waits for the answer)."""
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_utility = msgspec.msgpack.Decoder(tuple[int, int, str, list[msgspec.Raw]]).decode
+_decode_call = msgspec.msgpack.Decoder(tuple[int, str, msgspec.Raw]).decode
 
 
 def _check_length(frames: Sequence[Frame], what: str, minimum: int) -> None:
@@ -59,6 +73,9 @@ def request_frames(envelope: Sequence[Frame], *, call_ids: itertools.count[int],
     if kind.utility is None:
         assert kind.vllm is not None  # every P0 -> P1 row has a layout (tests/wire/test_messages.py)
         return [kind.vllm.value, body, *aux, stamp]
+    if kind.code == UTILITY:
+        call_id, method, args = _decode_call(frame_view(body, 2))
+        return [_UTILITY, _encode((client_index, call_id, method, args)), *aux, stamp]
     if kind.body is _NIL:
         return [_UTILITY, _encode((client_index, next(call_ids), kind.utility, ())), stamp]
     raw = msgspec.Raw(frame_view(body, 2))
@@ -77,13 +94,16 @@ def envelope_from_request_frames(frames: Sequence[Frame]) -> list[Frame]:
                               f"{', '.join(t.name for t in EngineCoreRequestType)}.")
         return [kind.code, stamp, body, *aux]
     try:
-        _, _, method, args = _decode_utility(frame_view(body, 1))
+        _, call_id, method, args = _decode_utility(frame_view(body, 1))
     except msgspec.DecodeError as e:
         raise DecodeError(f"Malformed utility call: {e}") from e
     kind = _BY_UTILITY.get(method)
-    if kind is None or len(args) != (0 if kind.body is _NIL else 1):
-        raise DecodeError(f"Unknown utility call {method!r} with {len(args)} arguments.")
-    return [kind.code, stamp, bytes(args[0]), *aux] if args else [kind.code, stamp, _encode(None)]
+    if kind is not None and len(args) == 1:
+        return [kind.code, stamp, bytes(args[0]), *aux]
+    if kind is None and method in UTILITY_METHODS and call_id >= 0:
+        return [UTILITY, stamp, _encode((call_id, method, args)), *aux]
+    raise UnknownUtilityError(f"Unknown utility call {method!r} with {len(args)} arguments; an mmfront engine "
+                              f"answers {sorted(UTILITY_METHODS)}.", call_id=call_id)
 
 
 def _tail(kind: bytes, count: int) -> bytes:
