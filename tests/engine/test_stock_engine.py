@@ -163,6 +163,24 @@ def test_an_abort_stops_generation(stock: Stock) -> None:
     assert finished["generated"] < 1000
 
 
+def test_utility_calls_answer_on_the_stock_engine(stock: Stock) -> None:
+    """vLLM's own engine answers mmfront's utility calls; after ``reset_mm_cache`` both caches are
+    empty, so images seen before travel with their data again (no reference, no miss, no resend)."""
+    async def main() -> tuple[tuple[str, ...], list[int], bool]:
+        await collect(stock.client, "before-reset", (0, 1), 2)
+        tasks = await stock.client.get_supported_tasks()
+        await stock.client.reset_mm_cache()
+        saved, resends = stock.client.stats.saved_bytes, stock.client.stats.resends
+        again = await collect(stock.client, "after-reset", (0, 1), 3)
+        assert (stock.client.stats.saved_bytes, stock.client.stats.resends) == (saved, resends)
+        return tasks, again, await stock.client.is_sleeping()
+
+    tasks, again, sleeping = asyncio.run(asyncio.wait_for(main(), 120))
+    assert "generate" in tasks
+    assert again == expected((0, 1), 3)
+    assert sleeping is False
+
+
 def test_sigkill_mid_request_fails_it_within_30_s(tmp_path: Path) -> None:
     running = start_stock(tmp_path, STUB_TRACE_STEP_DELAY_S="0.2")
     try:
