@@ -60,3 +60,13 @@ def measure_decode_peak(path: Path) -> tuple[int, int]:
                          timeout=120)
     charged, measured = map(int, out.stdout.split())
     return charged, measured
+
+
+def start_worker_command(model_dir: Path, input_address: str, output_address: str,
+                         cache_gb: float) -> subprocess.Popen[str]:
+    """``mmfront worker`` as a user starts it, on a frontend's ZMQ addresses, printing its
+    statistics as JSON when it stops."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mmfront.cli", "worker", str(model_dir), "--input", input_address,
+         "--output", output_address, "--cache-gb", str(cache_gb), "--json"],
+        stdout=subprocess.PIPE, text=True)

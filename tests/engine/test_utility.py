@@ -9,7 +9,6 @@ import json
 import multiprocessing
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from echo_link import EchoLinks
 from test_engine_link import Expected, messages
 from test_frontends import _stop
 
+from local_services import start_worker_command
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import FIRST_CALL_ID, AsyncEngineClient
 from mmfront.engine.receiver import EngineCoreReceiver
@@ -243,10 +243,8 @@ def test_the_blocking_client_calls_the_same(echo: EchoLinks) -> None:
 def test_mmfront_worker_answers_the_calls_with_vllms_meaning(gemma3_weights_dir: Path) -> None:
     config = MultiModalConfig(mm_processor_cache_gb=0.02)
     transport = ZmqFrontendTransport("ipc")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "mmfront.cli", "worker", str(gemma3_weights_dir), "--input", transport.addresses.input,
-         "--output", transport.addresses.output, "--cache-gb", str(config.mm_processor_cache_gb), "--json"],
-        stdout=subprocess.PIPE, text=True)
+    worker = start_worker_command(gemma3_weights_dir, transport.addresses.input, transport.addresses.output,
+                                  config.mm_processor_cache_gb)
     client = None
     try:
         transport.wait_for_engines([0], 120)

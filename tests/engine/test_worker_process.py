@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_frontends import COMBOS, _serve_requests, _stop, expected_tokens
 
+from local_services import start_worker_command
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
@@ -25,10 +24,8 @@ def test_fifty_requests_through_a_worker_process_equal_the_in_process_model(gemm
     config = MultiModalConfig(mm_processor_cache_gb=0.02)
     pre = InputPreprocessor(gemma3_weights_dir, config)
     transport = ZmqFrontendTransport("ipc")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "mmfront.cli", "worker", str(gemma3_weights_dir), "--input", transport.addresses.input,
-         "--output", transport.addresses.output, "--cache-gb", str(config.mm_processor_cache_gb), "--json"],
-        stdout=subprocess.PIPE, text=True)
+    worker = start_worker_command(gemma3_weights_dir, transport.addresses.input, transport.addresses.output,
+                                  config.mm_processor_cache_gb)
     client = None
     try:
         transport.wait_for_engines([0], 120)
