@@ -40,10 +40,10 @@ from mmfront.chat import parse_chat_messages
 from mmfront.config import MultiModalConfig
 from mmfront.errors import ConfigError, InputTypeError, ValidationError
 from mmfront.hashing import scope_uuids
-from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs, placeholders_in_prompt_order
+from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
-from mmfront.processing.commit import PreparedInputs, commit, pending_commit
+from mmfront.processing.commit import PreparedInputs, commit, pending_commit, placeholders_in_prompt_order
 from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.executors import InPlaceExecutor, ItemExecutor, executor_from_config
 from mmfront.processing.hf import unknown_hf_kwargs
@@ -537,7 +537,7 @@ class InputProcessor:
     def build_mm_features(
         self, inputs: MultiModalInputs, lora_request: LoRARequest | None = None,
     ) -> list[MultiModalFeatureSpec]:
-        """One feature per item, in prompt order (:func:`~mmfront.inputs.placeholders_in_prompt_order`)."""
+        """One feature per item, in prompt order (:func:`~mmfront.processing.commit.placeholders_in_prompt_order`)."""
         hashes = inputs["mm_hashes"]
         for modality, values in hashes.items():
             if not all(isinstance(h, str) for h in values):
