@@ -173,7 +173,7 @@ def _run_mmfront(python: Path, model: Path, work: Workload, folder: Path) -> Sid
             finally:
                 handshake.close()
             connected = time.time()
-            client = AsyncEngineClient(InputProcessor(preprocessor), transport, engine=info)
+            client = AsyncEngineClient(InputProcessor(preprocessor), transport, engines=[info])
             first_output_at, rates = asyncio.run(asyncio.wait_for(_mmfront_requests(client, work), REQUESTS_S))
         finally:
             if client is not None:

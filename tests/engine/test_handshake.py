@@ -181,7 +181,7 @@ def stock_like(gemma3_dir: Path) -> Iterator[tuple[AsyncEngineClient, StockLikeE
         engine = StockLikeEngine(handshake.address)
         waiting.join(30)
     [info] = box["infos"]
-    client = AsyncEngineClient(InputProcessor(pre), p0, engine_timeout_s=0.3, engine=info)
+    client = AsyncEngineClient(InputProcessor(pre), p0, engine_timeout_s=0.3, engines=[info])
     yield client, engine, p0
     engine.close()
     client.close_blocking()

@@ -97,7 +97,7 @@ def start_stock(tmp_path: Path, **env: str) -> Stock:
         raise
     finally:
         handshake.close()
-    return Stock(AsyncEngineClient(InputProcessor(pre), transport, engine=info), proc, trace, pre)
+    return Stock(AsyncEngineClient(InputProcessor(pre), transport, engines=[info]), proc, trace, pre)
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:

@@ -52,7 +52,7 @@ def test_worker_through_the_handshake_serves_chats_with_repeated_images(gemma3_w
                                   kwargs={"handshake": [handshake.address], "local": local, "stop": stop})
         worker.start()
         [info] = handshake.wait(120)
-    client = AsyncEngineClient(InputProcessor(pre), transport, engine_timeout_s=120, engine=info)
+    client = AsyncEngineClient(InputProcessor(pre), transport, engine_timeout_s=120, engines=[info])
     try:
         runner = ModelRunner(gemma3_weights_dir)
         assert info.max_model_len == runner.max_model_len
@@ -99,7 +99,7 @@ def _meet(model_dir: Path) -> tuple[AsyncEngineClient, subprocess.Popen[str], In
     with FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", port)) as handshake:
         worker = _start_worker(model_dir, port)
         [info] = handshake.wait(120)
-    return AsyncEngineClient(InputProcessor(pre), transport, engine_timeout_s=5, engine=info), worker, pre
+    return AsyncEngineClient(InputProcessor(pre), transport, engine_timeout_s=5, engines=[info]), worker, pre
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,9 +82,9 @@ class AsyncEngineClient:
 
     def __init__(
         self, processor: InputProcessor, transport: BaseTransport, *, engine_timeout_s: float = 30.0,
-        poll_interval_s: float = 0.05, engine: EngineInfo | None = None,
+        poll_interval_s: float = 0.05, engines: Sequence[EngineInfo] = (),
     ) -> None:
-        self.client = EngineClient(processor, transport, stream_outputs=True, engine=engine)
+        self.client = EngineClient(processor, transport, stream_outputs=True, engines=engines)
         self.transport = transport
         self.engine_timeout_s = engine_timeout_s
         self._poll_interval_s = poll_interval_s

@@ -137,8 +137,9 @@ class EngineClient:
 
     def __init__(
         self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False,
-        engine: EngineInfo | None = None,
+        engines: Sequence[EngineInfo] = (),
     ) -> None:
+        engine = engines[0] if engines else None
         self.processor = processor
         self.transport = transport
         self.engine = engine
