@@ -41,7 +41,7 @@ from typing import Any
 
 from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
-from mmfront.errors import EngineDeadError, MMFrontError, TransportError, ValidationError
+from mmfront.errors import ConfigError, EngineDeadError, MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
 from mmfront.timing import stage
@@ -173,6 +173,12 @@ class EngineClient:
         """Rank 0's processor; the other ranks' share its model and processing."""
         self.transport = transport
         infos: list[EngineInfo | None] = [*engines] or [None]
+        if len(infos) > 1 and not transport.routes_to_engines:
+            raise ConfigError(f"{len(infos)} engine ranks need a transport that routes to each "
+                              f"(ZmqFrontendTransport); {type(transport).__name__} reaches one engine.")
+        if [info.engine_index for info in engines] != list(range(len(engines))):
+            raise ConfigError(f"engines must list ranks 0..{len(engines) - 1} in order (FrontendHandshake.wait's "
+                              f"answer), got ranks {[info.engine_index for info in engines]}.")
         self.ranks = [
             EngineRank(i, processor if i == 0 else processor.for_another_engine(), info,
                        MMFRONT_EXTRAS if info is None else info.extras)

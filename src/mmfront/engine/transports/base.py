@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from types import TracebackType
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from mmfront.errors import TransportError
 from mmfront.wire import Frame
@@ -27,6 +27,9 @@ from mmfront.wire.pipe import recv_frames, send_frames
 
 class BaseTransport(ABC):
     """One end of an ordered, message-framed link."""
+
+    routes_to_engines: ClassVar[bool] = False
+    """Whether :meth:`send_to` reaches more than engine 0 (what data-parallel ranks need)."""
 
     @abstractmethod
     def send(self, frames: Sequence[Frame]) -> None:
