@@ -260,5 +260,5 @@ def test_a_frontend_that_goes_away_costs_only_itself(
         receiver.close()
         close(client_a, pre_a)
         close(client_b, pre_b)
-    assert engine is not None and not engine.is_alive()
+    assert not engine.is_alive()
     assert stats.requests == 9 and stats.tokens < 400 + 8 * 3

@@ -175,9 +175,10 @@ class EngineCoreReceiver:
     Heartbeats (``EngineHello`` every ``heartbeat_s``) come from a daemon thread the receiver
     owns, so P0 hears from the engine while a long step runs (``engine_timeout_s``); it stops on
     :meth:`close` (or when the receiver is garbage-collected) and a failed heartbeat only marks
-    its frontend as gone. Thread-safety: call every method from the engine loop's thread. The
-    heartbeat thread shares only the transports' sending side with it, through one lock per
-    frontend, so a transport sees one sender at a time (and one receiver: the loop).
+    its frontend as gone. Thread-safety: call the methods from the engine loop's thread
+    (:meth:`send_heartbeats` from any). The heartbeat thread shares only the transports' sending
+    side with the loop, through one lock per frontend, so a transport sees one sender at a time
+    (and one receiver: the loop).
     """
 
     def __init__(
@@ -255,7 +256,8 @@ class EngineCoreReceiver:
     def reset_mm_caches(self) -> None:
         """Clear every frontend's receiver cache and tell each P0 (``sleep`` does this)."""
         for frontend in self._frontends:
-            self._reset_mm_cache(frontend)
+            if not frontend.dropped:
+                self._reset_mm_cache(frontend)
 
     def take_aborted(self) -> list[str]:
         """Requests P0 aborted (or whose frontend went away) since the last call: stop generating
