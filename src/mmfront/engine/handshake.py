@@ -110,8 +110,9 @@ class _Rank:
 
 class FrontendHandshake:
     """P0's half: binds the handshake socket (``address``) for ``transport``'s engines; start
-    the engines, then :meth:`wait`. It meets every rank of ``data_parallel_size``; the client
-    serves one engine for now (rank 0), so pass 1 until data-parallel ranks are wired in."""
+    the engines, then :meth:`wait`, which meets every rank of ``data_parallel_size``; give its
+    answer to the client (``engines=``). It names no ``DPCoordinator``: vLLM's non-MoE ranks are
+    independent and then start without waiting for one."""
 
     def __init__(self, transport: ZmqFrontendTransport, parallel: DataParallelConfig | None = None) -> None:
         self.parallel = parallel or DataParallelConfig()
