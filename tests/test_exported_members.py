@@ -20,6 +20,7 @@ EXPORTED = {
     'mmfront.processing.executors': ['BaseLaneExecutor', 'InPlaceExecutor', 'ItemExecutor', 'ItemJob', 'ItemProcessor', 'LaneSpec', 'LocalProcessExecutor', 'ProcessorOrigin', 'RayExecutor', 'executor_from_config'],
     'mmfront.models': ['BaseMultiModalProcessor', 'BaseProcessingInfo', 'ModelSpec', 'ProcessorFactory', 'ReferenceModel', 'create_processor', 'register_model', 'register_processor'],
     'mmfront.engine.transports': ['BaseTransport', 'ENGINE_TRANSPORTS', 'EngineTransportFactory', 'PipeTransport', 'ZmqAddresses', 'ZmqEngineTransport', 'ZmqFrontendTransport', 'engine_identity', 'zmq_engine_factory'],
+    'mmfront.serve': ['ServeSettings', 'create_app'],
     'mmfront.engine': ['AsyncEngineClient', 'BaseTransport', 'BlockingEngineClient', 'DataParallelConfig', 'EngineClient', 'EngineCoreReceiver', 'EngineInfo', 'EngineReceiver', 'FrontendHandshake', 'PipeTransport', 'RequestAdmitted', 'RequestFailed', 'RequestOutput', 'ZmqAddresses', 'ZmqEngineTransport', 'ZmqFrontendTransport', 'engine_handshake'],
 }
 

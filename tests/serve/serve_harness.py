@@ -1,0 +1,102 @@
+"""One ``mmfront worker`` engine (a thread, met through vLLM's handshake), the client over it and
+the app served by uvicorn on a free loopback port, for the tests of ``mmfront.serve``; and the
+answers the model gives in-process (:class:`~mmfront.engine.runner.ModelRunner`), to compare
+the server's text with."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
+from mmfront.engine.async_client import AsyncEngineClient
+from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
+from mmfront.engine.runner import ModelRunner
+from mmfront.engine.transports.zmq import ZmqFrontendTransport
+from mmfront.engine.worker import WorkerStats, run_worker
+from mmfront.serve.app import create_app
+from mmfront.serve.settings import ServeSettings
+from mmfront.wire import SamplingParams
+
+MODEL_NAME = "tiny"
+
+
+@dataclass
+class Served:
+    """A running server: its base URL, the client and preprocessor behind it, and the worker."""
+
+    url: str
+    client: AsyncEngineClient
+    preprocessor: InputPreprocessor
+    stop_worker: threading.Event
+    worker: threading.Thread
+    worker_stats: list[WorkerStats] = field(default_factory=list)
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def stop_engine(self) -> WorkerStats:
+        """Stop the worker (the engine goes away; the server stays up); what it did."""
+        self.stop_worker.set()
+        self.worker.join(60)
+        return self.worker_stats[0]
+
+
+@contextmanager
+def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_timeout_s: float = 120,
+          config: MultiModalConfig | None = None) -> Iterator[Served]:
+    config = config or MultiModalConfig(mm_processor_cache_gb=0.02)
+    settings = replace(settings or ServeSettings(model_dir, served_model_name=(MODEL_NAME,)), model=model_dir)
+    preprocessor = InputPreprocessor(model_dir, config)
+    transport = ZmqFrontendTransport()
+    stop = threading.Event()
+    stats: list[WorkerStats] = []
+    with FrontendHandshake(transport, DataParallelConfig()) as handshake:
+        worker = threading.Thread(
+            target=lambda: stats.append(run_worker(model_dir, [], config, handshake=[handshake.address], local=True,
+                                                   stop=stop)), daemon=True)
+        worker.start()
+        infos = handshake.wait(120)
+    client = AsyncEngineClient(InputProcessor(preprocessor), transport, engine_timeout_s=engine_timeout_s,
+                               engines=infos)
+    server = uvicorn.Server(uvicorn.Config(create_app(client, settings), host="127.0.0.1", port=0,
+                                           log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield Served(f"http://127.0.0.1:{port}", client, preprocessor, stop, worker, stats)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        stop.set()
+        worker.join(60)
+        client.close_blocking()
+        preprocessor.close()
+        if preprocessor.cache is not None:
+            preprocessor.cache.close()
+
+
+def reference_tokens(model_dir: Path, prompts: list[Any], params: SamplingParams) -> list[list[int]]:
+    """The tokens the model generates for each prompt (chat messages or a string), in-process."""
+    runner = ModelRunner(model_dir)
+    processor = InputProcessor(InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0)))
+    for n, prompt in enumerate(prompts):
+        runner.add(processor.process_inputs(str(n), prompt, params))
+    out: dict[str, list[int]] = {str(n): [] for n in range(len(prompts))}
+    while runner.has_unfinished_requests:
+        for output in runner.step():
+            out[output.request_id] += output.new_token_ids
+    return [out[str(n)] for n in range(len(prompts))]
