@@ -67,8 +67,22 @@ def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_time
         infos = handshake.wait(120)
     client = AsyncEngineClient(InputProcessor(preprocessor), transport, engine_timeout_s=engine_timeout_s,
                                engines=infos)
-    server = uvicorn.Server(uvicorn.Config(create_app(client, settings), host="127.0.0.1", port=0,
-                                           log_level="warning", lifespan="off"))
+    try:
+        with run_app(create_app(client, settings)) as url:
+            yield Served(url, client, preprocessor, stop, worker, stats)
+    finally:
+        stop.set()
+        worker.join(60)
+        client.close_blocking()
+        preprocessor.close()
+        if preprocessor.cache is not None:
+            preprocessor.cache.close()
+
+
+@contextmanager
+def run_app(app: Any) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port (a thread); its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -77,16 +91,10 @@ def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_time
         time.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield Served(f"http://127.0.0.1:{port}", client, preprocessor, stop, worker, stats)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(30)
-        stop.set()
-        worker.join(60)
-        client.close_blocking()
-        preprocessor.close()
-        if preprocessor.cache is not None:
-            preprocessor.cache.close()
 
 
 def reference_tokens(model_dir: Path, prompts: list[Any], params: SamplingParams) -> list[list[int]]:
