@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,12 @@ import uvicorn
 
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
+from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake, handshake_engine_factory
+from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
-from mmfront.engine.worker import WorkerStats, run_worker
+from mmfront.engine.worker import WorkerStats, ready_response, receiver_caches
+from mmfront.engine.worker import serve as serve_engine
 from mmfront.serve.app import create_app
 from mmfront.serve.settings import ServeSettings
 from mmfront.wire import SamplingParams
@@ -37,7 +39,8 @@ class Served:
     preprocessor: InputPreprocessor
     stop_worker: threading.Event
     worker: threading.Thread
-    worker_stats: list[WorkerStats] = field(default_factory=list)
+    worker_stats: WorkerStats
+    """The engine's counts, live (requests admitted, tokens generated)."""
 
     @property
     def v1(self) -> str:
@@ -47,7 +50,7 @@ class Served:
         """Stop the worker (the engine goes away; the server stays up); what it did."""
         self.stop_worker.set()
         self.worker.join(60)
-        return self.worker_stats[0]
+        return self.worker_stats
 
 
 @contextmanager
@@ -58,11 +61,10 @@ def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_time
     preprocessor = InputPreprocessor(model_dir, config)
     transport = ZmqFrontendTransport()
     stop = threading.Event()
-    stats: list[WorkerStats] = []
+    stats = WorkerStats()
     with FrontendHandshake(transport, DataParallelConfig()) as handshake:
-        worker = threading.Thread(
-            target=lambda: stats.append(run_worker(model_dir, [], config, handshake=[handshake.address], local=True,
-                                                   stop=stop)), daemon=True)
+        worker = threading.Thread(target=_worker, args=(model_dir, config, handshake.address, stop, stats),
+                                  daemon=True)
         worker.start()
         infos = handshake.wait(120)
     client = AsyncEngineClient(InputProcessor(preprocessor), transport, engine_timeout_s=engine_timeout_s,
@@ -77,6 +79,15 @@ def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_time
         preprocessor.close()
         if preprocessor.cache is not None:
             preprocessor.cache.close()
+
+
+def _worker(model_dir: Path, config: MultiModalConfig, address: str, stop: threading.Event,
+            stats: WorkerStats) -> None:
+    """``run_worker`` met through the handshake, with ``stats`` the caller can read while it runs."""
+    runner = ModelRunner(model_dir)
+    connect = handshake_engine_factory(address, ready_response(runner), local=True)
+    with EngineCoreReceiver(connect(0), receiver_caches(config, 1, None)[0]) as receiver:
+        serve_engine(receiver, runner, stop, stats)
 
 
 @contextmanager

@@ -1,0 +1,72 @@
+"""What the server does when a client goes away, and when the engine does: a client that
+disconnects mid-stream (or drops a non-streaming request) aborts its request in the engine,
+which stops generating and serves the next request; an engine that stops fails the request in
+flight with an error chunk within ``engine_timeout_s``, and ``/health`` answers 503 from then on."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_harness import MODEL_NAME, serve
+
+from mmfront.testing.media import image_data_url, make_image
+
+pytestmark = pytest.mark.slow
+
+LONG = 1500
+MESSAGES = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(make_image(24, 20))}},
+                                         {"type": "text", "text": "Describe it at length."}]}]
+
+
+def running(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return float(line.split()[-1])
+    raise AssertionError("no vllm:num_requests_running")
+
+
+def test_disconnects_abort_and_a_dead_engine_fails_fast(gemma3_weights_dir: Path) -> None:
+    long_body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": LONG, "ignore_eos": True}
+    with serve(gemma3_weights_dir, engine_timeout_s=3) as served:
+        chat_url = served.v1 + "/chat/completions"
+        # a stream read for a few chunks, then closed
+        with httpx.stream("POST", chat_url, json={**long_body, "stream": True}, timeout=60) as response:
+            lines = response.iter_lines()
+            got = [line for line, _ in zip(lines, range(6)) if line.startswith("data: ")]
+        assert len(got) >= 3
+        # a non-streaming request whose client gives up
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(chat_url, json=long_body, timeout=httpx.Timeout(60, read=0.5))
+        deadline = time.monotonic() + 30
+        while running(served.url) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running(served.url) == 0
+        # the engine is idle: it stopped generating for both (a long request runs for seconds)
+        time.sleep(0.3)
+        idle = served.worker_stats.tokens
+        time.sleep(1.0)
+        assert served.worker_stats.tokens == idle
+        assert served.worker_stats.tokens < LONG
+        after = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
+
+        # the engine goes away while a request streams
+        with httpx.stream("POST", chat_url, json={**long_body, "stream": True}, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(lines).startswith("data: ")
+            stats = served.stop_engine()
+            start = time.monotonic()
+            rest = [line.removeprefix("data: ") for line in lines if line]
+        assert time.monotonic() - start < 20
+        assert rest[-1] == "[DONE]"
+        error = json.loads(rest[-2])["error"]
+        assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
+        assert stats.requests == 4 and stats.tokens < LONG
+        health = httpx.get(served.url + "/health")
+        assert health.status_code == 503
+        refused = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "ServiceUnavailableError"
