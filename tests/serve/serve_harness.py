@@ -119,3 +119,12 @@ def reference_tokens(model_dir: Path, prompts: list[Any], params: SamplingParams
         for output in runner.step():
             out[output.request_id] += output.new_token_ids
     return [out[str(n)] for n in range(len(prompts))]
+
+
+def expected_text(tokenizer: Any, token_ids: list[int]) -> str:
+    """The text vLLM's streaming detokenizer makes of ``token_ids``: the whole decode, less a
+    character the last tokens left incomplete (it is never completed, so never sent)."""
+    ids = list(token_ids)
+    while ids and str(tokenizer.decode(ids, skip_special_tokens=True)).endswith("\ufffd"):
+        ids.pop()
+    return str(tokenizer.decode(ids, skip_special_tokens=True))

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serve_harness import MODEL_NAME, Served, reference_tokens, run_app, serve
+from serve_harness import MODEL_NAME, Served, expected_text, reference_tokens, run_app, serve
 
 from mmfront import MultiModalConfig
 from mmfront.serve import ServeSettings, create_app
@@ -44,7 +44,7 @@ class Setup:
     expected: dict[str, list[int]]
 
     def text(self, name: str) -> str:
-        return str(self.tokenizer.decode(self.expected[name], skip_special_tokens=True))
+        return expected_text(self.tokenizer, self.expected[name])
 
 
 PROMPTS: dict[str, Any] = {"one": chat(0), "two": chat(1, 2), "plain": "The quick brown fox"}

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
@@ -116,6 +117,14 @@ class _Generation:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
+def _event_stream(chunks: AsyncIterator[bytes], gen: _Generation, headers: dict[str, str] | None,
+                  ) -> StreamingResponse:
+    """The SSE response; closing ``gen`` afterwards also covers a client gone before the first
+    chunk, when the chunk generator never starts (so its own cleanup never runs)."""
+    return StreamingResponse(chunks, media_type="text/event-stream", headers=headers,
+                             background=BackgroundTask(gen.close))
+
+
 class _Server:
     """The state the routes share: the client, the settings, the tokenizer and the metrics."""
 
@@ -204,7 +213,7 @@ class _Server:
         headers = _id_header(request)
         if req.stream:
             chunks = self._chat_chunks(gen, choices, head, req, prompt_tokens)
-            return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+            return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
         finally:
@@ -230,7 +239,7 @@ class _Server:
         headers = _id_header(request)
         if req.stream:
             chunks = self._completion_chunks(gen, choices, head, req, sum(lengths))
-            return StreamingResponse(chunks, media_type="text/event-stream", headers=headers)
+            return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
         finally:
@@ -301,6 +310,7 @@ class _Server:
         """Each choice's deltas in arrival order, until every choice finished."""
         open_choices = set(range(len(choices)))
         started: set[int] = set()
+        given_up = "abort"
         try:
             while open_choices:
                 index, item = await gen.queue.get()
@@ -316,6 +326,7 @@ class _Server:
                     yield index, Delta("", [], None, "abort")
                     continue
                 if isinstance(item, BaseException):
+                    given_up = "error"
                     raise item
                 delta = choices[index].process(item)
                 self.metrics.on_tokens(len(delta.token_ids))
@@ -325,9 +336,12 @@ class _Server:
                     open_choices.discard(index)
                     self.metrics.on_finished(delta.finish_reason, started=True)
                 yield index, delta
-        finally:
+        except Exception:
+            given_up = "error"
+            raise
+        finally:  # what is still open was given up: the client left, or a choice failed
             for index in open_choices:
-                self.metrics.on_finished(None, started=index in started)
+                self.metrics.on_finished(given_up, started=index in started)
 
     async def _drain(self, gen: _Generation, choices: list[ChoiceOutput]) -> None:
         async for _ in self._deltas(gen, choices):
