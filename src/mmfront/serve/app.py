@@ -307,35 +307,41 @@ class _Server:
         return _Generation(streams), choices
 
     async def _deltas(self, gen: _Generation, choices: list[ChoiceOutput]) -> AsyncIterator[tuple[int, Delta]]:
-        """Each choice's deltas in arrival order, until every choice finished."""
+        """Each choice's deltas until every choice finished. Outputs that arrived while the last
+        chunk was written are merged into one delta per choice, as vLLM's output collector
+        merges them: a slow client gets fewer, larger chunks instead of a growing backlog."""
         open_choices = set(range(len(choices)))
         started: set[int] = set()
         given_up = "abort"
         try:
             while open_choices:
-                index, item = await gen.queue.get()
-                if index not in open_choices:
-                    continue
-                if index not in started:
-                    started.add(index)
-                    self.metrics.on_first_output()
-                if item is None:  # the stream ended without a finish: aborted by someone else
-                    open_choices.discard(index)
-                    choices[index].finish_reason = choices[index].finish_reason or "abort"
-                    self.metrics.on_finished("abort", started=True)
-                    yield index, Delta("", [], None, "abort")
-                    continue
-                if isinstance(item, BaseException):
-                    given_up = "error"
-                    raise item
-                delta = choices[index].process(item)
-                self.metrics.on_tokens(len(delta.token_ids))
-                if delta.stopped:
-                    gen.stop(index)
-                if delta.finish_reason is not None:
-                    open_choices.discard(index)
-                    self.metrics.on_finished(delta.finish_reason, started=True)
-                yield index, delta
+                batch = [await gen.queue.get()]
+                while not gen.queue.empty():
+                    batch.append(gen.queue.get_nowait())
+                merged: dict[int, Delta] = {}
+                for index, item in batch:
+                    if index not in open_choices:
+                        continue
+                    if index not in started:
+                        started.add(index)
+                        self.metrics.on_first_output()
+                    if isinstance(item, BaseException):
+                        given_up = "error"
+                        raise item
+                    if item is None:  # the stream ended without a finish: aborted by someone else
+                        choices[index].finish_reason = choices[index].finish_reason or "abort"
+                        delta = Delta("", [], None, "abort")
+                    else:
+                        delta = choices[index].process(item)
+                    self.metrics.on_tokens(len(delta.token_ids))
+                    if delta.stopped:
+                        gen.stop(index)
+                    if delta.finish_reason is not None:
+                        open_choices.discard(index)
+                        self.metrics.on_finished(delta.finish_reason, started=True)
+                    merged[index] = merged[index].then(delta) if index in merged else delta
+                for index, delta in merged.items():
+                    yield index, delta
         except Exception:
             given_up = "error"
             raise

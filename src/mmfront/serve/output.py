@@ -133,6 +133,13 @@ class Delta:
     stopped: bool = False
     """A stop string ended the choice here while the engine still generates: abort it."""
 
+    def then(self, later: Delta) -> Delta:
+        """This delta followed by ``later``, as one."""
+        logprobs = None if self.logprobs is None and later.logprobs is None else [
+            *(self.logprobs or ()), *(later.logprobs or ())]
+        return Delta(self.text + later.text, self.token_ids + later.token_ids, logprobs, later.finish_reason,
+                     later.stop_reason, self.stopped or later.stopped)
+
 
 @dataclass
 class ChoiceOutput:

@@ -163,19 +163,29 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
         logprobs = request.top_logprobs if request.logprobs else None
     else:
         logprobs = request.logprobs
+    try:
+        return _sampling_params(request, max_tokens, logprobs)
+    except ValidationError as e:
+        if e.value is None:  # vLLM's message shows the value the request sent
+            e.value = msgspec.structs.asdict(request).get(e.parameter or "")
+        raise
 
-    def pick(value: Any, default: Any) -> Any:
-        return default if value is None else value
 
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                     logprobs: int | None) -> SamplingParams:
     return SamplingParams(
-        n=pick(request.n, 1),
-        presence_penalty=pick(request.presence_penalty, 0.0),
-        frequency_penalty=pick(request.frequency_penalty, 0.0),
-        repetition_penalty=pick(request.repetition_penalty, 1.0),
-        temperature=pick(request.temperature, 1.0),
-        top_p=pick(request.top_p, 1.0),
-        top_k=pick(request.top_k, 0),
-        min_p=pick(request.min_p, 0.0),
+        n=_pick(request.n, 1),
+        presence_penalty=_pick(request.presence_penalty, 0.0),
+        frequency_penalty=_pick(request.frequency_penalty, 0.0),
+        repetition_penalty=_pick(request.repetition_penalty, 1.0),
+        temperature=_pick(request.temperature, 1.0),
+        top_p=_pick(request.top_p, 1.0),
+        top_k=_pick(request.top_k, 0),
+        min_p=_pick(request.min_p, 0.0),
         seed=request.seed,
         stop=request.stop,
         stop_token_ids=request.stop_token_ids,
@@ -183,7 +193,7 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
         max_tokens=max_tokens,
         min_tokens=request.min_tokens,
         logprobs=logprobs,
-        skip_special_tokens=pick(request.skip_special_tokens, True),
+        skip_special_tokens=_pick(request.skip_special_tokens, True),
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
