@@ -341,3 +341,16 @@ def test_metrics_carry_vllms_names(setup: Setup, client: openai.OpenAI) -> None:
     assert f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL_NAME}"}}' in text
     hits = [line for line in text.splitlines() if line.startswith("vllm:mm_cache_hits_total")]
     assert float(hits[0].split()[-1]) > 0  # image 0 was sent many times
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(setup: Setup) -> None:
+    events = sse_events(httpx.post(setup.served.v1 + "/chat/completions", timeout=120, json={
+        "model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    chunks = events[:-2]
+    prompt = prompt_tokens(setup, "one")
+    assert chunks[0]["usage"] == {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0,
+                                  "completion_tokens_details": None}
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == len(setup.expected["one"])
+    assert events[-2]["usage"]["completion_tokens"] == len(setup.expected["one"])

@@ -238,7 +238,8 @@ class _Server:
         head = self._head(response_id)
         headers = _id_header(request)
         if req.stream:
-            chunks = self._completion_chunks(gen, choices, head, req, sum(lengths))
+            per_choice = [length for length in lengths for _ in range(params.n)]
+            chunks = self._completion_chunks(gen, choices, head, req, per_choice)
             return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
@@ -355,16 +356,21 @@ class _Server:
 
     async def _chat_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
                            req: ChatCompletionRequest, prompt_tokens: int) -> AsyncIterator[bytes]:
-        with_usage = protocol.include_usage(req)
+        with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+
+        def so_far(tokens: int) -> dict[str, Any] | None:
+            return protocol.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
+
         try:
             for i in range(len(choices)):
-                yield _sse(protocol.chat_role_chunk(head, i))
+                yield _sse(protocol.chat_role_chunk(head, i, so_far(0)))
             async for i, delta in self._deltas(gen, choices):
                 logprobs = (protocol.chat_logprobs(delta.logprobs or [], req.top_logprobs or 0, self._decode_token)
                             if req.logprobs else None)
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
                 yield _sse(protocol.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
-                                               stop_reason=delta.stop_reason, fingerprint=not with_usage))
+                                               stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                                               usage_info=so_far(len(choices[i].token_ids))))
             if with_usage:
                 usage = protocol.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
                 yield _sse(protocol.usage_chunk(head, "chat.completion.chunk", usage))
@@ -375,8 +381,9 @@ class _Server:
         yield _DONE
 
     async def _completion_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
-                                 req: CompletionRequest, prompt_tokens: int) -> AsyncIterator[bytes]:
-        with_usage = protocol.include_usage(req)
+                                 req: CompletionRequest, prompt_lengths: list[int]) -> AsyncIterator[bytes]:
+        """``prompt_lengths``: the prompt tokens of each choice's prompt."""
+        with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
         offsets = [0] * len(choices)
         try:
             async for i, delta in self._deltas(gen, choices):
@@ -385,11 +392,14 @@ class _Server:
                     logprobs = protocol.completion_logprobs(delta.logprobs or [], req.logprobs, self._decode_token,
                                                             offsets[i])
                     offsets[i] += sum(len(t) for t in logprobs["tokens"])
+                so_far = (protocol.usage(prompt_lengths[i], len(choices[i].token_ids), details=False) if running
+                          else None)
                 yield _sse(protocol.completion_chunk(
                     head, i, delta.text, logprobs=logprobs, finish_reason=delta.finish_reason,
-                    stop_reason=delta.stop_reason, fingerprint=not with_usage))
+                    stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far))
             if with_usage:
-                usage = protocol.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
+                usage = protocol.usage(sum(prompt_lengths[::max(req.n or 1, 1)]),
+                                       sum(len(c.token_ids) for c in choices), details=False)
                 yield _sse(protocol.usage_chunk(head, "text_completion", usage))
         except Exception as e:
             yield _sse(msgspec.json.decode(error_response(e).body))

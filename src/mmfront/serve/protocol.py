@@ -156,6 +156,12 @@ def include_usage(request: _SamplingFields) -> bool:
     return bool(request.stream_options is not None and request.stream_options.include_usage)
 
 
+def continuous_usage(request: _SamplingFields) -> bool:
+    """Whether every chunk carries the usage so far (``stream_options.continuous_usage_stats``)."""
+    options = request.stream_options
+    return bool(options is not None and options.include_usage and options.continuous_usage_stats)
+
+
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> SamplingParams:
     """vLLM's ``to_sampling_params``: unset fields take vLLM's defaults; a value out of range raises
     :class:`~mmfront.errors.ValidationError` naming it."""
@@ -211,11 +217,17 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 # --- responses ------------------------------------------------------------------------------------
 
 
-def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True) -> dict[str, Any]:
+def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True, completion_details: bool = False,
+          ) -> dict[str, Any]:
+    """vLLM's ``UsageInfo`` as its responses write it: ``details`` (a whole response) adds both
+    ``*_details`` as ``null``; ``completion_details`` (a chat chunk's running usage) only the one
+    vLLM sets."""
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
                            "completion_tokens": completion_tokens}
     if details:
         out.update(prompt_tokens_details=None, completion_tokens_details=None)
+    elif completion_details:
+        out["completion_tokens_details"] = None
     return out
 
 
@@ -286,16 +298,20 @@ def completion_response(head: ResponseHead, choices: list[dict[str, Any]], usage
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
 
 
-def chat_role_chunk(head: ResponseHead, index: int) -> dict[str, Any]:
+def chat_role_chunk(head: ResponseHead, index: int, usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
     """A stream's first chunk per choice: the role, and empty content."""
-    return {"id": head.id, "object": "chat.completion.chunk", "created": head.created, "model": head.model,
-            "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                         "finish_reason": None}],
-            "prompt_token_ids": None, "prompt_text": None}
+    chunk = {"id": head.id, "object": "chat.completion.chunk", "created": head.created, "model": head.model,
+             "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}]}
+    if usage_info is not None:
+        chunk["usage"] = usage_info
+    return {**chunk, "prompt_token_ids": None, "prompt_text": None}
 
 
 def _chunk_end(chunk: dict[str, Any], head: ResponseHead, finish_reason: str | None, fingerprint: bool,
-               ) -> dict[str, Any]:
+               usage_info: dict[str, Any] | None) -> dict[str, Any]:
+    if usage_info is not None:
+        chunk["usage"] = usage_info
     if fingerprint and finish_reason is not None:
         chunk["system_fingerprint"] = head.fingerprint
     chunk["kv_transfer_params"] = None
@@ -303,10 +319,11 @@ def _chunk_end(chunk: dict[str, Any], head: ResponseHead, finish_reason: str | N
 
 
 def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: dict[str, Any] | None,
-               finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool) -> dict[str, Any]:
+               finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
+               usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
     """A content chunk; the finishing one carries ``finish_reason`` and ``stop_reason`` (and, with
     ``fingerprint``, when no usage chunk follows, the fingerprint). ``text`` None: a choice that
-    ended with no output."""
+    ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``)."""
     choice: dict[str, Any] = {"index": index, "delta": {} if text is None else {"content": text},
                               "logprobs": logprobs, "finish_reason": finish_reason}
     if finish_reason is None:
@@ -315,16 +332,17 @@ def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: di
         choice.update(stop_reason=stop_reason, token_ids=None, weight_versions=None)
     chunk = {"id": head.id, "object": "chat.completion.chunk", "created": head.created, "model": head.model,
              "choices": [choice]}
-    return _chunk_end(chunk, head, finish_reason, fingerprint)
+    return _chunk_end(chunk, head, finish_reason, fingerprint, usage_info)
 
 
 def completion_chunk(head: ResponseHead, index: int, text: str, *, logprobs: dict[str, Any] | None,
-                     finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool) -> dict[str, Any]:
+                     finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
+                     usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
     chunk = {"id": head.id, "object": "text_completion", "created": head.created, "model": head.model,
              "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
                           "stop_reason": stop_reason, "prompt_token_ids": None, "token_ids": None,
                           "weight_versions": None}]}
-    return _chunk_end(chunk, head, finish_reason, fingerprint)
+    return _chunk_end(chunk, head, finish_reason, fingerprint, usage_info)
 
 
 def usage_chunk(head: ResponseHead, obj: str, usage_info: dict[str, Any]) -> dict[str, Any]:
@@ -363,6 +381,7 @@ __all__ = [
     "completion_chunk",
     "completion_logprobs",
     "completion_response",
+    "continuous_usage",
     "decode_request",
     "error_body",
     "include_usage",
