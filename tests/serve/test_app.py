@@ -18,7 +18,8 @@ import pytest
 from serve_harness import MODEL_NAME, Served, expected_text, reference_tokens, run_app, serve
 
 from mmfront import MultiModalConfig
-from mmfront.serve import ServeSettings, create_app
+from mmfront.serve.app import create_app
+from mmfront.serve.settings import ServeSettings
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
 
