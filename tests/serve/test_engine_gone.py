@@ -1,6 +1,6 @@
 """What the server does when a client goes away, and when the engine does: a client that
 disconnects mid-stream (or drops a non-streaming request) aborts its request in the engine,
-which stops generating and serves the next request; an engine that stops fails the request in
+which stops generating and serves the next request; so does a stop string; an engine that stops fails the request in
 flight with an error chunk within ``engine_timeout_s``, and ``/health`` answers 503 from then on."""
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_harness import MODEL_NAME, serve
+from serve_harness import MODEL_NAME, Served, expected_text, reference_tokens, serve
 
 from mmfront.testing.media import image_data_url, make_image
+from mmfront.wire import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +30,24 @@ def running(url: str) -> float:
     raise AssertionError("no vllm:num_requests_running")
 
 
-def test_disconnects_abort_and_a_dead_engine_fails_fast(gemma3_weights_dir: Path) -> None:
+def assert_engine_idle(served: Served) -> None:
+    """Nothing generates any more: a long request would add tokens every few milliseconds."""
+    deadline = time.monotonic() + 30
+    while running(served.url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running(served.url) == 0
+    time.sleep(0.3)
+    idle = served.worker_stats.tokens
+    time.sleep(1.0)
+    assert served.worker_stats.tokens == idle
+
+
+def test_disconnects_and_stop_strings_abort_and_a_dead_engine_fails_fast(gemma3_weights_dir: Path) -> None:
     long_body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": LONG, "ignore_eos": True}
+    [first] = reference_tokens(gemma3_weights_dir, [MESSAGES], SamplingParams(max_tokens=6))
     with serve(gemma3_weights_dir, engine_timeout_s=3) as served:
+        early = expected_text(served.preprocessor.tokenizer, first)
+        stop = early[len(early) // 2:len(early) // 2 + 2]
         chat_url = served.v1 + "/chat/completions"
         # a stream read for a few chunks, then closed
         with httpx.stream("POST", chat_url, json={**long_body, "stream": True}, timeout=60) as response:
@@ -41,15 +57,12 @@ def test_disconnects_abort_and_a_dead_engine_fails_fast(gemma3_weights_dir: Path
         # a non-streaming request whose client gives up
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(chat_url, json=long_body, timeout=httpx.Timeout(60, read=0.5))
-        deadline = time.monotonic() + 30
-        while running(served.url) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert running(served.url) == 0
-        # the engine is idle: it stopped generating for both (a long request runs for seconds)
-        time.sleep(0.3)
-        idle = served.worker_stats.tokens
-        time.sleep(1.0)
-        assert served.worker_stats.tokens == idle
+        assert_engine_idle(served)  # the engine stopped generating for both
+        assert served.worker_stats.tokens < LONG
+        # a stop string ends the choice here and the request in the engine
+        stopped = httpx.post(chat_url, json={**long_body, "stop": [stop]}, timeout=60).json()["choices"][0]
+        assert (stopped["finish_reason"], stopped["stop_reason"]) == ("stop", stop)
+        assert_engine_idle(served)
         assert served.worker_stats.tokens < LONG
         after = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
@@ -65,7 +78,7 @@ def test_disconnects_abort_and_a_dead_engine_fails_fast(gemma3_weights_dir: Path
         assert rest[-1] == "[DONE]"
         error = json.loads(rest[-2])["error"]
         assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
-        assert stats.requests == 4 and stats.tokens < LONG
+        assert stats.requests == 5 and stats.tokens < LONG
         health = httpx.get(served.url + "/health")
         assert health.status_code == 503
         refused = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
