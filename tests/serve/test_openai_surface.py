@@ -271,8 +271,11 @@ def test_error_table(setup: Setup, case: str, change: dict[str, Any], status: in
 
 
 def test_malformed_json_and_unknown_routes(setup: Setup) -> None:
-    response = httpx.post(setup.served.v1 + "/chat/completions", content=b"{not json", timeout=60)
+    json_type = {"Content-Type": "application/json"}
+    response = httpx.post(setup.served.v1 + "/chat/completions", content=b"{not json", headers=json_type, timeout=60)
     assert response.status_code == 400 and response.json()["error"]["type"] == "Bad Request"
+    form = httpx.post(setup.served.v1 + "/chat/completions", data={"messages": "hi"}, timeout=60)
+    assert form.status_code == 400 and "Only 'application/json'" in form.json()["error"]["message"]
     assert httpx.get(setup.served.url + "/nope").json() == {"detail": "Not Found"}
     assert httpx.get(setup.served.v1 + "/chat/completions").status_code == 405
 
@@ -308,7 +311,8 @@ def test_body_over_the_limit_is_refused_before_it_is_read(setup: Setup) -> None:
         for _ in range(4):
             yield b"x" * BODY_LIMIT
 
-    response = httpx.post(setup.small_body_url + "/v1/chat/completions", content=chunks(), timeout=60)
+    response = httpx.post(setup.small_body_url + "/v1/chat/completions", content=chunks(), timeout=60,
+                          headers={"Content-Type": "application/json"})
     assert response.status_code == 413
     small = {"model": MODEL_NAME, "max_tokens": 2, "messages": PROMPTS["one"]}
     assert httpx.post(setup.small_body_url + "/v1/chat/completions", json=small, timeout=60).status_code == 200

@@ -173,6 +173,10 @@ class _Server:
         that disconnects before the response starts cancels it (which aborts its engine
         requests). The watch starts after the body is read: until then, what the server
         receives is the body."""
+        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":  # vLLM's check, before anything is read
+            return error_response(ValidationError("Unsupported Media Type: Only 'application/json' is allowed",
+                                                  parameter=protocol.BODY_PARAM))
         try:
             body = await _read_body(request, self.settings.max_body_bytes)
         except ClientDisconnect:
