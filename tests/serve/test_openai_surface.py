@@ -359,3 +359,17 @@ def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(setup: Setup
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert counts == sorted(counts) and counts[-1] == len(setup.expected["one"])
     assert events[-2]["usage"]["completion_tokens"] == len(setup.expected["one"])
+
+
+def test_the_app_mounts_in_another_asgi_app(setup: Setup, gemma3_weights_dir: Path) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    inner = create_app(setup.served.client, ServeSettings(gemma3_weights_dir, served_model_name=(MODEL_NAME,),
+                                                          api_key=API_KEY))
+    with run_app(Starlette(routes=[Mount("/llm", app=inner)])) as url:
+        assert httpx.get(url + "/llm/health").status_code == 200
+        assert httpx.get(url + "/llm/v1/models").status_code == 401
+        mounted = openai.OpenAI(base_url=url + "/llm/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        out = mounted.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=MAX_TOKENS)
+        assert out.choices[0].message.content == setup.text("one")
