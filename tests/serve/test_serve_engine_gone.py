@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -67,18 +68,25 @@ def test_disconnects_and_stop_strings_abort_and_a_dead_engine_fails_fast(gemma3_
         after = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
 
-        # the engine goes away while a request streams
-        with httpx.stream("POST", chat_url, json={**long_body, "stream": True}, timeout=60) as response:
-            lines = response.iter_lines()
-            assert next(lines).startswith("data: ")
-            stats = served.stop_engine()
-            start = time.monotonic()
-            rest = [line.removeprefix("data: ") for line in lines if line]
+        # the engine goes away while a request streams and another waits for its whole answer
+        with ThreadPoolExecutor(1) as pool:
+            with httpx.stream("POST", chat_url, json={**long_body, "stream": True}, timeout=60) as response:
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: ")
+                waiting = pool.submit(httpx.post, chat_url, json=long_body, timeout=60)
+                deadline = time.monotonic() + 30
+                while served.worker_stats.requests < 6 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                stats = served.stop_engine()
+                start = time.monotonic()
+                rest = [line.removeprefix("data: ") for line in lines if line]
+            whole = waiting.result()
         assert time.monotonic() - start < 20
         assert rest[-1] == "[DONE]"
         error = json.loads(rest[-2])["error"]
         assert (error["type"], error["code"]) == ("ServiceUnavailableError", 503)
-        assert stats.requests == 5 and stats.tokens < LONG
+        assert whole.status_code == 503 and whole.json()["error"]["type"] == "ServiceUnavailableError"
+        assert stats.requests == 6 and stats.tokens < 2 * LONG
         health = httpx.get(served.url + "/health")
         assert health.status_code == 503
         refused = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
