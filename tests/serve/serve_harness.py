@@ -1,7 +1,7 @@
 """One ``mmfront worker`` engine (a thread, met through vLLM's handshake), the client over it and
 the app served by uvicorn on a free loopback port, for the tests of ``mmfront.serve``; and the
-answers the model gives in-process (:class:`~mmfront.engine.runner.ModelRunner`), to compare
-the server's text with."""
+text vLLM's streaming detokenizer makes of the model's own answers
+(``local_services.greedy_answers``), to compare the server's text with."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import uvicorn
 
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake, handshake_engine_factory
+from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake, engine_handshake
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
@@ -25,7 +25,6 @@ from mmfront.engine.worker import WorkerStats, ready_response, receiver_caches
 from mmfront.engine.worker import serve as serve_engine
 from mmfront.serve.app import create_app
 from mmfront.serve.settings import ServeSettings
-from mmfront.wire import SamplingParams
 
 MODEL_NAME = "tiny"
 
@@ -85,8 +84,8 @@ def _worker(model_dir: Path, config: MultiModalConfig, address: str, stop: threa
             stats: WorkerStats) -> None:
     """``run_worker`` met through the handshake, with ``stats`` the caller can read while it runs."""
     runner = ModelRunner(model_dir)
-    connect = handshake_engine_factory(address, ready_response(runner), local=True)
-    with EngineCoreReceiver(connect(0), receiver_caches(config, 1, None)[0]) as receiver:
+    transport = engine_handshake(address, 0, ready_response(runner), local=True)
+    with EngineCoreReceiver(transport, receiver_caches(config, 1, None)[0]) as receiver:
         serve_engine(receiver, runner, stop, stats)
 
 
@@ -106,19 +105,6 @@ def run_app(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
-
-
-def reference_tokens(model_dir: Path, prompts: list[Any], params: SamplingParams) -> list[list[int]]:
-    """The tokens the model generates for each prompt (chat messages or a string), in-process."""
-    runner = ModelRunner(model_dir)
-    processor = InputProcessor(InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0)))
-    for n, prompt in enumerate(prompts):
-        runner.add(processor.process_inputs(str(n), prompt, params))
-    out: dict[str, list[int]] = {str(n): [] for n in range(len(prompts))}
-    while runner.has_unfinished_requests:
-        for output in runner.step():
-            out[output.request_id] += output.new_token_ids
-    return [out[str(n)] for n in range(len(prompts))]
 
 
 def expected_text(tokenizer: Any, token_ids: list[int]) -> str:

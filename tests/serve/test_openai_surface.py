@@ -15,13 +15,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serve_harness import MODEL_NAME, Served, expected_text, reference_tokens, run_app, serve
+from serve_harness import MODEL_NAME, Served, expected_text, run_app, serve
 
+from local_services import greedy_answers
 from mmfront import MultiModalConfig
 from mmfront.serve.app import create_app
 from mmfront.serve.settings import ServeSettings
 from mmfront.testing.media import image_data_url, make_image
-from mmfront.wire import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +54,7 @@ PROMPTS: dict[str, Any] = {"one": chat(0), "two": chat(1, 2), "plain": "The quic
 @pytest.fixture(scope="module")
 def setup(gemma3_weights_dir: Path) -> Iterator[Setup]:
     config = MultiModalConfig(mm_processor_cache_gb=0.02, limit_mm_per_prompt={"image": 2})
-    tokens = reference_tokens(gemma3_weights_dir, list(PROMPTS.values()), SamplingParams(max_tokens=MAX_TOKENS))
+    tokens = greedy_answers(gemma3_weights_dir, list(PROMPTS.values()), MAX_TOKENS)
     with serve(gemma3_weights_dir, config=config) as served:
         keyed = create_app(served.client, ServeSettings(gemma3_weights_dir, served_model_name=(MODEL_NAME,),
                                                         api_key=API_KEY))

@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serve_harness import MODEL_NAME, Served, expected_text, reference_tokens, serve
+from serve_harness import MODEL_NAME, Served, expected_text, serve
 
+from local_services import greedy_answers
 from mmfront.testing.media import make_audio, wav_bytes
-from mmfront.wire import SamplingParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.hf_version(">=5.16", reason="Qwen2-Audio reports offsets from 5.16")]
 
@@ -34,8 +34,7 @@ def messages(part: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def served(qwen2_audio_weights_dir: Path) -> Iterator[tuple[Served, str]]:
-    [tokens] = reference_tokens(qwen2_audio_weights_dir, [messages("input_audio")],
-                                SamplingParams(max_tokens=MAX_TOKENS))
+    [tokens] = greedy_answers(qwen2_audio_weights_dir, [messages("input_audio")], MAX_TOKENS)
     with serve(qwen2_audio_weights_dir) as s:
         yield s, expected_text(s.preprocessor.tokenizer, tokens)
 

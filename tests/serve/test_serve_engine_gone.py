@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_harness import MODEL_NAME, Served, expected_text, reference_tokens, serve
+from serve_harness import MODEL_NAME, Served, expected_text, serve
 
+from local_services import greedy_answers
 from mmfront.testing.media import image_data_url, make_image
-from mmfront.wire import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def assert_engine_idle(served: Served) -> None:
 
 def test_disconnects_and_stop_strings_abort_and_a_dead_engine_fails_fast(gemma3_weights_dir: Path) -> None:
     long_body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": LONG, "ignore_eos": True}
-    [first] = reference_tokens(gemma3_weights_dir, [MESSAGES], SamplingParams(max_tokens=6))
+    [first] = greedy_answers(gemma3_weights_dir, [MESSAGES], 6)
     with serve(gemma3_weights_dir, engine_timeout_s=3) as served:
         early = expected_text(served.preprocessor.tokenizer, first)
         stop = early[len(early) // 2:len(early) // 2 + 2]
