@@ -90,3 +90,11 @@ def greedy_answers(model_dir: Path, prompts: list[Any], max_tokens: int) -> list
         for output in runner.step():
             answers[int(output.request_id)] += output.new_token_ids
     return answers
+
+
+def caller_id(engine_id: str) -> str:
+    """The caller's request id inside the id the engine got from the async client
+    (``engine_request_id``: the caller's id, a dash, 8 random hex characters)."""
+    caller, dash, suffix = engine_id.rpartition("-")
+    assert dash and len(suffix) == 8 and all(c in "0123456789abcdef" for c in suffix), engine_id
+    return caller

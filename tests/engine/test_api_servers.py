@@ -7,6 +7,7 @@ which the engine mirrors with one receiver cache per server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,8 @@ def test_an_engine_that_expects_one_api_server_is_told_there_are_two() -> None:
 
         thread = threading.Thread(target=engine, daemon=True)
         thread.start()
-        handshake.wait(30)
+        with contextlib.suppress(HandshakeError):  # the engine closes its sockets as it refuses: its ready may be lost
+            handshake.wait(2)
         thread.join(30)
     assert "has 2 API servers; connect to each (engine_handshake_all)" in str(box["error"])
     first.close()

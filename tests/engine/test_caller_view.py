@@ -15,6 +15,7 @@ import pytest
 from echo_link import EchoLinks
 from test_engine_link import messages
 
+from local_services import caller_id
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.transports import PipeTransport
@@ -35,11 +36,12 @@ def echo(gemma3_dir: Path) -> Iterator[EchoLinks]:
 
 
 def aborted(log: Path, timeout: float = 10.0) -> dict[str, int]:
-    """What the echo engine aborted (request id -> outputs it had sent), once it has aborted any."""
+    """What the echo engine aborted (the caller's request id -> outputs it had sent), once it has
+    aborted any."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if log.exists() and log.read_text().endswith("\n"):
-            return {rid: int(sent) for rid, sent in (line.split() for line in log.read_text().splitlines())}
+            return {caller_id(rid): int(sent) for rid, sent in (line.split() for line in log.read_text().splitlines())}
         time.sleep(0.02)
     return {}
 
@@ -176,7 +178,8 @@ def test_a_request_longer_than_max_model_len_is_refused_before_it_is_sent(gemma3
     sent = []
     while (frames := engine.recv(1.0)) is not None:
         message = decode_message(frames, Direction.TO_ENGINE)
-        sent.append((message.kind, message.body.request_id if message.kind == REQUEST else message.body))
+        sent.append((message.kind, message.body.request_id if message.kind == REQUEST else message.body[0]))
     # the refused ones never left; the one sent was aborted when its unread stream was dropped
-    assert sent == [(REQUEST, "r1"), (ABORT, ["r1"])]
+    assert [(kind, caller_id(request_id)) for kind, request_id in sent] == [(REQUEST, "r1"), (ABORT, "r1")]
+    assert sent[0][1] == sent[1][1]
     client.close_blocking()

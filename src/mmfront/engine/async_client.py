@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import logging
 import queue
+import secrets
 import threading
 import time
 import weakref
@@ -56,8 +57,20 @@ _END = object()
 
 @dataclass
 class _Stream:
+    """One request as its caller sees it: ``request_id`` is the caller's, ``engine_id`` the one
+    the engine gets (see :meth:`AsyncEngineClient.add_request`)."""
+
     loop: asyncio.AbstractEventLoop
+    request_id: str
+    engine_id: str
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+
+def engine_request_id(request_id: str) -> str:
+    """The id the engine gets for the caller's ``request_id``: vLLM's ``"{id}-{8 random
+    characters}"``, new for every request, so that replies to an earlier request of the same id
+    (aborted, abandoned) can never reach the new one."""
+    return f"{request_id}-{secrets.token_hex(4)}"
 
 
 @dataclass
@@ -99,9 +112,12 @@ class AsyncEngineClient:
         self.engine_timeout_s = engine_timeout_s
         self._poll_interval_s = poll_interval_s
         self._streams: dict[str, _Stream] = {}
+        """Requests by the id the engine knows them by."""
+        self._named: dict[str, _Stream] = {}
+        """The same requests by the caller's id, while their stream is open."""
         self._calls: dict[int, _Call] = {}
         self._call_ids = itertools.count(FIRST_CALL_ID)
-        self._abandoned: queue.SimpleQueue[tuple[str, _Stream]] = queue.SimpleQueue()
+        self._abandoned: queue.SimpleQueue[_Stream] = queue.SimpleQueue()
         """Requests whose stream's consumer went away; the reader thread aborts them."""
         self._dead: dict[int, EngineDeadError] = {}
         """The ranks known dead, and why; a rank is alive again once heard after its death."""
@@ -153,29 +169,38 @@ class AsyncEngineClient:
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
         options: RequestOptions | None = None, **kwargs: Any,
     ) -> AsyncGenerator[EngineCoreOutput, None]:
-        """Prepare and send one request; its outputs, in order, as they come. Errors in the
-        request raise here; an engine failure raises from the iterator. Closing the iterator (or
-        dropping it, or cancelling the task that reads it) before its last output aborts the
-        request in the engine."""
+        """Prepare and send one request; its outputs, in order, as they come (each output's
+        ``request_id`` is ``request_id``). Errors in the request raise here; an engine failure
+        raises from the iterator. Closing the iterator (or dropping it, or cancelling the task
+        that reads it) before its last output aborts the request in the engine.
+
+        The engine knows the request by :func:`engine_request_id` (as vLLM's ``AsyncLLM`` makes
+        its ids unique), so ``request_id`` may be used again as soon as its stream is over."""
         if self._closed.is_set():
             raise TransportError("The client is closed; create a new one.")
         if self._dead:
             raise self.dead_error
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(asyncio.get_running_loop(), request_id, engine_request_id(request_id))
         with self._lock:
-            if request_id in self._streams:
+            if request_id in self._named:
                 raise MMFrontError(f"Request {request_id!r} is already running; use a new request id.")
-            self._streams[request_id] = stream
+            self._named[request_id] = stream
+            self._streams[stream.engine_id] = stream
         try:
-            await self.client.add_request_async(request_id, prompt, params, options=options, **kwargs)
+            await self.client.add_request_async(stream.engine_id, prompt, params, options=options, **kwargs)
         except BaseException:
-            with self._lock:
-                self._streams.pop(request_id, None)
+            self._unlink(stream)
             raise
-        iterator = self._iterate(request_id, stream)
+        iterator = self._iterate(stream)
         # an iterator dropped without being closed, even one never iterated, aborts its request too
-        weakref.finalize(iterator, self._forget, request_id, stream, abort=True).atexit = False
+        weakref.finalize(iterator, self._forget, stream, abort=True).atexit = False
         return iterator
+
+    def rank_of(self, request_id: str) -> int | None:
+        """The data-parallel rank running ``request_id`` (``None`` once it is over)."""
+        with self._lock:
+            stream = self._named.get(request_id)
+        return None if stream is None else self.client.rank_of(stream.engine_id)
 
     async def call_utility(self, method: str, *args: Any, engine_index: int | None = None) -> Any:
         """Run the engine's method ``method`` with ``args`` and return its result (vLLM's
@@ -241,10 +266,15 @@ class AsyncEngineClient:
     async def abort(self, request_id: str) -> None:
         """Stop ``request_id``: the engine is told, and its stream ends (even when telling the
         engine fails with :class:`~mmfront.errors.TransportError`: an engine that is away)."""
+        with self._lock:
+            stream = self._named.get(request_id)
+        if stream is None:
+            return
+        self._unlink(stream)
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.client.abort_request, request_id)
+            await asyncio.get_running_loop().run_in_executor(None, self.client.abort_request, stream.engine_id)
         finally:
-            self._end(request_id, _END)
+            self._deliver(stream, _END)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close_blocking)
@@ -254,8 +284,8 @@ class AsyncEngineClient:
             return
         self._closed.set()
         self._reader.join(5)
-        for request_id in list(self._streams):
-            self._end(request_id, TransportError("The client was closed before the request finished."))
+        for stream in list(self._streams.values()):
+            self._deliver(stream, TransportError("The client was closed before the request finished."))
         self._fail_calls(TransportError("The client was closed before the engine answered."))
         self.transport.close()
 
@@ -265,7 +295,7 @@ class AsyncEngineClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _iterate(self, request_id: str, stream: _Stream) -> AsyncGenerator[EngineCoreOutput, None]:
+    async def _iterate(self, stream: _Stream) -> AsyncGenerator[EngineCoreOutput, None]:
         done = False
         try:
             while True:
@@ -279,18 +309,23 @@ class AsyncEngineClient:
                 if done:
                     return
         finally:
-            self._forget(request_id, stream, abort=not done)
+            self._forget(stream, abort=not done)
 
-    def _forget(self, request_id: str, stream: _Stream, *, abort: bool) -> None:
+    def _forget(self, stream: _Stream, *, abort: bool) -> None:
         """``stream`` is over for its consumer. ``abort``: it went away before the end; the reader
-        thread aborts the request in the engine, if the stream is still its. Takes no lock, so a
+        thread aborts the request in the engine, unless it ended meanwhile. Takes no lock, so a
         garbage collection may call it anywhere (``weakref.finalize``)."""
         if abort:
-            self._abandoned.put((request_id, stream))
-            return
+            self._abandoned.put(stream)
+        else:
+            self._unlink(stream)
+
+    def _unlink(self, stream: _Stream) -> bool:
+        """Stop routing to ``stream``; whether it was still routed (its request not yet over)."""
         with self._lock:
-            if self._streams.get(request_id) is stream:
-                del self._streams[request_id]
+            if self._named.get(stream.request_id) is stream:
+                del self._named[stream.request_id]
+            return self._streams.pop(stream.engine_id, None) is not None
 
     # --- the reader thread ------------------------------------------------------------------------
 
@@ -357,22 +392,20 @@ class AsyncEngineClient:
 
     def _abort_abandoned(self) -> None:
         while not self._abandoned.empty():
-            request_id, stream = self._abandoned.get_nowait()
-            with self._lock:
-                if self._streams.get(request_id) is not stream:
-                    continue  # it ended (answered, failed or aborted), or the id now belongs to another
-                del self._streams[request_id]
+            stream = self._abandoned.get_nowait()
+            if not self._unlink(stream):
+                continue  # it ended first (answered, failed or aborted)
             try:
-                self.client.abort_request(request_id)
+                self.client.abort_request(stream.engine_id)
             except TransportError as e:
-                logger.warning("Could not abort %r, whose consumer went away: %s", request_id, e)
+                logger.warning("Could not abort %r, whose consumer went away: %s", stream.request_id, e)
 
     def _dispatch(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, RequestOutput):
                 self._put(event.request_id, event.output)
             elif isinstance(event, RequestFailed):
-                self._end(event.request_id, event.error)
+                self._put(event.request_id, event.error)
             elif isinstance(event, UtilityReply):
                 self._answer(event.output)
 
@@ -414,17 +447,19 @@ class AsyncEngineClient:
         with contextlib.suppress(RuntimeError):  # the caller's loop is closed: nobody waits any more
             call.loop.call_soon_threadsafe(settle)
 
-    def _put(self, request_id: str, item: Any) -> None:
+    def _put(self, engine_id: str, item: Any) -> None:
         with self._lock:
-            stream = self._streams.get(request_id)
+            stream = self._streams.get(engine_id)
         if stream is not None:
-            try:
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed: nobody listens any more, so it is aborted
-                self._forget(request_id, stream, abort=True)
+            if isinstance(item, EngineCoreOutput):
+                item.request_id = stream.request_id
+            self._deliver(stream, item)
 
-    def _end(self, request_id: str, item: Any) -> None:
-        self._put(request_id, item)
+    def _deliver(self, stream: _Stream, item: Any) -> None:
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+        except RuntimeError:  # the caller's loop is closed: nobody listens any more, so it is aborted
+            self._forget(stream, abort=True)
 
 
 class BlockingEngineClient:
@@ -514,4 +549,4 @@ class BlockingEngineClient:
         self.close()
 
 
-__all__ = ["FIRST_CALL_ID", "AsyncEngineClient", "BlockingEngineClient"]
+__all__ = ["FIRST_CALL_ID", "AsyncEngineClient", "BlockingEngineClient", "engine_request_id"]

@@ -250,7 +250,13 @@ class EngineClient:
         except BaseException:
             self._release(request_id)
             raise
-        await loop.run_in_executor(self._lane_executor, self._send_new, prepared)
+        try:
+            await loop.run_in_executor(self._lane_executor, self._send_new, prepared)
+        except asyncio.CancelledError:
+            # The send may still run (it had started): queued behind it in the lane, this abort
+            # either finds the request sent and stops it, or finds it unsent and frees its id.
+            self._lane_executor.submit(self.abort_request, request_id)
+            raise
 
     @property
     def running(self) -> list[str]:
@@ -373,9 +379,10 @@ class EngineClient:
         return [RequestAdmitted(admitted.request_id, admitted.request)]
 
     def _admit(self, request_id: str) -> bool:
-        entry = self._in_flight.pop(request_id, None)
+        entry = self._in_flight.get(request_id)
         if entry is None:
-            return False
+            return False  # not ours, or still being prepared: a reply to an earlier request of that id
+        del self._in_flight[request_id]
         if self.stream_outputs:
             self._running[request_id] = entry
         else:
