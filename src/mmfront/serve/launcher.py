@@ -1,0 +1,291 @@
+"""What ``mmfront serve`` does after parsing: start the engines, meet them, serve HTTP, stop.
+
+The engines come the way ``vllm serve`` brings them: ``data_parallel_size_local`` of them are
+started here, as ``mmfront worker`` processes (ranks ``0 .. local - 1``), and meet this API server
+through vLLM's start-up handshake; the remaining ranks are headless engines started elsewhere
+(``vllm serve MODEL --headless`` or ``mmfront worker MODEL --data-parallel-address HEAD``) that
+connect to ``tcp://data_parallel_address:data_parallel_rpc_port``.
+
+Local engines are this process's children for their whole life: each runs in its own session
+(a Ctrl-C at the terminal reaches only the server, which then stops them in order), is told by
+the kernel to stop when the server dies (``PR_SET_PDEATHSIG`` on Linux), and is stopped with
+SIGTERM, then SIGKILL after a grace period, when the server shuts down or exits (``atexit``). One
+that exits on its own is a dead engine: the client's link to it breaks at once (the transport
+watches disconnects when every engine is local), so requests in flight fail and ``/health``
+answers 503.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mmfront.cache import ShmObjectStoreSenderCache
+from mmfront.config import MultiModalConfig
+from mmfront.engine.async_client import AsyncEngineClient
+from mmfront.engine.handshake import DataParallelConfig, EngineInfo, FrontendHandshake
+from mmfront.engine.transports import ZmqFrontendTransport
+from mmfront.errors import HandshakeError
+from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.serve.settings import ServeSettings
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+"""How long a local engine gets to stop after SIGTERM before it is killed."""
+_WATCH_INTERVAL_S = 0.2
+
+
+@dataclass(frozen=True)
+class LocalEngineOptions:
+    """How the ``mmfront worker`` processes this server starts run the model."""
+
+    device: str | None = None
+    """torch device (``None``: CUDA when available, else the CPU)."""
+    dtype: str | None = None
+    """Model dtype (``None``: the folder's ``config.json``)."""
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """Everything ``mmfront serve`` was told: HTTP (:class:`ServeSettings`), processing
+    (:class:`MultiModalConfig`), where the engines are (:class:`DataParallelConfig`) and how the
+    local ones run."""
+
+    settings: ServeSettings
+    config: MultiModalConfig
+    parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    engine: LocalEngineOptions = field(default_factory=LocalEngineOptions)
+    engine_ready_timeout_s: float = 600.0
+    engine_timeout_s: float = 30.0
+
+
+def worker_command(
+    model: Path, rank: int, handshake: str, config: MultiModalConfig, options: LocalEngineOptions, *,
+    shm_name: str | None = None,
+) -> list[str]:
+    """``mmfront worker`` as this server starts engine ``rank``: through the handshake at
+    ``handshake``, as a local engine, with the processor cache this server mirrors."""
+    command = [sys.executable, "-m", "mmfront.cli", "worker", str(model), "--handshake", handshake, "--local",
+               "--engine-index", str(rank), "--cache", config.mm_processor_cache_type,
+               "--cache-gb", str(config.mm_processor_cache_gb)]
+    if shm_name is not None:
+        command += ["--shm-name", shm_name]
+    if options.device is not None:
+        command += ["--device", options.device]
+    if options.dtype is not None:
+        command += ["--dtype", options.dtype]
+    return command
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the server process dies, even by SIGKILL (Linux)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class EngineProcesses:
+    """The local engine processes, by rank: started, watched and stopped by this server."""
+
+    def __init__(self, commands: Sequence[Sequence[str]], *, env: dict[str, str] | None = None) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        atexit.register(self.stop)
+        linux = sys.platform.startswith("linux")
+        try:
+            for command in commands:
+                self.processes.append(subprocess.Popen(
+                    list(command), env=env, start_new_session=True,
+                    preexec_fn=_die_with_parent if linux else None))  # noqa: PLW1509 (no threads yet at start-up)
+        except OSError:
+            self.stop()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def exited(self) -> list[tuple[int, int]]:
+        """``(rank, exit status)`` of every engine that has exited."""
+        return [(rank, code) for rank, p in enumerate(self.processes) if (code := p.poll()) is not None]
+
+    def watch(self, on_exit: Callable[[int, int], None]) -> None:
+        """Call ``on_exit(rank, status)`` from a thread for each engine that exits before :meth:`stop`."""
+        def run() -> None:
+            reported: set[int] = set()
+            while not self.stopping.wait(_WATCH_INTERVAL_S):
+                for rank, code in self.exited():
+                    if rank not in reported and not self.stopping.is_set():
+                        reported.add(rank)
+                        on_exit(rank, code)
+
+        self._watcher = threading.Thread(target=run, name="mmfront-engine-watch", daemon=True)
+        self._watcher.start()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every engine still running, SIGKILL those still running after ``grace_s``."""
+        self.stopping.set()
+        for p in self.processes:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in self.processes:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                p.wait()
+        atexit.unregister(self.stop)
+
+
+def log_engine_exit(rank: int, status: int) -> None:
+    how = f"signal {-status}" if status < 0 else f"status {status}"
+    logger.error("Engine rank %d exited (%s): requests sent to it fail, and /health answers 503. Restart mmfront "
+                 "serve to start it again.", rank, how)
+
+
+@dataclass
+class Frontend:
+    """One API server's side of the engine link, ready to serve: the client, and the engines it
+    started (``None`` when every engine is headless)."""
+
+    client: AsyncEngineClient
+    preprocessor: InputPreprocessor
+    engines: EngineProcesses | None
+    infos: list[EngineInfo]
+
+    def close(self) -> None:
+        """Stop the engines this server started, then the client and the processing."""
+        if self.engines is not None:
+            self.engines.stop()
+        self.client.close_blocking()
+        self.preprocessor.close()
+
+
+class _EngineWait:
+    """``handshake.wait`` on a daemon thread, so that a local engine exiting during start-up
+    fails the start at once. The wait cannot be interrupted: once abandoned, the thread closes
+    the handshake and the transport itself when its wait ends (they are not thread-safe)."""
+
+    def __init__(self, handshake: FrontendHandshake, transport: ZmqFrontendTransport, timeout: float) -> None:
+        self.handshake = handshake
+        self.transport = transport
+        self.done = threading.Event()
+        self.abandoned = threading.Event()
+        self.result: list[EngineInfo] | BaseException = HandshakeError("The handshake did not run.")
+        threading.Thread(target=self._run, args=(timeout,), name="mmfront-handshake", daemon=True).start()
+
+    def _run(self, timeout: float) -> None:
+        try:
+            self.result = self.handshake.wait(timeout)
+        except BaseException as e:  # handed to the waiting thread
+            self.result = e
+        finally:
+            self.done.set()
+            if self.abandoned.is_set():
+                self.handshake.close()
+                self.transport.close()
+
+    def join(self, engines: EngineProcesses | None) -> list[EngineInfo]:
+        """The engines' start-up answers; :class:`HandshakeError` naming a local engine that exited first."""
+        try:
+            while not self.done.wait(_WATCH_INTERVAL_S):
+                exited = engines.exited() if engines is not None else []
+                if exited:
+                    rank, code = exited[0]
+                    raise HandshakeError(f"Engine rank {rank} (mmfront worker) exited with status {code} before it "
+                                         "was ready; its output above says why.")
+        except BaseException:
+            self.abandoned.set()
+            if self.done.is_set():
+                self.handshake.close()
+                self.transport.close()
+            raise
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return self.result
+
+
+def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
+                   on_engine_exit: Callable[[int, int], None] = log_engine_exit) -> Frontend:
+    """Bind the engine link, start the local engines, meet every rank through the handshake and
+    return the client. On any failure what was started is stopped again."""
+    parallel = plan.parallel
+    preprocessor = InputPreprocessor(plan.settings.model, plan.config)
+    engines: EngineProcesses | None = None
+    try:
+        preprocessor.warmup()
+        transport = (ZmqFrontendTransport("ipc") if parallel.all_local
+                     else ZmqFrontendTransport("tcp", host=parallel.data_parallel_address))
+        try:
+            handshake = FrontendHandshake(transport, parallel)
+        except BaseException:
+            transport.close()
+            raise
+        cache = preprocessor.cache
+        shm_name = cache.shm_name if isinstance(cache, ShmObjectStoreSenderCache) else None
+        try:
+            if parallel.data_parallel_size_local:
+                commands = [worker_command(plan.settings.model, rank, handshake.address, plan.config, plan.engine,
+                                           shm_name=shm_name) for rank in range(parallel.data_parallel_size_local)]
+                engines = EngineProcesses(commands, env=env)
+            else:
+                logger.info("Waiting for %d headless engine(s) on %s", parallel.data_parallel_size, handshake.address)
+        except BaseException:
+            handshake.close()
+            transport.close()
+            raise
+        infos = _EngineWait(handshake, transport, plan.engine_ready_timeout_s).join(engines)
+        handshake.close()
+        if parallel.all_local:
+            transport.watch_disconnects()  # a local engine's connection drops only when its process ends
+        client = AsyncEngineClient(InputProcessor(preprocessor), transport, engines=infos,
+                                   engine_timeout_s=plan.engine_timeout_s)
+    except BaseException:
+        if engines is not None:
+            engines.stop()
+        preprocessor.close()
+        raise
+    limit = plan.settings.max_model_len
+    if limit is not None and (client.max_model_len is None or limit < client.max_model_len):
+        client.max_model_len = limit
+    if engines is not None:
+        engines.watch(on_engine_exit)
+    return Frontend(client, preprocessor, engines, infos)
+
+
+def serve(plan: ServePlan) -> int:
+    """Run ``mmfront serve`` until SIGINT or SIGTERM: the engines, the client, the app under uvicorn."""
+    import uvicorn
+
+    from mmfront.serve.app import create_app
+
+    frontend = start_frontend(plan)
+    try:
+        app = create_app(frontend.client, plan.settings)
+        settings = plan.settings
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                               log_level=settings.uvicorn_log_level))
+        server.run()
+    finally:
+        frontend.close()
+    return 0
+
+
+__all__ = ["EngineProcesses", "Frontend", "LocalEngineOptions", "ServePlan", "log_engine_exit", "serve",
+           "start_frontend", "worker_command"]
