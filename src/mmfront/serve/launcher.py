@@ -269,19 +269,29 @@ def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
     return Frontend(client, preprocessor, engines, infos)
 
 
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def serve(plan: ServePlan) -> int:
-    """Run ``mmfront serve`` until SIGINT or SIGTERM: the engines, the client, the app under uvicorn."""
+    """Run ``mmfront serve`` until SIGINT or SIGTERM: the engines, the client, the app under uvicorn.
+
+    uvicorn shuts down gracefully on either signal, then raises it again with the handler it
+    found; SIGTERM's is set here to end the process through ``finally``, so the engines are
+    stopped in order and the processing lanes closed."""
     import uvicorn
 
     from mmfront.serve.app import create_app
 
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     frontend = start_frontend(plan)
     try:
         app = create_app(frontend.client, plan.settings)
         settings = plan.settings
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
                                                log_level=settings.uvicorn_log_level))
-        server.run()
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
     finally:
         frontend.close()
     return 0
