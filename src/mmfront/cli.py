@@ -84,6 +84,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from mmfront.errors import ConfigError, HandshakeError
+    from mmfront.serve.api_servers import serve_api_servers
     from mmfront.serve.args import plan_from_args
     from mmfront.serve.launcher import serve
 
@@ -93,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"mmfront serve: {e}", file=sys.stderr)
         return 2
     try:
-        return serve(plan)
+        return serve_api_servers(plan) if plan.settings.api_server_count > 1 else serve(plan)
     except HandshakeError as e:
         print(f"mmfront serve: {e}", file=sys.stderr)
         return 1

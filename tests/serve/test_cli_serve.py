@@ -55,10 +55,10 @@ def test_the_defaults_are_vllms(tmp_path: Path) -> None:
 def test_every_http_flag_lands_in_the_serve_settings(tmp_path: Path) -> None:
     s = plan(tmp_path, "--host", "127.0.0.1", "--port", "9001", "--served-model-name", "gemma", "g3",
              "--api-key", "sk-1", "--uvicorn-log-level", "warning", "--max-model-len", "2k",
-             "--max-body-bytes", "1024", "--api-server-count", "1").settings
+             "--max-body-bytes", "1024", "--api-server-count", "2").settings
     assert (s.host, s.port, s.served_model_name, s.model_names, s.api_key) == (
         "127.0.0.1", 9001, ("gemma", "g3"), ("gemma", "g3"), "sk-1")
-    assert (s.uvicorn_log_level, s.max_model_len, s.max_body_bytes, s.api_server_count) == ("warning", 2000, 1024, 1)
+    assert (s.uvicorn_log_level, s.max_model_len, s.max_body_bytes, s.api_server_count) == ("warning", 2000, 1024, 2)
 
 
 def test_every_processing_flag_lands_in_the_multimodal_config(tmp_path: Path) -> None:
@@ -187,7 +187,7 @@ def test_a_bad_value_exits_2_naming_the_flag(tmp_path: Path, capsys: pytest.Capt
     (["--api-key", "a", "b"], "--api-key takes one key"),
     (["-dp", "2", "-dpl", "3"], "data_parallel_size_local must be in [0, data_parallel_size=2]"),
     (["-dp", "2", "-dpl", "1", "--mm-processor-cache-type", "shm"], "shm needs every engine on this host"),
-    (["--api-server-count", "2"], "--api-server-count above 1 is not available yet"),
+    (["--api-server-count", "2", "-dpl", "0"], "--api-server-count above 1 needs every engine on this host"),
 ])
 def test_a_value_the_configuration_refuses_exits_2_with_its_message(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str) -> None:
@@ -203,17 +203,18 @@ def test_a_model_dir_that_is_not_a_folder_exits_2(tmp_path: Path, capsys: pytest
     assert "is not a folder; mmfront serves a local model folder" in capsys.readouterr().err
 
 
-def test_the_worker_command_meets_the_server_through_the_handshake_with_its_cache(tmp_path: Path) -> None:
+def test_the_worker_command_meets_every_api_server_through_its_handshake_with_its_cache(tmp_path: Path) -> None:
     p = plan(tmp_path, "--mm-processor-cache-gb", "0.25", "--mm-processor-cache-type", "shm", "--worker-device", "cpu",
              "--dtype", "float16")
-    command = worker_command(tmp_path, 3, "ipc:///tmp/x/handshake", p.config, p.engine, shm_name="seg")
+    command = worker_command(tmp_path, 3, ["ipc://a/handshake", "ipc://b/handshake"], p.config, p.engine,
+                             shm_names=["seg-a", "seg-b"])
     assert command[:4] == [sys.executable, "-m", "mmfront.cli", "worker"]
     args = build_parser().parse_args(command[3:])
-    assert (args.model, args.handshake, args.local, args.engine_index) == (str(tmp_path), ["ipc:///tmp/x/handshake"],
-                                                                             True, 3)
-    assert (args.cache, args.cache_gb, args.shm_name, args.device, args.dtype) == ("shm", 0.25, ["seg"], "cpu",
-                                                                                   "float16")
-    plain = build_parser().parse_args(worker_command(tmp_path, 0, "ipc://h", plan(tmp_path).config,
+    assert (args.model, args.handshake, args.local, args.engine_index) == (
+        str(tmp_path), ["ipc://a/handshake", "ipc://b/handshake"], True, 3)
+    assert (args.cache, args.cache_gb, args.shm_name, args.device, args.dtype) == ("shm", 0.25, ["seg-a", "seg-b"],
+                                                                                   "cpu", "float16")
+    plain = build_parser().parse_args(worker_command(tmp_path, 0, ["ipc://h"], plan(tmp_path).config,
                                                      LocalEngineOptions())[3:])
     assert (plain.cache, plain.cache_gb, plain.shm_name, plain.device, plain.dtype) == ("lru", 4.0, None, None, None)
 

@@ -245,9 +245,6 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
                           "(it downloads nothing).")
     if args.api_key and len(args.api_key) > 1:
         raise ConfigError(f"--api-key takes one key in mmfront serve, got {len(args.api_key)}.")
-    if args.api_server_count > 1:
-        raise ConfigError("--api-server-count above 1 is not available yet in mmfront serve; run one API server "
-                          "(each engine can serve several: docs/serving.md).")
     local = args.data_parallel_size if args.data_parallel_size_local is None else args.data_parallel_size_local
     parallel = DataParallelConfig(args.data_parallel_size, local, args.data_parallel_address,
                                   args.data_parallel_rpc_port)
@@ -275,6 +272,10 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=tuple(args.allowed_media_domains) if args.allowed_media_domains else None,
     )
+    if args.api_server_count > 1 and not parallel.all_local:
+        raise ConfigError("--api-server-count above 1 needs every engine on this host for now (leave "
+                          "--data-parallel-size-local at --data-parallel-size): a headless engine meets one "
+                          "handshake address.")
     if config.mm_processor_cache_type == "shm" and config.mm_processor_cache_gb > 0 and not parallel.all_local:
         raise ConfigError("--mm-processor-cache-type shm needs every engine on this host (its shared memory is "
                           "local); use lru with --data-parallel-size-local below --data-parallel-size.")

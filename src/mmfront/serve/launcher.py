@@ -21,6 +21,7 @@ import atexit
 import contextlib
 import logging
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -70,16 +71,19 @@ class ServePlan:
 
 
 def worker_command(
-    model: Path, rank: int, handshake: str, config: MultiModalConfig, options: LocalEngineOptions, *,
-    shm_name: str | None = None,
+    model: Path, rank: int, handshakes: Sequence[str], config: MultiModalConfig, options: LocalEngineOptions, *,
+    shm_names: Sequence[str] = (),
 ) -> list[str]:
-    """``mmfront worker`` as this server starts engine ``rank``: through the handshake at
-    ``handshake``, as a local engine, with the processor cache this server mirrors."""
-    command = [sys.executable, "-m", "mmfront.cli", "worker", str(model), "--handshake", handshake, "--local",
-               "--engine-index", str(rank), "--cache", config.mm_processor_cache_type,
-               "--cache-gb", str(config.mm_processor_cache_gb)]
-    if shm_name is not None:
-        command += ["--shm-name", shm_name]
+    """``mmfront worker`` as this server starts engine ``rank``: a local engine meeting each API
+    server through its handshake address (one per API server), with the processor cache they
+    mirror (``shm``: one segment name per API server, in the same order)."""
+    command = [sys.executable, "-m", "mmfront.cli", "worker", str(model)]
+    for address in handshakes:
+        command += ["--handshake", address]
+    command += ["--local", "--engine-index", str(rank), "--cache", config.mm_processor_cache_type,
+                "--cache-gb", str(config.mm_processor_cache_gb)]
+    for name in shm_names:
+        command += ["--shm-name", name]
     if options.device is not None:
         command += ["--device", options.device]
     if options.dtype is not None:
@@ -221,60 +225,110 @@ class _EngineWait:
         return self.result
 
 
-def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
-                   on_engine_exit: Callable[[int, int], None] = log_engine_exit) -> Frontend:
-    """Bind the engine link, start the local engines, meet every rank through the handshake and
-    return the client. On any failure what was started is stopped again."""
+@dataclass
+class Link:
+    """One API server's side of the engine link, bound and not yet met: the processing, the data
+    sockets and the handshake socket engines greet (``address``)."""
+
+    preprocessor: InputPreprocessor
+    transport: ZmqFrontendTransport
+    handshake: FrontendHandshake
+
+    @property
+    def address(self) -> str:
+        return self.handshake.address
+
+    @property
+    def shm_name(self) -> str | None:
+        """The ``shm`` cache's segment, which the engines read (``None`` for other caches)."""
+        cache = self.preprocessor.cache
+        return cache.shm_name if isinstance(cache, ShmObjectStoreSenderCache) else None
+
+    def close(self) -> None:
+        self.handshake.close()
+        self.transport.close()
+        self.preprocessor.close()
+
+
+def bind_link(plan: ServePlan, *, client_index: int = 0) -> Link:
+    """Load the processing and bind the sockets: ``ipc`` when every engine is local, else ``tcp``
+    on ``data_parallel_address`` (the handshake on ``data_parallel_rpc_port``), as vLLM binds."""
     parallel = plan.parallel
     preprocessor = InputPreprocessor(plan.settings.model, plan.config)
-    engines: EngineProcesses | None = None
+    transport: ZmqFrontendTransport | None = None
     try:
         preprocessor.warmup()
-        transport = (ZmqFrontendTransport("ipc") if parallel.all_local
-                     else ZmqFrontendTransport("tcp", host=parallel.data_parallel_address))
-        try:
-            handshake = FrontendHandshake(transport, parallel)
-        except BaseException:
+        transport = (ZmqFrontendTransport("ipc", client_index=client_index) if parallel.all_local
+                     else ZmqFrontendTransport("tcp", host=parallel.data_parallel_address, client_index=client_index))
+        return Link(preprocessor, transport, FrontendHandshake(transport, parallel))
+    except BaseException:
+        if transport is not None:
             transport.close()
-            raise
-        cache = preprocessor.cache
-        shm_name = cache.shm_name if isinstance(cache, ShmObjectStoreSenderCache) else None
-        try:
-            if parallel.data_parallel_size_local:
-                commands = [worker_command(plan.settings.model, rank, handshake.address, plan.config, plan.engine,
-                                           shm_name=shm_name) for rank in range(parallel.data_parallel_size_local)]
-                engines = EngineProcesses(commands, env=env)
-            else:
-                logger.info("Waiting for %d headless engine(s) on %s", parallel.data_parallel_size, handshake.address)
-        except BaseException:
-            handshake.close()
-            transport.close()
-            raise
-        infos = _EngineWait(handshake, transport, plan.engine_ready_timeout_s).join(engines)
-        handshake.close()
-        if parallel.all_local:
-            transport.watch_disconnects()  # a local engine's connection drops only when its process ends
-        client = AsyncEngineClient(InputProcessor(preprocessor), transport, engines=infos,
+        preprocessor.close()
+        raise
+
+
+def meet_engines(link: Link, plan: ServePlan, engines: EngineProcesses | None) -> Frontend:
+    """Wait for every rank's handshake (failing at once when a local engine of ``engines`` exits
+    first) and return the client over them. On failure the link is closed."""
+    if engines is None:
+        logger.info("Waiting for %d engine(s) on %s", plan.parallel.data_parallel_size, link.address)
+    try:
+        infos = _EngineWait(link.handshake, link.transport, plan.engine_ready_timeout_s).join(engines)
+    except BaseException:
+        link.preprocessor.close()
+        raise
+    try:
+        link.handshake.close()
+        if plan.parallel.all_local:
+            link.transport.watch_disconnects()  # a local engine's connection drops only when its process ends
+        client = AsyncEngineClient(InputProcessor(link.preprocessor), link.transport, engines=infos,
                                    engine_timeout_s=plan.engine_timeout_s)
     except BaseException:
-        if engines is not None:
-            engines.stop()
-        preprocessor.close()
+        link.close()
         raise
     limit = plan.settings.max_model_len
     if limit is not None and (client.max_model_len is None or limit < client.max_model_len):
         client.max_model_len = limit
+    return Frontend(client, link.preprocessor, engines, infos)
+
+
+def start_engines(plan: ServePlan, handshakes: Sequence[str], shm_names: Sequence[str | None],
+                  env: dict[str, str] | None = None) -> EngineProcesses | None:
+    """The ``data_parallel_size_local`` local engines, each meeting every API server (one
+    handshake address each); ``None`` when every engine is headless."""
+    if not plan.parallel.data_parallel_size_local:
+        return None
+    names = [name for name in shm_names if name is not None]
+    return EngineProcesses([worker_command(plan.settings.model, rank, handshakes, plan.config, plan.engine,
+                                           shm_names=names)
+                            for rank in range(plan.parallel.data_parallel_size_local)], env=env)
+
+
+def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
+                   on_engine_exit: Callable[[int, int], None] = log_engine_exit) -> Frontend:
+    """One API server: bind the engine link, start the local engines, meet every rank through
+    the handshake and return the client. On any failure what was started is stopped again."""
+    link = bind_link(plan)
+    try:
+        engines = start_engines(plan, [link.address], [link.shm_name], env)
+    except BaseException:
+        link.close()
+        raise
+    try:
+        frontend = meet_engines(link, plan, engines)
+    except BaseException:
+        if engines is not None:
+            engines.stop()
+        raise
     if engines is not None:
         engines.watch(on_engine_exit)
-    return Frontend(client, preprocessor, engines, infos)
+    return frontend
 
 
-def _stop_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
-def serve(plan: ServePlan) -> int:
-    """Run ``mmfront serve`` until SIGINT or SIGTERM: the engines, the client, the app under uvicorn.
+def run_app(frontend: Frontend, settings: ServeSettings, sockets: list[socket.socket] | None = None) -> None:
+    """The app over ``frontend.client`` under uvicorn until SIGINT or SIGTERM (on ``sockets``
+    when given, else on ``settings.host``:``settings.port``), then close the frontend.
 
     uvicorn shuts down gracefully on either signal, then raises it again with the handler it
     found; SIGTERM's is set here to end the process through ``finally``, so the engines are
@@ -283,19 +337,30 @@ def serve(plan: ServePlan) -> int:
 
     from mmfront.serve.app import create_app
 
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    frontend = start_frontend(plan)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     try:
-        app = create_app(frontend.client, plan.settings)
-        settings = plan.settings
+        app = create_app(frontend.client, settings)
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
                                                log_level=settings.uvicorn_log_level))
         with contextlib.suppress(KeyboardInterrupt):
-            server.run()
+            server.run(sockets=sockets)
     finally:
         frontend.close()
+
+
+def exit_on_sigterm(signum: int, frame: object) -> None:
+    """A SIGTERM handler that ends the process through ``finally`` blocks (status 0)."""
+    raise SystemExit(0)
+
+
+def serve(plan: ServePlan) -> int:
+    """Run ``mmfront serve`` with one API server until SIGINT or SIGTERM: the engines, the
+    client, the app under uvicorn."""
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    run_app(start_frontend(plan), plan.settings)
     return 0
 
 
-__all__ = ["EngineProcesses", "Frontend", "LocalEngineOptions", "ServePlan", "log_engine_exit", "serve",
-           "start_frontend", "worker_command"]
+__all__ = ["EngineProcesses", "Frontend", "Link", "LocalEngineOptions", "ServePlan", "bind_link", "exit_on_sigterm",
+           "log_engine_exit",
+           "meet_engines", "run_app", "serve", "start_engines", "start_frontend", "worker_command"]
