@@ -239,7 +239,7 @@ class Engines:
 
 async def wait_for_epoch(client: AsyncEngineClient, old: int | None, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
-    while client.client.engine_epoch in (None, old):
+    while client.client.ranks[0].epoch in (None, old):
         if time.monotonic() > deadline:
             raise TransportError(f"No engine greeted within {timeout_s} s.")
         await asyncio.sleep(0.01)
@@ -348,7 +348,7 @@ class Soak:
                 next_kill = done + rng.randint(every // 2, every * 3 // 2)
 
     async def restart(self, rng: random.Random) -> None:
-        old = self.client.client.engine_epoch
+        old = self.client.client.ranks[0].epoch
         self.link.lossy = True
         self.engines.end(signal.SIGKILL)
         self.tally.kills += 1

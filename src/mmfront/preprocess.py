@@ -174,27 +174,39 @@ class ModelPipeline:
     # --- prepare and commit -------------------------------------------------------------------
 
     def prepare(
-        self, prompt: PromptInput, opts: RequestOptions, request_id: str | None = None, *, skip_mm_cache: bool = False,
+        self, prompt: PromptInput, opts: RequestOptions, request_id: str | None,
+        cache: BaseMultiModalProcessorCache | None,
     ) -> MultiModalInputs:
-        """Process one request. A cache P1 depends on is only read: the result is prepared, and
-        committed when it is sent (:meth:`commit`). Any other cache is committed to at once, since
-        a request that is never sent cannot disturb it. ``skip_mm_cache`` (warm-up,
-        tokenize-only requests) uses the processor-only cache, so the P0/P1 mirror is never
-        disturbed."""
-        cache = self.tokenize_only_cache if skip_mm_cache else self.cache
+        """Process one request against ``cache`` (the P0 cache of the engine it goes to). A cache
+        P1 depends on is only read: the result is prepared, and committed when it is sent
+        (:meth:`commit`). Any other cache is committed to at once, since a request that is never
+        sent cannot disturb it."""
         prepared = self._prepare(prompt, opts, request_id or f"mmfront-{next(self._request_counter)}", cache)
         if cache is not None and not cache.commit_at_send:
             return self._commit(prepared, cache)
         return prepared
 
-    def commit(self, inputs: MultiModalInputs, request_id: str) -> MultiModalInputs:
-        """``inputs`` committed as they are sent: to the cache if it commits at send (then exactly
-        one of :meth:`take_stamp` and :meth:`take_mirror_only` must follow), otherwise only
+    def commit(
+        self, inputs: MultiModalInputs, request_id: str, cache: BaseMultiModalProcessorCache | None,
+    ) -> MultiModalInputs:
+        """``inputs`` committed to ``cache`` as they are sent, if it commits at send (then exactly
+        one of the mirror's ``take_stamp`` and ``take_mirror_only`` must follow), otherwise only
         completed with the data of every item the cache does not serve."""
-        cache = self.cache
         if cache is None or not cache.commit_at_send:
             return commit(inputs, None)
         return self._commit(inputs, cache, request_id)
+
+    def engine_cache(self) -> BaseMultiModalProcessorCache | None:
+        """A P0 cache for one more engine rank: each rank's P1 cache mirrors its own P0 cache, so
+        a mirrored cache is per rank, while a processor-only one (P1 does not depend on it) is
+        shared."""
+        if self.cache is None or not self.cache.commit_at_send:
+            return self.cache
+        if self.config.mm_processor_cache_type == "shm":
+            raise ConfigError("The shm processor cache serves one engine rank (its segment is the engine's); with "
+                              "data_parallel_size > 1 use mm_processor_cache_type='lru', which keeps one mirror "
+                              "per rank.")
+        return processor_cache_from_config(self.config)
 
     def _commit(
         self, inputs: MultiModalInputs, cache: BaseMultiModalProcessorCache, request_id: str | None = None,
@@ -254,35 +266,6 @@ class ModelPipeline:
             media_io_kwargs=opts.media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
             executor=self.item_executor,
         )
-
-    # --- the P0 half of the mirror --------------------------------------------------------------
-
-    @property
-    def mirror(self) -> SenderMirror:
-        return NULL_SENDER_MIRROR if self.cache is None else self.cache.mirror
-
-    def invalidate(self, mm_hashes: Sequence[str]) -> None:
-        """P1 lacks these items: the next commit sends their data."""
-        if self.cache is not None:
-            for mm_hash in mm_hashes:
-                self.cache.invalidate(mm_hash)
-
-    def reset_shadow(self, epoch: int | None = None) -> bool:
-        """Clear the mirror's P0 shadow (a new epoch), if it is still in ``epoch`` (``None``: any)."""
-        current = self.mirror.epoch
-        if self.cache is None or current is None or (epoch is not None and current != epoch):
-            return False
-        self.cache.clear_cache()
-        self.stats.reset = True
-        return True
-
-    def request_finished(self, request_id: str, *, aborted: bool = False) -> None:
-        """The request left the engine: what the P0 cache held for it (shm chunks) may be reused."""
-        if self.cache is not None:
-            if aborted:
-                self.cache.on_request_aborted(request_id)
-            else:
-                self.cache.on_request_finished(request_id)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -381,7 +364,8 @@ class InputPreprocessor:
         The result is *prepared*: a cache P1 depends on is only read, and the items it would
         send as references are committed (or processed again) when the inputs become a request."""
         opts = RequestOptions.of(options, kwargs if mm_data is None else {**kwargs, "mm_data": mm_data})
-        return self.pipeline.prepare(prompt, opts, request_id, skip_mm_cache=skip_mm_cache)
+        cache = self.pipeline.tokenize_only_cache if skip_mm_cache else self.pipeline.cache
+        return self.pipeline.prepare(prompt, opts, request_id, cache)
 
     async def preprocess_async(
         self, prompt: PromptInput, mm_data: Mapping[str, Any] | None = None, **kwargs: Any,
@@ -456,16 +440,20 @@ class InputProcessor:
     ``EngineCoreRequest``s with vLLM's request-level checks, and is the commit step of the P0
     cache (see the module docstring for which methods are thread-safe)."""
 
-    def __init__(self, preprocessor: InputPreprocessor) -> None:
+    def __init__(self, preprocessor: InputPreprocessor, *, cache: BaseMultiModalProcessorCache | None = None) -> None:
         self.preprocessor = preprocessor
         self.pipeline = preprocessor.pipeline
         self.config = self.pipeline.config
+        self.cache = cache if cache is not None else self.pipeline.cache
+        """The P0 cache of the engine this processor's requests go to (the pipeline's, unless
+        :meth:`for_another_engine` made this processor)."""
         self.vocab_size = len(preprocessor.tokenizer)
         self.max_tokens_per_item = self.pipeline.processor.get_max_tokens_per_item()
 
-    @property
-    def cache(self) -> BaseMultiModalProcessorCache | None:
-        return self.pipeline.cache
+    def for_another_engine(self) -> InputProcessor:
+        """A processor for one more data-parallel rank: the same model and processing, its own
+        P0 mirror (see :meth:`ModelPipeline.engine_cache`)."""
+        return InputProcessor(self.preprocessor, cache=self.pipeline.engine_cache())
 
     def prepare(
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
@@ -476,7 +464,7 @@ class InputProcessor:
         if isinstance(prompt, Mapping) and prompt.get("type") == "multimodal":
             inputs: MultiModalInputs = prompt  # type: ignore[assignment]
         else:
-            inputs = self.pipeline.prepare(prompt, opts, request_id)
+            inputs = self.pipeline.prepare(prompt, opts, request_id, self.cache)
         self._validate(inputs)
         arrival = opts.arrival_time if opts.arrival_time is not None else time.time()
         return PreparedRequest(request_id, inputs, params or SamplingParams(), opts, arrival)
@@ -496,28 +484,50 @@ class InputProcessor:
         client calls it from one ordered lane, right before the transport, so the mirror's order
         is the order on the wire. Then exactly one of :meth:`take_stamp` (it is sent) and
         :meth:`take_mirror_only` (it is not) must follow."""
-        return self._build(prepared, self.pipeline.commit(prepared.inputs, prepared.request_id))
+        return self._build(prepared, self.pipeline.commit(prepared.inputs, prepared.request_id, self.cache))
+
+    @property
+    def mirror(self) -> SenderMirror:
+        return NULL_SENDER_MIRROR if self.cache is None else self.cache.mirror
 
     def take_stamp(self, request_id: str, *, keep: bool = False) -> MirrorStamp | None:
         """The stamp of ``request_id``'s commit, to send with it (``None``: it changed nothing);
         ``keep``: leave it issued until the send succeeded (see :meth:`take_mirror_only`)."""
-        return self.pipeline.mirror.take_stamp(request_id, keep=keep)
+        return self.mirror.take_stamp(request_id, keep=keep)
 
     def take_mirror_only(self, request_id: str) -> tuple[MirrorStamp, MirrorOnly] | None:
         """For a committed request that will not be sent after all: what P1 must replay."""
-        return self.pipeline.mirror.take_mirror_only(request_id)
+        return self.mirror.take_mirror_only(request_id)
 
     def invalidate(self, mm_hashes: Sequence[str]) -> None:
         """P1 lacks these items: the next commit sends their data."""
-        self.pipeline.invalidate(mm_hashes)
+        if self.cache is not None:
+            for mm_hash in mm_hashes:
+                self.cache.invalidate(mm_hash)
 
     def reset_shadow(self, epoch: int | None = None) -> bool:
         """Clear the mirror's P0 shadow (a new epoch), if it is still in ``epoch`` (``None``: any)."""
-        return self.pipeline.reset_shadow(epoch)
+        current = self.mirror.epoch
+        if self.cache is None or current is None or (epoch is not None and current != epoch):
+            return False
+        self.cache.clear_cache()
+        self.pipeline.stats.reset = True
+        return True
 
     def request_finished(self, request_id: str, *, aborted: bool = False) -> None:
         """The request left the engine: what the P0 cache held for it (shm chunks) may be reused."""
-        self.pipeline.request_finished(request_id, aborted=aborted)
+        if self.cache is not None:
+            if aborted:
+                self.cache.on_request_aborted(request_id)
+            else:
+                self.cache.on_request_finished(request_id)
+
+    def clear_cache(self) -> None:
+        """The P0 half of vLLM's ``reset_mm_cache`` for this processor's engine: its cache and the
+        pipeline's processor-only one."""
+        if self.cache is not None and self.cache is not self.pipeline.cache:
+            self.cache.clear_cache()
+        self.pipeline.clear_cache()
 
     def _build(self, prepared: PreparedRequest, inputs: MultiModalInputs) -> EngineCoreRequest:
         opts = prepared.options

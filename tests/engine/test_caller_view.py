@@ -128,7 +128,7 @@ def test_an_engine_that_dies_fails_what_waits_and_marks_the_client(echo: EchoLin
         proc.kill()
         proc.wait(10)
         started = time.monotonic()
-        with pytest.raises(EngineDeadError, match=r"^The engine sent nothing for 1 s \(no heartbeat\)"):
+        with pytest.raises(EngineDeadError, match=r"^Engine 0 sent nothing for 1 s \(no heartbeat\)"):
             async for _ in stream:
                 pass
         assert time.monotonic() - started < 5

@@ -19,10 +19,11 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+from stock_like import StockLikeEngine, engine_in_thread
 
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake, engine_handshake
+from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
 from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
 from mmfront.errors import ConfigError, EngineDeadError, HandshakeError, ValidationError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
@@ -35,28 +36,11 @@ from mmfront.wire.handshake import (
     EXTRA_HEARTBEAT,
     EXTRA_MIRROR,
     EXTRA_SIDE_CHANNEL,
-    EngineCoreReadyResponse,
     HandshakeStatus,
 )
-from mmfront.wire.messages import ABORT, ENGINE_OUTPUTS, REQUEST, Direction, decode_message, encode_envelope
-from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from mmfront.wire.messages import ABORT, Direction, decode_message, encode_envelope
 
-READY = EngineCoreReadyResponse(max_model_len=4096, num_gpu_blocks=1234, block_size=16)
 IMAGES = [image_data_url(make_image(24 + 4 * i, 20 + 2 * i, seed=i)) for i in range(3)]
-
-
-def _engine_in_thread(address: str, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["transport"] = engine_handshake(address, 0, READY, **kwargs)
-        except Exception as e:  # handed to the test
-            box["error"] = e
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, box
 
 
 @pytest.mark.parametrize("local", [True, False])
@@ -64,7 +48,7 @@ def test_handshake_with_an_mmfront_engine_announces_its_extras(local: bool) -> N
     parallel = DataParallelConfig(1, 1 if local else 0, "127.0.0.1", 0)
     with ZmqFrontendTransport("ipc" if local else "tcp") as p0, FrontendHandshake(p0, parallel) as handshake:
         assert handshake.address.startswith("ipc://" if local else "tcp://127.0.0.1:")
-        thread, box = _engine_in_thread(handshake.address, local=local)
+        thread, box = engine_in_thread(handshake.address, local=local)
         [info] = handshake.wait(30)
         thread.join(10)
         engine: ZmqEngineTransport = box["transport"]
@@ -99,7 +83,7 @@ def test_a_peer_with_an_unexpected_rank_is_a_typed_error() -> None:
 def test_a_local_engine_where_a_headless_one_is_expected_is_refused() -> None:
     parallel = DataParallelConfig(1, 0, "127.0.0.1", 0)
     with ZmqFrontendTransport("tcp") as p0, FrontendHandshake(p0, parallel) as handshake:
-        _engine_in_thread(handshake.address, local=True, timeout=1)
+        engine_in_thread(handshake.address, local=True, timeout=1)
         with pytest.raises(HandshakeError, match=r"rank 0 says local=True.*headless"):
             handshake.wait(10)
 
@@ -118,56 +102,6 @@ def test_data_parallel_config_checks_vllm_names() -> None:
 
 
 # --- an engine that announces nothing: what a stock vLLM engine core does ------------------------
-
-
-class StockLikeEngine:
-    """Speaks vLLM's protocol only: outputs are its one reply (token k of a request is
-    1000 + 10 * n + k, n = images that arrived resolved), a reference to an item it does not hold
-    is vLLM's miss output, and it can forget its cache, stall, or die."""
-
-    def __init__(self, address: str) -> None:
-        self.held: set[str] = set()
-        self.seen: list[EngineCoreRequest] = []
-        self.stall_s = 0.0
-        self.address = address
-        self._stop = threading.Event()
-        self._encoder = MsgpackEncoder()
-        thread, self._box = _engine_in_thread(address, extras=())
-        thread.join(30)
-        self.transport: ZmqEngineTransport = self._box["transport"]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            frames = self.transport.recv(0.05)
-            if frames is None:
-                continue
-            message = decode_message(frames, Direction.TO_ENGINE)
-            if message.kind != REQUEST:
-                continue
-            assert message.stamp is None  # no stamps for an engine that announced no mirror
-            request: EngineCoreRequest = message.body
-            self.seen.append(request)
-            features = request.mm_features or []
-            missing = [f.mm_hash for f in features if f.data is None and f.mm_hash not in self.held]
-            if missing:
-                out = EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ERROR,
-                                       mm_cache_miss_hashes=missing)
-            else:
-                self.held.update(f.mm_hash for f in features if f.mm_hash is not None)
-                if self._stop.wait(self.stall_s):
-                    return
-                n = len(features)
-                out = EngineCoreOutput(request.request_id, [1000 + 10 * n + k for k in range(2)],
-                                       finish_reason=FinishReason.LENGTH)
-            outputs = EngineCoreOutputs(outputs=[out], finished_requests={request.request_id})
-            self.transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(outputs)))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.transport.close()
 
 
 @pytest.fixture

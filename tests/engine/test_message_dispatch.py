@@ -142,7 +142,7 @@ def test_the_client_decodes_each_reply_once_and_handles_every_kind(decodes: Coun
     client = EngineClient(InputProcessor(InputPreprocessor("toy", config, processor=toy(config))), Inbox([]))
     for frames in TO_FRONTEND:
         assert client.handle_reply(frames) == []  # nothing in flight: every reply is for no one
-    assert client.engine_epoch == 1
+    assert client.ranks[0].epoch == 1
     assert decodes == Counter(envelope=len(TO_FRONTEND), body=len(TO_FRONTEND))
     for frames in TO_ENGINE:
         kind = MESSAGE_KINDS[bytes(frames[0])]

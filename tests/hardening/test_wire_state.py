@@ -166,7 +166,7 @@ def test_every_reply_field_is_checked(kind: bytes, body: list[Any], match: str) 
     client = EngineClient(InputProcessor(InputPreprocessor("toy", config, processor=toy(config))), Inbox())
     with pytest.raises(DecodeError, match=r"^Malformed message: " + match):
         client.handle_reply([kind, b"", msgspec.msgpack.encode(body)])
-    assert client.stats.shadow_resets == 0 and client.engine_epoch is None
+    assert client.stats.shadow_resets == 0 and client.ranks[0].epoch is None
 
 
 def test_the_largest_epoch_decodes_in_every_reply() -> None:

@@ -36,7 +36,7 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mmfront.engine.client import EngineClient, RequestFailed, RequestOutput, UtilityReply
 from mmfront.engine.handshake import EngineInfo
@@ -65,6 +65,14 @@ class _Call:
     method: str
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    engine_index: int
+
+
+class EngineProcess(Protocol):
+    """A local engine process the client watches (``subprocess.Popen`` is one): ``poll`` returns
+    its exit code once it has exited."""
+
+    def poll(self) -> int | None: ...
 
 
 FIRST_CALL_ID = 1 << 32
@@ -73,11 +81,13 @@ messages (``RESET_CACHE``, ``MIRROR_ONLY``) from 0, so an answer to one never re
 
 
 class AsyncEngineClient:
-    """vLLM's ``AsyncLLM``-side view of the engine link, for one engine.
+    """vLLM's ``AsyncLLM``-side view of the engine link: one engine, or one per data-parallel rank
+    (``engines``, from :meth:`~mmfront.engine.handshake.FrontendHandshake.wait`).
 
-    Thread-safety: any number of tasks, on any number of event loops, may add and abort
-    requests; the reader thread is the only one that receives. :meth:`close` (or ``async with``)
-    stops the reader and closes the transport.
+    An engine that dies fails the requests it had; the client is then :attr:`errored` (as vLLM's,
+    new requests are refused) until that engine is heard again. Thread-safety: any number of
+    tasks, on any number of event loops, may add and abort requests; the reader thread is the only
+    one that receives. :meth:`close` (or ``async with``) stops the reader and closes the transport.
     """
 
     def __init__(
@@ -93,10 +103,13 @@ class AsyncEngineClient:
         self._call_ids = itertools.count(FIRST_CALL_ID)
         self._abandoned: queue.SimpleQueue[tuple[str, _Stream]] = queue.SimpleQueue()
         """Requests whose stream's consumer went away; the reader thread aborts them."""
-        self._dead: EngineDeadError | None = None
+        self._dead: dict[int, EngineDeadError] = {}
+        """The ranks known dead, and why; a rank is alive again once heard after its death."""
+        self._died_at: dict[int, float] = {}
+        self._processes: dict[int, EngineProcess] = {}
+        self._checked = 0.0
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._last_heard = time.monotonic()
         self._reader = threading.Thread(target=self._read, name="mmfront-engine-reader", daemon=True)
         self._reader.start()
 
@@ -115,19 +128,26 @@ class AsyncEngineClient:
 
     @property
     def errored(self) -> bool:
-        """The engine is dead (vLLM's ``AsyncLLM.errored``): its link broke, or it went silent
-        while requests waited. Cleared when a restarted engine is heard again."""
-        return self._dead is not None
+        """An engine is dead (vLLM's ``AsyncLLM.errored``): its link broke, its process exited, or
+        it went silent while requests waited. Cleared when the restarted engine is heard again."""
+        return bool(self._dead)
 
     @property
     def dead_error(self) -> EngineDeadError:
-        """Why the engine is considered dead (vLLM's ``dead_error``)."""
-        return self._dead or EngineDeadError("The engine is dead.")
+        """Why an engine is considered dead (vLLM's ``dead_error``)."""
+        dead = dict(self._dead)
+        return next(iter(dead.values())) if dead else EngineDeadError("The engine is dead.")
 
     async def check_health(self) -> None:
         """Raise :class:`~mmfront.errors.EngineDeadError` when :attr:`errored` (vLLM's ``check_health``)."""
-        if self._dead is not None:
-            raise self._dead
+        if self._dead:
+            raise self.dead_error
+
+    def watch_process(self, engine_index: int, process: EngineProcess) -> None:
+        """Rank ``engine_index`` runs in ``process`` on this host: its exit is its death (vLLM's
+        frontend watches its local engine processes the same way), noticed within a poll interval."""
+        with self._lock:
+            self._processes[engine_index] = process
 
     async def add_request(
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
@@ -139,8 +159,8 @@ class AsyncEngineClient:
         request in the engine."""
         if self._closed.is_set():
             raise TransportError("The client is closed; create a new one.")
-        if self._dead is not None:
-            raise self._dead
+        if self._dead:
+            raise self.dead_error
         stream = _Stream(asyncio.get_running_loop())
         with self._lock:
             if request_id in self._streams:
@@ -157,27 +177,34 @@ class AsyncEngineClient:
         weakref.finalize(iterator, self._forget, request_id, stream, abort=True).atexit = False
         return iterator
 
-    async def call_utility(self, method: str, *args: Any) -> Any:
+    async def call_utility(self, method: str, *args: Any, engine_index: int | None = None) -> Any:
         """Run the engine's method ``method`` with ``args`` and return its result (vLLM's
-        ``call_utility_async``). A failure in the engine raises
-        :class:`~mmfront.errors.UtilityCallError` with the engine's message; a dead engine,
-        :class:`~mmfront.errors.EngineDeadError` (at once when it is known dead)."""
+        ``call_utility_async``). With several ranks it runs on every one (``engine_index``: on
+        that one only) and rank 0's result is returned, as vLLM's data-parallel client does. A
+        failure in an engine raises :class:`~mmfront.errors.UtilityCallError` with the engine's
+        message; a dead engine, :class:`~mmfront.errors.EngineDeadError` (at once when it is known
+        dead)."""
         if self._closed.is_set():
             raise TransportError("The client is closed; create a new one.")
-        if self._dead is not None:
-            raise self._dead
+        if self._dead:
+            raise self.dead_error
+        ranks = range(len(self.client.ranks)) if engine_index is None else [engine_index]
+        results = await asyncio.gather(*(self._call_one(method, args, i) for i in ranks))
+        return results[0]
+
+    async def _call_one(self, method: str, args: tuple[Any, ...], engine_index: int) -> Any:
         loop = asyncio.get_running_loop()
         call = UtilityCall(next(self._call_ids), method, args)
-        pending = _Call(method, loop, loop.create_future())
+        pending = _Call(method, loop, loop.create_future(), engine_index)
         with self._lock:
             self._calls[call.call_id] = pending
         try:
             try:
-                await loop.run_in_executor(None, self.client.call_utility, call)
+                await loop.run_in_executor(None, self.client.call_utility, call, engine_index)
             except EngineDeadError:
                 raise
             except TransportError as e:
-                raise EngineDeadError(f"The engine cannot be reached ({e}).") from e
+                raise EngineDeadError(f"Engine {engine_index} cannot be reached ({e}).") from e
             return await pending.future
         finally:
             with self._lock:
@@ -275,31 +302,58 @@ class AsyncEngineClient:
             except DecodeError as e:
                 logger.warning("Dropped a malformed message from the engine: %s", e)
                 continue
+            except EngineDeadError as e:  # a stock engine's ENGINE_CORE_DEAD, or the socket monitor
+                self._engine_died(e)
+                continue
             except (EOFError, TransportError) as e:
                 self._engine_died(EngineDeadError(f"The engine link broke ({e})."))
                 return
-            if frames is None:
-                if (EXTRA_HEARTBEAT in self.client.extras and self._waiting()
-                        and time.monotonic() - self._last_heard > self.engine_timeout_s):
-                    self._engine_died(EngineDeadError(
-                        f"The engine sent nothing for {self.engine_timeout_s:.0f} s (no heartbeat): it is gone. "
-                        "Restart it, then send the requests again."))
-                    self._last_heard = time.monotonic()
+            if frames is not None:
+                try:
+                    self._dispatch(self.client.handle_reply(frames))
+                except DecodeError as e:
+                    logger.warning("Dropped a malformed message from the engine: %s", e)
+            if time.monotonic() - self._checked >= self._poll_interval_s:
+                self._check_ranks()
+
+    def _check_ranks(self) -> None:
+        """Revive ranks heard since they died; declare dead the ranks whose process exited or that
+        announced heartbeats and went silent for ``engine_timeout_s`` while owing an answer."""
+        now = self._checked = time.monotonic()
+        for rank in self.client.ranks:
+            died = self._died_at.get(rank.index)
+            if died is not None:
+                if rank.last_heard > died:
+                    self._dead.pop(rank.index, None)
+                    del self._died_at[rank.index]
                 continue
-            self._last_heard = time.monotonic()
-            self._dead = None
-            try:
-                self._dispatch(self.client.handle_reply(frames))
-            except DecodeError as e:
-                logger.warning("Dropped a malformed message from the engine: %s", e)
+            process = self._processes.get(rank.index)
+            code = None if process is None else process.poll()
+            if code is not None:
+                self._engine_died(EngineDeadError(
+                    f"Engine {rank.index}'s process exited (code {code}); its log says why. Restart it, then "
+                    "send the requests again."), rank.index)
+            elif (EXTRA_HEARTBEAT in rank.extras and now - rank.last_heard > self.engine_timeout_s
+                    and self._waiting(rank.index)):
+                self._engine_died(EngineDeadError(
+                    f"Engine {rank.index} sent nothing for {self.engine_timeout_s:.0f} s (no heartbeat): it is gone. "
+                    "Restart it, then send the requests again."), rank.index)
 
-    def _waiting(self) -> bool:
-        return bool(self.client.in_flight or self.client.running or self._calls)
+    def _waiting(self, engine_index: int) -> bool:
+        with self._lock:
+            calls = any(call.engine_index == engine_index for call in self._calls.values())
+        return calls or self.client.has_work(engine_index)
 
-    def _engine_died(self, error: EngineDeadError) -> None:
-        self._dead = error
-        self._dispatch(self.client.fail_all(error))
-        self._fail_calls(error)
+    def _engine_died(self, error: EngineDeadError, engine_index: int | None = None) -> None:
+        """Rank ``engine_index`` (``None``: every rank, when the link cannot say which) is dead:
+        fail what it owes."""
+        now = time.monotonic()
+        for rank in self.client.ranks:
+            if engine_index is None or rank.index == engine_index:
+                self._dead[rank.index] = error
+                self._died_at[rank.index] = now
+        self._dispatch(self.client.fail_all(error, engine_index))
+        self._fail_calls(error, engine_index)
 
     def _abort_abandoned(self) -> None:
         while not self._abandoned.empty():
@@ -338,10 +392,13 @@ class AsyncEngineClient:
                 error = e
         self._settle(call, result, error)
 
-    def _fail_calls(self, error: BaseException) -> None:
+    def _fail_calls(self, error: BaseException, engine_index: int | None = None) -> None:
         with self._lock:
-            calls, self._calls = list(self._calls.values()), {}
-        for call in calls:
+            failed = {call_id: call for call_id, call in self._calls.items()
+                      if engine_index is None or call.engine_index == engine_index}
+            for call_id in failed:
+                del self._calls[call_id]
+        for call in failed.values():
             self._settle(call, None, error)
 
     @staticmethod

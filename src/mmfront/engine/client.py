@@ -13,6 +13,13 @@ announced them in vLLM's start-up handshake (``engine``, an
 once sent, and a miss comes back as vLLM's own: the request's output finished with ``ERROR``
 and ``mm_cache_miss_hashes``, which the client answers with a resend, invisibly to the caller.
 
+Data-parallel ranks (``engines``, one :class:`~mmfront.engine.handshake.EngineInfo` per rank):
+each request goes to the rank with the fewest requests outstanding from this client (chosen
+before it is prepared, so it is prepared and committed against that rank's P0 cache: one mirror
+per rank, as each rank keeps its own P1 cache); its aborts, resends and replies stay with that
+rank. mmfront names no ``DPCoordinator`` in the handshake, so vLLM's non-MoE ranks start without
+waiting for one and publish no queue statistics: the balance is counted here.
+
 Concurrency: :meth:`EngineClient.add_request` may be called from any number of threads, and
 :meth:`EngineClient.add_request_async` from any number of tasks. Media loading, hashing and HF
 processing run on the caller's thread (a worker thread for the async form); the commit to the
@@ -26,14 +33,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
-from mmfront.errors import EngineDeadError, MMFrontError, TransportError, ValidationError
+from mmfront.errors import ConfigError, EngineDeadError, MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
 from mmfront.timing import stage
@@ -99,8 +107,29 @@ ClientEvent = RequestAdmitted | RequestFailed | RequestOutput | UtilityReply
 
 
 @dataclass
+class EngineRank:
+    """One data-parallel rank as this client sees it. Mutated in the commit lane only."""
+
+    index: int
+    processor: InputProcessor
+    """Prepares and commits this rank's requests against its own P0 cache."""
+    info: EngineInfo | None
+    extras: frozenset[str]
+    """The mmfront extras this engine announced; none for a stock vLLM engine."""
+    epoch: int | None = None
+    """The engine process's epoch (mmfront engines greet with one); a new one means a restart."""
+    outstanding: int = 0
+    """Requests of this client on this rank: chosen for it and not finished."""
+    sent: int = 0
+    """Requests sent to it (resends not counted)."""
+    last_heard: float = field(default_factory=time.monotonic)
+    """When a message last arrived from it (``time.monotonic``)."""
+
+
+@dataclass
 class _InFlight:
     prepared: PreparedRequest
+    rank: EngineRank
     complete: bool = False
     """Its latest send carried the data of every item, which P1 admits in any state (in the
     mirror, outside it, with an empty cache): a miss arriving now answers an earlier copy (one
@@ -130,40 +159,57 @@ class EngineClient:
     P1's replies (feed every arriving envelope to :meth:`handle_reply`).
 
     Drop-in for the part of vLLM's ``EngineCoreClient`` that adds requests: ``add_request`` takes
-    the arguments of ``InputProcessor.process_inputs``. ``engine`` is what the engine said in
-    vLLM's start-up handshake; without one (a pipe, a transport connected by hand) the engine is
-    taken to be mmfront's, with every extra.
+    the arguments of ``InputProcessor.process_inputs``. ``engines`` is what the engines said in
+    vLLM's start-up handshake, one per data-parallel rank (several need a transport that routes,
+    ``send_to``); without it (a pipe, a transport connected by hand) there is one engine, taken to
+    be mmfront's, with every extra.
     """
 
     def __init__(
         self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False,
         engines: Sequence[EngineInfo] = (),
     ) -> None:
-        engine = engines[0] if engines else None
         self.processor = processor
+        """Rank 0's processor; the other ranks' share its model and processing."""
         self.transport = transport
-        self.engine = engine
-        """The engine's start-up answer (``max_model_len``, ``num_gpu_blocks``, ``block_size``)."""
-        self.extras = MMFRONT_EXTRAS if engine is None else engine.extras
-        """The mmfront extras this engine announced; none for a stock vLLM engine."""
+        infos: list[EngineInfo | None] = [*engines] or [None]
+        if len(infos) > 1 and not transport.routes_to_engines:
+            raise ConfigError(f"{len(infos)} engine ranks need a transport that routes to each "
+                              f"(ZmqFrontendTransport); {type(transport).__name__} reaches one engine.")
+        if [info.engine_index for info in engines] != list(range(len(engines))):
+            raise ConfigError(f"engines must list ranks 0..{len(engines) - 1} in order (FrontendHandshake.wait's "
+                              f"answer), got ranks {[info.engine_index for info in engines]}.")
+        self.ranks = [
+            EngineRank(i, processor if i == 0 else processor.for_another_engine(), info,
+                       MMFRONT_EXTRAS if info is None else info.extras)
+            for i, info in enumerate(infos)]
+        self.engine = infos[0]
+        """Rank 0's start-up answer (``max_model_len``, ``num_gpu_blocks``, ``block_size``)."""
         self.stats = ClientStats()
         self.stream_outputs = stream_outputs
         """Keep admitted requests until their last output (the engine's outputs come back over
         the same transport); otherwise a request is done for the client once admitted."""
-        self.engine_epoch: int | None = None
-        self.max_model_len: int | None = None if engine is None else engine.max_model_len
-        """The engine's context length (from its start-up answer): a request whose prompt and
-        ``max_tokens`` exceed it is refused before it is sent (``None``: unknown, nothing is
-        checked)."""
+        known = [info.max_model_len for info in engines]
+        self.max_model_len: int | None = min(known) if known else None
+        """The engines' context length (the smallest start-up answer, as vLLM takes it): a request
+        whose prompt and ``max_tokens`` exceed it is refused before it is sent (``None``:
+        unknown, nothing is checked)."""
         self._lane = threading.RLock()
         self._lane_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmfront-commit-lane")
         self._in_flight: dict[str, _InFlight] = {}
         self._running: dict[str, _InFlight] = {}
+        self._rank_of: dict[str, EngineRank] = {}
+        """Every request this client tracks (being prepared, in flight, running) and its rank."""
         self._encoder = MsgpackEncoder()
         self._handlers: dict[bytes, Callable[[Any], list[ClientEvent]]] = {
             ENGINE_OUTPUTS: self._on_outputs, ENGINE_HELLO: self._on_hello, ADMITTED: self._on_admitted,
             MIRROR_RESET: self._on_mirror_reset, CACHE_MISS: self._on_miss}
         """What each P1 -> P0 kind does, run in the commit lane."""
+
+    @property
+    def extras(self) -> frozenset[str]:
+        """The extras every rank announced."""
+        return frozenset.intersection(*(rank.extras for rank in self.ranks))
 
     @property
     def in_flight(self) -> list[str]:
@@ -179,9 +225,9 @@ class EngineClient:
         :class:`~mmfront.preprocess.RequestOptions`. Errors in the request itself raise here;
         drift never does. The request's media stay referenced until it is admitted: a resend
         may need to process an item again."""
-        self._reserve(request_id)
+        rank = self._reserve(request_id)
         try:
-            prepared = self.processor.prepare(request_id, prompt, params, options=options, **kwargs)
+            prepared = rank.processor.prepare(request_id, prompt, params, options=options, **kwargs)
         except BaseException:
             self._release(request_id)
             raise
@@ -194,11 +240,11 @@ class EngineClient:
         """:meth:`add_request` for asyncio: preparation and the commit lane run on worker
         threads, so the event loop never waits for media, the HF processor or the lane."""
         loop = asyncio.get_running_loop()
-        self._reserve(request_id)
+        rank = self._reserve(request_id)
         try:
             prepared = await loop.run_in_executor(
                 self.processor.pipeline.executor,
-                lambda: self.processor.prepare(request_id, prompt, params, options=options, **kwargs))
+                lambda: rank.processor.prepare(request_id, prompt, params, options=options, **kwargs))
         except BaseException:
             self._release(request_id)
             raise
@@ -211,24 +257,39 @@ class EngineClient:
             return list(self._running)
 
     def abort_request(self, request_id: str) -> None:
-        """Stop tracking ``request_id`` and tell the engine to stop it: later replies for it are
+        """Stop tracking ``request_id`` and tell its engine to stop it: later replies for it are
         ignored, and it is not resent."""
         with self._lane:
             sent = self._in_flight.pop(request_id, None) is not None
             sent = self._running.pop(request_id, None) is not None or sent
-            if sent:
-                self.processor.request_finished(request_id, aborted=True)
-                self.transport.send(encode_envelope(ABORT, self._encoder.encode([request_id])))
+            rank = self._untrack(request_id)
+            if sent and rank is not None:
+                rank.processor.request_finished(request_id, aborted=True)
+                self._send(rank, encode_envelope(ABORT, self._encoder.encode([request_id])))
 
-    def call_utility(self, call: UtilityCall) -> None:
-        """Send one utility call; its answer comes back as a :class:`UtilityReply` event."""
+    def call_utility(self, call: UtilityCall, engine_index: int = 0) -> None:
+        """Send one utility call to rank ``engine_index``; its answer comes back as a
+        :class:`UtilityReply` event."""
         with self._lane:
-            self.transport.send(encode_envelope(UTILITY, self._encoder.encode(call)))
+            self._send(self.ranks[engine_index], encode_envelope(UTILITY, self._encoder.encode(call)))
 
     def clear_cache(self) -> None:
-        """Clear the P0 caches (the frontend's half of vLLM's ``reset_mm_cache``), in the lane."""
+        """Clear every rank's P0 caches (the frontend's half of vLLM's ``reset_mm_cache``), in the lane."""
         with self._lane:
-            self.processor.preprocessor.reset_mm_cache()
+            for rank in self.ranks:
+                rank.processor.clear_cache()
+
+    def rank_of(self, request_id: str) -> int | None:
+        """The rank ``request_id`` went to, while it is tracked."""
+        with self._lane:
+            rank = self._rank_of.get(request_id)
+            return None if rank is None else rank.index
+
+    def has_work(self, engine_index: int) -> bool:
+        """Whether rank ``engine_index`` owes this client an answer (a request in flight or running)."""
+        with self._lane:
+            return any(entry is not None and entry.rank.index == engine_index
+                       for table in (self._in_flight, self._running) for entry in table.values())
 
     def handle_reply(self, frames: Sequence[Frame]) -> list[ClientEvent]:
         """Act on one envelope from P1; the events the caller must see (often none)."""
@@ -236,48 +297,51 @@ class EngineClient:
         with self._lane:
             return self._handlers[message.kind](message.body)
 
-    def engine_restarted(self) -> list[ClientEvent]:
-        """P1 was replaced by an empty one and what was in transit to the old one is lost: clear
-        the shadow and send again every request that produced no output yet; one that did fails
-        with :class:`~mmfront.errors.EngineDeadError` (resending it would answer it twice).
-        Returns the requests that failed."""
+    def engine_restarted(self, engine_index: int = 0) -> list[ClientEvent]:
+        """Rank ``engine_index`` was replaced by an empty engine and what was in transit to the old
+        one is lost: clear its shadow and send again every request of it that produced no output
+        yet; one that did fails with :class:`~mmfront.errors.EngineDeadError` (resending it would
+        answer it twice). Returns the requests that failed."""
         with self._lane:
+            rank = self.ranks[engine_index]
             self.stats.engine_restarts += 1
-            if self.processor.reset_shadow():
+            if rank.processor.reset_shadow():
                 self.stats.shadow_resets += 1
             events: list[ClientEvent] = []
             for request_id, entry in list(self._running.items()):
+                if entry.rank is not rank:
+                    continue
                 del self._running[request_id]
                 if entry.produced:
-                    self.stats.failures += 1
-                    self.processor.request_finished(request_id, aborted=True)
-                    events.append(RequestFailed(request_id, EngineDeadError(
+                    events.append(self._fail(request_id, entry, EngineDeadError(
                         f"The engine restarted while request {request_id!r} was generating; its output so far is "
                         "incomplete. Send the request again.")))
                 else:
                     self._in_flight[request_id] = entry
             for request_id, entry in list(self._in_flight.items()):
-                failed = self._resubmit(request_id, entry, complete=False)
-                if failed is not None:
-                    events.append(failed)
+                if entry is not None and entry.rank is rank:
+                    failed = self._resubmit(request_id, entry, complete=False)
+                    if failed is not None:
+                        events.append(failed)
             return events
 
-    def fail_all(self, error: MMFrontError) -> list[ClientEvent]:
-        """The engine is gone for good: every request in flight or running fails with ``error``."""
+    def fail_all(self, error: MMFrontError, engine_index: int | None = None) -> list[ClientEvent]:
+        """The engine is gone for good: every request in flight or running on it (``None``: on
+        any rank) fails with ``error``."""
         with self._lane:
             events: list[ClientEvent] = []
             for table in (self._in_flight, self._running):
                 for request_id, entry in list(table.items()):
-                    del table[request_id]
-                    if entry is not None:
-                        self.stats.failures += 1
-                        self.processor.request_finished(request_id, aborted=True)
-                        events.append(RequestFailed(request_id, error))
+                    if entry is not None and (engine_index is None or entry.rank.index == engine_index):
+                        del table[request_id]
+                        events.append(self._fail(request_id, entry, error))
             return events
 
     # --- the commit lane ----------------------------------------------------------------------
 
     def _on_outputs(self, outputs: EngineCoreOutputs) -> list[ClientEvent]:
+        if 0 <= outputs.engine_index < len(self.ranks):
+            self.ranks[outputs.engine_index].last_heard = time.monotonic()
         events: list[ClientEvent] = []
         failure = outputs.utility_output
         if failure is not None and failure.call_id == -1:
@@ -295,11 +359,13 @@ class EngineClient:
             entry.produced = True
             if output.finish_reason is not None:
                 del self._running[output.request_id]
-                self.processor.request_finished(output.request_id)
+                self._untrack(output.request_id)
+                entry.rank.processor.request_finished(output.request_id)
             events.append(RequestOutput(output.request_id, output))
         return events
 
     def _on_admitted(self, admitted: Admitted) -> list[ClientEvent]:
+        self._heard_about(admitted.request_id)
         if not self._admit(admitted.request_id):
             return []
         return [RequestAdmitted(admitted.request_id, admitted.request)]
@@ -310,6 +376,8 @@ class EngineClient:
             return False
         if self.stream_outputs:
             self._running[request_id] = entry
+        else:
+            self._untrack(request_id)
         return True
 
     def _on_stock_miss(self, request_id: str, entry: _InFlight, mm_hashes: list[str]) -> list[ClientEvent]:
@@ -321,45 +389,86 @@ class EngineClient:
         return self._on_miss(CacheMiss(request_id, mm_hashes))
 
     def _on_mirror_reset(self, reset: MirrorReset) -> list[ClientEvent]:
-        self._reset_shadow(reset.epoch)
+        for rank in self.ranks:  # epochs are random per shadow: at most one rank is still in it
+            if self._reset_shadow(rank, reset.epoch):
+                rank.last_heard = time.monotonic()
         return []
 
     def _on_hello(self, hello: EngineHello) -> list[ClientEvent]:
-        known, self.engine_epoch = self.engine_epoch, hello.epoch
+        if hello.engine_index >= len(self.ranks):
+            logger.warning("Dropped a greeting from engine %d: this client has ranks 0..%d.",
+                           hello.engine_index, len(self.ranks) - 1)
+            return []
+        rank = self.ranks[hello.engine_index]
+        rank.last_heard = time.monotonic()
+        known, rank.epoch = rank.epoch, hello.epoch
         if known is None or known == hello.epoch:
             return []
         logger.warning("Engine %d restarted (epoch %x -> %x): resending what it had not answered.",
                        hello.engine_index, known, hello.epoch)
-        return self.engine_restarted()
+        return self.engine_restarted(hello.engine_index)
 
 
-    def _reserve(self, request_id: str) -> None:
+    def _reserve(self, request_id: str) -> EngineRank:
+        """Track ``request_id`` from now on and choose its rank: the one with the fewest requests
+        outstanding (ties: the lowest index)."""
         with self._lane:
-            if request_id in self._in_flight:
+            if request_id in self._rank_of:
                 raise ValidationError(f"Request {request_id!r} is already in flight; use a new request id.",
                                       parameter="request_id")
+            rank = min(self.ranks, key=lambda r: r.outstanding)
             self._in_flight[request_id] = None  # type: ignore[assignment]  # reserved while it is prepared
+            self._rank_of[request_id] = rank
+            rank.outstanding += 1
+            return rank
 
     def _release(self, request_id: str) -> None:
         with self._lane:
             self._in_flight.pop(request_id, None)
+            self._untrack(request_id)
+
+    def _untrack(self, request_id: str) -> EngineRank | None:
+        rank = self._rank_of.pop(request_id, None)
+        if rank is not None:
+            rank.outstanding -= 1
+        return rank
+
+    def _heard_about(self, request_id: str) -> None:
+        rank = self._rank_of.get(request_id)
+        if rank is not None:
+            rank.last_heard = time.monotonic()
+
+    def _fail(self, request_id: str, entry: _InFlight, error: MMFrontError) -> RequestFailed:
+        """``request_id`` (already out of the tables) fails with ``error``."""
+        self.stats.failures += 1
+        self._untrack(request_id)
+        entry.rank.processor.request_finished(request_id, aborted=True)
+        return RequestFailed(request_id, error)
+
+    def _send(self, rank: EngineRank, envelope: Sequence[Frame]) -> None:
+        if len(self.ranks) == 1:
+            self.transport.send(envelope)
+        else:
+            self.transport.send_to(rank.index, envelope)
 
     def _send_new(self, prepared: PreparedRequest) -> None:
         with self._lane:
-            if prepared.request_id not in self._in_flight:
+            rank = self._rank_of.get(prepared.request_id)
+            if rank is None:
                 return  # aborted while it was being prepared
             try:
                 self._check_length(prepared)
             except ValidationError:
-                del self._in_flight[prepared.request_id]
+                self._release(prepared.request_id)
                 raise
-            entry = _InFlight(prepared)
+            entry = _InFlight(prepared, rank)
             self._in_flight[prepared.request_id] = entry
             try:
-                self._submit(prepared)
+                self._submit(entry)
             except BaseException:
-                self._in_flight.pop(prepared.request_id, None)
+                self._release(prepared.request_id)
                 raise
+            rank.sent += 1
 
     def _check_length(self, prepared: PreparedRequest) -> None:
         """vLLM's length checks, before anything is committed or sent."""
@@ -383,8 +492,9 @@ class EngineClient:
         entry = self._in_flight.get(miss.request_id)
         if entry is None:
             return []
+        entry.rank.last_heard = time.monotonic()
         if miss.stale_epoch is not None:
-            self._reset_shadow(miss.stale_epoch)
+            self._reset_shadow(entry.rank, miss.stale_epoch)
         if entry.complete:
             logger.debug("Ignoring a cache miss for %r: it answers a copy sent before the complete resend.",
                          miss.request_id)
@@ -400,75 +510,77 @@ class EngineClient:
             return None  # still being prepared: it is sent after the reset, from the new shadow
         entry.complete = complete
         if complete:
-            self.processor.invalidate(list(dict.fromkeys(
+            entry.rank.processor.invalidate(list(dict.fromkeys(
                 h for hashes in (entry.prepared.inputs.get("mm_hashes") or {}).values() for h in hashes)))
         try:
-            self._submit(entry.prepared)
+            self._submit(entry)
         except MMFrontError as e:
             del self._in_flight[request_id]
-            self.stats.failures += 1
-            return RequestFailed(request_id, e)
+            return self._fail(request_id, entry, e)
         return None
 
-    def _reset_shadow(self, epoch: int) -> None:
-        if self.processor.reset_shadow(epoch):
+    def _reset_shadow(self, rank: EngineRank, epoch: int | None = None) -> bool:
+        if rank.processor.reset_shadow(epoch):
             self.stats.shadow_resets += 1
+            return True
+        return False
 
-    def _submit(self, prepared: PreparedRequest) -> None:
-        """Commit, stamp, encode and send one request; the caller holds the lane."""
+    def _submit(self, entry: _InFlight) -> None:
+        """Commit, stamp, encode and send one request to its rank; the caller holds the lane."""
+        prepared, rank, processor = entry.prepared, entry.rank, entry.rank.processor
         try:
             with stage("cache"):
-                request = self.processor.commit(prepared)
+                request = processor.commit(prepared)
             with stage("encode"):
                 message = self._encoder.encode(request)
         except BaseException:
-            self._send_mirror_only(prepared.request_id)
+            self._send_mirror_only(rank, prepared.request_id)
             raise
         request_id = prepared.request_id
-        stamp = self.processor.take_stamp(request_id, keep=True)
-        envelope = encode_envelope(REQUEST, message, stamp if EXTRA_MIRROR in self.extras else None)
+        stamp = processor.take_stamp(request_id, keep=True)
+        envelope = encode_envelope(REQUEST, message, stamp if EXTRA_MIRROR in rank.extras else None)
         self.stats.wire_bytes += sum(memoryview(frame).nbytes for frame in envelope)
-        cache = self.processor.cache
+        cache = processor.cache
         if cache is not None:
             for feature in request.mm_features or []:
                 if feature.data is None and feature.mm_hash is not None:
                     self.stats.saved_bytes += cache.cached_nbytes(feature.mm_hash) or 0
         try:
             with stage("send"):
-                self.transport.send(envelope)
+                self._send(rank, envelope)
         except TransportError as e:
             if not self.stream_outputs:
-                self._send_mirror_only(request_id)
+                self._send_mirror_only(rank, request_id)
                 raise
             # The engine is away (restarting): the request stays in flight and is sent again when
             # an engine greets with a new epoch (which resets the shadow), or fails when none does.
-            self.processor.take_stamp(request_id)
-            logger.warning("Request %r could not reach the engine (%s); it waits for the engine.", request_id, e)
+            processor.take_stamp(request_id)
+            logger.warning("Request %r could not reach engine %d (%s); it waits for the engine.",
+                           request_id, rank.index, e)
         except BaseException:
-            self._send_mirror_only(request_id)
+            self._send_mirror_only(rank, request_id)
             raise
         else:
-            self.processor.take_stamp(request_id)
-            if EXTRA_ADMITTED not in self.extras:
+            processor.take_stamp(request_id)
+            if EXTRA_ADMITTED not in rank.extras:
                 self._admit(request_id)  # a stock engine sends no Admitted: the request runs once sent
 
-    def _send_mirror_only(self, request_id: str) -> None:
+    def _send_mirror_only(self, rank: EngineRank, request_id: str) -> None:
         """The request changed the shadow but will not be sent: P1 must replay the change. When
         even that cannot be sent, the shadow starts a new epoch, which P1 adopts at the next
         request, instead of leaving P1 a hole in the sequence to wait out."""
-        taken = self.processor.take_mirror_only(request_id)
-        if taken is not None and EXTRA_MIRROR not in self.extras:
-            if self.processor.reset_shadow():  # a stock engine has no mirror-only replay
-                self.stats.shadow_resets += 1
+        taken = rank.processor.take_mirror_only(request_id)
+        if taken is not None and EXTRA_MIRROR not in rank.extras:
+            self._reset_shadow(rank)  # a stock engine has no mirror-only replay
         elif taken is not None:
             stamp, message = taken
             self.stats.mirror_only += 1
             try:
-                self.transport.send(encode_envelope(MIRROR_ONLY, self._encoder.encode(message), stamp))
+                self._send(rank, encode_envelope(MIRROR_ONLY, self._encoder.encode(message), stamp))
             except TransportError:
-                if self.processor.reset_shadow():
-                    self.stats.shadow_resets += 1
+                self._reset_shadow(rank)
 
 
 __all__ = [
-    "ClientEvent", "ClientStats", "EngineClient", "RequestAdmitted", "RequestFailed", "RequestOutput", "UtilityReply"]
+    "ClientEvent", "ClientStats", "EngineClient", "EngineRank", "RequestAdmitted", "RequestFailed", "RequestOutput",
+    "UtilityReply"]

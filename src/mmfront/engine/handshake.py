@@ -214,11 +214,12 @@ class FrontendHandshake:
 def engine_handshake(
     handshake_address: str, engine_index: int, ready: EngineCoreReadyResponse, *, local: bool = False,
     extras: Collection[str] = (EXTRA_MIRROR, EXTRA_ADMITTED, EXTRA_HEARTBEAT),
-    timeout: float = HANDSHAKE_TIMEOUT_S,
+    timeout: float = HANDSHAKE_TIMEOUT_S, side_channel: bool = True,
 ) -> ZmqEngineTransport:
     """The engine's half: greet P0 at ``handshake_address`` as rank ``engine_index`` (announcing
     ``extras``), connect the data sockets it names with ``ready`` as the first message, say
-    READY (adding ``side_channel`` when the transport opened it), and return the transport."""
+    READY (adding ``side_channel`` when the transport opened it: over ``ipc``, unless
+    ``side_channel`` is false), and return the transport."""
     ctx = zmq.Context()
     try:
         dealer = ctx.socket(zmq.DEALER)
@@ -235,7 +236,7 @@ def engine_handshake(
             raise HandshakeError(f"The frontend at {handshake_address} answered with no handshake metadata: {e}.") from e
         addresses = ZmqAddresses(metadata.addresses.inputs[0], metadata.addresses.outputs[0])
         ready = msgspec.structs.replace(ready, data_parallel_rank=engine_index)
-        transport = ZmqEngineTransport(addresses, engine_index, ready=_encode(ready))
+        transport = ZmqEngineTransport(addresses, engine_index, ready=_encode(ready), side_channel=side_channel)
         said = [EXTRA_SIDE_CHANNEL] if transport.side_channel else None
         dealer.send(_encode(HandshakeStatus("READY", local, not local, mmfront_extras=said)))
     finally:

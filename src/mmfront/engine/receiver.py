@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,7 +25,7 @@ from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullRec
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.config import MultiModalConfig
 from mmfront.engine.transports import BaseTransport, PipeTransport
-from mmfront.errors import DecodeError, TransportError, UnknownUtilityError
+from mmfront.errors import ConfigError, DecodeError, TransportError, UnknownUtilityError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -130,7 +132,21 @@ class _Frontend:
     transport: BaseTransport
     receiver: EngineReceiver
     index: int
-    last_hello: float = 0.0
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Serialises sends on ``transport``: the engine loop's and the heartbeat thread's."""
+    broken: BaseException | None = None
+    """Why a send or a receive failed: the frontend is gone, the engine loop drops it."""
+    dropped: bool = False
+
+
+def _beat(ref: weakref.ref[EngineCoreReceiver], stop: threading.Event, period: float) -> None:
+    """The heartbeat thread: it holds the receiver weakly, so a receiver nobody closed still goes."""
+    while not stop.wait(period):
+        receiver = ref()
+        if receiver is None:
+            return
+        receiver.send_heartbeats()
+        del receiver
 
 
 class EngineCoreReceiver:
@@ -151,13 +167,26 @@ class EngineCoreReceiver:
     caller's receiver cache and tells its P0 (``MirrorReset``) before it runs the engine's.
 
     A malformed message costs only its sender: it is answered with a ``DecodeError`` failure
-    and service goes on. Not thread-safe: call it from the engine loop's thread.
+    and service goes on. A frontend whose link breaks (a send raises
+    :class:`~mmfront.errors.TransportError`, a receive ``EOFError``: its P0 went away) is dropped:
+    its transport is closed, its requests come back from :meth:`take_aborted`, and the other
+    frontends are served on.
+
+    Heartbeats (``EngineHello`` every ``heartbeat_s``) come from a daemon thread the receiver
+    owns, so P0 hears from the engine while a long step runs (``engine_timeout_s``); it stops on
+    :meth:`close` (or when the receiver is garbage-collected) and a failed heartbeat only marks
+    its frontend as gone. Thread-safety: call the methods from the engine loop's thread
+    (:meth:`send_heartbeats` from any). The heartbeat thread shares only the transports' sending
+    side with the loop, through one lock per frontend, so a transport sees one sender at a time
+    (and one receiver: the loop).
     """
 
     def __init__(
         self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None, *, engine_index: int = 0,
         heartbeat_s: float = 1.0, poll_slice_s: float = 0.005, utilities: UtilityMethods | None = None,
     ) -> None:
+        if not heartbeat_s > 0:
+            raise ConfigError(f"heartbeat_s must be positive (seconds between heartbeats), got {heartbeat_s}.")
         self.engine_index = engine_index
         self.utilities: UtilityMethods = utilities or {}
         self.epoch = secrets.randbits(63)
@@ -170,14 +199,25 @@ class EngineCoreReceiver:
         self._ready: list[EngineCoreRequest] = []
         """Admitted outside an arrival (a cache reset released them); the next poll returns them."""
         self._encoder = MsgpackEncoder()
+        self._hello = encode_envelope(ENGINE_HELLO, self._encoder.encode(EngineHello(engine_index, self.epoch)))
         self.add_frontend(transport, cache)
+        self._stop_heartbeats = threading.Event()
+        self._heartbeats = threading.Thread(
+            target=_beat, args=(weakref.ref(self), self._stop_heartbeats, heartbeat_s),
+            name=f"mmfront-heartbeat-{engine_index}", daemon=True)
+        self._heartbeats.start()
 
     def add_frontend(self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None) -> int:
         """Serve one more frontend; its index is the ``client_index`` its requests get."""
         frontend = _Frontend(transport, EngineReceiver(cache), len(self._frontends))
         self._frontends.append(frontend)
-        self._hello(frontend)
+        self._send_to(frontend, self._hello)
         return frontend.index
+
+    @property
+    def frontends_served(self) -> int:
+        """Frontends served now (those whose link broke are not)."""
+        return sum(not f.dropped for f in self._frontends)
 
     @property
     def caches(self) -> list[BaseMultiModalReceiverCache | None]:
@@ -210,21 +250,34 @@ class EngineCoreReceiver:
         now = time.time()
         for index, group in by_frontend.items():
             message = EngineCoreOutputs(engine_index=self.engine_index, outputs=group, timestamp=now)
-            self._frontends[index].transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
+            self._send_to(self._frontends[index], encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
+        self._drop_broken()
 
     def reset_mm_caches(self) -> None:
         """Clear every frontend's receiver cache and tell each P0 (``sleep`` does this)."""
         for frontend in self._frontends:
-            self._reset_mm_cache(frontend)
+            if not frontend.dropped:
+                self._reset_mm_cache(frontend)
 
     def take_aborted(self) -> list[str]:
-        """Requests P0 aborted since the last call: stop generating for them."""
+        """Requests P0 aborted (or whose frontend went away) since the last call: stop generating
+        for them."""
         aborted, self._aborted = self._aborted, []
         return aborted
 
+    def send_heartbeats(self) -> None:
+        """Greet every frontend (``EngineHello``): the heartbeat thread calls it every
+        ``heartbeat_s``; safe from any thread."""
+        for frontend in list(self._frontends):
+            self._send_to(frontend, self._hello)
+
     def close(self) -> None:
+        self._stop_heartbeats.set()
+        if self._heartbeats is not threading.current_thread():
+            self._heartbeats.join()
         for frontend in self._frontends:
-            frontend.transport.close()
+            with frontend.send_lock:
+                frontend.transport.close()
 
     def __enter__(self) -> EngineCoreReceiver:
         return self
@@ -235,14 +288,14 @@ class EngineCoreReceiver:
     # --- internals --------------------------------------------------------------------------------
 
     def _poll_once(self) -> list[EngineCoreRequest]:
+        self._drop_broken()
         ready, self._ready = self._ready, []
-        now = time.monotonic()
         for frontend in self._frontends:
-            if now - frontend.last_hello >= self.heartbeat_s:
-                self._hello(frontend)
+            if frontend.dropped:
+                continue
             _, replies = frontend.receiver.poll()
             self._reply(frontend, replies)
-            while True:
+            while frontend.broken is None:
                 try:
                     frames = frontend.transport.recv(0.0)
                     if frames is None:
@@ -250,6 +303,9 @@ class EngineCoreReceiver:
                     ready += self._handle(frontend, frames)
                 except DecodeError as e:
                     self._refuse(frontend, e)
+                except (EOFError, TransportError) as e:
+                    self._mark_broken(frontend, e)
+        self._drop_broken()
         return ready
 
     def _handle(self, frontend: _Frontend, frames: Sequence[Frame]) -> list[EngineCoreRequest]:
@@ -304,19 +360,45 @@ class EngineCoreReceiver:
 
     def _send_utility_output(self, frontend: _Frontend, output: UtilityOutput) -> None:
         message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=output, timestamp=time.time())
-        try:
-            frontend.transport.send(encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
-        except TransportError:
-            logger.warning("Engine %d: frontend %d is gone.", self.engine_index, frontend.index)
+        self._send_to(frontend, encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
 
     def _reply(self, frontend: _Frontend, replies: list[Reply]) -> None:
         for reply in replies:
-            frontend.transport.send(reply)
+            self._send_to(frontend, reply)
 
-    def _hello(self, frontend: _Frontend) -> None:
-        frontend.last_hello = time.monotonic()
-        hello = EngineHello(self.engine_index, self.epoch)
-        frontend.transport.send(encode_envelope(ENGINE_HELLO, self._encoder.encode(hello)))
+    def _send_to(self, frontend: _Frontend, frames: Sequence[Frame]) -> None:
+        """Send on ``frontend``'s transport from any thread; a frontend whose link broke gets
+        nothing more (the engine loop drops it)."""
+        with frontend.send_lock:
+            if frontend.broken is not None:
+                return
+            try:
+                frontend.transport.send(frames)
+            except TransportError as e:
+                self._mark_broken(frontend, e)
+
+    @staticmethod
+    def _mark_broken(frontend: _Frontend, error: BaseException) -> None:
+        if frontend.broken is None:
+            frontend.broken = error
+
+    def _drop_broken(self) -> None:
+        """Forget each frontend whose link broke: close its transport and abort its requests (the
+        engine loop's thread only, as it owns the routes)."""
+        for frontend in self._frontends:
+            if frontend.broken is None or frontend.dropped:
+                continue
+            frontend.dropped = True
+            with frontend.send_lock:
+                frontend.transport.close()
+            orphans = [request_id for request_id, f in self._routes.items() if f is frontend]
+            for request_id in orphans:
+                del self._routes[request_id]
+            self._aborted += orphans
+            logger.warning("Engine %d: the link to frontend %d broke (%s); dropped it and its %d requests, "
+                           "serving %d other frontends.", self.engine_index, frontend.index,
+                           str(frontend.broken) or type(frontend.broken).__name__, len(orphans),
+                           self.frontends_served)
 
     def _refuse(self, frontend: _Frontend, error: DecodeError) -> None:
         """Tell the sender what was wrong with its message; the others never notice."""
@@ -329,16 +411,20 @@ class EngineCoreReceiver:
 
     def _wait(self, seconds: float) -> list[EngineCoreRequest]:
         """Sleep until a message arrives (one frontend: in its ``recv``) or ``seconds`` pass."""
-        if len(self._frontends) != 1:
+        live = [f for f in self._frontends if not f.dropped]
+        if len(live) != 1:
             time.sleep(seconds)
             return []
-        frontend = self._frontends[0]
+        frontend = live[0]
         try:
             frames = frontend.transport.recv(seconds)
             return [] if frames is None else self._handle(frontend, frames)
         except DecodeError as e:
             self._refuse(frontend, e)
-            return []
+        except (EOFError, TransportError) as e:
+            self._mark_broken(frontend, e)
+            self._drop_broken()
+        return []
 
 
 def serve_pipe(

@@ -98,7 +98,8 @@ def run_worker(
 
     Each frontend gets its own receiver cache and its requests get its position in
     ``frontends`` as ``client_index``. Request ids must be distinct across frontends: a
-    duplicate of a running id is refused to its sender (see docs/engine.md).
+    duplicate of a running id is refused to its sender (see docs/engine.md). A frontend whose
+    link breaks is dropped with its requests; the others are served on.
 
     ``handshake`` lists more frontends by their handshake address: the engine meets each through
     vLLM's start-up handshake (as a ``local`` engine or a headless one), which tells it where

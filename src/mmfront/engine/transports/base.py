@@ -18,14 +18,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from types import TracebackType
-from typing import Protocol
+from typing import ClassVar, Protocol
 
+from mmfront.errors import TransportError
 from mmfront.wire import Frame
 from mmfront.wire.pipe import recv_frames, send_frames
 
 
 class BaseTransport(ABC):
     """One end of an ordered, message-framed link."""
+
+    routes_to_engines: ClassVar[bool] = False
+    """Whether :meth:`send_to` reaches more than engine 0 (what data-parallel ranks need)."""
 
     @abstractmethod
     def send(self, frames: Sequence[Frame]) -> None:
@@ -39,6 +43,13 @@ class BaseTransport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release the link; idempotent."""
+
+    def send_to(self, engine_index: int, frames: Sequence[Frame]) -> None:
+        """Send one message to engine ``engine_index``; a link to one engine reaches only engine 0."""
+        if engine_index != 0:
+            raise TransportError(f"This {type(self).__name__} reaches one engine; engine {engine_index} needs a "
+                                 "transport that routes (ZmqFrontendTransport).")
+        self.send(frames)
 
     def __enter__(self) -> BaseTransport:
         return self

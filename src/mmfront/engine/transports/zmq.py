@@ -119,6 +119,8 @@ class ZmqFrontendTransport(BaseTransport):
     message dropped (-1: no limit). Over ``ipc``, request frames of ``side_channel_min_bytes`` or
     more go on the side channel to engines that opened it (``None``: never)."""
 
+    routes_to_engines = True
+
     def __init__(
         self,
         scheme: Literal["ipc", "tcp"] = "ipc",
