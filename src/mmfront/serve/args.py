@@ -276,9 +276,11 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
         raise ConfigError("--api-server-count above 1 needs every engine on this host for now (leave "
                           "--data-parallel-size-local at --data-parallel-size): a headless engine meets one "
                           "handshake address.")
-    if config.mm_processor_cache_type == "shm" and config.mm_processor_cache_gb > 0 and not parallel.all_local:
-        raise ConfigError("--mm-processor-cache-type shm needs every engine on this host (its shared memory is "
-                          "local); use lru with --data-parallel-size-local below --data-parallel-size.")
+    if config.mm_processor_cache_type == "shm" and config.mm_processor_cache_gb > 0 and (
+            not parallel.all_local or parallel.data_parallel_size > 1):
+        raise ConfigError("--mm-processor-cache-type shm serves one engine on this host (its shared memory is the "
+                          "engine's); use lru with engines elsewhere or --data-parallel-size above 1 (lru keeps one "
+                          "mirror per rank).")
     settings = ServeSettings(
         model=Path(args.model),
         served_model_name=tuple(args.served_model_name or ()),

@@ -10,9 +10,9 @@ Local engines are this process's children for their whole life: each runs in its
 (a Ctrl-C at the terminal reaches only the server, which then stops them in order), is told by
 the kernel to stop when the server dies (``PR_SET_PDEATHSIG`` on Linux), and is stopped with
 SIGTERM, then SIGKILL after a grace period, when the server shuts down or exits (``atexit``). One
-that exits on its own is a dead engine: the client's link to it breaks at once (the transport
-watches disconnects when every engine is local), so requests in flight fail and ``/health``
-answers 503.
+that exits on its own is a dead engine: the client watches each local engine's process
+(``AsyncEngineClient.watch_process``), so the requests that rank owed fail at once and
+``/health`` answers 503; the launcher logs the exit.
 """
 
 from __future__ import annotations
@@ -270,7 +270,10 @@ def bind_link(plan: ServePlan, *, client_index: int = 0) -> Link:
 
 def meet_engines(link: Link, plan: ServePlan, engines: EngineProcesses | None) -> Frontend:
     """Wait for every rank's handshake (failing at once when a local engine of ``engines`` exits
-    first) and return the client over them. On failure the link is closed."""
+    first) and return the client over them, watching the processes of ``engines`` (an exit is
+    that rank's death). Without ``engines`` and with every engine local (they are another
+    process's children: ``--api-server-count``), a dropped connection is an engine's death. On
+    failure the link is closed."""
     if engines is None:
         logger.info("Waiting for %d engine(s) on %s", plan.parallel.data_parallel_size, link.address)
     try:
@@ -280,10 +283,12 @@ def meet_engines(link: Link, plan: ServePlan, engines: EngineProcesses | None) -
         raise
     try:
         link.handshake.close()
-        if plan.parallel.all_local:
+        if engines is None and plan.parallel.all_local:
             link.transport.watch_disconnects()  # a local engine's connection drops only when its process ends
         client = AsyncEngineClient(InputProcessor(link.preprocessor), link.transport, engines=infos,
                                    engine_timeout_s=plan.engine_timeout_s)
+        for rank, process in enumerate(engines.processes if engines is not None else []):
+            client.watch_process(rank, process)
     except BaseException:
         link.close()
         raise
