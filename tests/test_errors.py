@@ -283,7 +283,6 @@ ALLOWED_BUILTIN_RAISES: dict[tuple[str, str, str], str] = {
     "and pickle expect AttributeError",
     ("__init__.py", "__getattr__", "AttributeError"): "the module __getattr__ protocol (PEP 562) that imports "
     "mmfront's public names on first use: from-imports and hasattr expect AttributeError",
-    ("serve/__init__.py", "__getattr__", "AttributeError"): "the same protocol for mmfront.serve's names",
     ("media/fetch.py", "_Deadline.remaining", "TimeoutError"): "stands for a socket timeout inside urllib's reads, "
     "which fetch_bytes turns into MediaFetchError",
 }
