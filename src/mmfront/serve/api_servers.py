@@ -61,11 +61,7 @@ def _api_server(index: int, plan: ServePlan, port: int, conn: Connection) -> Non
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     link = bind_link(plan, client_index=index)
     conn.send((link.address, link.shm_name))
-    try:
-        frontend = meet_engines(link, plan, None)
-    except HandshakeError as e:
-        logger.error("API server %d: %s", index, e)
-        raise SystemExit(1) from None
+    frontend = meet_engines(link, plan, None)  # a HandshakeError ends this process, status 1
     sock = listening_socket(plan.settings.host, port)
     sock.listen(2048)
     conn.send("serving")
