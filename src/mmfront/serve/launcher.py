@@ -158,6 +158,8 @@ class EngineProcesses:
 
 
 def log_engine_exit(rank: int, status: int) -> None:
+    """What ``mmfront serve`` does when a local engine exits unasked: say so (the client has
+    failed what that rank owed)."""
     how = f"signal {-status}" if status < 0 else f"status {status}"
     logger.error("Engine rank %d exited (%s): requests sent to it fail, and /health answers 503. Restart mmfront "
                  "serve to start it again.", rank, how)
@@ -220,7 +222,9 @@ class _EngineWait:
                 self.handshake.close()
                 self.transport.close()
             raise
-        if isinstance(self.result, BaseException):
+        if isinstance(self.result, BaseException):  # the handshake failed: nothing is left to meet
+            self.handshake.close()
+            self.transport.close()
             raise self.result
         return self.result
 
