@@ -76,28 +76,30 @@ class Stock:
     pre: InputPreprocessor
 
 
-def start_stock(tmp_path: Path, **env: str) -> Stock:
-    """Bind P0 and its handshake socket, start the stock engine headless, run the handshake."""
+def start_stock(tmp_path: Path, ranks: int = 1, **env: str) -> Stock:
+    """Bind P0 and its handshake socket, start the stock engine headless (``ranks`` data-parallel
+    ranks, as ``vllm serve --headless --data-parallel-size N --data-parallel-size-local N``), run
+    the handshake."""
     assert PEER is not None and MODEL is not None
     pre = InputPreprocessor(MODEL, MultiModalConfig())
     port = free_port()
     transport = ZmqFrontendTransport("tcp")
     trace = tmp_path / "trace.jsonl"
-    handshake = FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", port))
+    handshake = FrontendHandshake(transport, DataParallelConfig(ranks, 0, "127.0.0.1", port))
     proc = subprocess.Popen(
-        [str(PEER), str(PEER_DIR / "stock_engine.py"), str(MODEL), handshake.address, "--",
-         "--distributed-executor-backend", "stub_trace.TraceStubExecutor"],
+        [str(PEER), str(PEER_DIR / "stock_engine.py"), "--dp-size", str(ranks), "--dp-local", str(ranks), str(MODEL),
+         handshake.address, "--", "--distributed-executor-backend", "stub_trace.TraceStubExecutor"],
         cwd=PEER_DIR, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "engine.log", "wb"),  # noqa: SIM115
         env={**os.environ, "STUB_TRACE_LOG": str(trace), **env}, start_new_session=True)
     try:
-        [info] = handshake.wait(STARTUP_S)
+        infos = handshake.wait(STARTUP_S)
     except BaseException:
         kill(proc)
         transport.close()
         raise
     finally:
         handshake.close()
-    return Stock(AsyncEngineClient(InputProcessor(pre), transport, engines=[info]), proc, trace, pre)
+    return Stock(AsyncEngineClient(InputProcessor(pre), transport, engines=infos), proc, trace, pre)
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
@@ -195,6 +197,33 @@ def test_sigkill_mid_request_fails_it_within_30_s(tmp_path: Path) -> None:
             return time.monotonic() - start
 
         assert asyncio.run(asyncio.wait_for(main(), 60)) < 30
+    finally:
+        running.client.close_blocking()
+        kill(running.proc)
+
+
+def test_two_data_parallel_ranks_share_the_chats_and_each_resolves_its_references(tmp_path: Path) -> None:
+    """Two stock ranks (vLLM's non-MoE data parallelism: independent engines, no DPCoordinator named
+    in the handshake, so none is waited for): the chats spread over both, each rank's P1 cache
+    resolves the references its own P0 mirror sent (no miss, no resend), utility calls reach both."""
+    running = start_stock(tmp_path, ranks=2, STUB_TRACE_STEP_DELAY_S="0.02")
+    try:
+        assert [info.engine_index for info in running.client.client.engines] == [0, 1]
+        combos = [tuple(sorted({i % 5, (3 * i + 1) % 5})) for i in range(20)]
+
+        async def main() -> tuple[list[list[int]], Any]:
+            answers = await asyncio.gather(*(collect(running.client, f"dp-{i}", c, 4) for i, c in enumerate(combos)))
+            tasks = await running.client.get_supported_tasks()
+            await running.client.reset_mm_cache()
+            return list(answers), tasks
+
+        answers, tasks = asyncio.run(asyncio.wait_for(main(), 180))
+        assert answers == [expected(c, 4) for c in combos]
+        sent = [rank.sent for rank in running.client.client.ranks]
+        assert sum(sent) == 20 and min(sent) >= 5, sent
+        stats = running.client.stats
+        assert stats.saved_bytes > 0 and stats.resends == 0 and stats.failures == 0
+        assert "generate" in tasks
     finally:
         running.client.close_blocking()
         kill(running.proc)

@@ -183,6 +183,8 @@ class EngineClient:
             EngineRank(i, processor if i == 0 else processor.for_another_engine(), info,
                        MMFRONT_EXTRAS if info is None else info.extras)
             for i, info in enumerate(infos)]
+        self.engines = list(engines)
+        """Every rank's start-up answer, by rank (empty without a handshake)."""
         self.engine = infos[0]
         """Rank 0's start-up answer (``max_model_len``, ``num_gpu_blocks``, ``block_size``)."""
         self.stats = ClientStats()

@@ -17,17 +17,18 @@ an extra only with an engine that announced it (:class:`EngineInfo`).
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 import zmq
 
-from mmfront.engine.transports import EngineTransportFactory, ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
+from mmfront.engine.transports import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
 from mmfront.engine.transports.zmq import engine_identity
 from mmfront.errors import ConfigError, HandshakeError
 from mmfront.wire.handshake import (
@@ -110,12 +111,20 @@ class _Rank:
 
 class FrontendHandshake:
     """P0's half: binds the handshake socket (``address``) for ``transport``'s engines; start
-    the engines, then :meth:`wait`. It meets every rank of ``data_parallel_size``; the client
-    serves one engine for now (rank 0), so pass 1 until data-parallel ranks are wired in."""
+    the engines, then :meth:`wait`, which meets every rank of ``data_parallel_size``; give its
+    answer to the client (``engines=``). It names no ``DPCoordinator``: vLLM's non-MoE ranks are
+    independent and then start without waiting for one."""
 
-    def __init__(self, transport: ZmqFrontendTransport, parallel: DataParallelConfig | None = None) -> None:
+    def __init__(
+        self, transport: ZmqFrontendTransport, parallel: DataParallelConfig | None = None, *,
+        other_frontends: Sequence[ZmqAddresses] = (),
+    ) -> None:
         self.parallel = parallel or DataParallelConfig()
         self.transport = transport
+        self.frontends = [transport.addresses, *other_frontends]
+        """Every API server the engines connect to (vLLM's ``api_server_count``): this one first,
+        then the others, whose own processes read the engines' ready responses
+        (:func:`wait_for_ready_responses`)."""
         self._dir: Path | None = None
         self._ctx = zmq.Context()
         self._router = self._ctx.socket(zmq.ROUTER)
@@ -179,7 +188,7 @@ class FrontendHandshake:
                 f"(data_parallel_size_local={self.parallel.data_parallel_size_local}).")
         if status.status == "HELLO":
             rank.hello = status
-            addresses = HandshakeAddresses([self.transport.addresses.input], [self.transport.addresses.output])
+            addresses = HandshakeAddresses([f.input for f in self.frontends], [f.output for f in self.frontends])
             self._router.send_multipart([identity, _encode(EngineHandshakeMetadata(addresses))])
         elif rank.hello is None:
             raise HandshakeError(f"Engine rank {index} said READY before HELLO.")
@@ -211,16 +220,66 @@ class FrontendHandshake:
         return EngineInfo(index, rank.ready, frozenset(extras), rank.hello.local)
 
 
+def wait_for_ready_responses(
+    transport: ZmqFrontendTransport, engines: Sequence[EngineInfo], timeout: float = 600.0,
+) -> list[EngineInfo]:
+    """For an API server other than the one that ran the handshake (``other_frontends``): read
+    each engine's ready response from this server's own input socket. ``engines`` is what the
+    handshake's :meth:`FrontendHandshake.wait` returned; the answer is the same, with this
+    server's ready responses (an engine writes one to every API server)."""
+    wanted = {info.engine_index: info for info in engines}
+    got: dict[int, EngineInfo] = {}
+    deadline = time.monotonic() + timeout
+    while len(got) < len(wanted):
+        left = deadline - time.monotonic()
+        first = transport.recv_first(left) if left > 0 else None
+        if first is None:
+            missing = sorted(set(wanted) - set(got))
+            raise HandshakeError(f"Engine rank(s) {missing} never connected to {transport.addresses.input} within "
+                                 f"{timeout} s; the handshake must list this API server's addresses.")
+        index, payload = first
+        if index not in wanted:
+            raise HandshakeError(f"Engine rank {index} connected to {transport.addresses.input}; expected ranks "
+                                 f"{sorted(wanted)}.")
+        try:
+            ready = _decode_ready(payload)
+        except msgspec.DecodeError as e:
+            raise HandshakeError(f"Engine rank {index}'s first message is not a ready response: {e}.") from e
+        got[index] = dataclasses.replace(wanted[index], ready=ready)
+    infos = [got[i] for i in sorted(got)]
+    if any(EXTRA_HEARTBEAT not in info.extras for info in infos):
+        transport.watch_disconnects()
+    return infos
+
+
 def engine_handshake(
     handshake_address: str, engine_index: int, ready: EngineCoreReadyResponse, *, local: bool = False,
     extras: Collection[str] = (EXTRA_MIRROR, EXTRA_ADMITTED, EXTRA_HEARTBEAT),
     timeout: float = HANDSHAKE_TIMEOUT_S, side_channel: bool = True,
 ) -> ZmqEngineTransport:
+    """The engine's half, for a frontend with one API server: :func:`engine_handshake_all`'s one
+    transport (a :class:`~mmfront.errors.HandshakeError` if the frontend lists several)."""
+    transports = engine_handshake_all(handshake_address, engine_index, ready, local=local, extras=extras,
+                                      timeout=timeout, side_channel=side_channel)
+    if len(transports) != 1:
+        for transport in transports:
+            transport.close()
+        raise HandshakeError(f"The frontend at {handshake_address} has {len(transports)} API servers; connect to "
+                             "each (engine_handshake_all).")
+    return transports[0]
+
+
+def engine_handshake_all(
+    handshake_address: str, engine_index: int, ready: EngineCoreReadyResponse, *, local: bool = False,
+    extras: Collection[str] = (EXTRA_MIRROR, EXTRA_ADMITTED, EXTRA_HEARTBEAT),
+    timeout: float = HANDSHAKE_TIMEOUT_S, side_channel: bool = True,
+) -> list[ZmqEngineTransport]:
     """The engine's half: greet P0 at ``handshake_address`` as rank ``engine_index`` (announcing
-    ``extras``), connect the data sockets it names with ``ready`` as the first message, say
-    READY (adding ``side_channel`` when the transport opened it: over ``ipc``, unless
-    ``side_channel`` is false), and return the transport."""
+    ``extras``), connect the data sockets of every API server it names with ``ready`` as the
+    first message on each, say READY (adding ``side_channel`` when the transports opened it: over
+    ``ipc``, unless ``side_channel`` is false), and return one transport per API server."""
     ctx = zmq.Context()
+    transports: list[ZmqEngineTransport] = []
     try:
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, engine_identity(engine_index))
@@ -234,22 +293,23 @@ def engine_handshake(
             metadata = _decode_metadata(dealer.recv())
         except msgspec.DecodeError as e:
             raise HandshakeError(f"The frontend at {handshake_address} answered with no handshake metadata: {e}.") from e
-        addresses = ZmqAddresses(metadata.addresses.inputs[0], metadata.addresses.outputs[0])
+        pairs = list(zip(metadata.addresses.inputs, metadata.addresses.outputs))
+        if not pairs or len(metadata.addresses.inputs) != len(metadata.addresses.outputs):
+            raise HandshakeError(f"The frontend at {handshake_address} named {len(metadata.addresses.inputs)} input "
+                                 f"and {len(metadata.addresses.outputs)} output addresses; one of each per API server.")
         ready = msgspec.structs.replace(ready, data_parallel_rank=engine_index)
-        transport = ZmqEngineTransport(addresses, engine_index, ready=_encode(ready), side_channel=side_channel)
-        said = [EXTRA_SIDE_CHANNEL] if transport.side_channel else None
+        for input_address, output_address in pairs:
+            transports.append(ZmqEngineTransport(ZmqAddresses(input_address, output_address), engine_index,
+                                                 ready=_encode(ready), side_channel=side_channel))
+        said = [EXTRA_SIDE_CHANNEL] if all(t.side_channel for t in transports) else None
         dealer.send(_encode(HandshakeStatus("READY", local, not local, mmfront_extras=said)))
+    except BaseException:
+        for transport in transports:
+            transport.close()
+        raise
     finally:
         ctx.destroy(linger=5000)
-    return transport
-
-
-def handshake_engine_factory(
-    handshake_address: str, ready: EngineCoreReadyResponse, *, local: bool = False,
-) -> EngineTransportFactory:
-    """How an mmfront engine reaches a frontend through vLLM's handshake (``mmfront worker
-    --handshake``): the frontend tells it where the data sockets are."""
-    return lambda engine_index: engine_handshake(handshake_address, engine_index, ready, local=local)
+    return transports
 
 
 __all__ = [
@@ -258,5 +318,6 @@ __all__ = [
     "EngineInfo",
     "FrontendHandshake",
     "engine_handshake",
-    "handshake_engine_factory",
+    "engine_handshake_all",
+    "wait_for_ready_responses",
 ]

@@ -20,7 +20,7 @@ from pathlib import Path
 from mmfront.cache.base import BaseMultiModalReceiverCache
 from mmfront.cache.factory import get_processor_cache_type, receiver_cache_from_config
 from mmfront.config import MultiModalConfig
-from mmfront.engine.handshake import handshake_engine_factory
+from mmfront.engine.handshake import engine_handshake_all
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner, error_output
 from mmfront.engine.transports import EngineTransportFactory
@@ -103,24 +103,32 @@ def run_worker(
 
     ``handshake`` lists more frontends by their handshake address: the engine meets each through
     vLLM's start-up handshake (as a ``local`` engine or a headless one), which tells it where
-    the data sockets are and tells the frontend this engine's limits and mmfront extras."""
+    the data sockets of every API server are (one frontend each) and tells the frontend this
+    engine's limits and mmfront extras."""
     if not frontends and not handshake:
         raise ConfigError("run_worker needs at least one frontend to connect to.")
     config = config or MultiModalConfig()
-    caches = receiver_caches(config, len(frontends) + len(handshake), shm_name)
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     runner = ModelRunner(model_dir, device=device, dtype=dtype)
     ready = ready_response(runner)
-    frontends = [*frontends, *(handshake_engine_factory(address, ready, local=local) for address in handshake)]
+    transports = [connect(engine_index) for connect in frontends]
+    try:
+        for address in handshake:
+            transports += engine_handshake_all(address, engine_index, ready, local=local)
+        caches = receiver_caches(config, len(transports), shm_name)
+    except BaseException:
+        for transport in transports:
+            transport.close()
+        raise
     stats = WorkerStats()
-    receiver = EngineCoreReceiver(frontends[0](engine_index), caches[0], engine_index=engine_index)
+    receiver = EngineCoreReceiver(transports[0], caches[0], engine_index=engine_index)
     with receiver:
-        for connect, cache in zip(frontends[1:], caches[1:]):
-            receiver.add_frontend(connect(engine_index), cache)
-        logger.info("mmfront worker %d serving %s to %d frontends", engine_index, model_dir, len(frontends))
+        for transport, cache in zip(transports[1:], caches[1:]):
+            receiver.add_frontend(transport, cache)
+        logger.info("mmfront worker %d serving %s to %d frontends", engine_index, model_dir, len(transports))
         serve(receiver, runner, stop, stats)
     return stats
 
