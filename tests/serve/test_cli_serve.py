@@ -186,9 +186,9 @@ def test_a_bad_value_exits_2_naming_the_flag(tmp_path: Path, capsys: pytest.Capt
     (["--allowed-local-media-path", "relative/dir"], "allowed_local_media_path must be an existing absolute directory"),
     (["--api-key", "a", "b"], "--api-key takes one key"),
     (["-dp", "2", "-dpl", "3"], "data_parallel_size_local must be in [0, data_parallel_size=2]"),
-    (["-dp", "2", "-dpl", "1", "--mm-processor-cache-type", "shm"], "shm serves one engine on this host"),
+    (["-dp", "2", "-dpl", "1", "--mm-processor-cache-type", "shm"], "shm serves one engine on this host from one"),
     (["-dp", "2", "--mm-processor-cache-type", "shm"], "lru keeps one mirror per rank"),
-    (["--api-server-count", "2", "-dpl", "0"], "--api-server-count above 1 needs every engine on this host"),
+    (["--api-server-count", "2", "--mm-processor-cache-type", "shm"], "lru keeps one mirror per rank and API"),
 ])
 def test_a_value_the_configuration_refuses_exits_2_with_its_message(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str) -> None:

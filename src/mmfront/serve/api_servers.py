@@ -1,19 +1,21 @@
 """``mmfront serve --api-server-count N``: N API server processes on one port, every engine
-connected to each of them.
+connected to each of them, as ``vllm serve --api-server-count N`` runs.
 
 Each API server process is a whole frontend: its own processing (and lanes), its own P0
-processor cache, its own engine link (``ZmqFrontendTransport`` with its ``client_index``) and
-handshake socket. This process starts them, collects their handshake addresses, then starts the
-local engines, each given every address (``mmfront worker --handshake A0 --handshake A1 ...``):
-an engine keeps one receiver cache per API server, so the processor cache stays on however many
-there are (vLLM turns it off above one API server). The port is shared with ``SO_REUSEPORT``: each
-API server listens on a socket of its own and the kernel spreads new connections over them.
+processor cache, its own data sockets (``ZmqFrontendTransport`` with its ``client_index``). API
+server 0 runs vLLM's start-up handshake and names every server's sockets in its answer
+(``other_frontends``), so each engine, local (``mmfront worker``) or headless (vLLM's or
+mmfront's), connects to all of them and writes its ready response to each; the others read
+theirs (``wait_for_ready_responses``). An engine keeps one receiver cache per API server, so the
+processor cache stays on however many there are (vLLM turns it off above one API server). The
+port is shared with ``SO_REUSEPORT``: each API server listens on a socket of its own and the
+kernel spreads new connections over them.
 
-This process supervises: an API server or an engine that exits unasked stops the whole server
-(an engine's exit is first seen by the API servers, whose requests fail and whose ``/health``
-turns 503); SIGINT or SIGTERM stops the API servers (each finishes its requests), then the
-engines. The engines must all be local: headless engines meet one handshake address, whose
-answer would have to list every API server's sockets.
+This process starts the API servers and the local engines and relays what they must know of
+each other; then it supervises: an API server that exits unasked stops the whole server (an
+engine's exit is seen by the API servers, whose requests fail and whose ``/health`` turns 503,
+and logged here); SIGINT or SIGTERM stops the API servers (each finishes its requests), then
+the engines.
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from mmfront.errors import ConfigError, HandshakeError
+from mmfront.engine.handshake import wait_for_ready_responses
+from mmfront.errors import HandshakeError
 from mmfront.serve.launcher import (
     STOP_GRACE_S,
     EngineProcesses,
     ServePlan,
+    bind_handshake,
     bind_link,
+    client_over,
     exit_on_sigterm,
     log_engine_exit,
     meet_engines,
@@ -56,15 +61,27 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def _api_server(index: int, plan: ServePlan, port: int, conn: Connection) -> None:
-    """One API server process: bind its link, tell the parent where its handshake is, meet the
-    engines, then serve HTTP on its own socket of the shared port."""
+    """One API server process: bind its link and tell the parent where it is; server 0 runs the
+    handshake (naming the others' sockets), the others read their ready responses; then serve
+    HTTP on its own socket of the shared port. A start-up error ends the process (status 1)."""
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     link = bind_link(plan, client_index=index)
-    conn.send((link.address, link.shm_name))
-    frontend = meet_engines(link, plan, None)  # a HandshakeError ends this process, status 1
+    conn.send(("link", link.transport.addresses, link.shm_name))
+    if index == 0:
+        handshake = bind_handshake(link, plan, other_frontends=conn.recv())
+        conn.send(("handshake", handshake.address))
+        infos = meet_engines(link, handshake, plan, None)
+        conn.send(("engines", infos))
+    else:
+        try:
+            infos = wait_for_ready_responses(link.transport, conn.recv(), plan.engine_ready_timeout_s)
+        except BaseException:
+            link.close()
+            raise
+    frontend = client_over(link, plan, infos, None)
     sock = listening_socket(plan.settings.host, port)
     sock.listen(2048)
-    conn.send("serving")
+    conn.send(("serving",))
     conn.close()
     run_app(frontend, plan.settings, sockets=[sock])
 
@@ -84,9 +101,6 @@ def serve_api_servers(plan: ServePlan) -> int:
     """Run ``plan.settings.api_server_count`` API servers and the local engines until SIGINT or
     SIGTERM; the exit status (1 when a process exited unasked)."""
     count = plan.settings.api_server_count
-    if not plan.parallel.all_local:
-        raise ConfigError("--api-server-count above 1 needs every engine on this host for now "
-                          "(--data-parallel-size-local equal to --data-parallel-size).")
     reserved = listening_socket(plan.settings.host, plan.settings.port)  # fails early if the port is taken
     port = int(reserved.getsockname()[1])
     context = multiprocessing.get_context("spawn")
@@ -108,14 +122,19 @@ def serve_api_servers(plan: ServePlan) -> int:
             child_end.close()
             servers.append(process)
             pipes.append(parent_end)
-        links: list[tuple[str, str | None]] = [_receive(pipe, server) for pipe, server in zip(pipes, servers)]
-        engines = start_engines(plan, [address for address, _ in links], [name for _, name in links])
+        links = [_receive(pipe, server, "link") for pipe, server in zip(pipes, servers)]
+        pipes[0].send([addresses for addresses, _ in links[1:]])
+        [handshake] = _receive(pipes[0], servers[0], "handshake")
+        engines = start_engines(plan, handshake, [name for _, name in links])
+        [infos] = _receive(pipes[0], servers[0], "engines", engines)
+        for pipe in pipes[1:]:
+            pipe.send(infos)
         for pipe, server in zip(pipes, servers):
-            _receive(pipe, server, engines)
+            _receive(pipe, server, "serving", engines)
         logger.info("%d API servers on port %d", count, port)
         if engines is not None:
             engines.watch(log_engine_exit)
-        return _supervise(servers, engines, stop_signal)
+        return _supervise(servers, stop_signal)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -125,8 +144,9 @@ def serve_api_servers(plan: ServePlan) -> int:
         reserved.close()
 
 
-def _receive(pipe: Connection, process: BaseProcess, engines: EngineProcesses | None = None) -> Any:
-    """The next message of an API server in start-up; an error when it, or a local engine, exits first."""
+def _receive(pipe: Connection, process: BaseProcess, tag: str, engines: EngineProcesses | None = None) -> list[Any]:
+    """The next message of an API server in start-up (``tag`` and its values); an error when it,
+    or a local engine, exits first."""
     while not pipe.poll(0.2):
         if not process.is_alive():
             raise HandshakeError(f"{process.name} exited with status {process.exitcode} during start-up; "
@@ -137,14 +157,16 @@ def _receive(pipe: Connection, process: BaseProcess, engines: EngineProcesses | 
             raise HandshakeError(f"Engine rank {rank} (mmfront worker) exited with status {code} before it was "
                                  "ready; its output above says why.")
     try:
-        return pipe.recv()
+        got, *values = pipe.recv()
     except EOFError:
         process.join(5)
         raise HandshakeError(f"{process.name} exited with status {process.exitcode} during start-up; its output "
                              "above says why.") from None
+    assert got == tag, (got, tag)
+    return values
 
 
-def _supervise(servers: list[BaseProcess], engines: EngineProcesses | None, stop_signal: list[int]) -> int:
+def _supervise(servers: list[BaseProcess], stop_signal: list[int]) -> int:
     while not stop_signal:
         ready = wait([p.sentinel for p in servers], timeout=0.2)
         if ready:

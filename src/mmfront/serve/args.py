@@ -272,15 +272,11 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
         allowed_local_media_path=args.allowed_local_media_path,
         allowed_media_domains=tuple(args.allowed_media_domains) if args.allowed_media_domains else None,
     )
-    if args.api_server_count > 1 and not parallel.all_local:
-        raise ConfigError("--api-server-count above 1 needs every engine on this host for now (leave "
-                          "--data-parallel-size-local at --data-parallel-size): a headless engine meets one "
-                          "handshake address.")
     if config.mm_processor_cache_type == "shm" and config.mm_processor_cache_gb > 0 and (
-            not parallel.all_local or parallel.data_parallel_size > 1):
-        raise ConfigError("--mm-processor-cache-type shm serves one engine on this host (its shared memory is the "
-                          "engine's); use lru with engines elsewhere or --data-parallel-size above 1 (lru keeps one "
-                          "mirror per rank).")
+            not parallel.all_local or parallel.data_parallel_size > 1 or args.api_server_count > 1):
+        raise ConfigError("--mm-processor-cache-type shm serves one engine on this host from one API server (its "
+                          "shared memory is theirs); use lru with engines elsewhere, --data-parallel-size or "
+                          "--api-server-count above 1 (lru keeps one mirror per rank and API server).")
     settings = ServeSettings(
         model=Path(args.model),
         served_model_name=tuple(args.served_model_name or ()),

@@ -34,7 +34,7 @@ from mmfront.cache import ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import DataParallelConfig, EngineInfo, FrontendHandshake
-from mmfront.engine.transports import ZmqFrontendTransport
+from mmfront.engine.transports import ZmqAddresses, ZmqFrontendTransport
 from mmfront.errors import HandshakeError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.serve.settings import ServeSettings
@@ -231,16 +231,11 @@ class _EngineWait:
 
 @dataclass
 class Link:
-    """One API server's side of the engine link, bound and not yet met: the processing, the data
-    sockets and the handshake socket engines greet (``address``)."""
+    """One API server's side of the engine link, bound and not yet met: the processing and the
+    data sockets (``transport``)."""
 
     preprocessor: InputPreprocessor
     transport: ZmqFrontendTransport
-    handshake: FrontendHandshake
-
-    @property
-    def address(self) -> str:
-        return self.handshake.address
 
     @property
     def shm_name(self) -> str | None:
@@ -249,44 +244,41 @@ class Link:
         return cache.shm_name if isinstance(cache, ShmObjectStoreSenderCache) else None
 
     def close(self) -> None:
-        self.handshake.close()
         self.transport.close()
         self.preprocessor.close()
 
 
 def bind_link(plan: ServePlan, *, client_index: int = 0) -> Link:
-    """Load the processing and bind the sockets: ``ipc`` when every engine is local, else ``tcp``
-    on ``data_parallel_address`` (the handshake on ``data_parallel_rpc_port``), as vLLM binds."""
+    """Load the processing and bind the data sockets: ``ipc`` when every engine is local, else
+    ``tcp`` on ``data_parallel_address``, as vLLM binds."""
     parallel = plan.parallel
     preprocessor = InputPreprocessor(plan.settings.model, plan.config)
-    transport: ZmqFrontendTransport | None = None
     try:
         preprocessor.warmup()
         transport = (ZmqFrontendTransport("ipc", client_index=client_index) if parallel.all_local
                      else ZmqFrontendTransport("tcp", host=parallel.data_parallel_address, client_index=client_index))
-        return Link(preprocessor, transport, FrontendHandshake(transport, parallel))
     except BaseException:
-        if transport is not None:
-            transport.close()
         preprocessor.close()
         raise
+    return Link(preprocessor, transport)
 
 
-def meet_engines(link: Link, plan: ServePlan, engines: EngineProcesses | None) -> Frontend:
-    """Wait for every rank's handshake (failing at once when a local engine of ``engines`` exits
-    first) and return the client over them, watching the processes of ``engines`` (an exit is
-    that rank's death). Without ``engines`` and with every engine local (they are another
-    process's children: ``--api-server-count``), a dropped connection is an engine's death. On
-    failure the link is closed."""
-    if engines is None:
-        logger.info("Waiting for %d engine(s) on %s", plan.parallel.data_parallel_size, link.address)
+def bind_handshake(link: Link, plan: ServePlan, other_frontends: Sequence[ZmqAddresses] = ()) -> FrontendHandshake:
+    """The handshake socket engines greet: a private ``ipc`` path when every engine is local,
+    else ``tcp://data_parallel_address:data_parallel_rpc_port``. It names every API server's
+    sockets, this one's first (``other_frontends``: the others', with ``--api-server-count``)."""
     try:
-        infos = _EngineWait(link.handshake, link.transport, plan.engine_ready_timeout_s).join(engines)
+        return FrontendHandshake(link.transport, plan.parallel, other_frontends=other_frontends)
     except BaseException:
-        link.preprocessor.close()
+        link.close()
         raise
+
+
+def client_over(link: Link, plan: ServePlan, infos: list[EngineInfo], engines: EngineProcesses | None) -> Frontend:
+    """The client over the engines met (``infos``), watching the processes of ``engines`` (an
+    exit is that rank's death). Without ``engines`` and with every engine local (another process
+    started them: ``--api-server-count``), a dropped connection is an engine's death."""
     try:
-        link.handshake.close()
         if engines is None and plan.parallel.all_local:
             link.transport.watch_disconnects()  # a local engine's connection drops only when its process ends
         client = AsyncEngineClient(InputProcessor(link.preprocessor), link.transport, engines=infos,
@@ -302,14 +294,30 @@ def meet_engines(link: Link, plan: ServePlan, engines: EngineProcesses | None) -
     return Frontend(client, link.preprocessor, engines, infos)
 
 
-def start_engines(plan: ServePlan, handshakes: Sequence[str], shm_names: Sequence[str | None],
+def meet_engines(link: Link, handshake: FrontendHandshake, plan: ServePlan,
+                 engines: EngineProcesses | None) -> list[EngineInfo]:
+    """Every rank's start-up answer through ``handshake`` (failing at once, naming the rank, when
+    a local engine of ``engines`` exits first); the handshake is closed after. On failure the
+    link is closed."""
+    if engines is None:
+        logger.info("Waiting for %d engine(s) on %s", plan.parallel.data_parallel_size, handshake.address)
+    try:
+        infos = _EngineWait(handshake, link.transport, plan.engine_ready_timeout_s).join(engines)
+    except BaseException:
+        link.preprocessor.close()
+        raise
+    handshake.close()
+    return infos
+
+
+def start_engines(plan: ServePlan, handshake: str, shm_names: Sequence[str | None],
                   env: dict[str, str] | None = None) -> EngineProcesses | None:
-    """The ``data_parallel_size_local`` local engines, each meeting every API server (one
-    handshake address each); ``None`` when every engine is headless."""
+    """The ``data_parallel_size_local`` local engines, each greeting ``handshake``;
+    ``None`` when every engine is headless."""
     if not plan.parallel.data_parallel_size_local:
         return None
     names = [name for name in shm_names if name is not None]
-    return EngineProcesses([worker_command(plan.settings.model, rank, handshakes, plan.config, plan.engine,
+    return EngineProcesses([worker_command(plan.settings.model, rank, [handshake], plan.config, plan.engine,
                                            shm_names=names)
                             for rank in range(plan.parallel.data_parallel_size_local)], env=env)
 
@@ -319,13 +327,15 @@ def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
     """One API server: bind the engine link, start the local engines, meet every rank through
     the handshake and return the client. On any failure what was started is stopped again."""
     link = bind_link(plan)
+    handshake = bind_handshake(link, plan)
     try:
-        engines = start_engines(plan, [link.address], [link.shm_name], env)
+        engines = start_engines(plan, handshake.address, [link.shm_name], env)
     except BaseException:
+        handshake.close()
         link.close()
         raise
     try:
-        frontend = meet_engines(link, plan, engines)
+        frontend = client_over(link, plan, meet_engines(link, handshake, plan, engines), engines)
     except BaseException:
         if engines is not None:
             engines.stop()
@@ -370,6 +380,6 @@ def serve(plan: ServePlan) -> int:
     return 0
 
 
-__all__ = ["EngineProcesses", "Frontend", "Link", "LocalEngineOptions", "ServePlan", "bind_link", "exit_on_sigterm",
-           "log_engine_exit",
-           "meet_engines", "run_app", "serve", "start_engines", "start_frontend", "worker_command"]
+__all__ = ["EngineProcesses", "Frontend", "Link", "LocalEngineOptions", "ServePlan", "bind_handshake", "bind_link",
+           "client_over", "exit_on_sigterm", "log_engine_exit", "meet_engines", "run_app", "serve", "start_engines",
+           "start_frontend", "worker_command"]
