@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 
 class _QuietServer(socketserver.ThreadingTCPServer):
@@ -70,3 +71,22 @@ def start_worker_command(model_dir: Path, input_address: str, output_address: st
         [sys.executable, "-m", "mmfront.cli", "worker", str(model_dir), "--input", input_address,
          "--output", output_address, "--cache-gb", str(cache_gb), "--json"],
         stdout=subprocess.PIPE, text=True)
+
+
+def greedy_answers(model_dir: Path, prompts: list[Any], max_tokens: int) -> list[list[int]]:
+    """What the model in ``model_dir`` answers to each prompt (chat messages, a string, token
+    ids), greedy and in-process: mmfront's processing with no cache and no wire, then
+    :class:`~mmfront.engine.runner.ModelRunner`. What every engine link must reproduce."""
+    from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
+    from mmfront.engine.runner import ModelRunner
+    from mmfront.wire import SamplingParams
+
+    processor = InputProcessor(InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0)))
+    runner = ModelRunner(model_dir)
+    for n, prompt in enumerate(prompts):
+        runner.add(processor.process_inputs(str(n), prompt, SamplingParams(max_tokens=max_tokens)))
+    answers: list[list[int]] = [[] for _ in prompts]
+    while runner.has_unfinished_requests:
+        for output in runner.step():
+            answers[int(output.request_id)] += output.new_token_ids
+    return answers

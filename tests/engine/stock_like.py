@@ -11,10 +11,14 @@ forget its cache, stall, or die.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from mmfront.engine.handshake import engine_handshake
-from mmfront.engine.transports.zmq import ZmqEngineTransport
+from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
+from mmfront.engine.async_client import AsyncEngineClient
+from mmfront.engine.handshake import DataParallelConfig, EngineInfo, FrontendHandshake, engine_handshake
+from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport
 from mmfront.wire.codec import MsgpackEncoder
 from mmfront.wire.handshake import EngineCoreReadyResponse
 from mmfront.wire.messages import (
@@ -107,3 +111,26 @@ class StockLikeEngine:
         self._stop.set()
         self._thread.join(5)
         self.transport.close()
+
+
+@dataclass
+class Ranks:
+    client: AsyncEngineClient
+    engines: list[StockLikeEngine]
+    infos: list[EngineInfo]
+    pre: InputPreprocessor
+
+
+def start_stock_like(model_dir: Path, size: int, *, local: bool, engine_timeout_s: float = 0.5) -> Ranks:
+    """P0 (a client on ``model_dir``'s processor) and ``size`` stock-like ranks met through the handshake."""
+    pre = InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0.02))
+    p0 = ZmqFrontendTransport("ipc" if local else "tcp")
+    parallel = DataParallelConfig(size, size if local else 0, "127.0.0.1", 0)
+    box: dict[str, Any] = {}
+    with FrontendHandshake(p0, parallel) as handshake:
+        waiting = threading.Thread(target=lambda: box.update(infos=handshake.wait(30)), daemon=True)
+        waiting.start()
+        engines = [StockLikeEngine(handshake.address, rank, local=local) for rank in range(size)]
+        waiting.join(30)
+    infos = box["infos"]
+    return Ranks(AsyncEngineClient(InputProcessor(pre), p0, engine_timeout_s=engine_timeout_s, engines=infos), engines, infos, pre)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from local_services import greedy_answers
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import (
@@ -22,7 +23,6 @@ from mmfront.engine.handshake import (
     engine_handshake_all,
     wait_for_ready_responses,
 )
-from mmfront.engine.runner import ModelRunner
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.engine.worker import run_worker
 from mmfront.errors import HandshakeError
@@ -66,15 +66,8 @@ def test_two_api_servers_share_one_mmfront_worker_each_with_its_own_mirror(gemma
                                                for n, combo in enumerate(combos * 2))))
 
         answers = asyncio.run(asyncio.wait_for(main(), 180))
-        runner = ModelRunner(gemma3_weights_dir)
-        processor = InputProcessor(InputPreprocessor(gemma3_weights_dir, MultiModalConfig(mm_processor_cache_gb=0)))
-        for n, combo in enumerate(combos):
-            runner.add(processor.process_inputs(str(n), chat(combo), SamplingParams(max_tokens=3)))
-        want: dict[str, list[int]] = {str(n): [] for n in range(len(combos))}
-        while runner.has_unfinished_requests:
-            for output in runner.step():
-                want[output.request_id] += output.new_token_ids
-        assert answers == [want[str(n % len(combos))] for n in range(len(combos) * 2)]
+        want = greedy_answers(gemma3_weights_dir, [chat(c) for c in combos], 3)
+        assert answers == want * 2
         for client in clients:  # each server sent references that its own mirror in the engine resolved
             assert client.stats.saved_bytes > 0 and client.stats.resends == 0
     finally:

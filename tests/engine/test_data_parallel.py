@@ -11,20 +11,18 @@ tests/engine/test_worker_handshake.py two ``mmfront worker`` ranks.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from stock_like import StockLikeEngine, engine_in_thread
+from stock_like import Ranks, engine_in_thread, start_stock_like
 
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.client import EngineClient
-from mmfront.engine.handshake import DataParallelConfig, EngineInfo, FrontendHandshake
+from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
 from mmfront.engine.transports import PipeTransport
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.errors import ConfigError, EngineDeadError, HandshakeError
@@ -35,31 +33,9 @@ from mmfront.wire import SamplingParams
 IMAGES = [image_data_url(make_image(24 + 4 * i, 20 + 2 * i, seed=i)) for i in range(5)]
 
 
-@dataclass
-class Ranks:
-    client: AsyncEngineClient
-    engines: list[StockLikeEngine]
-    infos: list[EngineInfo]
-    pre: InputPreprocessor
-
-
-def start(gemma3_dir: Path, size: int, *, local: bool, config: MultiModalConfig | None = None) -> Ranks:
-    pre = InputPreprocessor(gemma3_dir, config or MultiModalConfig(mm_processor_cache_gb=0.02))
-    p0 = ZmqFrontendTransport("ipc" if local else "tcp")
-    parallel = DataParallelConfig(size, size if local else 0, "127.0.0.1", 0)
-    box: dict[str, Any] = {}
-    with FrontendHandshake(p0, parallel) as handshake:
-        waiting = threading.Thread(target=lambda: box.update(infos=handshake.wait(30)), daemon=True)
-        waiting.start()
-        engines = [StockLikeEngine(handshake.address, rank, local=local) for rank in range(size)]
-        waiting.join(30)
-    infos = box["infos"]
-    return Ranks(AsyncEngineClient(InputProcessor(pre), p0, engine_timeout_s=0.5, engines=infos), engines, infos, pre)
-
-
 @pytest.fixture(params=[False, True], ids=["headless", "local"])
 def ranks(gemma3_dir: Path, request: pytest.FixtureRequest) -> Iterator[Ranks]:
-    running = start(gemma3_dir, 2, local=request.param)
+    running = start_stock_like(gemma3_dir, 2, local=request.param)
     yield running
     for engine in running.engines:
         engine.close()
@@ -210,7 +186,7 @@ def test_several_ranks_need_a_transport_that_routes(gemma3_dir: Path) -> None:
     import multiprocessing
 
     a, b = multiprocessing.Pipe()
-    ranks = start(gemma3_dir, 2, local=True)
+    ranks = start_stock_like(gemma3_dir, 2, local=True)
     try:
         with pytest.raises(ConfigError, match="need a transport that routes"):
             EngineClient(InputProcessor(ranks.pre), PipeTransport(a), engines=ranks.infos)

@@ -10,7 +10,6 @@ silence during a long step is not death, ``ENGINE_CORE_DEAD`` and a dropped conn
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +18,12 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
-from stock_like import StockLikeEngine, engine_in_thread
+from stock_like import StockLikeEngine, engine_in_thread, start_stock_like
 
-from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
 from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
 from mmfront.errors import ConfigError, EngineDeadError, HandshakeError, ValidationError
-from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
 from mmfront.wire.codec import MsgpackEncoder
@@ -106,21 +103,12 @@ def test_data_parallel_config_checks_vllm_names() -> None:
 
 @pytest.fixture
 def stock_like(gemma3_dir: Path) -> Iterator[tuple[AsyncEngineClient, StockLikeEngine, ZmqFrontendTransport]]:
-    pre = InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processor_cache_gb=0.02))
-    p0 = ZmqFrontendTransport("tcp")
-    with FrontendHandshake(p0, DataParallelConfig(1, 0, "127.0.0.1", 0)) as handshake:
-        waiting = threading.Thread(target=lambda: box.update(infos=handshake.wait(30)), daemon=True)
-        box: dict[str, Any] = {}
-        waiting.start()
-        engine = StockLikeEngine(handshake.address)
-        waiting.join(30)
-    [info] = box["infos"]
-    client = AsyncEngineClient(InputProcessor(pre), p0, engine_timeout_s=0.3, engines=[info])
-    yield client, engine, p0
-    engine.close()
-    client.close_blocking()
-    if pre.cache is not None:
-        pre.cache.close()
+    running = start_stock_like(gemma3_dir, 1, local=False, engine_timeout_s=0.3)
+    yield running.client, running.engines[0], running.client.transport  # type: ignore[misc]
+    running.engines[0].close()
+    running.client.close_blocking()
+    if running.pre.cache is not None:
+        running.pre.cache.close()
 
 
 def chat(images: tuple[int, ...]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from local_services import greedy_answers
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
@@ -66,14 +67,7 @@ def test_worker_through_the_handshake_serves_chats_with_repeated_images(gemma3_w
             return list(await asyncio.gather(*(one(n, c) for n, c in enumerate(COMBOS))))
 
         answers = asyncio.run(asyncio.wait_for(main(), 120))
-        processor = InputProcessor(InputPreprocessor(gemma3_weights_dir, MultiModalConfig(mm_processor_cache_gb=0)))
-        for n, combo in enumerate(COMBOS):
-            runner.add(processor.process_inputs(str(n), chat(combo), SamplingParams(max_tokens=3)))
-        want: dict[str, list[int]] = {str(n): [] for n in range(len(COMBOS))}
-        while runner.has_unfinished_requests:
-            for output in runner.step():
-                want[output.request_id] += output.new_token_ids
-        assert answers == [want[str(n)] for n in range(len(COMBOS))]
+        assert answers == greedy_answers(gemma3_weights_dir, [chat(c) for c in COMBOS], 3)
         assert client.stats.saved_bytes > 0 and client.stats.resends == 0
     finally:
         stop.set()

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from local_services import greedy_answers
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
-from mmfront.engine.runner import ModelRunner
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.errors import EngineDeadError
 from mmfront.testing.media import image_data_url, make_image
@@ -81,16 +81,8 @@ def ranks(gemma3_weights_dir: Path) -> Iterator[Ranks]:
 
 @pytest.fixture(scope="module")
 def expected(gemma3_weights_dir: Path) -> dict[tuple[int, ...], list[int]]:
-    processor = InputProcessor(InputPreprocessor(gemma3_weights_dir, MultiModalConfig(mm_processor_cache_gb=0)))
-    runner = ModelRunner(gemma3_weights_dir)
     combos = sorted(set(COMBOS))
-    for n, combo in enumerate(combos):
-        runner.add(processor.process_inputs(str(n), chat(combo), SamplingParams(max_tokens=MAX_TOKENS)))
-    tokens: dict[str, list[int]] = {str(n): [] for n in range(len(combos))}
-    while runner.has_unfinished_requests:
-        for output in runner.step():
-            tokens[output.request_id] += output.new_token_ids
-    return {combo: tokens[str(n)] for n, combo in enumerate(combos)}
+    return dict(zip(combos, greedy_answers(gemma3_weights_dir, [chat(c) for c in combos], MAX_TOKENS)))
 
 
 async def collect(client: AsyncEngineClient, request_id: str, images: tuple[int, ...], max_tokens: int) -> list[int]:
