@@ -1,0 +1,102 @@
+"""Request bodies to typed requests and ``SamplingParams`` with vLLM's defaults and checks; the
+field a malformed body gets wrong is named ``body.<field>``; ``n`` choices get seeds of their
+own; stream chunks carry only the fields vLLM sets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mmfront.errors import ValidationError
+from mmfront.serve import protocol
+from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest, ResponseHead
+from mmfront.wire import RequestOutputKind
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields: Any) -> ChatCompletionRequest:
+    request: ChatCompletionRequest = protocol.decode_request(json.dumps({"messages": MESSAGES, **fields}).encode(),
+                                                             ChatCompletionRequest)
+    return request
+
+
+def test_unset_fields_take_vllms_defaults() -> None:
+    params = protocol.sampling_params(chat(), max_tokens=20)
+    assert (params.n, params.temperature, params.top_p, params.top_k, params.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert (params.max_tokens, params.skip_special_tokens, params.logprobs) == (20, True, None)
+    assert params.output_kind == RequestOutputKind.FINAL_ONLY
+    streamed = protocol.sampling_params(chat(stream=True, logprobs=True, top_logprobs=3, stop="x"), max_tokens=4)
+    assert (streamed.output_kind, streamed.logprobs, streamed.stop) == (RequestOutputKind.DELTA, 3, ["x"])
+
+
+def test_unknown_fields_are_ignored_as_vllm_ignores_them() -> None:
+    assert chat(foo_bar=1, max_tokens=3).max_tokens == 3
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    (b'{"model": "m"}', "body.messages"),
+    (b'{"messages": "hi"}', "body.messages"),
+    (b'{"messages": [], "max_tokens": "many"}', "body.max_tokens"),
+    (b'{"messages": [1]}', "body.messages.0"),
+    (b"{not json", "body"),
+    (b"[]", "body"),
+])
+def test_malformed_bodies_name_the_field(body: bytes, param: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        protocol.decode_request(body, ChatCompletionRequest)
+    assert info.value.parameter == param
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": -2}, "top_logprobs"),
+])
+def test_vllms_body_checks(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        chat(**fields)
+    assert info.value.parameter == param
+
+
+def test_usage_is_on_with_empty_stream_options() -> None:
+    assert protocol.include_usage(chat(stream=True, stream_options={}))
+    assert not protocol.include_usage(chat(stream=True))
+    assert not protocol.include_usage(chat(stream=True, stream_options={"include_usage": False}))
+
+
+@pytest.mark.parametrize(("prompt", "want"), [
+    ("hi", ["hi"]), (["a", "b"], ["a", "b"]), ([1, 2], [[1, 2]]), ([[1], [2, 3]], [[1], [2, 3]]),
+])
+def test_completion_prompts(prompt: Any, want: list[Any]) -> None:
+    request = protocol.decode_request(json.dumps({"prompt": prompt}).encode(), CompletionRequest)
+    assert protocol.prompts(request) == want and request.max_tokens == 16
+
+
+@pytest.mark.parametrize("body", [{}, {"prompt": ""}, {"prompt": ["a", 3]}, {"prompt": "a", "echo": True}])
+def test_completion_bodies_refused(body: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        protocol.decode_request(json.dumps(body).encode(), CompletionRequest)
+
+
+def test_children_get_n_1_and_their_own_seed() -> None:
+    params = protocol.sampling_params(chat(n=3, seed=7, temperature=0.8), max_tokens=4)
+    children = [protocol.child_params(params, i) for i in range(3)]
+    assert [(c.n, c.seed) for c in children] == [(1, 7), (1, 8), (1, 9)]
+    unseeded = protocol.sampling_params(chat(n=2, temperature=0.8), max_tokens=4)
+    assert protocol.child_params(unseeded, 1).seed is None
+
+
+def test_chunks_carry_vllms_fields() -> None:
+    head = ResponseHead("chatcmpl-1", 5, "m", "fp")
+    middle = protocol.chat_chunk(head, 0, "a", logprobs=None, finish_reason=None, stop_reason=None, fingerprint=True)
+    assert middle == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+                      "choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": None, "finish_reason": None,
+                                   "token_ids": None}], "kv_transfer_params": None}
+    last = protocol.chat_chunk(head, 0, "b", logprobs=None, finish_reason="stop", stop_reason="x", fingerprint=True)
+    assert last["choices"][0]["stop_reason"] == "x" and last["system_fingerprint"] == "fp"
+    assert list(last) == ["id", "object", "created", "model", "choices", "system_fingerprint", "kv_transfer_params"]
+    assert "system_fingerprint" not in protocol.chat_chunk(head, 0, "b", logprobs=None, finish_reason="stop",
+                                                           stop_reason=None, fingerprint=False)
