@@ -20,8 +20,8 @@ from mmfront._version import __version__
 from mmfront.serve.args import add_serve_parser
 
 DESCRIPTION = (
-    "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL_DIR' is an OpenAI-compatible server "
-    "that takes 'vllm serve's place; 'mmfront demo' runs the main job end to end on the "
+    "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL_DIR' is the OpenAI-compatible server that "
+    "takes the place of 'vllm serve'; 'mmfront demo' runs the main job end to end on the "
     "embedded default model (an offline Gemma 3 processor at real sizes); 'mmfront bench' runs the "
     "benchmarks and prints each speed goal as a ratio against a baseline measured in the same run."
 )
@@ -144,10 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="serve, demo, bench or worker; 'mmfront COMMAND --help' lists its options")
     add_serve_parser(sub).set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="run the main job end to end on the embedded default model",
-                          description="Start 'mmfront worker' with a real model, send chat requests with images "
-                                      "through the async client over ZMQ, check a sample of answers against "
-                                      "transformers' own generate, and print where the time went. Exits 0 only "
-                                      "if every check held.")
+                          description="Start 'mmfront serve' on a real model (it starts 'mmfront worker'), send "
+                                      "chat requests with images over HTTP with OpenAI's client, 8 in flight, half "
+                                      "streamed, check the text of a sample of answers against transformers' own "
+                                      "generate, and print where the time went. Exits 0 only if every check held.")
     demo.add_argument("--model", metavar="DIR",
                       help="model folder with weights (default: the embedded Gemma 3 at real sizes, built offline)")
     demo.add_argument("--requests", metavar="FILE.jsonl",
@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--lanes", type=int, metavar="N",
                       help="processes for HF processing of cache misses (default: cores - 1; 0: in-process)")
     demo.add_argument("--engine", metavar="tcp://HOST:PORT",
-                      help="listen there for an engine started elsewhere instead of starting a worker")
+                      help="the server starts no engine and waits there (its handshake address) for a headless one: "
+                           "mmfront worker MODEL --data-parallel-address HOST --data-parallel-rpc-port PORT")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="run the benchmarks and print ratios against same-run baselines",

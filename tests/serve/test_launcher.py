@@ -73,8 +73,13 @@ def test_the_local_engine_is_met_through_the_handshake(frontend: Frontend) -> No
     assert frontend.engines is not None and len(frontend.engines.processes) == 1
 
 
-def test_max_model_len_is_the_smaller_of_the_flag_and_the_engines(frontend: Frontend) -> None:
-    assert frontend.client.max_model_len == min(LIMIT, frontend.infos[0].max_model_len)
+def test_max_model_len_is_the_smaller_of_the_flag_and_the_engines(frontend: Frontend, gemma3_weights_dir: Path) -> None:
+    from mmfront.serve.app import create_app
+
+    settings = ServeSettings(gemma3_weights_dir, max_model_len=LIMIT)
+    assert frontend.client.max_model_len == frontend.infos[0].max_model_len > LIMIT
+    create_app(frontend.client, settings)  # the app applies --max-model-len to the client
+    assert frontend.client.max_model_len == LIMIT
 
 
 def test_chats_are_answered_with_the_cache_mirrored(frontend: Frontend) -> None:

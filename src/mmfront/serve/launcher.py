@@ -288,9 +288,6 @@ def client_over(link: Link, plan: ServePlan, infos: list[EngineInfo], engines: E
     except BaseException:
         link.close()
         raise
-    limit = plan.settings.max_model_len
-    if limit is not None and (client.max_model_len is None or limit < client.max_model_len):
-        client.max_model_len = limit
     return Frontend(client, link.preprocessor, engines, infos)
 
 
