@@ -26,11 +26,12 @@ LEGACY_STAMP := $(LEGACY_VENV)/.mmfront-installed
 
 install: $(STAMP)
 
-# What `make demo` needs: mmfront and its runtime dependencies only (no test tools, no Ray).
+# What `make demo` needs: mmfront, its runtime dependencies and the `demo` extra (OpenAI's client,
+# which sends the demo's requests to `mmfront serve`); no test tools, no Ray.
 $(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
-	$(PY) -m pip install $(PIP_FLAGS) -e .
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[demo]"
 	touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)

@@ -41,7 +41,8 @@ def test_version_through_the_module_entry_point() -> None:
 
 
 def test_the_parsers_are_the_expected_ones() -> None:
-    assert [name for name, _ in _parsers()] == ["mmfront", "mmfront demo", "mmfront bench", "mmfront worker"]
+    assert [name for name, _ in _parsers()] == ["mmfront", "mmfront serve", "mmfront demo", "mmfront bench",
+                                                "mmfront worker"]
 
 
 @pytest.mark.parametrize(("name", "parser"), list(_parsers()), ids=lambda v: v if isinstance(v, str) else "")
@@ -67,7 +68,7 @@ def test_main_help_lists_both_commands_and_version(capsys: pytest.CaptureFixture
         main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert "--version" in out and "demo" in out and "bench" in out
+    assert "--version" in out and "serve" in out and "demo" in out and "bench" in out
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""`mmfront demo` (what `make demo` runs): the main job end to end, on a reduced workload."""
+"""`mmfront demo` (what `make demo` runs): the main job end to end through `mmfront serve` and OpenAI's
+client, on a reduced workload."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def test_a_reduced_demo_runs_the_main_job_and_checks_it(tmp_path: Path, monkeypa
     out = capsys.readouterr().out
     summary = json.loads(out[out.index("{"):])
     assert summary["requests"] == 12 and summary["tokens"] == 12 * 8
-    assert summary["checks"] == {"every request answered once": True, "4 answers equal transformers' generate": True}
+    assert summary["checks"] == {"every request answered once": True,
+                                 "4 answers' text equals transformers' generate, decoded": True}
+    assert summary["streamed"] == 6 and summary["first_token_p50_ms"] > 0
     assert summary["p0_cache_hit_rate"] > 0 and summary["encoder_cache_hit_rate"] > 0
     assert summary["cache_saved_bytes"] > 0 and summary["wire_bytes"] > summary["cache_saved_bytes"] / 10
     assert set(summary["stage_seconds"]) == {"load", "hash", "cache", "hf", "updates", "encode", "send"}

@@ -281,6 +281,10 @@ ALLOWED_BUILTIN_RAISES: dict[tuple[str, str, str], str] = {
     "a ValueError there into its ValidationError, which the codec reports as DecodeError",
     ("media/base.py", "MediaWithBytes.__getattr__", "AttributeError"): "the __getattr__ protocol: hasattr, copy "
     "and pickle expect AttributeError",
+    ("serve/launcher.py", "exit_on_sigterm", "SystemExit"): "mmfront serve's SIGTERM handler: the server process "
+    "ends through its finally blocks (engines stopped in order), as it does on Ctrl-C",
+    ("__init__.py", "__getattr__", "AttributeError"): "the module __getattr__ protocol (PEP 562) that imports "
+    "mmfront's public names on first use: from-imports and hasattr expect AttributeError",
     ("media/fetch.py", "_Deadline.remaining", "TimeoutError"): "stands for a socket timeout inside urllib's reads, "
     "which fetch_bytes turns into MediaFetchError",
 }

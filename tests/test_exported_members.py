@@ -20,10 +20,14 @@ EXPORTED = {
     'mmfront.processing.executors': ['BaseLaneExecutor', 'InPlaceExecutor', 'ItemExecutor', 'ItemJob', 'ItemProcessor', 'LaneSpec', 'LocalProcessExecutor', 'ProcessorOrigin', 'RayExecutor', 'executor_from_config'],
     'mmfront.models': ['BaseMultiModalProcessor', 'BaseProcessingInfo', 'ModelSpec', 'ProcessorFactory', 'ReferenceModel', 'create_processor', 'register_model', 'register_processor'],
     'mmfront.engine.transports': ['BaseTransport', 'ENGINE_TRANSPORTS', 'EngineTransportFactory', 'PipeTransport', 'ZmqAddresses', 'ZmqEngineTransport', 'ZmqFrontendTransport', 'engine_identity', 'zmq_engine_factory'],
+    'mmfront.serve.api_servers': ['listening_socket', 'serve_api_servers'],
+    'mmfront.serve.args': ['DESCRIPTION', 'add_serve_parser', 'human_int', 'plan_from_args', 'refuse_unknown'],
+    'mmfront.serve.launcher': ['EngineProcesses', 'Frontend', 'Link', 'LocalEngineOptions', 'ServePlan', 'bind_handshake', 'bind_link', 'client_over', 'exit_on_sigterm', 'log_engine_exit', 'meet_engines', 'run_app', 'serve', 'start_engines', 'start_frontend', 'worker_command'],
     'mmfront.serve.app': ['create_app', 'error_response', 'json_response'],
     'mmfront.serve.output': ['ChoiceOutput', 'Delta', 'IncrementalDetokenizer', 'LOGPROB_FLOOR', 'PROMPT_PRIMING_TOKENS', 'TokenLogprob', 'WindowDetokenizer', 'engine_error', 'make_detokenizer', 'token_logprobs'],
     'mmfront.serve.protocol': ['BODY_PARAM', 'ChatCompletionRequest', 'CompletionRequest', 'ResponseHead', 'StreamOptions', 'chat_choice', 'chat_chunk', 'chat_logprobs', 'chat_response', 'chat_role_chunk', 'child_params', 'completion_choice', 'completion_chunk', 'completion_logprobs', 'completion_response', 'continuous_usage', 'decode_request', 'error_body', 'include_usage', 'model_card', 'prompts', 'sampling_params', 'usage', 'usage_chunk'],
     'mmfront.serve.stats': ['FINISHED_REASONS', 'ServerMetrics'],
+    'mmfront.serve.vllm_flags': ['ENGINE_ONLY_FLAGS', 'HEADLESS_MESSAGE', 'refusal'],
     'mmfront.engine': ['AsyncEngineClient', 'BaseTransport', 'BlockingEngineClient', 'DataParallelConfig', 'EngineClient', 'EngineCoreReceiver', 'EngineInfo', 'EngineReceiver', 'FrontendHandshake', 'PipeTransport', 'RequestAdmitted', 'RequestFailed', 'RequestOutput', 'ZmqAddresses', 'ZmqEngineTransport', 'ZmqFrontendTransport', 'engine_handshake'],
 }
 

@@ -1,7 +1,10 @@
-"""The ``mmfront`` command: ``demo`` runs the main job on the embedded default model,
-``bench`` runs the benchmarks in ``benchmarks/``.
+"""The ``mmfront`` command: ``serve`` is the OpenAI-compatible server, ``demo`` runs the main job
+on the embedded default model, ``worker`` is the reference engine, ``bench`` runs the benchmarks
+in ``benchmarks/``.
 
-Help strings are plain text (no RST markup), since argparse prints them as they are.
+Help strings are plain text (no RST markup), since argparse prints them as they are. Parsing
+imports nothing heavy (no torch, transformers or numpy: ``mmfront --help`` answers at once);
+each command imports what it needs when it runs.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import json
 import sys
 from pathlib import Path
 
-from mmfront import __version__
+from mmfront._version import __version__
+from mmfront.serve.args import add_serve_parser
 
 DESCRIPTION = (
-    "mmfront, a vLLM-style multimodal frontend. 'mmfront demo' runs the main job end to end on the "
+    "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL_DIR' is the OpenAI-compatible server that "
+    "takes the place of 'vllm serve'; 'mmfront demo' runs the main job end to end on the "
     "embedded default model (an offline Gemma 3 processor at real sizes); 'mmfront bench' runs the "
     "benchmarks and prints each speed goal as a ratio against a baseline measured in the same run."
 )
@@ -77,6 +82,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from mmfront.errors import ConfigError, HandshakeError
+    from mmfront.serve.api_servers import serve_api_servers
+    from mmfront.serve.args import plan_from_args
+    from mmfront.serve.launcher import serve
+
+    try:
+        plan = plan_from_args(args)
+    except ConfigError as e:
+        print(f"mmfront serve: {e}", file=sys.stderr)
+        return 2
+    try:
+        return serve_api_servers(plan) if plan.settings.api_server_count > 1 else serve(plan)
+    except HandshakeError as e:
+        print(f"mmfront serve: {e}", file=sys.stderr)
+        return 1
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from mmfront.config import MultiModalConfig
     from mmfront.engine.transports import ENGINE_TRANSPORTS
@@ -118,12 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mmfront {__version__}",
                         help="print the mmfront version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="demo, bench or worker; 'mmfront COMMAND --help' lists its options")
+                                help="serve, demo, bench or worker; 'mmfront COMMAND --help' lists its options")
+    add_serve_parser(sub).set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="run the main job end to end on the embedded default model",
-                          description="Start 'mmfront worker' with a real model, send chat requests with images "
-                                      "through the async client over ZMQ, check a sample of answers against "
-                                      "transformers' own generate, and print where the time went. Exits 0 only "
-                                      "if every check held.")
+                          description="Start 'mmfront serve' on a real model (it starts 'mmfront worker'), send "
+                                      "chat requests with images over HTTP with OpenAI's client, 8 in flight, half "
+                                      "streamed, check the text of a sample of answers against transformers' own "
+                                      "generate, and print where the time went. Exits 0 only if every check held.")
     demo.add_argument("--model", metavar="DIR",
                       help="model folder with weights (default: the embedded Gemma 3 at real sizes, built offline)")
     demo.add_argument("--requests", metavar="FILE.jsonl",
@@ -136,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--lanes", type=int, metavar="N",
                       help="processes for HF processing of cache misses (default: cores - 1; 0: in-process)")
     demo.add_argument("--engine", metavar="tcp://HOST:PORT",
-                      help="listen there for an engine started elsewhere instead of starting a worker")
+                      help="the server starts no engine and waits there (its handshake address) for a headless one: "
+                           "mmfront worker MODEL --data-parallel-address HOST --data-parallel-rpc-port PORT")
     demo.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="run the benchmarks and print ratios against same-run baselines",
@@ -193,7 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        refuse = vars(args).get("refuse_unknown")
+        if refuse is None:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        refuse(extras)
     return int(args.func(args))
 
 

@@ -1,11 +1,15 @@
-"""``mmfront demo`` (what ``make demo`` runs): the whole system doing real work, verified.
+"""``mmfront demo`` (what ``make demo`` runs): the whole system doing real work, verified, the way a
+user runs it: ``mmfront serve`` in front of ``mmfront worker``, and OpenAI's own client.
 
-Chat requests with images go through the frontend (chat template, media loading, hashing, the
-P0 cache, the HF processor), over vLLM's ZMQ sockets, into ``mmfront worker`` running a real
-model (the embedded default: Gemma 3's processor at real sizes, 896 px and 256 image tokens,
-with small random weights), and the answers come back. A sample of answers is checked against
-transformers' own ``generate`` run in this process; the summary says where the time went and
-what the caches saved. The exit status is 0 only if every check held.
+The demo starts ``mmfront serve`` on a model (the embedded default: Gemma 3's processor at real
+sizes, 896 px and 256 image tokens, with small random weights); the server starts its engine,
+``mmfront worker``, and meets it through vLLM's handshake. Chat requests with images go over HTTP
+with the official ``openai`` client, 8 in flight, half of them streamed; the server does the
+frontend's work (chat template, media loading, hashing, the P0 cache, the HF processor) and
+detokenizes the answers. A sample of answers' text is checked against transformers' own
+``generate`` run in this process, decoded as the server decodes; the summary says where the time
+went and what the caches saved (read from the server's ``/metrics``). The exit status is 0 only
+if every check held.
 """
 
 from __future__ import annotations
@@ -16,29 +20,32 @@ import io
 import json
 import os
 import random
+import re
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmfront.cache import ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
-from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.transports import ZmqFrontendTransport
-from mmfront.errors import ConfigError, MMFrontError
-from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.errors import ConfigError
+from mmfront.preprocess import InputPreprocessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import DEFAULT_MODEL_KIND, cached_model_dir
-from mmfront.timing import STAGES, take_stage_times
-from mmfront.wire import SamplingParams
-from mmfront.wire.structs import FinishReason
+from mmfront.timing import STAGES
 
 IN_FLIGHT = 8
 MAX_TOKENS = 8
 CHECKED_SAMPLE = 4
+MODEL_NAME = "demo"
+SERVER_START_S = 300.0
 
 
 @dataclass
@@ -50,10 +57,14 @@ class DemoRequest:
 
 @dataclass
 class Outcome:
-    tokens: list[int] = field(default_factory=list)
-    finish: FinishReason | None = None
+    stream: bool = False
+    text: str = ""
+    tokens: int = 0
+    finish: str | None = None
     error: str | None = None
-    frontend_s: float = 0.0
+    latency_s: float = 0.0
+    first_token_s: float | None = None
+    chunks: list[str] = field(default_factory=list)
 
 
 def generate_workload(count: int, *, seed: int = 0, repeat_share: float = 0.4) -> list[DemoRequest]:
@@ -99,95 +110,175 @@ def read_workload(path: Path) -> list[DemoRequest]:
     return out
 
 
+# --- the server ---------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @dataclass
-class Engine:
-    """The worker process (None when an external engine connects to ``--engine``)."""
+class Server:
+    """``mmfront serve`` in a child process; its output goes to a file, read when it stops."""
 
-    process: subprocess.Popen[str] | None
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
 
-    def stop(self) -> dict[str, Any]:
-        """Stop the worker; its closing statistics (encoder cache hits, tokens)."""
-        if self.process is None:
-            return {}
-        self.process.terminate()
-        try:
-            out, _ = self.process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            out, _ = self.process.communicate()
-        for line in reversed((out or "").splitlines()):
-            if line.startswith("{"):
-                return dict(json.loads(line))
-        return {}
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ConfigError(f"mmfront serve exited with status {self.process.returncode} before it was "
+                                  f"ready:\n{self.output()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise ConfigError(f"mmfront serve was not ready within {timeout:.0f} s:\n{self.output()[-4000:]}")
+
+    def metrics(self) -> dict[str, float]:
+        """The server's ``/metrics``, summed by name and ``stage`` label."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        totals: dict[str, float] = {}
+        for line in text.splitlines():
+            match = re.match(r"^([a-zA-Z_:]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line)
+            if match is None:
+                continue
+            name, labels, value = match.groups()
+            stage = re.search(r'stage="([^"]+)"', labels or "")
+            key = f"{name}[{stage.group(1)}]" if stage else name
+            totals[key] = totals.get(key, 0.0) + float(value)
+        return totals
+
+    def stop(self) -> str:
+        """SIGTERM (the server stops its engine in order); its whole output."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        out = self.output()
+        self.log.unlink(missing_ok=True)
+        return out
 
 
-def start_worker(model_dir: Path, transport: ZmqFrontendTransport, config: MultiModalConfig,
-                 shm_name: str | None) -> Engine:
-    args = [sys.executable, "-m", "mmfront.cli", "worker", str(model_dir), "--input", transport.addresses.input,
-            "--output", transport.addresses.output, "--cache", config.mm_processor_cache_type,
-            "--cache-gb", str(config.mm_processor_cache_gb), "--json"]
-    if shm_name:
-        args += ["--shm-name", shm_name]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        transport.wait_for_engines([0], 120)
-    except MMFrontError:
-        process.kill()
-        raise
-    return Engine(process)
+def start_server(model_dir: Path, cache: str, lanes: int | None, engine: str | None) -> Server:
+    """``mmfront serve`` on a free loopback port, as a user starts it."""
+    port = _free_port()
+    command = [sys.executable, "-m", "mmfront.cli", "serve", str(model_dir), "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", MODEL_NAME, "--uvicorn-log-level", "warning",
+               "--mm-processor-cache-gb", "0" if cache == "none" else "1"]
+    if cache != "none":
+        command += ["--mm-processor-cache-type", cache]
+    if lanes is not None:
+        command += ["--processing-lanes", str(lanes)]
+    if engine:
+        scheme, _, where = engine.partition("://")
+        host, _, rpc_port = where.rpartition(":")
+        if scheme != "tcp" or not rpc_port.isdigit() or not host:
+            raise ConfigError("--engine takes tcp://HOST:PORT (the headless engine's handshake address).")
+        command += ["--data-parallel-size-local", "0", "--data-parallel-address", host,
+                    "--data-parallel-rpc-port", rpc_port]
+        print(f"waiting for an engine: mmfront worker MODEL --data-parallel-address {host} "
+              f"--data-parallel-rpc-port {rpc_port}", flush=True)
+    log = Path(tempfile.mkstemp(prefix="mmfront-demo-serve-", suffix=".log")[1])
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    return Server(process, f"http://127.0.0.1:{port}", log)
 
 
-async def run_workload(client: AsyncEngineClient, requests: Sequence[DemoRequest], progress: Any) -> dict[str, Outcome]:
+# --- the workload over HTTP -----------------------------------------------------------------------
+
+
+async def run_workload(client: Any, requests: Sequence[DemoRequest], progress: Any) -> dict[str, Outcome]:
+    """Every request through ``client`` (``openai.AsyncOpenAI``), ``IN_FLIGHT`` at a time; the
+    even ones streamed."""
+    import openai
+
     gate = asyncio.Semaphore(IN_FLIGHT)
     outcomes: dict[str, Outcome] = {}
 
-    async def one(request: DemoRequest) -> None:
-        outcome = outcomes[request.request_id] = Outcome()
+    async def one(n: int, request: DemoRequest) -> None:
+        outcome = outcomes[request.request_id] = Outcome(stream=n % 2 == 0)
         async with gate:
             started = time.perf_counter()
+            common: dict[str, Any] = {"model": MODEL_NAME, "messages": request.messages,
+                                      "max_tokens": request.max_tokens, "temperature": 0.0,
+                                      "extra_headers": {"X-Request-Id": request.request_id}}
             try:
-                stream = await client.add_request(request.request_id, request.messages,
-                                                  SamplingParams(max_tokens=request.max_tokens, temperature=0.0))
-                outcome.frontend_s = time.perf_counter() - started
-                async for output in stream:
-                    outcome.tokens += output.new_token_ids
-                    outcome.finish = output.finish_reason
-                    if output.error is not None:
-                        outcome.error = f"{output.error.code}: {output.error.message}"
-            except MMFrontError as e:
+                if outcome.stream:
+                    stream = await client.chat.completions.create(
+                        **common, stream=True, stream_options={"include_usage": True})
+                    async for chunk in stream:
+                        if chunk.usage is not None:
+                            outcome.tokens = chunk.usage.completion_tokens
+                        for choice in chunk.choices:
+                            if choice.delta.content:
+                                outcome.first_token_s = outcome.first_token_s or time.perf_counter() - started
+                                outcome.chunks.append(choice.delta.content)
+                            outcome.finish = choice.finish_reason or outcome.finish
+                    outcome.text = "".join(outcome.chunks)
+                else:
+                    answer = await client.chat.completions.create(**common)
+                    [choice] = answer.choices
+                    outcome.text = choice.message.content or ""
+                    outcome.finish = choice.finish_reason
+                    outcome.tokens = answer.usage.completion_tokens if answer.usage else 0
+            except openai.OpenAIError as e:
                 outcome.error = f"{type(e).__name__}: {e}"
+            outcome.latency_s = time.perf_counter() - started
             progress()
 
-    await asyncio.gather(*(one(r) for r in requests))
+    await asyncio.gather(*(one(n, r) for n, r in enumerate(requests)))
     return outcomes
 
 
-def check_with_transformers(model_dir: Path, pre: InputPreprocessor, requests: Sequence[DemoRequest],
+def check_with_transformers(model_dir: Path, requests: Sequence[DemoRequest],
                             outcomes: dict[str, Outcome]) -> list[str]:
-    """Greedy ``generate`` of transformers on the same conversations; the mismatches."""
+    """Greedy ``generate`` of transformers on the same conversations, decoded as the server
+    decodes (special tokens skipped); the answers whose text differs."""
     import torch
     import transformers
     from PIL import Image
 
-    config = transformers.AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
-    model_class = getattr(transformers, config.architectures[0])
-    model = model_class.from_pretrained(str(model_dir), local_files_only=True).eval()
-    hf = pre.processor.info.hf_processor
-    problems = []
-    for request in requests:
-        inputs = pre.preprocess(request.messages, skip_mm_cache=True)
-        images = [Image.open(io.BytesIO(base64.b64decode(part["image_url"]["url"].split(",", 1)[1]))).convert("RGB")
-                  for message in request.messages if isinstance(message["content"], list)
-                  for part in message["content"] if part.get("type") == "image_url"]
-        batch = hf(text=inputs["prompt"], images=images, return_tensors="pt", add_special_tokens=False)
-        with torch.inference_mode():
-            out = model.generate(**batch, do_sample=False, max_new_tokens=request.max_tokens)
-        want = out[0, batch["input_ids"].shape[1]:].tolist()
-        got = outcomes[request.request_id].tokens
-        if got[:len(want)] != want:
-            problems.append(f"{request.request_id}: worker {got} != transformers {want}")
-    return problems
+    pre = InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0, mm_processing_lanes=0))
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        model_class = getattr(transformers, config.architectures[0])
+        model = model_class.from_pretrained(str(model_dir), local_files_only=True).eval()
+        hf = pre.processor.info.hf_processor
+        problems = []
+        for request in requests:
+            inputs = pre.preprocess(request.messages, skip_mm_cache=True)
+            images = [Image.open(io.BytesIO(base64.b64decode(part["image_url"]["url"].split(",", 1)[1]))).convert("RGB")
+                      for message in request.messages if isinstance(message["content"], list)
+                      for part in message["content"] if part.get("type") == "image_url"]
+            batch = hf(text=inputs["prompt"], images=images or None, return_tensors="pt", add_special_tokens=False)
+            with torch.inference_mode():
+                out = model.generate(**batch, do_sample=False, max_new_tokens=request.max_tokens)
+            want = hf.tokenizer.decode(out[0, batch["input_ids"].shape[1]:].tolist(), skip_special_tokens=True)
+            got = outcomes[request.request_id].text
+            if got != want:
+                problems.append(f"{request.request_id}: server {got!r} != transformers {want!r}")
+        return problems
+    finally:
+        pre.close()
+
+
+# --- the summary ------------------------------------------------------------------------------------
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -197,24 +288,30 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def _engine_stats(server_output: str) -> tuple[int, int] | None:
+    """The worker's closing line: encoder cache hits and lookups."""
+    found = re.findall(r"encoder cache (\d+)/(\d+) hits", server_output)
+    return (sum(int(h) for h, _ in found), sum(int(n) for _, n in found)) if found else None
+
+
 def summarize(requests: Sequence[DemoRequest], outcomes: dict[str, Outcome], wall_s: float, *,
-              pre: InputPreprocessor, client: AsyncEngineClient, engine_stats: dict[str, Any],
-              checks: dict[str, bool]) -> dict[str, Any]:
-    latencies = [o.frontend_s for o in outcomes.values() if o.error is None]
-    stats = pre.stats
-    encoder_lookups = engine_stats.get("encoder_lookups") or 0
+              metrics: dict[str, float], encoder: tuple[int, int] | None, checks: dict[str, bool]) -> dict[str, Any]:
+    answered = [o for o in outcomes.values() if o.error is None]
+    queries = metrics.get("vllm:mm_cache_queries_total", 0.0)
     return {
         "requests": len(requests),
         "requests_per_s": len(requests) / wall_s if wall_s else 0.0,
-        "frontend_latency_p50_ms": 1e3 * _percentile(latencies, 0.5),
-        "frontend_latency_p99_ms": 1e3 * _percentile(latencies, 0.99),
-        "stage_seconds": take_stage_times(),
-        "p0_cache_hit_rate": stats.hit_ratio,
-        "encoder_cache_hit_rate": (engine_stats.get("encoder_hits", 0) / encoder_lookups) if encoder_lookups else None,
-        "wire_bytes": client.stats.wire_bytes,
-        "cache_saved_bytes": client.stats.saved_bytes,
-        "tokens": sum(len(o.tokens) for o in outcomes.values()),
-        "resends": client.stats.resends,
+        "latency_p50_ms": 1e3 * _percentile([o.latency_s for o in answered], 0.5),
+        "latency_p99_ms": 1e3 * _percentile([o.latency_s for o in answered], 0.99),
+        "first_token_p50_ms": 1e3 * _percentile([o.first_token_s for o in answered if o.first_token_s], 0.5),
+        "streamed": sum(o.stream for o in outcomes.values()),
+        "stage_seconds": {name: metrics.get(f"mmfront:stage_seconds_total[{name}]", 0.0) for name in STAGES},
+        "p0_cache_hit_rate": metrics.get("vllm:mm_cache_hits_total", 0.0) / queries if queries else 0.0,
+        "encoder_cache_hit_rate": (encoder[0] / encoder[1]) if encoder and encoder[1] else None,
+        "wire_bytes": int(metrics.get("mmfront:request_wire_bytes_total", 0)),
+        "cache_saved_bytes": int(metrics.get("mmfront:mm_cache_saved_bytes_total", 0)),
+        "tokens": sum(o.tokens for o in answered),
+        "resends": int(metrics.get("mmfront:mm_cache_resends_total", 0)),
         "checks": checks,
     }
 
@@ -223,15 +320,15 @@ def print_table(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="mmfront demo", show_header=True)
+    table = Table(title="mmfront demo: mmfront serve + mmfront worker, OpenAI client", show_header=True)
     table.add_column("measure")
     table.add_column("value", justify="right")
-    table.add_row("requests", f"{summary['requests']}")
-    table.add_row("requests/s (end to end)", f"{summary['requests_per_s']:.2f}")
-    table.add_row("frontend latency p50 / p99", f"{summary['frontend_latency_p50_ms']:.1f} / "
-                                                  f"{summary['frontend_latency_p99_ms']:.1f} ms")
+    table.add_row("requests (streamed)", f"{summary['requests']} ({summary['streamed']})")
+    table.add_row("requests/s (end to end, HTTP)", f"{summary['requests_per_s']:.2f}")
+    table.add_row("latency p50 / p99", f"{summary['latency_p50_ms']:.0f} / {summary['latency_p99_ms']:.0f} ms")
+    table.add_row("time to first token p50 (streamed)", f"{summary['first_token_p50_ms']:.0f} ms")
     for name in STAGES:
-        table.add_row(f"  time in {name}", f"{summary['stage_seconds'].get(name, 0.0):.2f} s")
+        table.add_row(f"  server time in {name}", f"{summary['stage_seconds'].get(name, 0.0):.2f} s")
     table.add_row("P0 cache hit rate", f"{summary['p0_cache_hit_rate']:.0%}")
     rate = summary["encoder_cache_hit_rate"]
     table.add_row("encoder cache hit rate", "n/a (external engine)" if rate is None else f"{rate:.0%}")
@@ -247,47 +344,33 @@ def run_demo(
     *, model: str | None = None, requests_file: str | None = None, cache: str = "lru", lanes: int | None = None,
     engine: str | None = None, as_json: bool = False, num_requests: int = 200,
 ) -> int:
-    config_kwargs: dict[str, Any] = {"mm_processor_cache_gb": 0 if cache == "none" else 1.0}
-    if cache != "none":
-        config_kwargs["mm_processor_cache_type"] = cache
-    config_kwargs["mm_processing_lanes"] = lanes  # None: cores - 1 (at least 1), the serving default
-    config = MultiModalConfig(**config_kwargs)
+    try:
+        import openai
+    except ImportError:
+        raise ConfigError("mmfront demo sends its requests with OpenAI's client: pip install 'mmfront[demo]' "
+                          "(make demo does).") from None
     model_dir = Path(model) if model else cached_model_dir(DEFAULT_MODEL_KIND, with_weights=True)
     workload = read_workload(Path(requests_file)) if requests_file else generate_workload(num_requests)
-    pre = InputPreprocessor(model_dir, config)
-    pre.warmup()
-    if engine:
-        scheme, _, where = engine.partition("://")
-        host, _, port = where.rpartition(":")
-        if scheme != "tcp" or not port.isdigit():
-            raise ConfigError("--engine takes tcp://HOST:PORT (the engine connects there, and to PORT+1).")
-        transport = ZmqFrontendTransport("tcp", host=host, ports=(int(port), int(port) + 1))
-        print(f"waiting for an engine: mmfront worker MODEL --input {transport.addresses.input} "
-              f"--output {transport.addresses.output}", flush=True)
-        transport.wait_for_engines([0], 600)
-        worker = Engine(None)
-    else:
-        transport = ZmqFrontendTransport("ipc")
-        shm_name = pre.cache.shm_name if isinstance(pre.cache, ShmObjectStoreSenderCache) else None
-        worker = start_worker(model_dir, transport, config, shm_name)
-    client = AsyncEngineClient(InputProcessor(pre), transport, engine_timeout_s=120)
-    take_stage_times()
+    server = start_server(model_dir, cache, lanes, engine)
     try:
+        server.wait_ready(600 if engine else SERVER_START_S)
+        if not as_json:
+            print(f"mmfront serve is up at {server.url}; sending {len(workload)} requests, {IN_FLIGHT} in flight",
+                  flush=True)
         started = time.perf_counter()
-        outcomes = _run_with_progress(client, workload, quiet=as_json)
+        outcomes = _run_with_progress(openai, server.url, workload, quiet=as_json)
         wall = time.perf_counter() - started
+        metrics = server.metrics()
     finally:
-        client.close_blocking()
-        engine_stats = worker.stop()
+        output = server.stop()
     answered = [o for o in outcomes.values() if o.error is None and o.finish is not None]
     sample = [r for r in workload if outcomes[r.request_id].error is None][:CHECKED_SAMPLE]
-    problems = check_with_transformers(model_dir, pre, sample, outcomes) if sample else ["no request was answered"]
+    problems = check_with_transformers(model_dir, sample, outcomes) if sample else ["no request was answered"]
     checks = {
         "every request answered once": len(answered) == len(workload),
-        f"{len(sample)} answers equal transformers' generate": not problems,
+        f"{len(sample)} answers' text equals transformers' generate, decoded": not problems,
     }
-    summary = summarize(workload, outcomes, wall, pre=pre, client=client, engine_stats=engine_stats, checks=checks)
-    pre.close()
+    summary = summarize(workload, outcomes, wall, metrics=metrics, encoder=_engine_stats(output), checks=checks)
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
@@ -300,14 +383,18 @@ def run_demo(
     return 0 if all(checks.values()) else 1
 
 
-def _run_with_progress(client: AsyncEngineClient, workload: Sequence[DemoRequest], *, quiet: bool) -> dict[str, Outcome]:
+def _run_with_progress(openai: Any, url: str, workload: Sequence[DemoRequest], *, quiet: bool) -> dict[str, Outcome]:
+    async def run(progress: Any) -> dict[str, Outcome]:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="demo", max_retries=0, timeout=600) as client:
+            return await run_workload(client, workload, progress)
+
     if quiet:
-        return asyncio.run(run_workload(client, workload, lambda: None))
+        return asyncio.run(run(lambda: None))
     from rich.progress import Progress
 
     with Progress(transient=True) as progress:
         task = progress.add_task("requests", total=len(workload))
-        return asyncio.run(run_workload(client, workload, lambda: progress.advance(task)))
+        return asyncio.run(run(lambda: progress.advance(task)))
 
 
 __all__ = ["DemoRequest", "generate_workload", "read_workload", "run_demo"]

@@ -1,0 +1,382 @@
+"""What ``mmfront serve`` does after parsing: start the engines, meet them, serve HTTP, stop.
+
+The engines come the way ``vllm serve`` brings them: ``data_parallel_size_local`` of them are
+started here, as ``mmfront worker`` processes (ranks ``0 .. local - 1``), and meet this API server
+through vLLM's start-up handshake; the remaining ranks are headless engines started elsewhere
+(``vllm serve MODEL --headless`` or ``mmfront worker MODEL --data-parallel-address HEAD``) that
+connect to ``tcp://data_parallel_address:data_parallel_rpc_port``.
+
+Local engines are this process's children for their whole life: each runs in its own session
+(a Ctrl-C at the terminal reaches only the server, which then stops them in order), is told by
+the kernel to stop when the server dies (``PR_SET_PDEATHSIG`` on Linux), and is stopped with
+SIGTERM, then SIGKILL after a grace period, when the server shuts down or exits (``atexit``). One
+that exits on its own is a dead engine: the client watches each local engine's process
+(``AsyncEngineClient.watch_process``), so the requests that rank owed fail at once and
+``/health`` answers 503; the launcher logs the exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mmfront.cache import ShmObjectStoreSenderCache
+from mmfront.config import MultiModalConfig
+from mmfront.engine.async_client import AsyncEngineClient
+from mmfront.engine.handshake import DataParallelConfig, EngineInfo, FrontendHandshake
+from mmfront.engine.transports import ZmqAddresses, ZmqFrontendTransport
+from mmfront.errors import HandshakeError
+from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.serve.settings import ServeSettings
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+"""How long a local engine gets to stop after SIGTERM before it is killed."""
+_WATCH_INTERVAL_S = 0.2
+
+
+@dataclass(frozen=True)
+class LocalEngineOptions:
+    """How the ``mmfront worker`` processes this server starts run the model."""
+
+    device: str | None = None
+    """torch device (``None``: CUDA when available, else the CPU)."""
+    dtype: str | None = None
+    """Model dtype (``None``: the folder's ``config.json``)."""
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """Everything ``mmfront serve`` was told: HTTP (:class:`ServeSettings`), processing
+    (:class:`MultiModalConfig`), where the engines are (:class:`DataParallelConfig`) and how the
+    local ones run."""
+
+    settings: ServeSettings
+    config: MultiModalConfig
+    parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    engine: LocalEngineOptions = field(default_factory=LocalEngineOptions)
+    engine_ready_timeout_s: float = 600.0
+    engine_timeout_s: float = 30.0
+
+
+def worker_command(
+    model: Path, rank: int, handshakes: Sequence[str], config: MultiModalConfig, options: LocalEngineOptions, *,
+    shm_names: Sequence[str] = (),
+) -> list[str]:
+    """``mmfront worker`` as this server starts engine ``rank``: a local engine meeting each API
+    server through its handshake address (one per API server), with the processor cache they
+    mirror (``shm``: one segment name per API server, in the same order)."""
+    command = [sys.executable, "-m", "mmfront.cli", "worker", str(model)]
+    for address in handshakes:
+        command += ["--handshake", address]
+    command += ["--local", "--engine-index", str(rank), "--cache", config.mm_processor_cache_type,
+                "--cache-gb", str(config.mm_processor_cache_gb)]
+    for name in shm_names:
+        command += ["--shm-name", name]
+    if options.device is not None:
+        command += ["--device", options.device]
+    if options.dtype is not None:
+        command += ["--dtype", options.dtype]
+    return command
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the server process dies, even by SIGKILL (Linux)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class EngineProcesses:
+    """The local engine processes, by rank: started, watched and stopped by this server."""
+
+    def __init__(self, commands: Sequence[Sequence[str]], *, env: dict[str, str] | None = None) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        atexit.register(self.stop)
+        linux = sys.platform.startswith("linux")
+        try:
+            for command in commands:
+                self.processes.append(subprocess.Popen(
+                    list(command), env=env, start_new_session=True,
+                    preexec_fn=_die_with_parent if linux else None))  # noqa: PLW1509 (no threads yet at start-up)
+        except OSError:
+            self.stop()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def exited(self) -> list[tuple[int, int]]:
+        """``(rank, exit status)`` of every engine that has exited."""
+        return [(rank, code) for rank, p in enumerate(self.processes) if (code := p.poll()) is not None]
+
+    def watch(self, on_exit: Callable[[int, int], None]) -> None:
+        """Call ``on_exit(rank, status)`` from a thread for each engine that exits before :meth:`stop`."""
+        def run() -> None:
+            reported: set[int] = set()
+            while not self.stopping.wait(_WATCH_INTERVAL_S):
+                for rank, code in self.exited():
+                    if rank not in reported and not self.stopping.is_set():
+                        reported.add(rank)
+                        on_exit(rank, code)
+
+        self._watcher = threading.Thread(target=run, name="mmfront-engine-watch", daemon=True)
+        self._watcher.start()
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every engine still running, SIGKILL those still running after ``grace_s``."""
+        self.stopping.set()
+        for p in self.processes:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in self.processes:
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                p.wait()
+        atexit.unregister(self.stop)
+
+
+def log_engine_exit(rank: int, status: int) -> None:
+    """What ``mmfront serve`` does when a local engine exits unasked: say so (the client has
+    failed what that rank owed)."""
+    how = f"signal {-status}" if status < 0 else f"status {status}"
+    logger.error("Engine rank %d exited (%s): requests sent to it fail, and /health answers 503. Restart mmfront "
+                 "serve to start it again.", rank, how)
+
+
+@dataclass
+class Frontend:
+    """One API server's side of the engine link, ready to serve: the client, and the engines it
+    started (``None`` when every engine is headless)."""
+
+    client: AsyncEngineClient
+    preprocessor: InputPreprocessor
+    engines: EngineProcesses | None
+    infos: list[EngineInfo]
+
+    def close(self) -> None:
+        """Stop the engines this server started, then the client and the processing."""
+        if self.engines is not None:
+            self.engines.stop()
+        self.client.close_blocking()
+        self.preprocessor.close()
+
+
+class _EngineWait:
+    """``handshake.wait`` on a daemon thread, so that a local engine exiting during start-up
+    fails the start at once. The wait cannot be interrupted: once abandoned, the thread closes
+    the handshake and the transport itself when its wait ends (they are not thread-safe)."""
+
+    def __init__(self, handshake: FrontendHandshake, transport: ZmqFrontendTransport, timeout: float) -> None:
+        self.handshake = handshake
+        self.transport = transport
+        self.done = threading.Event()
+        self.abandoned = threading.Event()
+        self.result: list[EngineInfo] | BaseException = HandshakeError("The handshake did not run.")
+        threading.Thread(target=self._run, args=(timeout,), name="mmfront-handshake", daemon=True).start()
+
+    def _run(self, timeout: float) -> None:
+        try:
+            self.result = self.handshake.wait(timeout)
+        except BaseException as e:  # handed to the waiting thread
+            self.result = e
+        finally:
+            self.done.set()
+            if self.abandoned.is_set():
+                self.handshake.close()
+                self.transport.close()
+
+    def join(self, engines: EngineProcesses | None) -> list[EngineInfo]:
+        """The engines' start-up answers; :class:`HandshakeError` naming a local engine that exited first."""
+        try:
+            while not self.done.wait(_WATCH_INTERVAL_S):
+                exited = engines.exited() if engines is not None else []
+                if exited:
+                    rank, code = exited[0]
+                    raise HandshakeError(f"Engine rank {rank} (mmfront worker) exited with status {code} before it "
+                                         "was ready; its output above says why.")
+        except BaseException:
+            self.abandoned.set()
+            if self.done.is_set():
+                self.handshake.close()
+                self.transport.close()
+            raise
+        if isinstance(self.result, BaseException):  # the handshake failed: nothing is left to meet
+            self.handshake.close()
+            self.transport.close()
+            raise self.result
+        return self.result
+
+
+@dataclass
+class Link:
+    """One API server's side of the engine link, bound and not yet met: the processing and the
+    data sockets (``transport``)."""
+
+    preprocessor: InputPreprocessor
+    transport: ZmqFrontendTransport
+
+    @property
+    def shm_name(self) -> str | None:
+        """The ``shm`` cache's segment, which the engines read (``None`` for other caches)."""
+        cache = self.preprocessor.cache
+        return cache.shm_name if isinstance(cache, ShmObjectStoreSenderCache) else None
+
+    def close(self) -> None:
+        self.transport.close()
+        self.preprocessor.close()
+
+
+def bind_link(plan: ServePlan, *, client_index: int = 0) -> Link:
+    """Load the processing and bind the data sockets: ``ipc`` when every engine is local, else
+    ``tcp`` on ``data_parallel_address``, as vLLM binds."""
+    parallel = plan.parallel
+    preprocessor = InputPreprocessor(plan.settings.model, plan.config)
+    try:
+        preprocessor.warmup()
+        transport = (ZmqFrontendTransport("ipc", client_index=client_index) if parallel.all_local
+                     else ZmqFrontendTransport("tcp", host=parallel.data_parallel_address, client_index=client_index))
+    except BaseException:
+        preprocessor.close()
+        raise
+    return Link(preprocessor, transport)
+
+
+def bind_handshake(link: Link, plan: ServePlan, other_frontends: Sequence[ZmqAddresses] = ()) -> FrontendHandshake:
+    """The handshake socket engines greet: a private ``ipc`` path when every engine is local,
+    else ``tcp://data_parallel_address:data_parallel_rpc_port``. It names every API server's
+    sockets, this one's first (``other_frontends``: the others', with ``--api-server-count``)."""
+    try:
+        return FrontendHandshake(link.transport, plan.parallel, other_frontends=other_frontends)
+    except BaseException:
+        link.close()
+        raise
+
+
+def client_over(link: Link, plan: ServePlan, infos: list[EngineInfo], engines: EngineProcesses | None) -> Frontend:
+    """The client over the engines met (``infos``), watching the processes of ``engines`` (an
+    exit is that rank's death). Without ``engines`` and with every engine local (another process
+    started them: ``--api-server-count``), a dropped connection is an engine's death."""
+    try:
+        if engines is None and plan.parallel.all_local:
+            link.transport.watch_disconnects()  # a local engine's connection drops only when its process ends
+        client = AsyncEngineClient(InputProcessor(link.preprocessor), link.transport, engines=infos,
+                                   engine_timeout_s=plan.engine_timeout_s)
+        for rank, process in enumerate(engines.processes if engines is not None else []):
+            client.watch_process(rank, process)
+    except BaseException:
+        link.close()
+        raise
+    return Frontend(client, link.preprocessor, engines, infos)
+
+
+def meet_engines(link: Link, handshake: FrontendHandshake, plan: ServePlan,
+                 engines: EngineProcesses | None) -> list[EngineInfo]:
+    """Every rank's start-up answer through ``handshake`` (failing at once, naming the rank, when
+    a local engine of ``engines`` exits first); the handshake is closed after. On failure the
+    link is closed."""
+    if engines is None:
+        logger.info("Waiting for %d engine(s) on %s", plan.parallel.data_parallel_size, handshake.address)
+    try:
+        infos = _EngineWait(handshake, link.transport, plan.engine_ready_timeout_s).join(engines)
+    except BaseException:
+        link.preprocessor.close()
+        raise
+    handshake.close()
+    return infos
+
+
+def start_engines(plan: ServePlan, handshake: str, shm_names: Sequence[str | None],
+                  env: dict[str, str] | None = None) -> EngineProcesses | None:
+    """The ``data_parallel_size_local`` local engines, each greeting ``handshake``;
+    ``None`` when every engine is headless."""
+    if not plan.parallel.data_parallel_size_local:
+        return None
+    names = [name for name in shm_names if name is not None]
+    return EngineProcesses([worker_command(plan.settings.model, rank, [handshake], plan.config, plan.engine,
+                                           shm_names=names)
+                            for rank in range(plan.parallel.data_parallel_size_local)], env=env)
+
+
+def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
+                   on_engine_exit: Callable[[int, int], None] = log_engine_exit) -> Frontend:
+    """One API server: bind the engine link, start the local engines, meet every rank through
+    the handshake and return the client. On any failure what was started is stopped again."""
+    link = bind_link(plan)
+    handshake = bind_handshake(link, plan)
+    try:
+        engines = start_engines(plan, handshake.address, [link.shm_name], env)
+    except BaseException:
+        handshake.close()
+        link.close()
+        raise
+    try:
+        frontend = client_over(link, plan, meet_engines(link, handshake, plan, engines), engines)
+    except BaseException:
+        if engines is not None:
+            engines.stop()
+        raise
+    if engines is not None:
+        engines.watch(on_engine_exit)
+    return frontend
+
+
+def run_app(frontend: Frontend, settings: ServeSettings, sockets: list[socket.socket] | None = None) -> None:
+    """The app over ``frontend.client`` under uvicorn until SIGINT or SIGTERM (on ``sockets``
+    when given, else on ``settings.host``:``settings.port``), then close the frontend.
+
+    uvicorn shuts down gracefully on either signal, then raises it again with the handler it
+    found; SIGTERM's is set here to end the process through ``finally``, so the engines are
+    stopped in order and the processing lanes closed."""
+    import uvicorn
+
+    from mmfront.serve.app import create_app
+
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        app = create_app(frontend.client, settings)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                               log_level=settings.uvicorn_log_level))
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run(sockets=sockets)
+    finally:
+        frontend.close()
+
+
+def exit_on_sigterm(signum: int, frame: object) -> None:
+    """A SIGTERM handler that ends the process through ``finally`` blocks (status 0)."""
+    raise SystemExit(0)
+
+
+def serve(plan: ServePlan) -> int:
+    """Run ``mmfront serve`` with one API server until SIGINT or SIGTERM: the engines, the
+    client, the app under uvicorn."""
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    run_app(start_frontend(plan), plan.settings)
+    return 0
+
+
+__all__ = ["EngineProcesses", "Frontend", "Link", "LocalEngineOptions", "ServePlan", "bind_handshake", "bind_link",
+           "client_over", "exit_on_sigterm", "log_engine_exit", "meet_engines", "run_app", "serve", "start_engines",
+           "start_frontend", "worker_command"]
