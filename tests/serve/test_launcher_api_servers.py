@@ -66,13 +66,8 @@ def per_server(url: str, name: str, connections: int = 40) -> set[float]:
     return seen
 
 
-STOCK_ROUTES_BY_CLIENT_INDEX = (
-    "a stock vLLM engine sends a request's outputs to the API server its EngineCoreRequest.client_index names; "
-    "mmfront's requests carry 0, so API server 1's requests are answered to server 0 and hang (engine link)")
-
-
 @pytest.mark.parametrize("engine", ["local mmfront worker", pytest.param("headless vllm engine", marks=[
-    pytest.mark.skipif(NO_PEER, reason=SKIP_REASON), pytest.mark.xfail(strict=True, reason=STOCK_ROUTES_BY_CLIENT_INDEX)])])
+    pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)])])
 def test_two_api_servers_share_the_port_and_the_engine(gemma3_weights_dir: Path, tmp_path: Path, engine: str) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -540,6 +540,7 @@ class EngineClient:
         try:
             with stage("cache"):
                 request = processor.commit(prepared)
+            request.client_index = self.transport.client_index
             with stage("encode"):
                 message = self._encoder.encode(request)
         except BaseException:

@@ -30,6 +30,9 @@ class BaseTransport(ABC):
 
     routes_to_engines: ClassVar[bool] = False
     """Whether :meth:`send_to` reaches more than engine 0 (what data-parallel ranks need)."""
+    client_index: int = 0
+    """Which of the engines' frontends (API servers) this end is: a stock engine sends a request's
+    outputs to the frontend its ``client_index`` names."""
 
     @abstractmethod
     def send(self, frames: Sequence[Frame]) -> None:
