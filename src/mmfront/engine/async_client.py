@@ -309,6 +309,10 @@ class AsyncEngineClient:
                 if done:
                     return
         finally:
+            if not done:  # the caller's id is free at once; the reader aborts the request in the engine
+                with self._lock:
+                    if self._named.get(stream.request_id) is stream:
+                        del self._named[stream.request_id]
             self._forget(stream, abort=not done)
 
     def _forget(self, stream: _Stream, *, abort: bool) -> None:

@@ -360,6 +360,12 @@ class EngineClient:
         for output in outputs.outputs:
             entry = self._running.get(output.request_id)
             if entry is None:
+                refused = self._in_flight.get(output.request_id)
+                if refused is not None and output.finish_reason == FinishReason.ERROR and output.error is not None:
+                    del self._in_flight[output.request_id]  # the engine refused it before admitting it
+                    events.append(self._fail(output.request_id, refused, ValidationError(
+                        f"The engine refused request {output.request_id!r}: {output.error.message}",
+                        parameter="request_id")))
                 continue  # aborted, or from before an engine restart
             if output.mm_cache_miss_hashes and output.finish_reason == FinishReason.ERROR and not entry.produced:
                 events += self._on_stock_miss(output.request_id, entry, output.mm_cache_miss_hashes)

@@ -49,7 +49,7 @@ from mmfront.wire.messages import (
     encode_envelope,
     utility_result,
 )
-from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, UtilityOutput
+from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReason, RequestError, UtilityOutput
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +197,9 @@ class EngineCoreReceiver:
         self._routes: dict[str, _Frontend] = {}
         self._aborted: list[str] = []
         self._ready: list[EngineCoreRequest] = []
+        self._held: list[tuple[_Frontend, EngineCoreRequest]] = []
+        """Requests whose id the engine has yet to take the abort of (an earlier request of that id):
+        admitted once it has (:meth:`take_aborted`), so the abort never reaches the new one."""
         """Admitted outside an arrival (a cache reset released them); the next poll returns them."""
         self._encoder = MsgpackEncoder()
         self._hello = encode_envelope(ENGINE_HELLO, self._encoder.encode(EngineHello(engine_index, self.epoch)))
@@ -263,6 +266,10 @@ class EngineCoreReceiver:
         """Requests P0 aborted (or whose frontend went away) since the last call: stop generating
         for them."""
         aborted, self._aborted = self._aborted, []
+        held, self._held = self._held, []
+        for frontend, request in held:
+            if not frontend.dropped:
+                self._ready += self._admit(frontend, [request])
         return aborted
 
     def send_heartbeats(self) -> None:
@@ -315,6 +322,7 @@ class EngineCoreReceiver:
                 if self._routes.get(request_id) is frontend:
                     del self._routes[request_id]
                     self._aborted.append(request_id)
+            self._held = [(f, r) for f, r in self._held if f is not frontend or r.request_id not in message.body]
             return []
         if message.kind == UTILITY:
             self._call(frontend, message.body)
@@ -326,16 +334,29 @@ class EngineCoreReceiver:
 
     def _admit(self, frontend: _Frontend, requests: list[EngineCoreRequest]) -> list[EngineCoreRequest]:
         ready = []
+        pending = set(self._aborted)
         for request in requests:
-            if request.request_id in self._routes:
-                self._refuse(frontend, DecodeError(
-                    f"Request id {request.request_id!r} is already running on engine {self.engine_index}; "
-                    "frontends must use distinct request ids."))
-                continue
-            request.client_index = frontend.index
-            self._routes[request.request_id] = frontend
-            ready.append(request)
+            request_id = request.request_id
+            if request_id in self._routes or any(r.request_id == request_id for _, r in self._held):
+                self._refuse_request(frontend, request_id, f"Request id {request_id!r} is already running on engine "
+                                     f"{self.engine_index}; frontends must use distinct request ids.")
+            elif request_id in pending:
+                self._held.append((frontend, request))
+            else:
+                request.client_index = frontend.index
+                self._routes[request_id] = frontend
+                ready.append(request)
         return ready
+
+    def _refuse_request(self, frontend: _Frontend, request_id: str, message: str) -> None:
+        """End ``request_id`` for its sender alone, before the engine saw it (vLLM's error output)."""
+        logger.warning("Engine %d: refused request %r of frontend %d: %s", self.engine_index, request_id,
+                       frontend.index, message)
+        output = EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR,
+                                  error=RequestError("ValidationError", message))
+        outputs = EngineCoreOutputs(engine_index=self.engine_index, outputs=[output], finished_requests={request_id},
+                                    timestamp=time.time())
+        self._send_to(frontend, encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(outputs)))
 
     def _reset_mm_cache(self, frontend: _Frontend) -> None:
         requests, replies = frontend.receiver.handle_message(Message(RESET_CACHE, None, None))

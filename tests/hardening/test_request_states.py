@@ -1,0 +1,327 @@
+"""No request state a race can strand (issue 22, class 7), on both sides of the link.
+
+Client: a reply for a request id that is still being prepared, a cancelled ``add_request_async``
+waiting for the commit lane, a stream closed early whose id is reused at once. Receiver: an abort
+followed at once by a request of the same id, two frontends sending the same id. Then a
+hypothesis state machine over interleavings of add / cancel / abort / admit / output / stale reply
+/ reuse checks that every request ends exactly once and no state is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from mmfront import MultiModalConfig
+from mmfront.engine.async_client import AsyncEngineClient
+from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed, RequestOutput
+from mmfront.engine.receiver import EngineCoreReceiver
+from mmfront.engine.transports import BaseTransport
+from mmfront.errors import ValidationError
+from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.wire import SamplingParams
+from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
+from mmfront.wire.messages import (
+    ABORT,
+    ADMITTED,
+    ENGINE_OUTPUTS,
+    REQUEST,
+    Admitted,
+    Direction,
+    decode_message,
+    encode_envelope,
+)
+from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from toy_models import toy
+
+ENC = MsgpackEncoder()
+OUTPUTS = MsgpackDecoder(EngineCoreOutputs)
+
+
+class Wire(BaseTransport):
+    """Records what is sent; hands out what a test queues."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[Any]] = []
+        self.inbox: deque[list[Any]] = deque()
+
+    def send(self, frames: Sequence[Any]) -> None:
+        self.sent.append(list(frames))
+
+    def recv(self, timeout: float | None = None) -> list[Any] | None:
+        if self.inbox:
+            return self.inbox.popleft()
+        time.sleep(min(timeout or 0.0, 0.01))
+        return None
+
+    def close(self) -> None:
+        pass
+
+    def requests(self) -> list[str]:
+        return [decode_message(f, Direction.TO_ENGINE).body.request_id for f in self.sent if bytes(f[0]) == REQUEST]
+
+
+def toy_processor() -> InputProcessor:
+    config = MultiModalConfig(mm_processor_cache_gb=0)
+    return InputProcessor(InputPreprocessor("toy", config, processor=toy(config)))
+
+
+def admitted(request_id: str) -> list[Any]:
+    return encode_envelope(ADMITTED, ENC.encode(Admitted(request_id)))
+
+
+def output(request_id: str, tokens: list[int], finished: bool = True, engine_index: int = 0) -> list[Any]:
+    out = EngineCoreOutput(request_id, tokens, finish_reason=FinishReason.LENGTH if finished else None)
+    return encode_envelope(ENGINE_OUTPUTS, ENC.encode(EngineCoreOutputs(engine_index=engine_index, outputs=[out])))
+
+
+# --- the client ---------------------------------------------------------------------------------
+
+
+def test_an_admitted_for_a_request_still_being_prepared_does_not_drop_it() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+    preparing, go = threading.Event(), threading.Event()
+    prepare = client.processor.prepare
+
+    def slow_prepare(*args: Any, **kwargs: Any) -> Any:
+        preparing.set()
+        go.wait(10)
+        return prepare(*args, **kwargs)
+
+    client.processor.prepare = slow_prepare  # type: ignore[method-assign]
+    adding = threading.Thread(target=client.add_request, args=("x", [1, 2, 3], SamplingParams(max_tokens=1)))
+    adding.start()
+    assert preparing.wait(10)
+    assert client.handle_reply(admitted("x")) == []  # a reply to an earlier request of that id
+    go.set()
+    adding.join(10)
+    assert wire.requests() == ["x"]  # it was sent all the same
+    client.handle_reply(admitted("x"))
+    [event] = client.handle_reply(output("x", [5]))
+    assert isinstance(event, RequestOutput) and event.output.new_token_ids == [5]
+    assert client.in_flight == [] and client.running == []
+
+
+def test_a_cancelled_add_request_waiting_for_the_lane_frees_its_id() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+
+    async def main() -> None:
+        with client._lane:  # the lane is busy: the send waits
+            task = asyncio.ensure_future(client.add_request_async("y", [1, 2, 3], SamplingParams(max_tokens=1)))
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if client.in_flight:
+                    break
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        for _ in range(200):  # the lane drains: the id is free again (and nothing of it stays in the engine)
+            if not client.in_flight and not client.running:
+                break
+            await asyncio.sleep(0.01)
+        await client.add_request_async("y", [1, 2, 3], SamplingParams(max_tokens=1))
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    sent = [(bytes(f[0]), decode_message(f, Direction.TO_ENGINE).body) for f in wire.sent]
+    # either the cancelled one never left, or it left and was aborted before the new one
+    kinds = [kind for kind, _ in sent]
+    assert kinds in ([REQUEST], [REQUEST, ABORT, REQUEST])
+
+
+class StreamingEngine:
+    """An mmfront engine over a pipe that streams one token per step, the token being the number
+    of requests it had admitted when it admitted this one (so each incarnation has its own)."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        from mmfront.engine.transports import PipeTransport
+
+        a, b = multiprocessing.Pipe()
+        self.p0 = PipeTransport(a)
+        self._engine = PipeTransport(b)
+        self.aborted: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        admitted = 0
+        running: dict[str, int] = {}
+        with EngineCoreReceiver(self._engine, None) as receiver:
+            while not self._stop.is_set():
+                for request in receiver.poll(0.01):
+                    admitted += 1
+                    running[request.request_id] = admitted
+                for request_id in receiver.take_aborted():
+                    running.pop(request_id, None)
+                    self.aborted.append(request_id)
+                if running:
+                    receiver.send([EngineCoreOutput(r, [n]) for r, n in running.items()])
+                    time.sleep(0.01)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_stream_closed_early_and_its_id_reused_gets_only_the_new_requests_outputs() -> None:
+    engine = StreamingEngine()
+    client = AsyncEngineClient(toy_processor(), engine.p0)
+
+    async def main() -> list[int]:
+        first = await client.add_request("r", [1, 2, 3], SamplingParams(max_tokens=100))
+        assert (await anext(first)).new_token_ids == [1]
+        await first.aclose()
+        second = await client.add_request("r", [1, 2, 3], SamplingParams(max_tokens=100))
+        got: list[int] = []
+        for _ in range(20):
+            got += (await anext(second)).new_token_ids
+        await second.aclose()
+        return got
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 20)) == [2] * 20
+        deadline = time.monotonic() + 5
+        while len(engine.aborted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.aborted) == 2 and len(set(engine.aborted)) == 2  # both incarnations stopped
+    finally:
+        client.close_blocking()
+        engine.close()
+
+
+# --- the receiver --------------------------------------------------------------------------------
+
+
+def request(request_id: str) -> EngineCoreRequest:
+    return EngineCoreRequest(request_id, [1, 2, 3], None, SamplingParams(max_tokens=1), None, 0.0, None, None, None)
+
+
+def test_an_abort_then_a_request_of_the_same_id_reaches_the_engine_in_that_order() -> None:
+    wire = Wire()
+    receiver = EngineCoreReceiver(wire, None)
+    wire.inbox.append(encode_envelope(REQUEST, ENC.encode(request("z"))))
+    assert [r.request_id for r in receiver.poll()] == ["z"]
+    wire.inbox.extend([encode_envelope(ABORT, ENC.encode(["z"])), encode_envelope(REQUEST, ENC.encode(request("z")))])
+    assert receiver.poll() == []  # the new one waits for the engine to take the abort
+    assert receiver.take_aborted() == ["z"]
+    assert [r.request_id for r in receiver.poll()] == ["z"]
+    assert receiver.take_aborted() == []
+    receiver.close()
+
+
+def test_two_frontends_sending_one_id_the_second_gets_a_typed_refusal() -> None:
+    first, second = Wire(), Wire()
+    receiver = EngineCoreReceiver(first, None)
+    receiver.add_frontend(second, None)
+    client = EngineClient(toy_processor(), second, stream_outputs=True)
+    first.inbox.append(encode_envelope(REQUEST, ENC.encode(request("same"))))
+    assert [r.request_id for r in receiver.poll()] == ["same"]
+    client.add_request("same", [1, 2, 3], SamplingParams(max_tokens=1))
+    second.inbox.append(second.sent.pop())
+    assert receiver.poll() == []
+    [refusal] = [f for f in second.sent if bytes(f[0]) == ENGINE_OUTPUTS
+                 and OUTPUTS.decode(f[2:]).outputs]
+    [event] = client.handle_reply(refusal)
+    assert isinstance(event, RequestFailed) and isinstance(event.error, ValidationError)
+    assert event.error.parameter == "request_id" and "'same' is already running on engine 0" in str(event.error)
+    assert client.in_flight == [] and client.running == []
+    receiver.close()
+
+
+# --- every interleaving --------------------------------------------------------------------------
+
+
+class RequestLifecycles(RuleBasedStateMachine):
+    """The client side of many requests under any order of events. The model: each caller id has
+    at most one live incarnation (an engine id, as ``engine_request_id`` makes); the engine may admit it,
+    stream outputs, finish it, or send replies for incarnations that are gone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wire = Wire()
+        self.client = EngineClient(toy_processor(), self.wire, stream_outputs=True)
+        self.live: dict[str, str] = {}  # caller id -> engine id
+        self.admitted: set[str] = set()
+        self.gone: list[str] = []  # engine ids that ended (finished, aborted, failed)
+        self.ended: dict[str, int] = {}  # engine id -> how many terminal events it had
+        self.count = 0
+
+    def _apply(self, events: list[Any]) -> None:
+        for event in events:
+            engine_id = event.request_id
+            assert engine_id not in self.gone, f"an event for {engine_id}, which had ended"
+            if isinstance(event, RequestAdmitted):
+                continue
+            terminal = isinstance(event, RequestFailed) or event.output.finish_reason is not None
+            if terminal:
+                self.ended[engine_id] = self.ended.get(engine_id, 0) + 1
+                self._forget(engine_id)
+
+    def _forget(self, engine_id: str) -> None:
+        caller = next(c for c, e in self.live.items() if e == engine_id)
+        del self.live[caller]
+        self.admitted.discard(engine_id)
+        self.gone.append(engine_id)
+
+    @rule(caller=st.sampled_from("abc"))
+    def add(self, caller: str) -> None:
+        if caller in self.live:
+            return
+        self.count += 1
+        engine_id = f"{caller}-{self.count:08x}"  # as engine_request_id makes them, deterministic here
+        self.client.add_request(engine_id, [1, 2, 3], SamplingParams(max_tokens=4))
+        self.live[caller] = engine_id
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        caller = data.draw(st.sampled_from(sorted(self.live)))
+        engine_id = self.live[caller]
+        self.client.abort_request(engine_id)
+        self._forget(engine_id)
+
+    @precondition(lambda self: any(e not in self.admitted for e in self.live.values()))
+    @rule(data=st.data())
+    def admit(self, data: st.DataObject) -> None:
+        engine_id = data.draw(st.sampled_from(sorted(e for e in self.live.values() if e not in self.admitted)))
+        self._apply(self.client.handle_reply(admitted(engine_id)))
+        self.admitted.add(engine_id)
+
+    @precondition(lambda self: bool(self.admitted))
+    @rule(data=st.data(), finished=st.booleans())
+    def step(self, data: st.DataObject, finished: bool) -> None:
+        engine_id = data.draw(st.sampled_from(sorted(self.admitted)))
+        self._apply(self.client.handle_reply(output(engine_id, [7], finished)))
+
+    @precondition(lambda self: bool(self.gone))
+    @rule(data=st.data(), kind=st.sampled_from(["admitted", "output", "finished"]))
+    def stale_reply(self, data: st.DataObject, kind: str) -> None:
+        engine_id = data.draw(st.sampled_from(self.gone))
+        frames = admitted(engine_id) if kind == "admitted" else output(engine_id, [9], kind == "finished")
+        assert self.client.handle_reply(frames) == []
+
+    @invariant()
+    def tracked_is_live(self) -> None:
+        tracked = {*self.client.in_flight, *self.client.running}
+        assert tracked == set(self.live.values())
+        assert sum(rank.outstanding for rank in self.client.ranks) == len(self.live)
+        assert all(count == 1 for count in self.ended.values())
+
+
+TestRequestLifecycles = RequestLifecycles.TestCase
+TestRequestLifecycles.settings = settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                          suppress_health_check=[HealthCheck.too_slow])
