@@ -262,7 +262,11 @@ class MediaConnector:
 
 
 def _file_url_path(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed or invalid IPv6 bracket in the authority
+        raise MediaPathError(f"File URL {describe_url(url)} is malformed ({exc}); file URLs must be local "
+                             "(file:///absolute/path).", parameter="multi_modal_data") from None
     if parts.netloc not in ("", "localhost"):
         raise MediaPathError(f"File URL {describe_url(url)} names the host {parts.netloc!r}; file URLs must be local "
                              "(file:///absolute/path).", parameter="multi_modal_data")
