@@ -21,7 +21,14 @@ from typing import Any
 from PIL import Image, ImageMode, ImageOps, UnidentifiedImageError
 
 from mmfront.config import MultiModalConfig
-from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, MediaTooLargeError, ValidationError
+from mmfront.errors import (
+    InputTypeError,
+    MediaDecodeError,
+    MediaFormatError,
+    MediaTooLargeError,
+    ValidationError,
+    resource_error,
+)
 from mmfront.media._image_peak import decode_peak_bytes
 from mmfront.media.base import EXIF_IMAGE_ID, MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
@@ -220,7 +227,7 @@ def _open_header(payload: bytes, config: MultiModalConfig) -> Image.Image:
             parameter="multi_modal_data",
         ) from None
     except Exception as exc:
-        raise MediaDecodeError(
+        raise resource_error(exc, doing="Reading the image header") or MediaDecodeError(
             f"The image header ({len(payload)} bytes) is corrupt: {exc}. Re-encode the image and send it again.",
             parameter="multi_modal_data",
         ) from exc
@@ -317,7 +324,7 @@ def _decode(payload: bytes, fmt: str, orientation: int, options: ImageIOOptions)
             parameter="multi_modal_data",
         ) from exc
     except Exception as exc:
-        raise MediaDecodeError(
+        raise resource_error(exc, doing=f"Decoding the {fmt} image") or MediaDecodeError(
             f"Could not decode the {fmt} image ({len(payload)} bytes): {exc}. The file is truncated or corrupt; "
             "re-encode it and send it again.",
             parameter="multi_modal_data",
