@@ -189,10 +189,11 @@ def load_image_bytes(
     if width <= 0 or height <= 0:
         raise MediaDecodeError(f"The {fmt} image has an empty size {width}x{height}; send an image with pixels.",
                                parameter="multi_modal_data")
-    if width * height > config.max_image_pixels:
+    if width * height > config.image_pixel_limit:
+        derived = "" if config.max_image_pixels is not None else ", derived from max_media_request_decode_bytes"
         raise MediaTooLargeError(
             f"The {fmt} image is {width}x{height} = {width * height} pixels, more than max_image_pixels="
-            f"{config.max_image_pixels}. Downscale it before sending, or raise max_image_pixels.",
+            f"{config.image_pixel_limit}{derived}. Downscale it before sending, or raise max_image_pixels.",
             parameter="multi_modal_data",
         )
     budget.charge(peak, what=f"A {width}x{height} {fmt} image")
@@ -261,7 +262,7 @@ def _pillow_bomb_error(exc: Exception, config: MultiModalConfig) -> MediaTooLarg
     warning that the process turned into an error). Either way the request gets a typed error."""
     return MediaTooLargeError(
         f"The image is too large: Pillow refused it as a possible decompression bomb ({exc}). mmfront's limit "
-        f"is max_image_pixels={config.max_image_pixels}; Pillow's limit is PIL.Image.MAX_IMAGE_PIXELS="
+        f"is max_image_pixels={config.image_pixel_limit}; Pillow's limit is PIL.Image.MAX_IMAGE_PIXELS="
         f"{Image.MAX_IMAGE_PIXELS}. Downscale the image, or raise both limits.",
         parameter="multi_modal_data",
     )
