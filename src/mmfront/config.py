@@ -26,9 +26,9 @@ MODALITIES = ("image", "audio", "video")
 
 DEFAULT_LIMIT_PER_PROMPT = 999
 
-IMAGE_PEAK_BYTES_PER_PIXEL = 16
+IMAGE_PEAK_BYTES_PER_PIXEL = 20
 """What one image costs per pixel at its peak in a request, decode and HF processing together
-(10-14 measured across the shipped processors, docs/security.md): ``max_image_pixels`` defaults to
+(10-17 measured across the shipped processors, docs/security.md): ``max_image_pixels`` defaults to
 ``max_media_request_decode_bytes`` divided by it, so the largest image accepted fits the budget."""
 DEFAULT_MAX_PROMPT_CHARS = 1 << 19
 """``max_prompt_chars`` without ``max_model_len``: about 128 Ki tokens of English; tokenizing that
@@ -213,7 +213,7 @@ class MultiModalConfig:
     allowed_image_formats: frozenset[str] = DEFAULT_IMAGE_FORMATS
     max_image_pixels: int | None = None
     """Images with more pixels are refused from their header, before decoding (decompression bombs).
-    ``None``: ``max_media_request_decode_bytes // 16`` (:data:`IMAGE_PEAK_BYTES_PER_PIXEL`), 44.7 M
+    ``None``: ``max_media_request_decode_bytes // 20`` (:data:`IMAGE_PEAK_BYTES_PER_PIXEL`), 35.8 M
     pixels by default, so one image at the limit, decoded and processed, fits the request's budget
     (read :attr:`image_pixel_limit`)."""
     max_media_request_decode_bytes: int = 715_827_880

@@ -4,7 +4,7 @@ With the default config a 13000x13000 PNG (169 M pixels, under the old ``max_ima
 179 M) took 5.6 s and 1.6 GiB, because only its decode (4 bytes a pixel) was measured against the
 budget while the HF processor's copies took as much again; and a 5 MB text part was tokenized for
 9 s and 1 GiB, because ``max_prompt_chars`` was unbounded without ``max_model_len``. Now
-``max_image_pixels`` defaults to ``max_media_request_decode_bytes // 16`` (an image's whole peak
+``max_image_pixels`` defaults to ``max_media_request_decode_bytes // 20`` (an image's whole peak
 per pixel), and the prompt has a bound without ``max_model_len``.
 """
 
@@ -29,8 +29,8 @@ from mmfront.media import DecodeBudget, load_image_bytes
 from mmfront.preprocess import InputPreprocessor
 
 MiB = 1 << 20
-SLACK = 48 * MiB
-"""A request's allocations that are not the image (the text, the output tensors, allocator slack)."""
+SLACK = 8 * MiB
+"""Allocator noise: the image path is warmed first, so the rest of the peak is the image's."""
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:
@@ -44,11 +44,12 @@ def png_header(width: int, height: int) -> bytes:
             + _chunk(b"IEND", b""))
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's own, at 89 M pixels
 def test_a_169_megapixel_png_is_refused_from_its_header_by_default() -> None:
     config = MultiModalConfig()
     budget = DecodeBudget.from_config(config)
     with pytest.raises(MediaTooLargeError, match=r"13000x13000 = 169000000 pixels, more than max_image_pixels="
-                                                 r"44739242, derived from max_media_request_decode_bytes") as info:
+                                                 r"35791394, derived from max_media_request_decode_bytes") as info:
         load_image_bytes(png_header(13000, 13000), config=config, budget=budget)
     assert info.value.parameter == "multi_modal_data" and budget.used_bytes == 0
 
@@ -59,7 +60,7 @@ def test_the_pixel_limit_follows_the_budget_unless_set() -> None:
     assert default.image_pixel_limit == default.max_media_request_decode_bytes // IMAGE_PEAK_BYTES_PER_PIXEL
     assert default.image_pixel_limit * IMAGE_PEAK_BYTES_PER_PIXEL <= default.max_media_request_decode_bytes
     smaller = default.replace(max_media_request_decode_bytes=160 * MiB)
-    assert smaller.image_pixel_limit == 10 * MiB  # derived again, not carried over
+    assert smaller.image_pixel_limit == 8 * MiB  # derived again, not carried over
     assert default.replace(max_image_pixels=200_000_000).image_pixel_limit == 200_000_000  # raised knowingly
     assert MultiModalConfig(max_media_request_decode_bytes=8).image_pixel_limit == 1
 
@@ -87,7 +88,11 @@ _PEAK_SCRIPT = textwrap.dedent("""
     del pixels
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     pre = InputPreprocessor(build_model_folder(kind, Path(tempfile.mkdtemp())), config)
-    pre.preprocess([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])  # warm
+    small = io.BytesIO()
+    Image.fromarray(np.full((64, 48, 3), 9, dtype=np.uint8)).save(small, format="PNG")
+    warm = "data:image/png;base64," + base64.b64encode(small.getvalue()).decode()
+    pre.preprocess([{"role": "user", "content": [{"type": "text", "text": "hi"},  # warm: imports, first-use buffers
+                                                 {"type": "image_url", "image_url": {"url": warm}}]}])
     before = kib("VmRSS")
     pre.preprocess([{"role": "user", "content": [{"type": "text", "text": "hi"},
                                                  {"type": "image_url", "image_url": {"url": url}}]}])
@@ -95,7 +100,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "idefics3"])
+@pytest.mark.parametrize("kind", ["gemma3", "idefics3", "emu3"])
 def test_the_largest_image_the_defaults_accept_stays_inside_its_budget(kind: str) -> None:
     budget = 128 * MiB
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
