@@ -125,6 +125,7 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "ModalityNotFoundError": (KeyError,),
     "MultiModalCacheMissError": (RuntimeError,),
     "CacheError": (RuntimeError,),
+    "ResourceError": (OSError,),
     "ShmHandleError": (ValueError,),
     "DecodeError": (ValueError,),
     "UnknownUtilityError": (ValueError,),

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Literal
 
-from mmfront.errors import ChatFormatError, ValidationError
+from mmfront.errors import ChatFormatError, ValidationError, resource_error
 
 if TYPE_CHECKING:
     from mmfront.processing.processor import BaseMultiModalProcessor
@@ -142,8 +142,8 @@ def render_chat(
     except ValidationError:
         raise
     except Exception as exc:
-        raise ChatFormatError(f"The chat template failed to render these messages: {exc}",
-                              parameter="messages") from exc
+        raise resource_error(exc, doing="Rendering the chat template") or ChatFormatError(
+            f"The chat template failed to render these messages: {exc}", parameter="messages") from exc
 
 
 def _render(processor: BaseMultiModalProcessor, text: str, conversation: Sequence[Mapping[str, Any]], *,
@@ -219,7 +219,10 @@ def _detect(processor: BaseMultiModalProcessor, text: str, bounded: bool) -> tup
             return _render(processor, text, [{"role": "user", "content": content}], bounded=bounded)
         except ChatFormatError:
             raise
-        except Exception:
+        except Exception as exc:
+            found = resource_error(exc, doing="Detecting the chat template's content format")
+            if found is not None:
+                raise found from exc
             complete = False
             return None
 

@@ -26,6 +26,14 @@ MODALITIES = ("image", "audio", "video")
 
 DEFAULT_LIMIT_PER_PROMPT = 999
 
+IMAGE_PEAK_BYTES_PER_PIXEL = 20
+"""What one image costs per pixel at its peak in a request, decode and HF processing together
+(10-17 measured across the shipped processors, docs/security.md): ``max_image_pixels`` defaults to
+``max_media_request_decode_bytes`` divided by it, so the largest image accepted fits the budget."""
+DEFAULT_MAX_PROMPT_CHARS = 1 << 19
+"""``max_prompt_chars`` without ``max_model_len``: about 128 Ki tokens of English; tokenizing that
+many characters takes at most ~2.5 s and ~350 MB (CJK text, 3 tokens per character)."""
+
 DEFAULT_IMAGE_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"})
 """Pillow formats accepted by default: what users of vLLM's API send. Any other format Pillow
 opens may be added, except :data:`UNSAFE_IMAGE_FORMATS`. ``JPEG`` covers multi-picture JPEGs
@@ -158,8 +166,8 @@ class MultiModalConfig:
     max_prompt_chars: int | None = None
     """Longest prompt string (after the chat template) that is tokenized at all. ``None``: derived
     from ``max_model_len`` as ``max_model_len`` times the longest token string of the vocabulary
-    (no longer prompt can fit), no bound without ``max_model_len``. Set it for tokenizers whose
-    normalizer drops characters, which the derived bound does not count."""
+    (no longer prompt can fit), :data:`DEFAULT_MAX_PROMPT_CHARS` without ``max_model_len``. Set it
+    for tokenizers whose normalizer drops characters, which the derived bound does not count."""
     encoder_cache_size: int | None = None
     """Most embedding tokens one item may have; ``None`` means no limit is checked."""
     enable_prefix_caching: bool = True
@@ -203,8 +211,11 @@ class MultiModalConfig:
     """Hosts http(s) media may come from (exact or ``*.example.com``); ``None`` refuses every URL,
     ``("*",)`` allows any host."""
     allowed_image_formats: frozenset[str] = DEFAULT_IMAGE_FORMATS
-    max_image_pixels: int = 178_956_970
-    """Images with more pixels are refused from their header, before decoding (decompression bombs)."""
+    max_image_pixels: int | None = None
+    """Images with more pixels are refused from their header, before decoding (decompression bombs).
+    ``None``: ``max_media_request_decode_bytes // 20`` (:data:`IMAGE_PEAK_BYTES_PER_PIXEL`), 35.8 M
+    pixels by default, so one image at the limit, decoded and processed, fits the request's budget
+    (read :attr:`image_pixel_limit`)."""
     max_media_request_decode_bytes: int = 715_827_880
     """Decoded bytes one request may spend: an image is charged the peak memory of its decode,
     mode conversion included (``w*h*4`` for an RGB PNG, more for WebP or a palette with transparency)."""
@@ -268,7 +279,9 @@ class MultiModalConfig:
         object.__setattr__(self, "model_options", dict(self.model_options))
         for name in ("api_process_count", "data_parallel_size"):
             self._check_int(name, getattr(self, name), minimum=1)
-        for name in ("max_image_pixels", "max_media_request_decode_bytes", "max_media_bytes"):
+        if self.max_image_pixels is not None:
+            self._check_int("max_image_pixels", self.max_image_pixels, minimum=1)
+        for name in ("max_media_request_decode_bytes", "max_media_bytes"):
             self._check_int(name, getattr(self, name), minimum=1)
         for name in ("image_fetch_timeout", "audio_fetch_timeout"):
             self._check_number(name, getattr(self, name), minimum=0, exclusive=True)
@@ -303,6 +316,13 @@ class MultiModalConfig:
     @property
     def mm_shm_cache_max_object_size_bytes(self) -> int:
         return (self.mm_shm_cache_max_object_size_mb or 128) * MiB_bytes
+
+    @property
+    def image_pixel_limit(self) -> int:
+        """The pixels an image may have: ``max_image_pixels``, or derived from the decode budget."""
+        if self.max_image_pixels is not None:
+            return self.max_image_pixels
+        return max(1, self.max_media_request_decode_bytes // IMAGE_PEAK_BYTES_PER_PIXEL)
 
     @property
     def needs_content_hashes(self) -> bool:

@@ -31,6 +31,7 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     ├── ModalityNotFoundError [KeyError]
     ├── MultiModalCacheMissError [RuntimeError]
     ├── CacheError [RuntimeError]
+    ├── ResourceError [OSError]
     ├── ShmHandleError [ValueError]
     ├── DecodeError [ValueError]
     │   └── UnknownUtilityError
@@ -43,11 +44,13 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
 
 Above :class:`ValidationError` sit the deployment's faults (configuration, a model mmfront
 cannot serve, a processor whose outputs break its own layout); below it, the request's; after
-it, a lookup the calling code got wrong and the cache and wire errors between P0 and P1.
+it, a lookup the calling code got wrong, the process running out of a resource, and the cache
+and wire errors between P0 and P1.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 
 
@@ -186,6 +189,59 @@ class MultiModalCacheMissError(MMFrontError, RuntimeError):
 
 class CacheError(MMFrontError, RuntimeError):
     """A processor-cache operation failed for a reason other than drift."""
+
+
+class ResourceError(MMFrontError, OSError):
+    """The process ran out of a resource (open files, memory, shared memory) while serving a
+    request that is not at fault, so it is never typed as a request error. ``resource`` names
+    what ran out, ``setting`` the limit to raise or the setting to lower. ``retryable`` is true:
+    the same request may pass once the resource is free again (HTTP 503 in an API server).
+    :func:`resource_error` makes one from the ``OSError`` or ``MemoryError`` behind a failure."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, resource: str = "", setting: str = "") -> None:
+        super().__init__(message)
+        self.resource = resource
+        self.setting = setting
+
+
+_OPEN_FILES = ("open files", "the process's open-file limit (ulimit -n, RLIMIT_NOFILE)")
+_MEMORY = ("memory", "the memory the process may use (its container's limit), or lower "
+           "max_media_request_decode_bytes and mm_processor_cache_gb")
+_RESOURCES = {
+    errno.EMFILE: _OPEN_FILES,
+    errno.ENFILE: ("open files", "the system's open-file limit (sysctl fs.file-max)"),
+    errno.ENOMEM: _MEMORY,
+    errno.ENOSPC: ("shared memory", "the size of /dev/shm (docker run --shm-size) and the memory limit, or lower "
+                                    "mm_processor_cache_gb"),
+}
+
+
+def resource_error(exc: BaseException, *, doing: str) -> ResourceError | None:
+    """``exc`` as a :class:`ResourceError` when it, or an exception it was raised from, is the
+    process running out of open files, memory or shared memory; ``None`` otherwise. ``doing``
+    says what failed ("Reading the local file x"). Catch-alls that turn a failure into a request
+    error ask this first, so a legitimate request is never blamed for the process's limits."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ResourceError):
+            return cause
+        if isinstance(cause, MemoryError):
+            found: tuple[str, str] | None = _MEMORY
+        elif isinstance(cause, OSError):
+            found = _RESOURCES.get(cause.errno or 0)
+        else:
+            found = None
+        if found is not None:
+            resource, setting = found
+            reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else type(cause).__name__
+            return ResourceError(f"{doing} failed: the process is out of {resource} ({reason}). The request is not "
+                                 f"at fault: retry it, or raise {setting}.", resource=resource, setting=setting)
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 class ShmHandleError(MMFrontError, ValueError):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import re
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -486,15 +487,36 @@ def normalize_mm_uuids(
         out[modality] = uuids
     return out
 
+_SALT_PREFIX_HEX = 32
+"""Hex digits of ``sha256(cache_salt)`` that prefix a salted uuid's key (then ``:``)."""
+_SALTED_KEY = re.compile(rf"[0-9a-f]{{{_SALT_PREFIX_HEX}}}:")
+
+
 def scope_uuids(
     mm_uuids: Mapping[str, Sequence[str | None] | str | None], cache_salt: str | None,
 ) -> dict[str, list[str | None] | str | None]:
     """User-supplied UUIDs, scoped to ``cache_salt``: a UUID names an item only among requests
     with the same salt, so one tenant cannot fetch another's cached item by naming its UUID.
-    Without a salt the UUID is the key unchanged, as in vLLM."""
+
+    A salted UUID ``u`` becomes ``sha256(salt)[:32] + ":" + u``. Without a salt the UUID is the
+    key unchanged, as in vLLM, except that the salted shape is reserved: an unsalted request
+    naming ``<32 hex digits>:...`` could otherwise name a salted tenant's key verbatim and receive
+    its item, so it is refused (vLLM has no salted namespace to protect)."""
     if cache_salt is None:
-        return {m: v if v is None or isinstance(v, str) else list(v) for m, v in mm_uuids.items()}
-    prefix = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        out_plain: dict[str, list[str | None] | str | None] = {}
+        for modality, value in mm_uuids.items():
+            values = [value] if value is None or isinstance(value, str) else list(value)
+            for uuid in values:
+                if isinstance(uuid, str) and _SALTED_KEY.match(uuid):
+                    raise ValidationError(
+                        f"The {modality} uuid {uuid[:80]!r} has the form of a salted key ({_SALT_PREFIX_HEX} "
+                        "hex digits and ':'), which is reserved for requests with a cache_salt. Choose another "
+                        "uuid, or send the request with the cache_salt it belongs to.",
+                        parameter="multi_modal_uuids",
+                    )
+            out_plain[modality] = value if value is None or isinstance(value, str) else values
+        return out_plain
+    prefix = hashlib.sha256(cache_salt.encode("utf-8", "surrogatepass")).hexdigest()[:_SALT_PREFIX_HEX]
     out: dict[str, list[str | None] | str | None] = {}
     for modality, value in mm_uuids.items():
         if isinstance(value, str):

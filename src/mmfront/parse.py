@@ -25,7 +25,13 @@ from mmfront.errors import InputTypeError, ModalityNotFoundError, UnsupportedMod
 from mmfront.media.base import MediaWithBytes
 from mmfront.media.budget import DecodeBudget
 from mmfront.media.image import normalize_pil_image
-from mmfront.media.resample import check_rates, resample_audio, resampled_length
+from mmfront.media.resample import (
+    PROCESSOR_COPY_ITEMSIZE,
+    check_rates,
+    resample_audio,
+    resampled_bytes,
+    resampled_length,
+)
 
 # --- parsed containers (vLLM: vllm.multimodal.parse) ------------------------------------------
 
@@ -250,9 +256,10 @@ class MultiModalDataParser:
       when they would be no-ops.
     * audio: 1-D arrays, lists of floats, ``(waveform, sampling_rate)`` tuples, 2-D batches and
       ``MediaWithBytes`` wrapping ``(waveform, sampling_rate)``; resampled to ``target_sr``
-      when both rates are known (lazily for ``MediaWithBytes``). The resampled output is charged
-      before it is allocated: to the budget a loaded item carries (its request's), else to one
-      budget of ``max_resample_bytes`` per :meth:`parse_mm_data` call.
+      when both rates are known (lazily for ``MediaWithBytes``). The waveform's peak (the
+      resampled output, and the float32 copy the feature extractor makes of it) is charged before
+      it is allocated: to the budget a loaded item carries (its request's), else to one budget of
+      ``max_resample_bytes`` per :meth:`parse_mm_data` call.
     * embeddings: a 3-D tensor or a list of 2-D tensors/arrays, only with ``enable_mm_embeds``.
     """
 
@@ -383,9 +390,12 @@ class MultiModalDataParser:
             if "num_frames" in info:
                 info["num_frames"] = resampled_length(info["num_frames"], orig_sr=rate, target_sr=self.target_sr)
                 if budget is not None:
-                    budget.charge(info["num_frames"] * 4, what=f"Audio resampled from {rate:g} to "
+                    budget.charge(resampled_bytes(info["num_frames"]), what=f"Audio resampled from {rate:g} to "
                                   f"{self.target_sr:g} Hz ({info['num_frames']} samples)")
                 decode_budget = None
+        elif budget is not None and "num_frames" in info:
+            budget.charge(info["num_frames"] * PROCESSOR_COPY_ITEMSIZE,
+                          what=f"The feature extractor's copy of an audio ({info['num_frames']} samples)")
         wrapper = MediaWithBytes(original_bytes=item.original_bytes, io_config=item.io_config, info=info,
                                  decode=functools.partial(_decode_waveform, item, self.target_sr, decode_budget))
         wrapper.prehashed = item.prehashed

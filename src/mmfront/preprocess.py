@@ -38,7 +38,7 @@ from mmfront.cache.factory import processor_cache_from_config, processor_only_ca
 from mmfront.cache.stats import MultiModalCacheStats
 from mmfront.chat import parse_chat_messages
 from mmfront.config import MultiModalConfig
-from mmfront.errors import ConfigError, InputTypeError, ValidationError
+from mmfront.errors import ConfigError, InputTypeError, MMFrontError, ValidationError, resource_error
 from mmfront.hashing import scope_uuids
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
@@ -181,7 +181,13 @@ class ModelPipeline:
         P1 depends on is only read: the result is prepared, and committed when it is sent
         (:meth:`commit`). Any other cache is committed to at once, since a request that is never
         sent cannot disturb it."""
-        prepared = self._prepare(prompt, opts, request_id or f"mmfront-{next(self._request_counter)}", cache)
+        try:
+            prepared = self._prepare(prompt, opts, request_id or f"mmfront-{next(self._request_counter)}", cache)
+        except (OSError, MemoryError) as exc:  # a lazy import or an open() with no descriptor left, ...
+            found = None if isinstance(exc, MMFrontError) else resource_error(exc, doing="Preparing the request")
+            if found is None:
+                raise
+            raise found from exc
         if cache is not None and not cache.commit_at_send:
             return self._commit(prepared, cache)
         return prepared

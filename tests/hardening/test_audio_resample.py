@@ -31,7 +31,8 @@ from mmfront.testing.media import wav_bytes
 
 CONFIG = MultiModalConfig()
 WAV_3HZ = wav_bytes(np.zeros(40_000, dtype=np.int16), 3)
-"""80 KB of 16-bit PCM at 3 Hz: 213,333,334 samples (853 MB of float32) at 16 kHz."""
+"""80 KB of 16-bit PCM at 3 Hz: 213,333,334 samples (853 MB of float32, twice that with the feature
+extractor's copy) at 16 kHz."""
 
 
 def _ramp(n: int) -> np.ndarray:
@@ -61,7 +62,7 @@ def test_3hz_wav_is_refused_at_parse_time_without_allocating() -> None:
 
     def parse() -> None:
         with pytest.raises(MediaTooLargeError, match=r"Audio resampled from 3 to 16000 Hz \(213333334 samples\) "
-                           r"decodes to 853333336 bytes, but this request has only 715667880") as info:
+                           r"decodes to 1706666672 bytes, but this request has only 715667880") as info:
             parser.parse_mm_data({"audio": loaded})
         assert info.value.parameter == "multi_modal_data"
 
@@ -75,7 +76,7 @@ def test_3hz_wav_sent_as_input_audio_is_refused_with_bounded_memory(qwen2_audio_
     part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(WAV_3HZ).decode(), "format": "wav"}}
 
     def request() -> None:
-        with pytest.raises(MediaTooLargeError, match="853333336 bytes"):
+        with pytest.raises(MediaTooLargeError, match="1706666672 bytes"):
             pre.preprocess([{"role": "user", "content": [part]}])
 
     assert _peak_allocated(request) < 4 << 20
@@ -85,7 +86,7 @@ def test_3hz_samples_as_a_tuple_are_charged_to_the_parse_budget() -> None:
     parser = MultiModalDataParser(target_sr=16000, max_resample_bytes=CONFIG.max_media_request_decode_bytes)
 
     def parse() -> None:
-        with pytest.raises(MediaTooLargeError, match=r"\(213333334 samples\) decodes to 1706666672 bytes"):
+        with pytest.raises(MediaTooLargeError, match=r"\(213333334 samples\) decodes to 2560000008 bytes"):
             parser.parse_mm_data({"audio": (np.zeros(40_000), 3)})  # float64 in, float64 out
 
     assert _peak_allocated(parse) < 1 << 20
@@ -96,9 +97,9 @@ def test_a_request_pays_for_decode_and_resample_once() -> None:
     loaded = load_audio_bytes(wav_bytes(np.zeros((4410, 2), dtype=np.int16), 44100), config=CONFIG, budget=budget)
     assert budget.used_bytes == 4410 * 4 * 3  # interleaved stereo, then its mono mix
     items = MultiModalDataParser(target_sr=16000).parse_mm_data({"audio": loaded})["audio"]
-    assert budget.used_bytes == 4410 * 12 + 1600 * 4
+    assert budget.used_bytes == 4410 * 12 + 1600 * 8  # the resampled samples and the extractor's copy
     assert items.get(0).shape == (1600,)
-    assert budget.used_bytes == 4410 * 12 + 1600 * 4  # decoding charges nothing more
+    assert budget.used_bytes == 4410 * 12 + 1600 * 8  # decoding charges nothing more
 
 
 def test_resampled_wrapper_keeps_the_prehashed_state() -> None:
@@ -175,9 +176,9 @@ def test_non_finite_samples_are_typed() -> None:
 def test_budget_is_charged_with_the_output_dtype() -> None:
     budget = DecodeBudget(1 << 20)
     resample_audio(np.zeros(441, dtype=np.float32), orig_sr=44100, target_sr=16000, budget=budget)
-    assert budget.used_bytes == 160 * 4
+    assert budget.used_bytes == 160 * (4 + 4)  # the output, and the feature extractor's float32 copy
     resample_audio(np.zeros(441), orig_sr=44100, target_sr=16000, budget=budget)
-    assert budget.used_bytes == 160 * 4 + 160 * 8
+    assert budget.used_bytes == 160 * (4 + 4) + 160 * (8 + 4)
 
 
 # --- any pair of rates ------------------------------------------------------------------------
@@ -198,7 +199,7 @@ def test_any_rates_resample_to_the_computed_length_or_a_typed_error(n: int, orig
             resample_audio(audio, orig_sr=orig, target_sr=target, budget=budget)
         return
     length = math.ceil(n * ratio)
-    if orig != target and length * 4 > LIMIT:
+    if orig != target and length * 8 > LIMIT:
         with pytest.raises(MediaTooLargeError):
             resample_audio(audio, orig_sr=orig, target_sr=target, budget=budget)
         assert budget.used_bytes == 0
@@ -206,4 +207,4 @@ def test_any_rates_resample_to_the_computed_length_or_a_typed_error(n: int, orig
     out = resample_audio(audio, orig_sr=orig, target_sr=target, budget=budget)
     assert len(out) == resampled_length(n, orig_sr=orig, target_sr=target) == length
     assert out.dtype == np.float32 and bool(np.isfinite(out).all())
-    assert budget.used_bytes == (0 if orig == target else length * 4)
+    assert budget.used_bytes == (0 if orig == target else length * 8)

@@ -79,9 +79,10 @@ def test_an_explicit_bound(gemma3_dir: Path) -> None:
         pre.preprocess("eleven char")
 
 
-def test_no_bound_without_max_model_len(gemma3_dir: Path) -> None:
+def test_a_safe_bound_without_max_model_len(gemma3_dir: Path) -> None:
+    """Issue 22 class 1: there used to be no bound at all here (tests/hardening/test_safe_defaults.py)."""
     pre = InputPreprocessor(gemma3_dir)
-    assert pre.processor.info.max_prompt_chars is None
+    assert pre.processor.info.max_prompt_chars == 524_288
     assert len(pre.preprocess("word " * 2_000)["prompt_token_ids"]) > 2_000
 
 

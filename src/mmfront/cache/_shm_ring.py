@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
-from mmfront.errors import CacheError, ShmHandleError
+from mmfront.errors import CacheError, ShmHandleError, resource_error
 
 try:
     import _posixshmem
@@ -205,14 +205,31 @@ class ShmSegment:
         _install_sigterm_cleanup()
         name = f"{SEGMENT_PREFIX}-{os.getpid()}-{secrets.token_hex(6)}"
         _owned[name] = os.getpid()  # before the segment exists, so a SIGTERM from here on unlinks it
+        doing = f"Creating the shm cache's {size / 2**20:.1f} MiB segment in {SHM_DIR}"
         try:
             fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+        except OSError as exc:
+            _owned.pop(name, None)
+            found = resource_error(exc, doing=doing)
+            if found is None:
+                raise
+            raise found from exc
         except BaseException:
             _owned.pop(name, None)
             raise
         try:
             os.ftruncate(fd, size)
+            # Reserve every page now: a sparse segment that /dev/shm can no longer back (another
+            # process filled it after the check above) would kill this process with SIGBUS on the
+            # first write into such a page, in the middle of a request.
+            os.posix_fallocate(fd, 0, size)
             mapping = mmap.mmap(fd, size)
+        except OSError as exc:
+            _unlink(name)
+            found = resource_error(exc, doing=doing)
+            if found is None:
+                raise
+            raise found from exc
         except BaseException:
             _unlink(name)
             raise

@@ -33,6 +33,7 @@ from mmfront.errors import (
     MediaPathError,
     MediaTooLargeError,
     ValidationError,
+    resource_error,
 )
 from mmfront.media.audio import AudioWithRate, load_audio_bytes
 from mmfront.media.base import MediaWithBytes
@@ -232,7 +233,8 @@ class MediaConnector:
         try:
             real = os.path.realpath(os.path.join(self._root, path))
         except (ValueError, OSError) as exc:
-            raise MediaPathError(f"Invalid local media path {shown}: {exc}.", parameter="multi_modal_data") from None
+            raise resource_error(exc, doing=f"Resolving the local path {shown}") or MediaPathError(
+                f"Invalid local media path {shown}: {exc}.", parameter="multi_modal_data") from None
         if os.path.commonpath([real, self._root]) != self._root:
             raise MediaPathError(
                 f"The path {shown} leads outside allowed_local_media_path (after resolving '..' and symbolic "
@@ -245,8 +247,8 @@ class MediaConnector:
             raise MediaPathError(f"No file at {shown} below allowed_local_media_path; check the path.",
                                  parameter="multi_modal_data") from None
         except OSError as exc:
-            raise MediaPathError(f"Cannot read the local file {shown}: {exc.strerror}.",
-                                 parameter="multi_modal_data") from None
+            raise resource_error(exc, doing=f"Opening the local file {shown}") or MediaPathError(
+                f"Cannot read the local file {shown}: {exc.strerror}.", parameter="multi_modal_data") from None
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
@@ -262,7 +264,11 @@ class MediaConnector:
 
 
 def _file_url_path(url: str) -> str:
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an unclosed or invalid IPv6 bracket in the authority
+        raise MediaPathError(f"File URL {describe_url(url)} is malformed ({exc}); file URLs must be local "
+                             "(file:///absolute/path).", parameter="multi_modal_data") from None
     if parts.netloc not in ("", "localhost"):
         raise MediaPathError(f"File URL {describe_url(url)} names the host {parts.netloc!r}; file URLs must be local "
                              "(file:///absolute/path).", parameter="multi_modal_data")

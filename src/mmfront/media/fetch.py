@@ -19,6 +19,7 @@ decimal number is refused outright.
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401  # now, not on the first request: its import needs a free descriptor
 import functools
 import http.client
 import io
@@ -33,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 from urllib.parse import quote, urlsplit
 
-from mmfront.errors import MediaFetchError, MediaTooLargeError, MMFrontError
+from mmfront.errors import MediaFetchError, MediaTooLargeError, MMFrontError, resource_error
 
 _CHUNK_BYTES = 1 << 16
 _RETRYABLE_4XX = frozenset({408, 429})
@@ -298,6 +299,10 @@ class HttpFetcher:
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, TimeoutError):
                 raise _timeout_error(shown, timeout) from None
+            found = resource_error(exc.reason if isinstance(exc.reason, BaseException) else exc,
+                                   doing=f"Fetching media from {shown}")
+            if found is not None:
+                raise found from None
             raise MediaFetchError(
                 f"Could not connect to fetch media from {shown}: {exc.reason}. Check that the host is reachable "
                 "from the server, then retry.",
@@ -307,7 +312,7 @@ class HttpFetcher:
         except TimeoutError:
             raise _timeout_error(shown, timeout) from None
         except (http.client.HTTPException, OSError) as exc:
-            raise MediaFetchError(f"The download of media from {shown} broke off: {exc!r}. Retry the request.",
+            raise resource_error(exc, doing=f"Fetching media from {shown}") or MediaFetchError(f"The download of media from {shown} broke off: {exc!r}. Retry the request.",
                                   parameter="multi_modal_data", retryable=True) from None
         except ValueError as exc:  # urllib parsing what the host sent, e.g. a redirect to "http://[::g]/"
             raise MediaFetchError(f"The media host's answer for {shown} is malformed ({exc}). Fix the server, or send "

@@ -21,7 +21,14 @@ from typing import Any
 from PIL import Image, ImageMode, ImageOps, UnidentifiedImageError
 
 from mmfront.config import MultiModalConfig
-from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, MediaTooLargeError, ValidationError
+from mmfront.errors import (
+    InputTypeError,
+    MediaDecodeError,
+    MediaFormatError,
+    MediaTooLargeError,
+    ValidationError,
+    resource_error,
+)
 from mmfront.media._image_peak import decode_peak_bytes
 from mmfront.media.base import EXIF_IMAGE_ID, MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
@@ -182,10 +189,11 @@ def load_image_bytes(
     if width <= 0 or height <= 0:
         raise MediaDecodeError(f"The {fmt} image has an empty size {width}x{height}; send an image with pixels.",
                                parameter="multi_modal_data")
-    if width * height > config.max_image_pixels:
+    if width * height > config.image_pixel_limit:
+        derived = "" if config.max_image_pixels is not None else ", derived from max_media_request_decode_bytes"
         raise MediaTooLargeError(
             f"The {fmt} image is {width}x{height} = {width * height} pixels, more than max_image_pixels="
-            f"{config.max_image_pixels}. Downscale it before sending, or raise max_image_pixels.",
+            f"{config.image_pixel_limit}{derived}. Downscale it before sending, or raise max_image_pixels.",
             parameter="multi_modal_data",
         )
     budget.charge(peak, what=f"A {width}x{height} {fmt} image")
@@ -220,7 +228,7 @@ def _open_header(payload: bytes, config: MultiModalConfig) -> Image.Image:
             parameter="multi_modal_data",
         ) from None
     except Exception as exc:
-        raise MediaDecodeError(
+        raise resource_error(exc, doing="Reading the image header") or MediaDecodeError(
             f"The image header ({len(payload)} bytes) is corrupt: {exc}. Re-encode the image and send it again.",
             parameter="multi_modal_data",
         ) from exc
@@ -254,7 +262,7 @@ def _pillow_bomb_error(exc: Exception, config: MultiModalConfig) -> MediaTooLarg
     warning that the process turned into an error). Either way the request gets a typed error."""
     return MediaTooLargeError(
         f"The image is too large: Pillow refused it as a possible decompression bomb ({exc}). mmfront's limit "
-        f"is max_image_pixels={config.max_image_pixels}; Pillow's limit is PIL.Image.MAX_IMAGE_PIXELS="
+        f"is max_image_pixels={config.image_pixel_limit}; Pillow's limit is PIL.Image.MAX_IMAGE_PIXELS="
         f"{Image.MAX_IMAGE_PIXELS}. Downscale the image, or raise both limits.",
         parameter="multi_modal_data",
     )
@@ -317,7 +325,7 @@ def _decode(payload: bytes, fmt: str, orientation: int, options: ImageIOOptions)
             parameter="multi_modal_data",
         ) from exc
     except Exception as exc:
-        raise MediaDecodeError(
+        raise resource_error(exc, doing=f"Decoding the {fmt} image") or MediaDecodeError(
             f"Could not decode the {fmt} image ({len(payload)} bytes): {exc}. The file is truncated or corrupt; "
             "re-encode it and send it again.",
             parameter="multi_modal_data",

@@ -10,6 +10,13 @@ The rates come from file headers and from clients, so they are checked first: a 
 :data:`MAX_UPSAMPLE` / :data:`MAX_DOWNSAMPLE` is refused (soxr does not return for a 1e6x
 upsampling, and its cost per input sample grows with the downsampling factor), and the output
 length is known, and charged to the request's :class:`DecodeBudget`, before soxr runs.
+
+The charge is the peak the resampled waveform costs, not only its size (:func:`resampled_bytes`):
+the output, plus the float32 copy every audio feature extractor makes of its input (Whisper's
+``np.asarray([speech], dtype=np.float32)``), which lives next to it. soxr streams into the
+preallocated output in chunks of :data:`CHUNK_SAMPLES` output samples, so it adds no buffer of the
+output's size: ``soxr.resample`` holds its own output, which a zero-padding to librosa's length
+copied once more (a 2 Hz WAV of 40 KB peaked at three times its 640 MB output).
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ MAX_DOWNSAMPLE = 1 << 10
 (docs/benchmarks.md, "Design measurements")."""
 _QUALITY = "HQ"
 """librosa's default ``res_type`` (``soxr_hq``), which vLLM's resampler uses."""
+CHUNK_SAMPLES = 1 << 16
+"""Output samples soxr produces per step: the only buffer besides the output (256 KiB of float32)."""
+PROCESSOR_COPY_ITEMSIZE = 4
+"""Bytes per sample of the float32 copy a feature extractor makes of the waveform it is given."""
 
 
 def check_rates(orig_sr: float, target_sr: float) -> None:
@@ -54,14 +65,21 @@ def resampled_length(num_samples: int, *, orig_sr: float, target_sr: float) -> i
     return math.ceil(num_samples * (float(target_sr) / float(orig_sr)))
 
 
+def resampled_bytes(num_samples: int, itemsize: int = 4) -> int:
+    """What ``num_samples`` resampled samples cost at their peak: the output (``itemsize`` bytes
+    each) and the feature extractor's float32 copy of it."""
+    return num_samples * (itemsize + PROCESSOR_COPY_ITEMSIZE)
+
+
 def resample_audio(
     audio: np.ndarray, *, orig_sr: float, target_sr: float, budget: DecodeBudget | None = None
 ) -> np.ndarray:
     """``audio`` (1-D) resampled from ``orig_sr`` to ``target_sr`` Hz, as vLLM's librosa path does.
 
     The result has :func:`resampled_length` samples, float64 for float64 input and float32
-    otherwise. Equal rates return the input itself. With a ``budget``, the output's bytes are
-    charged to it before anything is allocated (a refused charge raises ``MediaTooLargeError``).
+    otherwise. Equal rates return the input itself. With a ``budget``, the peak is charged to it
+    before anything is allocated (:func:`resampled_bytes`, plus a converted copy of the input when
+    one is needed); a refused charge raises ``MediaTooLargeError``.
     """
     check_rates(orig_sr, target_sr)
     samples = np.asarray(audio)
@@ -73,16 +91,31 @@ def resample_audio(
     dtype = np.dtype(np.float64) if samples.dtype == np.float64 else np.dtype(np.float32)
     out_len = resampled_length(len(samples), orig_sr=orig_sr, target_sr=target_sr)
     if budget is not None:
-        budget.charge(out_len * dtype.itemsize,
+        converted = samples.dtype != dtype or not samples.flags.c_contiguous
+        budget.charge(resampled_bytes(out_len, dtype.itemsize) + (samples.size * dtype.itemsize if converted else 0),
                       what=f"Audio resampled from {orig_sr:g} to {target_sr:g} Hz ({out_len} samples)")
     if len(samples) == 0:
         return np.zeros(out_len, dtype=dtype)
     if not (math.isfinite(samples.min()) and math.isfinite(samples.max())):
         raise MediaDecodeError("The audio samples contain NaN or infinity; send finite samples in [-1, 1].",
                                parameter="multi_modal_data")
+    return _stream(np.ascontiguousarray(samples, dtype=dtype), float(orig_sr), float(target_sr), out_len)
+
+
+def _stream(samples: np.ndarray, orig_sr: float, target_sr: float, out_len: int) -> np.ndarray:
+    """soxr's samples written straight into the zero-padded output: byte for byte what
+    ``soxr.resample`` returns, which keeps at most ``floor(n * target / orig) + 1`` samples (its
+    buffer), then padded with zeros to ``out_len`` as librosa's ``fix_length`` does."""
     import soxr  # on first use: a process that never resamples never loads it
 
-    out = soxr.resample(np.ascontiguousarray(samples, dtype=dtype), orig_sr, target_sr, quality=_QUALITY)
-    if len(out) >= out_len:
-        return out[:out_len]
-    return np.concatenate([out, np.zeros(out_len - len(out), dtype=dtype)])
+    out = np.zeros(out_len, dtype=samples.dtype)
+    keep = min(out_len, int(len(samples) * target_sr / orig_sr) + 1)
+    stream = soxr.ResampleStream(orig_sr, target_sr, 1, dtype=samples.dtype, quality=_QUALITY)
+    step = max(1, int(CHUNK_SAMPLES * orig_sr / target_sr))
+    filled = 0
+    for start in range(0, len(samples), step):
+        chunk = stream.resample_chunk(samples[start:start + step], last=start + step >= len(samples))
+        take = min(len(chunk), keep - filled)
+        out[filled:filled + take] = chunk[:take]
+        filled += take
+    return out

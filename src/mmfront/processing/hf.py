@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from mmfront.config import ModelOption, MultiModalConfig
-from mmfront.errors import ProcessorError, UnsupportedModelError
+from mmfront.errors import ProcessorError, UnsupportedModelError, resource_error
 
 SCOPES = ("text_kwargs", "images_kwargs", "videos_kwargs", "audio_kwargs")
 _SCOPE_OWNERS = {
@@ -228,11 +228,12 @@ def load_hf_processor(folder: str | Path, **kwargs: Any) -> Any:
 
 
 def call_hf(fn: Any, *, what: str, data_desc: str, **kwargs: Any) -> Any:
-    """Run an HF processor call; any failure becomes a ProcessorError saying what was processed."""
+    """Run an HF processor call; any failure becomes a ProcessorError saying what was processed,
+    but the process running out of memory or open files is a ResourceError (not the request's)."""
     try:
         return fn(**kwargs)
     except Exception as exc:
-        raise ProcessorError(
+        raise resource_error(exc, doing=f"Applying {what} on {data_desc}") or ProcessorError(
             f"Failed to apply {what} on {data_desc}: {type(exc).__name__}: {exc}. Check the media and the "
             "processor kwargs of the request."
         ) from exc

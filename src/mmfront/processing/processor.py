@@ -25,7 +25,7 @@ import torch
 
 from mmfront._text import check_text
 from mmfront.cache.base import BaseMultiModalProcessorCache, PromptUpdates
-from mmfront.config import MultiModalConfig
+from mmfront.config import DEFAULT_MAX_PROMPT_CHARS, MultiModalConfig
 from mmfront.errors import ConfigError, FieldConfigError, PromptUpdateError, ValidationError
 from mmfront.hashing import get_mm_hashes, normalize_mm_uuids
 from mmfront.inputs import (
@@ -206,14 +206,15 @@ class BaseProcessingInfo:
             raise ValidationError(message, parameter=modality)
 
     @cached_property
-    def max_prompt_chars(self) -> int | None:
+    def max_prompt_chars(self) -> int:
         """Longest prompt string worth tokenizing (see ``MultiModalConfig.max_prompt_chars``): a
         string longer than ``max_model_len`` times the longest token string cannot fit, and
-        tokenizing it first would take memory in proportion to it (a 50 MB text part)."""
+        tokenizing it first would take memory in proportion to it (a 50 MB text part). Without
+        ``max_model_len``, :data:`~mmfront.config.DEFAULT_MAX_PROMPT_CHARS` bounds that work."""
         if self.config.max_prompt_chars is not None:
             return self.config.max_prompt_chars
         if self.config.max_model_len is None:
-            return None
+            return DEFAULT_MAX_PROMPT_CHARS
         return self.config.max_model_len * max(map(len, self.tokenizer.get_vocab()), default=1)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
@@ -522,10 +523,15 @@ class BaseMultiModalProcessor(ABC):
 
     def _check_prompt_chars(self, prompt: str) -> None:
         limit = self.info.max_prompt_chars
-        if limit is not None and len(prompt) > limit:
+        if len(prompt) > limit:
             config = self.info.config
-            why = (f"with max_model_len={config.max_model_len} no longer prompt fits, whatever it holds"
-                   if config.max_prompt_chars is None else "MultiModalConfig.max_prompt_chars")
+            if config.max_prompt_chars is not None:
+                why = "MultiModalConfig.max_prompt_chars"
+            elif config.max_model_len is not None:
+                why = f"with max_model_len={config.max_model_len} no longer prompt fits, whatever it holds"
+            else:
+                why = ("the default bound without max_model_len, which keeps tokenizing fast; set max_model_len, "
+                       "or raise MultiModalConfig.max_prompt_chars knowing what it costs")
             raise ValidationError(
                 f"The prompt has {len(prompt)} characters; the limit is {limit} ({why}). Shorten the prompt; it "
                 "was not tokenized.", parameter="prompt")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mmfront.errors import DecodeError
+from mmfront.errors import DecodeError, ResourceError, resource_error
 
 ALIGN = 64
 """Alignment of each frame in the memfd, so any dtype can view it."""
@@ -34,9 +34,16 @@ def layout(sizes: Sequence[int]) -> tuple[list[int], int]:
 
 
 def write_sealed(views: Sequence[memoryview]) -> int:
-    """A new sealed memfd holding ``views`` laid out by :func:`layout`; the caller closes it."""
+    """A new sealed memfd holding ``views`` laid out by :func:`layout`; the caller closes it.
+    :class:`~mmfront.errors.ResourceError` when the process is out of descriptors or memory."""
     offsets, total = layout([v.nbytes for v in views])
-    fd = os.memfd_create("mmfront-frames", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        fd = os.memfd_create("mmfront-frames", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError as exc:
+        found = resource_error(exc, doing="Creating a memfd for a message's frames")
+        if found is None:
+            raise
+        raise found from exc
     try:
         os.ftruncate(fd, total)
         for view, offset in zip(views, offsets):
@@ -44,6 +51,12 @@ def write_sealed(views: Sequence[memoryview]) -> int:
                 written = os.pwrite(fd, view, offset)
                 view, offset = view[written:], offset + written
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+    except OSError as exc:
+        os.close(fd)
+        found = resource_error(exc, doing=f"Writing {total} bytes of frames into a memfd")
+        if found is None:
+            raise
+        raise found from exc
     except BaseException:
         os.close(fd)
         raise
@@ -65,7 +78,15 @@ def map_sealed(fd: int, sizes: Sequence[int]) -> list[memoryview]:
         raise DecodeError(f"The memory of a message's shared frames is not a sealed memfd of {total} bytes.")
     if total == 0:
         return [memoryview(bytearray()) for _ in sizes]
-    whole = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=total, dtype=torch.uint8).numpy().data
+    try:
+        whole = torch.from_file(f"/proc/self/fd/{fd}", shared=True, size=total, dtype=torch.uint8).numpy().data
+    except RuntimeError as exc:  # the memfd is sealed and large enough: only memory or descriptors can fail
+        raise ResourceError(
+            f"Mapping {total} bytes of a message's frames failed ({exc}): the process is out of memory or "
+            "open files. The message is not at fault: retry it, or raise the memory the process may use (its "
+            "container's limit) and the process's open-file limit (ulimit -n).",
+            resource="memory", setting="the memory the process may use (its container's limit), and ulimit -n",
+        ) from exc
     return [whole[offset:offset + size] for offset, size in zip(offsets, sizes)]
 
 

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
-from mmfront.errors import DecodeError, TransportError
+from mmfront.errors import DecodeError, ResourceError, TransportError, resource_error
 from mmfront.wire._tensors import Frame, frame_view
 from mmfront.wire.memfd import map_sealed, write_sealed
 
@@ -55,8 +55,11 @@ def send_frames(conn: Connection, frames: Sequence[Frame], *, share_from: int | 
         for view, in_memfd in zip(views, shared):
             if view.nbytes and not in_memfd:
                 conn.send_bytes(view)
+    except ResourceError:
+        raise
     except (OSError, ValueError) as e:
-        raise TransportError(f"The peer is gone ({e}); reconnect and resend what was in flight.") from e
+        raise resource_error(e, doing="Sending a message") or TransportError(
+            f"The peer is gone ({e}); reconnect and resend what was in flight.") from e
 
 
 def recv_frames(conn: Connection, timeout: float | None = None, *, accept_shared: bool = False) -> list[Frame] | None:
@@ -88,8 +91,10 @@ def recv_frames(conn: Connection, timeout: float | None = None, *, accept_shared
                 _recv_frame_into(conn.fileno(), buf)
             frames.append(buf)
         return frames
+    except ResourceError:
+        raise
     except OSError as e:
-        raise TransportError(f"The peer is gone ({e}).") from e
+        raise resource_error(e, doing="Receiving a message") or TransportError(f"The peer is gone ({e}).") from e
 
 
 def _send_with_memfd(conn: Connection, header: bytes, views: Sequence[memoryview]) -> None:
@@ -108,7 +113,12 @@ def _recv_header_and_fd(conn: Connection) -> tuple[bytes, int | None]:
     fds: list[int] = []
     try:
         with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            first, fds, _flags, _addr = socket.recv_fds(sock, 4, 1)
+            first, fds, flags, _addr = socket.recv_fds(sock, 4, 1)
+        if flags & socket.MSG_CTRUNC:  # the kernel dropped the memfd: no descriptor was free for it
+            raise ResourceError(
+                "Receiving a message's shared frames failed: the process is out of open files (the memfd sent "
+                "with it was dropped). Raise the process's open-file limit (ulimit -n, RLIMIT_NOFILE).",
+                resource="open files", setting="the process's open-file limit (ulimit -n, RLIMIT_NOFILE)")
         if not first:
             raise EOFError
         prefix = bytearray(4)
