@@ -95,7 +95,7 @@ class Side:
     name: str
     url: str
     logs: dict[str, Path]
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def tails(self, lines: int = 25) -> str:
         out = []
@@ -106,14 +106,14 @@ class Side:
         return "\n".join(out)
 
     def exited(self) -> str | None:
-        for process in self.processes:
+        for role, process in self.processes.items():
             if process.poll() is not None:
-                return f"{self.name}: {process.args[:3]!r} exited with {process.returncode}"
+                return f"{self.name}: the {role} exited with status {process.returncode}"
         return None
 
     def stop(self) -> None:
         """SIGTERM each process group, then SIGKILL what is left of it."""
-        for process in reversed(self.processes):
+        for process in reversed(self.processes.values()):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -141,16 +141,20 @@ def start_side(name: str, server: list[str], server_env: dict[str, str], folder:
     vllm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     vllm_env.update(VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1")
     with side.logs["engine"].open("wb") as log:
-        side.processes.append(subprocess.Popen(
+        side.processes["engine"] = subprocess.Popen(
             [str(PEER), str(PEER_DIR / "stock_engine.py"), str(MODEL), f"tcp://127.0.0.1:{rpc}",
              "--", "--mm-processor-cache-gb", "4"],
-            cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=vllm_env, start_new_session=True))
+            cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=vllm_env, start_new_session=True)
     argv = [*server, "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
             "--data-parallel-size", "1", "--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1",
             "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS]
-    with side.logs["server"].open("wb") as log:
-        side.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                               env={**vllm_env, **server_env}, start_new_session=True))
+    try:
+        with side.logs["server"].open("wb") as log:
+            side.processes["server"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                        env={**vllm_env, **server_env}, start_new_session=True)
+    except BaseException:
+        side.stop()
+        raise
     return side
 
 
@@ -195,6 +199,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 class Answer:
     status: int
     text: str
+    content_type: str | None = None
 
     def json(self) -> Any:
         return json.loads(self.text)
@@ -207,7 +212,7 @@ def ask(side: Side, method: str, path: str, body: Any = None, raw: bytes | None 
                                headers={"Content-Type": "application/json"})
     except httpx.HTTPError as e:
         raise AssertionError(f"{side.name} {method} {path}: {e!r}\n{side.tails()}") from e
-    return Answer(answer.status_code, answer.text)
+    return Answer(answer.status_code, answer.text, answer.headers.get("content-type"))
 
 
 def both(pair: Pair, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[Answer, Answer]:
@@ -275,6 +280,8 @@ SAME: dict[str, tuple[str, str, Any]] = {
     "chat_stop_token_ids": ("POST", "/v1/chat/completions", chat(max_tokens=6, stop_token_ids=[1012])),
     "chat_stop_and_stop_token_ids": ("POST", "/v1/chat/completions",
                                      chat(max_tokens=6, stop=["unt"], stop_token_ids=[1014])),
+    "chat_stop_token_before_stop": ("POST", "/v1/chat/completions",
+                                    chat(max_tokens=6, stop=["unt"], stop_token_ids=[1012])),
     "chat_stop_missed": ("POST", "/v1/chat/completions", chat(max_tokens=4, stop=["zzz"], stop_token_ids=[1021])),
     "completion": ("POST", "/v1/completions", completion(max_tokens=3, temperature=0)),
     "completion_list": ("POST", "/v1/completions", completion(prompt=["Hello", "there"], max_tokens=2)),
@@ -302,6 +309,7 @@ def test_the_same_request_gets_the_same_answer(pair: Pair, case: str) -> None:
     method, path, body = SAME[case]
     vllm, mmfront = both(pair, method, path, body)
     assert vllm.status == mmfront.status, explain(pair, vllm, mmfront)
+    assert vllm.content_type == mmfront.content_type, explain(pair, vllm, mmfront)
     if vllm.text == "" or mmfront.text == "":
         assert vllm.text == mmfront.text, explain(pair, vllm, mmfront)
     else:
@@ -371,6 +379,7 @@ def test_a_stream_says_the_same(pair: Pair, case: str) -> None:
     path, body = STREAMS[case]
     vllm, mmfront = both(pair, "POST", path, {**body, "stream": True})
     assert vllm.status == mmfront.status == 200, explain(pair, vllm, mmfront)
+    assert vllm.content_type == mmfront.content_type, explain(pair, vllm, mmfront)
     want, got = read_stream(vllm), read_stream(mmfront)
     for name in ("role", "text", "finish", "usage", "done"):
         assert getattr(got, name) == getattr(want, name), f"{name} differs" + explain(pair, vllm, mmfront)
