@@ -12,7 +12,7 @@ import pytest
 from mmfront.errors import ValidationError
 from mmfront.serve import protocol
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest, ResponseHead
-from mmfront.wire import RequestOutputKind
+from mmfront.wire import RequestOutputKind, SamplingParams
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -100,3 +100,13 @@ def test_chunks_carry_vllms_fields() -> None:
     assert list(last) == ["id", "object", "created", "model", "choices", "system_fingerprint", "kv_transfer_params"]
     assert "system_fingerprint" not in protocol.chat_chunk(head, 0, "b", logprobs=None, finish_reason="stop",
                                                            stop_reason=None, fingerprint=False)
+
+
+def test_more_logprobs_than_max_logprobs_are_refused_as_vllm_refuses_them() -> None:
+    protocol.check_logprobs(SamplingParams(logprobs=20), 20, 1000)
+    protocol.check_logprobs(SamplingParams(logprobs=-1), -1, 1000)
+    with pytest.raises(ValidationError, match=r"^Requested sample logprobs of 30, which is greater than max allowed: 20") as e:
+        protocol.check_logprobs(SamplingParams(logprobs=30), 20, 1000)
+    assert (e.value.parameter, e.value.value) == ("logprobs", 30)
+    with pytest.raises(ValidationError, match="prompt logprobs of 1000, which is greater than max allowed: 5"):
+        protocol.check_logprobs(SamplingParams(prompt_logprobs=-1), 5, 1000)

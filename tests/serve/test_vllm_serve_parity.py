@@ -39,8 +39,7 @@ Differences, asserted only where the two agree (docs/serving.md, "Differences fr
   list; tested against a real model in test_openai_surface.py), ``top_k: -1`` and
   ``chat_template_kwargs: {"add_generation_prompt": false}`` (vLLM answers 500), completions'
   ``echo`` (mmfront refuses it, not yet supported).
-* Open: vLLM's API server refuses more than ``--max-logprobs`` (20) top logprobs with a 400;
-  mmfront passes them on (the strict xfail below).
+* Both refuse more than ``--max-logprobs`` (20) top logprobs with the same 400.
 
 Skipped where the peer venv, its model folder or ``../shared/peer`` is absent
 (:mod:`mmfront.testing.peer`).
@@ -451,8 +450,6 @@ def test_a_request_refused_in_other_words_is_a_400_in_both(pair: Pair, path: str
         explain(pair, vllm, mmfront)
 
 
-@pytest.mark.xfail(strict=True, reason="mmfront serve does not apply vLLM's --max-logprobs cap (default 20): "
-                                       "vLLM's API server answers 400, mmfront passes the request on")
 def test_more_top_logprobs_than_vllm_allows_is_refused_alike(pair: Pair) -> None:
     vllm, mmfront = both(pair, "POST", "/v1/chat/completions", chat(max_tokens=2, logprobs=True, top_logprobs=30))
     assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)

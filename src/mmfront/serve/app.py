@@ -211,6 +211,7 @@ class _Server:
         inputs = await self._prepare(req.messages, options, response_id)
         params = protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"])))
+        protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_tokens = len(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -238,6 +239,7 @@ class _Server:
         prepared = [(await self._prepare(p, options, response_id), options) for p in protocol.prompts(req)]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
         params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
+        protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
         gen, choices = await self._start(response_id, prepared, params)
         head = self._head(response_id)
         headers = _id_header(request)

@@ -138,6 +138,8 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     front = serve.add_argument_group("requests and multimodal processing (vLLM's flags)")
     front.add_argument("--max-model-len", type=human_int, metavar="TOKENS",
                        help="longest prompt plus output accepted (e.g. 8192, 8k, 8K); capped by the engines' own")
+    front.add_argument("--max-logprobs", type=int, default=20, metavar="N",
+                       help="most logprobs a request may ask for per token (default 20; -1: the vocabulary)")
     front.add_argument("--limit-mm-per-prompt", type=_json_object("--limit-mm-per-prompt"), metavar="JSON",
                        help="most items per modality in one prompt, a JSON object such as "
                             "'{\"image\": 4, \"audio\": 1}' (default 999 each)")
@@ -284,6 +286,7 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
         port=args.port,
         api_key=args.api_key[0] if args.api_key else None,
         max_model_len=args.max_model_len,
+        max_logprobs=args.max_logprobs,
         chat_template=chat_template,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         uvicorn_log_level=args.uvicorn_log_level,

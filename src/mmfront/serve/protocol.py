@@ -177,6 +177,18 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
         raise
 
 
+def check_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
+    """vLLM's ``--max-logprobs`` limit, which its API server applies before anything runs."""
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    for asked, field, what in ((params.logprobs, "logprobs", "sample"),
+                               (params.prompt_logprobs, "prompt_logprobs", "prompt")):
+        if asked:
+            asked = vocab_size if asked == -1 else asked
+            if asked > limit:
+                raise ValidationError(f"Requested {what} logprobs of {asked}, which is greater than max allowed: "
+                                      f"{limit}", parameter=field, value=asked)
+
+
 def _pick(value: Any, default: Any) -> Any:
     return default if value is None else value
 
@@ -376,6 +388,7 @@ __all__ = [
     "chat_logprobs",
     "chat_response",
     "chat_role_chunk",
+    "check_logprobs",
     "child_params",
     "completion_choice",
     "completion_chunk",

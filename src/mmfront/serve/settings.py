@@ -30,6 +30,8 @@ class ServeSettings:
     """With a key, every ``/v1`` request needs ``Authorization: Bearer KEY`` (else 401)."""
     max_model_len: int | None = None
     """Caps the engines' own ``max_model_len`` (vLLM's ``--max-model-len``)."""
+    max_logprobs: int = 20
+    """Most logprobs a request may ask for per token (vLLM's ``--max-logprobs``; -1: the vocabulary)."""
     chat_template: str | None = None
     """A Jinja template (its text, or a file's path) in place of the model's own."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES

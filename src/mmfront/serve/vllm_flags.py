@@ -31,7 +31,7 @@ ENGINE_ONLY_FLAGS = frozenset({
     "--quantization", "-q", "--quantization-config", "--enforce-eager", "--no-enforce-eager", "--seed",
     "--load-format", "--download-dir", "--revision", "--code-revision", "--model-impl", "--attention-backend",
     "--attention-config", "-ac", "--compilation-config", "-cc", "--cudagraph-capture-sizes",
-    "--max-cudagraph-capture-size", "--optimization-level", "--performance-mode", "--max-logprobs",
+    "--max-cudagraph-capture-size", "--optimization-level", "--performance-mode",
     "--logprobs-mode", "--generation-config", "--override-generation-config", "--hf-overrides",
     "--speculative-config", "-sc", "--spec-method", "--spec-model", "--spec-tokens",
     "--kv-transfer-config", "--kv-events-config", "--structured-outputs-config",
