@@ -54,6 +54,9 @@ from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, UtilityOut
 logger = logging.getLogger(__name__)
 
 Reply = list[Frame]
+DEFAULT_ROUND_BUDGET = 64
+"""Messages the engine loop reads from one frontend before it turns to the next: a frontend that
+floods the engine delays the others by at most this many messages per round."""
 UtilityMethods = Mapping[str, Callable[..., Any]]
 """An engine's utility methods by vLLM name (``EngineCore.sleep`` is ``"sleep"``)."""
 
@@ -184,9 +187,13 @@ class EngineCoreReceiver:
     def __init__(
         self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None, *, engine_index: int = 0,
         heartbeat_s: float = 1.0, poll_slice_s: float = 0.005, utilities: UtilityMethods | None = None,
+        round_budget: int = DEFAULT_ROUND_BUDGET,
     ) -> None:
         if not heartbeat_s > 0:
             raise ConfigError(f"heartbeat_s must be positive (seconds between heartbeats), got {heartbeat_s}.")
+        if round_budget < 1:
+            raise ConfigError(f"round_budget must be at least 1 (messages per frontend per round), got {round_budget}.")
+        self.round_budget = round_budget
         self.engine_index = engine_index
         self.utilities: UtilityMethods = utilities or {}
         self.epoch = secrets.randbits(63)
@@ -225,13 +232,16 @@ class EngineCoreReceiver:
 
     def poll(self, timeout: float | None = 0.0) -> list[EngineCoreRequest]:
         """Requests ready for the engine (every feature's data filled in), waiting up to
-        ``timeout`` seconds for the first (``None``: until one arrives)."""
+        ``timeout`` seconds for the first (``None``: until one arrives). One round reads at most
+        ``round_budget`` messages from each frontend in turn, and returns what became ready."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            ready = self._poll_once()
+            ready, more = self._poll_once()
             left = None if deadline is None else deadline - time.monotonic()
             if ready or (left is not None and left <= 0):
                 return ready
+            if more:
+                continue  # a frontend has more queued than one round takes: no sleep
             ready = self._wait(self.poll_slice_s if left is None else min(left, self.poll_slice_s))
             if ready:
                 return ready
@@ -287,15 +297,24 @@ class EngineCoreReceiver:
 
     # --- internals --------------------------------------------------------------------------------
 
-    def _poll_once(self) -> list[EngineCoreRequest]:
+    def _poll_once(self) -> tuple[list[EngineCoreRequest], bool]:
+        """One round: each frontend in turn, at most ``round_budget`` messages each, never waiting
+        on one (a message held for its side-channel datagram waits in its own transport). The
+        requests now ready, and whether a frontend had more than its budget."""
         self._drop_broken()
         ready, self._ready = self._ready, []
+        more = False
         for frontend in self._frontends:
             if frontend.dropped:
                 continue
             _, replies = frontend.receiver.poll()
             self._reply(frontend, replies)
+            budget = self.round_budget
             while frontend.broken is None:
+                if budget == 0:
+                    more = True
+                    break
+                budget -= 1
                 try:
                     frames = frontend.transport.recv(0.0)
                     if frames is None:
@@ -306,7 +325,7 @@ class EngineCoreReceiver:
                 except (EOFError, TransportError) as e:
                     self._mark_broken(frontend, e)
         self._drop_broken()
-        return ready
+        return ready, more
 
     def _handle(self, frontend: _Frontend, frames: Sequence[Frame]) -> list[EngineCoreRequest]:
         message = decode_message(frames, Direction.TO_ENGINE)
@@ -452,4 +471,4 @@ def serve_pipe(
         transport.close()
 
 
-__all__ = ["EngineCoreReceiver", "EngineReceiver", "Reply", "serve_pipe"]
+__all__ = ["DEFAULT_ROUND_BUDGET", "EngineCoreReceiver", "EngineReceiver", "Reply", "serve_pipe"]

@@ -50,7 +50,8 @@ SIDE_MESSAGE_MAX: Final = _SIDE_HEADER.size + MAX_SIDE_FRAMES * _SIDE_ENTRY.size
 _MAX_PENDING = 64
 """Connections that have not sent their identity yet; older ones beyond this are closed."""
 _ARRIVAL_S = 0.5
-"""How long the engine waits for a datagram its message announced (it is queued before)."""
+"""How long a message waits for the datagram it announced (queued before it, so normally there at
+once); the engine serves its other frontends meanwhile."""
 
 
 def side_marker(token: int) -> bytes:
@@ -197,17 +198,44 @@ class FdChannelConnection:
             raise
         self._ahead: tuple[int, list[tuple[int, int]], int] | None = None
         """A datagram read past the message being restored (whose own datagram was lost)."""
+        self._held: tuple[list[Frame], int, float] | None = None
+        """A message whose datagram has not come yet: its frames, its token, when it is due."""
 
-    def restore(self, frames: Sequence[Frame]) -> list[Frame]:
-        """``frames`` as received, with a marker's frames back in place and the marker removed."""
+    @property
+    def holding(self) -> bool:
+        """Whether a message waits for its datagram (:meth:`resume` takes it up again)."""
+        return self._held is not None
+
+    def restore(self, frames: Sequence[Frame], timeout: float | None = None) -> list[Frame] | None:
+        """``frames`` as received, with a marker's frames back in place and the marker removed.
+
+        A datagram not there yet is waited for at most ``timeout`` seconds (``None``: until it is
+        due); then the message is held and ``None`` returned, and :meth:`resume` tries again, so a
+        caller serving other peers never blocks on this one. Half a second after its first try,
+        it is a :class:`~mmfront.errors.DecodeError`."""
         frames, token = split_side_marker(frames)
         if token is None:
             return frames
+        self._held = (frames, token, time.monotonic() + _ARRIVAL_S)
+        return self.resume(timeout)
+
+    def resume(self, timeout: float | None = None) -> list[Frame] | None:
+        """The held message restored, or ``None`` while its datagram is not there (see :meth:`restore`)."""
+        assert self._held is not None
+        frames, token, due = self._held
+        until = due if timeout is None else min(due, time.monotonic() + timeout)
         while True:
-            got, placed, fd = self._next_datagram()
+            datagram = self._next_datagram(until)
+            if datagram is None:
+                if time.monotonic() < due:
+                    return None
+                self._held = None
+                raise DecodeError("A message announced frames on the side channel that never came; it was dropped.")
+            got, placed, fd = datagram
             if got < token:
                 os.close(fd)  # its message never arrived
                 continue
+            self._held = None
             if got > token:
                 self._ahead = (got, placed, fd)
                 raise DecodeError(f"The side channel holds no frames for message {token}; it was dropped.")
@@ -216,14 +244,13 @@ class FdChannelConnection:
             finally:
                 os.close(fd)
 
-    def _next_datagram(self) -> tuple[int, list[tuple[int, int]], int]:
+    def _next_datagram(self, until: float) -> tuple[int, list[tuple[int, int]], int] | None:
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
             return ahead
-        deadline = time.monotonic() + _ARRIVAL_S
         while True:
-            if not select.select([self._sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
-                raise DecodeError("A message announced frames on the side channel that never came; it was dropped.")
+            if not select.select([self._sock], [], [], max(0.0, until - time.monotonic()))[0]:
+                return None
             try:
                 data, fds, flags, _ = socket.recv_fds(self._sock, SIDE_MESSAGE_MAX, 1)
             except OSError as e:
@@ -256,6 +283,7 @@ class FdChannelConnection:
         return frames
 
     def close(self) -> None:
+        self._held = None
         if self._ahead is not None:
             os.close(self._ahead[2])
             self._ahead = None

@@ -311,11 +311,21 @@ class ZmqEngineTransport(BaseTransport):
         _send(self._push, output_frames(frames, engine_index=self.engine_index), "P0")
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
+        """The next message, or ``None`` after ``timeout`` seconds. A message whose side-channel
+        datagram has not come yet is held (``None``, later messages stay queued behind it): the
+        caller never waits past ``timeout`` for it, and it is a :class:`DecodeError` once due."""
+        side = self._side
+        if side is not None and side.holding:
+            restored = side.resume(timeout)
+            return None if restored is None else envelope_from_request_frames(restored)
+        deadline = None if timeout is None else time.monotonic() + timeout
         received = _recv(self._dealer, timeout)
         if received is None:
             return None
-        frames: list[Frame] = list(received) if self._side is None else self._side.restore(received)
-        return envelope_from_request_frames(frames)
+        if side is None:
+            return envelope_from_request_frames(list(received))
+        restored = side.restore(received, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return None if restored is None else envelope_from_request_frames(restored)
 
     def close(self) -> None:
         if self._closed:
