@@ -23,7 +23,7 @@ from typing import Any
 
 from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullReceiverMirror
 from mmfront.cache.factory import engine_receiver_cache_from_config
-from mmfront.config import MultiModalConfig
+from mmfront.config import DEFAULT_LIMIT_PER_PROMPT, MODALITIES, MultiModalConfig
 from mmfront.engine.transports import BaseTransport, PipeTransport
 from mmfront.errors import ConfigError, DecodeError, TransportError, UnknownUtilityError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
@@ -54,6 +54,9 @@ from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, UtilityOut
 logger = logging.getLogger(__name__)
 
 Reply = list[Frame]
+DEFAULT_MAX_MM_FEATURES = len(MODALITIES) * DEFAULT_LIMIT_PER_PROMPT
+"""Most multimodal features one request may carry to an engine whose limit is not given: every
+modality at vLLM's default ``limit_mm_per_prompt``. :func:`mm_feature_limit` gives a config's."""
 DEFAULT_ROUND_BUDGET = 64
 """Messages the engine loop reads from one frontend before it turns to the next: a frontend that
 floods the engine delays the others by at most this many messages per round."""
@@ -72,10 +75,16 @@ class EngineReceiver:
     ``Admitted`` reply.
     """
 
-    def __init__(self, cache: BaseMultiModalReceiverCache | None, *, echo: bool = False) -> None:
+    def __init__(
+        self, cache: BaseMultiModalReceiverCache | None, *, echo: bool = False,
+        max_mm_features: int = DEFAULT_MAX_MM_FEATURES,
+    ) -> None:
+        if max_mm_features < 1:
+            raise ConfigError(f"max_mm_features must be at least 1 (multimodal items per request), got {max_mm_features}.")
         self.cache = cache
         self.mirror = NullReceiverMirror(None) if cache is None else cache.mirror
         self.echo = echo
+        self.max_mm_features = max_mm_features
         self._encoder = MsgpackEncoder()
 
     def handle(self, frames: Sequence[Frame]) -> tuple[list[EngineCoreRequest], list[Reply]]:
@@ -83,7 +92,12 @@ class EngineReceiver:
 
         A request may become ready later (it waits for an earlier one that is still in transit),
         and one arrival may release several."""
-        return self.handle_message(decode_message(frames, Direction.TO_ENGINE))
+        return self.handle_message(self.decode(frames))
+
+    def decode(self, frames: Sequence[Frame]) -> Message:
+        """One envelope from P0, read as untrusted: a request with more than ``max_mm_features``
+        features is refused before they are decoded (:class:`~mmfront.errors.DecodeError`)."""
+        return decode_message(frames, Direction.TO_ENGINE, max_mm_features=self.max_mm_features)
 
     def handle_message(self, envelope: Message) -> tuple[list[EngineCoreRequest], list[Reply]]:
         """:meth:`handle` for an envelope already decoded."""
@@ -93,6 +107,9 @@ class EngineReceiver:
             events = self.mirror.receive(envelope.stamp, request.mm_features or [], request)
         elif envelope.kind == MIRROR_ONLY:
             assert envelope.stamp is not None  # decode_message refuses a MIRROR_ONLY without one
+            if len(envelope.body.ops) > self.max_mm_features:
+                raise DecodeError(f"A mirror-only message carries {len(envelope.body.ops)} operations; a request "
+                                  f"has at most {self.max_mm_features} items here.")
             events = self.mirror.receive_mirror_only(envelope.stamp, envelope.body)
         elif envelope.kind == RESET_CACHE:
             events = self.reset_cache()
@@ -187,13 +204,14 @@ class EngineCoreReceiver:
     def __init__(
         self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None, *, engine_index: int = 0,
         heartbeat_s: float = 1.0, poll_slice_s: float = 0.005, utilities: UtilityMethods | None = None,
-        round_budget: int = DEFAULT_ROUND_BUDGET,
+        round_budget: int = DEFAULT_ROUND_BUDGET, max_mm_features: int = DEFAULT_MAX_MM_FEATURES,
     ) -> None:
         if not heartbeat_s > 0:
             raise ConfigError(f"heartbeat_s must be positive (seconds between heartbeats), got {heartbeat_s}.")
         if round_budget < 1:
             raise ConfigError(f"round_budget must be at least 1 (messages per frontend per round), got {round_budget}.")
         self.round_budget = round_budget
+        self.max_mm_features = max_mm_features
         self.engine_index = engine_index
         self.utilities: UtilityMethods = utilities or {}
         self.epoch = secrets.randbits(63)
@@ -216,7 +234,8 @@ class EngineCoreReceiver:
 
     def add_frontend(self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None) -> int:
         """Serve one more frontend; its index is the ``client_index`` its requests get."""
-        frontend = _Frontend(transport, EngineReceiver(cache), len(self._frontends))
+        frontend = _Frontend(transport, EngineReceiver(cache, max_mm_features=self.max_mm_features),
+                             len(self._frontends))
         self._frontends.append(frontend)
         self._send_to(frontend, self._hello)
         return frontend.index
@@ -328,7 +347,7 @@ class EngineCoreReceiver:
         return ready, more
 
     def _handle(self, frontend: _Frontend, frames: Sequence[Frame]) -> list[EngineCoreRequest]:
-        message = decode_message(frames, Direction.TO_ENGINE)
+        message = frontend.receiver.decode(frames)
         if message.kind == ABORT:
             for request_id in message.body:
                 if self._routes.get(request_id) is frontend:
@@ -446,6 +465,12 @@ class EngineCoreReceiver:
         return []
 
 
+def mm_feature_limit(config: MultiModalConfig) -> int:
+    """Most multimodal features a request may carry to an engine with ``config``: the sum of its
+    ``limit_mm_per_prompt`` over the modalities (what P0 lets through with the same config)."""
+    return max(1, sum(config.get_limit_per_prompt(modality) for modality in MODALITIES))
+
+
 def serve_pipe(
     conn: Connection, config: MultiModalConfig, *, echo: bool = False, poll_interval_s: float = 0.05,
 ) -> None:
@@ -454,7 +479,8 @@ def serve_pipe(
     The cache comes from ``config`` as in a real engine; ready requests are dropped (there is no
     model behind this loop), so run it with ``echo=True`` to see what the engine would get."""
     transport = PipeTransport(conn)
-    receiver = EngineReceiver(engine_receiver_cache_from_config(config), echo=echo)
+    receiver = EngineReceiver(engine_receiver_cache_from_config(config), echo=echo,
+                              max_mm_features=mm_feature_limit(config))
     try:
         while True:
             try:
@@ -471,4 +497,7 @@ def serve_pipe(
         transport.close()
 
 
-__all__ = ["DEFAULT_ROUND_BUDGET", "EngineCoreReceiver", "EngineReceiver", "Reply", "serve_pipe"]
+__all__ = [
+    "DEFAULT_MAX_MM_FEATURES", "DEFAULT_ROUND_BUDGET", "EngineCoreReceiver", "EngineReceiver", "Reply", "mm_feature_limit",
+    "serve_pipe",
+]
