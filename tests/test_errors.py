@@ -134,6 +134,7 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "HandshakeError": (RuntimeError,),
     "UtilityCallError": (RuntimeError,),
     "LaneError": (RuntimeError,),
+    "ResourceExhaustedError": (OSError,),
 }
 
 

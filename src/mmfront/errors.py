@@ -39,7 +39,8 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     │   ├── EngineDeadError
     │   └── HandshakeError
     ├── UtilityCallError [RuntimeError]
-    └── LaneError [RuntimeError]
+    ├── LaneError [RuntimeError]
+    └── ResourceExhaustedError [OSError]
 
 Above :class:`ValidationError` sit the deployment's faults (configuration, a model mmfront
 cannot serve, a processor whose outputs break its own layout); below it, the request's; after
@@ -240,3 +241,9 @@ class LaneError(MMFrontError, RuntimeError):
     so sending the request again processes it."""
 
     retryable = True
+
+
+class ResourceExhaustedError(MMFrontError, OSError):
+    """The process ran out of an operating-system resource (file descriptors, memory for a
+    mapping): the message names it and the limit to raise; the input is not at fault."""
+
