@@ -12,13 +12,15 @@ import resource
 import secrets
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import pytest
 import torch
 
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake, engine_handshake
+from mmfront.engine.receiver import EngineCoreReceiver
+from mmfront.engine.transports import BaseTransport
 from mmfront.engine.transports.fd_channel import (
     FdChannelConnection,
     FdChannelListener,
@@ -28,6 +30,7 @@ from mmfront.engine.transports.fd_channel import (
 )
 from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport, engine_identity
 from mmfront.errors import ResourceExhaustedError
+from mmfront.wire import Frame
 from mmfront.wire.codec import MsgpackEncoder
 from mmfront.wire.handshake import EXTRA_SIDE_CHANNEL, EngineCoreReadyResponse
 from mmfront.wire.memfd import write_sealed
@@ -192,3 +195,35 @@ def test_p0_out_of_descriptors_sends_plain_frames(tmp_path: os.PathLike[str]) ->
         engine.close()
     finally:
         listener.close()
+
+
+class _OutOfDescriptors(BaseTransport):
+    """An engine's link whose next message could not be received for want of descriptors."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.sent: list[list[Frame]] = []
+
+    def send(self, frames: Sequence[Frame]) -> None:
+        self.sent.append(list(frames))
+
+    def recv(self, timeout: float | None = None) -> list[Frame] | None:
+        self.calls += 1
+        if self.calls == 1:
+            raise ResourceExhaustedError("injected: out of file descriptors")
+        if self.calls == 2:
+            return encode_envelope(REQUEST, ENC.encode(EngineCoreRequest("next", [1], None, None, None, 0.0, None,
+                                                                         None, None)))
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_engine_loop_refuses_a_message_it_had_no_descriptor_for_and_goes_on() -> None:
+    link = _OutOfDescriptors()
+    with EngineCoreReceiver(link, None, heartbeat_s=60) as receiver:
+        assert [r.request_id for r in receiver.poll(timeout=5)] == ["next"]
+    replies = [decode_message(f, Direction.TO_FRONTEND).body for f in link.sent]
+    failures = [r.utility_output.failure_message for r in replies if getattr(r, "utility_output", None)]
+    assert failures == ["ResourceExhaustedError: injected: out of file descriptors"]

@@ -25,7 +25,7 @@ from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullRec
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.config import DEFAULT_LIMIT_PER_PROMPT, MODALITIES, MultiModalConfig
 from mmfront.engine.transports import BaseTransport, PipeTransport
-from mmfront.errors import ConfigError, DecodeError, TransportError, UnknownUtilityError
+from mmfront.errors import ConfigError, DecodeError, ResourceExhaustedError, TransportError, UnknownUtilityError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -339,7 +339,7 @@ class EngineCoreReceiver:
                     if frames is None:
                         break
                     ready += self._handle(frontend, frames)
-                except DecodeError as e:
+                except (DecodeError, ResourceExhaustedError) as e:  # that message alone is lost
                     self._refuse(frontend, e)
                 except (EOFError, TransportError) as e:
                     self._mark_broken(frontend, e)
@@ -438,14 +438,15 @@ class EngineCoreReceiver:
                            str(frontend.broken) or type(frontend.broken).__name__, len(orphans),
                            self.frontends_served)
 
-    def _refuse(self, frontend: _Frontend, error: DecodeError) -> None:
+    def _refuse(self, frontend: _Frontend, error: DecodeError | ResourceExhaustedError) -> None:
         """Tell the sender what was wrong with its message; the others never notice."""
         self.decode_errors += 1
         if self.decode_errors <= 10 or self.decode_errors % 1000 == 0:  # a hostile peer must not flood the log
             logger.warning("Engine %d: refused a message from frontend %d (%d refused so far): %s",
                            self.engine_index, frontend.index, self.decode_errors, error)
         call_id = error.call_id if isinstance(error, UnknownUtilityError) else -1
-        self._send_utility_output(frontend, UtilityOutput(call_id, failure_message=f"DecodeError: {error}"))
+        kind = "DecodeError" if isinstance(error, DecodeError) else type(error).__name__
+        self._send_utility_output(frontend, UtilityOutput(call_id, failure_message=f"{kind}: {error}"))
 
     def _wait(self, seconds: float) -> list[EngineCoreRequest]:
         """Sleep until a message arrives (one frontend: in its ``recv``) or ``seconds`` pass."""
@@ -457,7 +458,7 @@ class EngineCoreReceiver:
         try:
             frames = frontend.transport.recv(seconds)
             return [] if frames is None else self._handle(frontend, frames)
-        except DecodeError as e:
+        except (DecodeError, ResourceExhaustedError) as e:
             self._refuse(frontend, e)
         except (EOFError, TransportError) as e:
             self._mark_broken(frontend, e)
