@@ -23,14 +23,16 @@ def _started(lanes: LocalProcessExecutor) -> list[int]:
 
 
 def _wait_exited(pid: int) -> None:
-    """Until the killed process is a zombie (its parent has not reaped it yet) or gone."""
+    """Until the killed process has finished dying: a zombie (its parent has not reaped it yet)
+    whose threads are all gone, so its descriptors are closed; or gone."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ":" in line)
         except FileNotFoundError:
             return
-        if state in ("Z", "X"):
+        if status["State"].split()[0] in ("Z", "X") and int(status["Threads"]) <= 1:
             return
         time.sleep(0.02)
     raise AssertionError(f"process {pid} still runs")
