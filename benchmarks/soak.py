@@ -93,7 +93,7 @@ def engine_main(args: argparse.Namespace) -> int:
         cache = MirroredReceiverCache(args.capacity_bytes)
     stop: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    a = ZmqEngineTransport(ZmqAddresses(args.input, args.output), 0)
+    a = ZmqEngineTransport(ZmqAddresses(args.input, args.output, bytes.fromhex(os.environ.get("SOAK_SIDE_SECRET", ""))), 0)
     with EngineCoreReceiver(a, cache, engine_index=0, heartbeat_s=0.2) as receiver:
         receiver.add_frontend(ZmqEngineTransport(ZmqAddresses(args.peer_input, args.peer_output), 0))
         running: dict[str, list[int]] = {}
@@ -214,7 +214,8 @@ class Engines:
         return command + (["--shm-name", self.shm_name] if self.shm_name else [])
 
     def start(self, done: int) -> None:
-        self.process = subprocess.Popen(self.command(), env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "SOAK_SIDE_SECRET": self.a.side_secret.hex()}  # not in argv
+        self.process = subprocess.Popen(self.command(), env=env)
         self.started_at, self.warm_kib = done, None
 
     def sample(self, done: int) -> None:

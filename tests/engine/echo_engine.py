@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import signal
 import sys
 import time
@@ -112,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cache = None
     stop: list[bool] = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    transport = ZmqEngineTransport(ZmqAddresses(args.input, args.output), args.engine_index)
+    side_secret = bytes.fromhex(os.environ.get("ECHO_SIDE_SECRET", ""))  # P0's side-channel key, if it gave one
+    transport = ZmqEngineTransport(ZmqAddresses(args.input, args.output, side_secret), args.engine_index)
     with EngineCoreReceiver(transport, cache, engine_index=args.engine_index, heartbeat_s=0.2,
                             utilities=EchoUtilities().methods()) as receiver:
         serve(receiver, args.steps, stop, step_delay=args.step_delay, abort_log=args.abort_log)

@@ -63,7 +63,8 @@ def start_engine(transport: ZmqFrontendTransport, cache: str, *, shm_name: str |
             "--capacity-bytes", str(capacity), "--steps", str(steps)]
     if shm_name:
         args += ["--shm-name", shm_name]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ECHO.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ECHO.parent), os.environ.get("PYTHONPATH", "")]),
+           "ECHO_SIDE_SECRET": transport.addresses.side_secret.hex()}  # the side channel's key, not in argv
     proc = subprocess.Popen(args, env=env)
     transport.wait_for_engines([0], 60)
     return proc

@@ -91,9 +91,9 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     for module in (client_module, receiver_module):
         real = module.decode_message
 
-        def counted(frames: Any, direction: Direction, real: Any = real) -> Any:
+        def counted(frames: Any, direction: Direction, real: Any = real, **limits: Any) -> Any:
             calls["envelope"] += 1
-            return real(frames, direction)
+            return real(frames, direction, **limits)
 
         monkeypatch.setattr(module, "decode_message", counted)
     yield calls

@@ -18,17 +18,19 @@ an extra only with an engine that announced it (:class:`EngineInfo`).
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import shutil
 import tempfile
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 import zmq
 
 from mmfront.engine.transports import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
+from mmfront.engine.transports.fd_channel import SECRET_BYTES
 from mmfront.engine.transports.zmq import engine_identity
 from mmfront.errors import ConfigError, HandshakeError
 from mmfront.wire.handshake import (
@@ -88,6 +90,9 @@ class EngineInfo:
     ready: EngineCoreReadyResponse
     extras: frozenset[str]
     local: bool
+    side_secret: bytes | None = field(default=None, repr=False)
+    """What the engine presents on the ``ipc`` side channel (:func:`wait_for_ready_responses`
+    lets it in on the other API servers)."""
 
     @property
     def max_model_len(self) -> int:
@@ -188,6 +193,9 @@ class FrontendHandshake:
                 f"(data_parallel_size_local={self.parallel.data_parallel_size_local}).")
         if status.status == "HELLO":
             rank.hello = status
+            secret = _side_secret(status)
+            if secret is not None:
+                self.transport.authorize_side_channel(index, secret)
             addresses = HandshakeAddresses([f.input for f in self.frontends], [f.output for f in self.frontends])
             self._router.send_multipart([identity, _encode(EngineHandshakeMetadata(addresses))])
         elif rank.hello is None:
@@ -217,7 +225,14 @@ class FrontendHandshake:
     def _info(self, index: int, rank: _Rank) -> EngineInfo:
         assert rank.hello is not None and rank.ready is not None and rank.ready_said is not None
         extras = {*(rank.hello.mmfront_extras or ()), *(rank.ready_said.mmfront_extras or ())}
-        return EngineInfo(index, rank.ready, frozenset(extras), rank.hello.local)
+        return EngineInfo(index, rank.ready, frozenset(extras), rank.hello.local, _side_secret(rank.hello))
+
+
+def _side_secret(hello: HandshakeStatus) -> bytes | None:
+    try:
+        return bytes.fromhex(hello.mmfront_side_secret) if hello.mmfront_side_secret else None
+    except ValueError:
+        return None  # not an mmfront secret: the engine gets plain frames
 
 
 def wait_for_ready_responses(
@@ -228,6 +243,9 @@ def wait_for_ready_responses(
     handshake's :meth:`FrontendHandshake.wait` returned; the answer is the same, with this
     server's ready responses (an engine writes one to every API server)."""
     wanted = {info.engine_index: info for info in engines}
+    for info in engines:
+        if info.side_secret is not None:
+            transport.authorize_side_channel(info.engine_index, info.side_secret)
     got: dict[int, EngineInfo] = {}
     deadline = time.monotonic() + timeout
     while len(got) < len(wanted):
@@ -285,7 +303,9 @@ def engine_handshake_all(
         dealer.setsockopt(zmq.IDENTITY, engine_identity(engine_index))
         dealer.setsockopt(zmq.LINGER, 5000)
         dealer.connect(handshake_address)
-        dealer.send(_encode(HandshakeStatus("HELLO", local, not local, mmfront_extras=sorted(extras))))
+        secret = secrets.token_bytes(SECRET_BYTES) if side_channel else None
+        dealer.send(_encode(HandshakeStatus("HELLO", local, not local, mmfront_extras=sorted(extras),
+                                            mmfront_side_secret=None if secret is None else secret.hex())))
         if not dealer.poll(round(timeout * 1000)):
             raise HandshakeError(f"No frontend answered engine rank {engine_index}'s HELLO on {handshake_address} "
                                  f"within {timeout} s.")
@@ -300,7 +320,8 @@ def engine_handshake_all(
         ready = msgspec.structs.replace(ready, data_parallel_rank=engine_index)
         for input_address, output_address in pairs:
             transports.append(ZmqEngineTransport(ZmqAddresses(input_address, output_address), engine_index,
-                                                 ready=_encode(ready), side_channel=side_channel))
+                                                 ready=_encode(ready), side_channel=side_channel,
+                                                 side_secret=secret))
         said = [EXTRA_SIDE_CHANNEL] if all(t.side_channel for t in transports) else None
         dealer.send(_encode(HandshakeStatus("READY", local, not local, mmfront_extras=said)))
     except BaseException:

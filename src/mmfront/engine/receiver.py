@@ -23,9 +23,9 @@ from typing import Any
 
 from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullReceiverMirror
 from mmfront.cache.factory import engine_receiver_cache_from_config
-from mmfront.config import MultiModalConfig
+from mmfront.config import DEFAULT_LIMIT_PER_PROMPT, MODALITIES, MultiModalConfig
 from mmfront.engine.transports import BaseTransport, PipeTransport
-from mmfront.errors import ConfigError, DecodeError, TransportError, UnknownUtilityError
+from mmfront.errors import ConfigError, DecodeError, ResourceError, TransportError, UnknownUtilityError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
 from mmfront.wire.messages import (
     ABORT,
@@ -54,6 +54,12 @@ from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReas
 logger = logging.getLogger(__name__)
 
 Reply = list[Frame]
+DEFAULT_MAX_MM_FEATURES = len(MODALITIES) * DEFAULT_LIMIT_PER_PROMPT
+"""Most multimodal features one request may carry to an engine whose limit is not given: every
+modality at vLLM's default ``limit_mm_per_prompt``. :func:`mm_feature_limit` gives a config's."""
+DEFAULT_ROUND_BUDGET = 64
+"""Messages the engine loop reads from one frontend before it turns to the next: a frontend that
+floods the engine delays the others by at most this many messages per round."""
 UtilityMethods = Mapping[str, Callable[..., Any]]
 """An engine's utility methods by vLLM name (``EngineCore.sleep`` is ``"sleep"``)."""
 
@@ -69,10 +75,16 @@ class EngineReceiver:
     ``Admitted`` reply.
     """
 
-    def __init__(self, cache: BaseMultiModalReceiverCache | None, *, echo: bool = False) -> None:
+    def __init__(
+        self, cache: BaseMultiModalReceiverCache | None, *, echo: bool = False,
+        max_mm_features: int = DEFAULT_MAX_MM_FEATURES,
+    ) -> None:
+        if max_mm_features < 1:
+            raise ConfigError(f"max_mm_features must be at least 1 (multimodal items per request), got {max_mm_features}.")
         self.cache = cache
         self.mirror = NullReceiverMirror(None) if cache is None else cache.mirror
         self.echo = echo
+        self.max_mm_features = max_mm_features
         self._encoder = MsgpackEncoder()
 
     def handle(self, frames: Sequence[Frame]) -> tuple[list[EngineCoreRequest], list[Reply]]:
@@ -80,7 +92,12 @@ class EngineReceiver:
 
         A request may become ready later (it waits for an earlier one that is still in transit),
         and one arrival may release several."""
-        return self.handle_message(decode_message(frames, Direction.TO_ENGINE))
+        return self.handle_message(self.decode(frames))
+
+    def decode(self, frames: Sequence[Frame]) -> Message:
+        """One envelope from P0, read as untrusted: a request with more than ``max_mm_features``
+        features is refused before they are decoded (:class:`~mmfront.errors.DecodeError`)."""
+        return decode_message(frames, Direction.TO_ENGINE, max_mm_features=self.max_mm_features)
 
     def handle_message(self, envelope: Message) -> tuple[list[EngineCoreRequest], list[Reply]]:
         """:meth:`handle` for an envelope already decoded."""
@@ -90,6 +107,9 @@ class EngineReceiver:
             events = self.mirror.receive(envelope.stamp, request.mm_features or [], request)
         elif envelope.kind == MIRROR_ONLY:
             assert envelope.stamp is not None  # decode_message refuses a MIRROR_ONLY without one
+            if len(envelope.body.ops) > self.max_mm_features:
+                raise DecodeError(f"A mirror-only message carries {len(envelope.body.ops)} operations; a request "
+                                  f"has at most {self.max_mm_features} items here.")
             events = self.mirror.receive_mirror_only(envelope.stamp, envelope.body)
         elif envelope.kind == RESET_CACHE:
             events = self.reset_cache()
@@ -184,9 +204,14 @@ class EngineCoreReceiver:
     def __init__(
         self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None, *, engine_index: int = 0,
         heartbeat_s: float = 1.0, poll_slice_s: float = 0.005, utilities: UtilityMethods | None = None,
+        round_budget: int = DEFAULT_ROUND_BUDGET, max_mm_features: int = DEFAULT_MAX_MM_FEATURES,
     ) -> None:
         if not heartbeat_s > 0:
             raise ConfigError(f"heartbeat_s must be positive (seconds between heartbeats), got {heartbeat_s}.")
+        if round_budget < 1:
+            raise ConfigError(f"round_budget must be at least 1 (messages per frontend per round), got {round_budget}.")
+        self.round_budget = round_budget
+        self.max_mm_features = max_mm_features
         self.engine_index = engine_index
         self.utilities: UtilityMethods = utilities or {}
         self.epoch = secrets.randbits(63)
@@ -212,7 +237,8 @@ class EngineCoreReceiver:
 
     def add_frontend(self, transport: BaseTransport, cache: BaseMultiModalReceiverCache | None = None) -> int:
         """Serve one more frontend; its index is the ``client_index`` its requests get."""
-        frontend = _Frontend(transport, EngineReceiver(cache), len(self._frontends))
+        frontend = _Frontend(transport, EngineReceiver(cache, max_mm_features=self.max_mm_features),
+                             len(self._frontends))
         self._frontends.append(frontend)
         self._send_to(frontend, self._hello)
         return frontend.index
@@ -228,13 +254,16 @@ class EngineCoreReceiver:
 
     def poll(self, timeout: float | None = 0.0) -> list[EngineCoreRequest]:
         """Requests ready for the engine (every feature's data filled in), waiting up to
-        ``timeout`` seconds for the first (``None``: until one arrives)."""
+        ``timeout`` seconds for the first (``None``: until one arrives). One round reads at most
+        ``round_budget`` messages from each frontend in turn, and returns what became ready."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            ready = self._poll_once()
+            ready, more = self._poll_once()
             left = None if deadline is None else deadline - time.monotonic()
             if ready or (left is not None and left <= 0):
                 return ready
+            if more:
+                continue  # a frontend has more queued than one round takes: no sleep
             ready = self._wait(self.poll_slice_s if left is None else min(left, self.poll_slice_s))
             if ready:
                 return ready
@@ -294,29 +323,38 @@ class EngineCoreReceiver:
 
     # --- internals --------------------------------------------------------------------------------
 
-    def _poll_once(self) -> list[EngineCoreRequest]:
+    def _poll_once(self) -> tuple[list[EngineCoreRequest], bool]:
+        """One round: each frontend in turn, at most ``round_budget`` messages each, never waiting
+        on one (a message held for its side-channel datagram waits in its own transport). The
+        requests now ready, and whether a frontend had more than its budget."""
         self._drop_broken()
         ready, self._ready = self._ready, []
+        more = False
         for frontend in self._frontends:
             if frontend.dropped:
                 continue
             _, replies = frontend.receiver.poll()
             self._reply(frontend, replies)
+            budget = self.round_budget
             while frontend.broken is None:
+                if budget == 0:
+                    more = True
+                    break
+                budget -= 1
                 try:
                     frames = frontend.transport.recv(0.0)
                     if frames is None:
                         break
                     ready += self._handle(frontend, frames)
-                except DecodeError as e:
+                except (DecodeError, ResourceError) as e:  # that message alone is lost
                     self._refuse(frontend, e)
                 except (EOFError, TransportError) as e:
                     self._mark_broken(frontend, e)
         self._drop_broken()
-        return ready
+        return ready, more
 
     def _handle(self, frontend: _Frontend, frames: Sequence[Frame]) -> list[EngineCoreRequest]:
-        message = decode_message(frames, Direction.TO_ENGINE)
+        message = frontend.receiver.decode(frames)
         if message.kind == ABORT:
             for request_id in message.body:
                 if self._routes.get(request_id) is frontend:
@@ -421,14 +459,15 @@ class EngineCoreReceiver:
                            str(frontend.broken) or type(frontend.broken).__name__, len(orphans),
                            self.frontends_served)
 
-    def _refuse(self, frontend: _Frontend, error: DecodeError) -> None:
+    def _refuse(self, frontend: _Frontend, error: DecodeError | ResourceError) -> None:
         """Tell the sender what was wrong with its message; the others never notice."""
         self.decode_errors += 1
         if self.decode_errors <= 10 or self.decode_errors % 1000 == 0:  # a hostile peer must not flood the log
             logger.warning("Engine %d: refused a message from frontend %d (%d refused so far): %s",
                            self.engine_index, frontend.index, self.decode_errors, error)
         call_id = error.call_id if isinstance(error, UnknownUtilityError) else -1
-        self._send_utility_output(frontend, UtilityOutput(call_id, failure_message=f"DecodeError: {error}"))
+        kind = "DecodeError" if isinstance(error, DecodeError) else type(error).__name__
+        self._send_utility_output(frontend, UtilityOutput(call_id, failure_message=f"{kind}: {error}"))
 
     def _wait(self, seconds: float) -> list[EngineCoreRequest]:
         """Sleep until a message arrives (one frontend: in its ``recv``) or ``seconds`` pass."""
@@ -440,12 +479,18 @@ class EngineCoreReceiver:
         try:
             frames = frontend.transport.recv(seconds)
             return [] if frames is None else self._handle(frontend, frames)
-        except DecodeError as e:
+        except (DecodeError, ResourceError) as e:
             self._refuse(frontend, e)
         except (EOFError, TransportError) as e:
             self._mark_broken(frontend, e)
             self._drop_broken()
         return []
+
+
+def mm_feature_limit(config: MultiModalConfig) -> int:
+    """Most multimodal features a request may carry to an engine with ``config``: the sum of its
+    ``limit_mm_per_prompt`` over the modalities (what P0 lets through with the same config)."""
+    return max(1, sum(config.get_limit_per_prompt(modality) for modality in MODALITIES))
 
 
 def serve_pipe(
@@ -456,7 +501,8 @@ def serve_pipe(
     The cache comes from ``config`` as in a real engine; ready requests are dropped (there is no
     model behind this loop), so run it with ``echo=True`` to see what the engine would get."""
     transport = PipeTransport(conn)
-    receiver = EngineReceiver(engine_receiver_cache_from_config(config), echo=echo)
+    receiver = EngineReceiver(engine_receiver_cache_from_config(config), echo=echo,
+                              max_mm_features=mm_feature_limit(config))
     try:
         while True:
             try:
@@ -473,4 +519,7 @@ def serve_pipe(
         transport.close()
 
 
-__all__ = ["EngineCoreReceiver", "EngineReceiver", "Reply", "serve_pipe"]
+__all__ = [
+    "DEFAULT_MAX_MM_FEATURES", "DEFAULT_ROUND_BUDGET", "EngineCoreReceiver", "EngineReceiver", "Reply", "mm_feature_limit",
+    "serve_pipe",
+]

@@ -21,7 +21,7 @@ from mmfront.cache.base import BaseMultiModalReceiverCache
 from mmfront.cache.factory import get_processor_cache_type, receiver_cache_from_config
 from mmfront.config import MultiModalConfig
 from mmfront.engine.handshake import engine_handshake_all
-from mmfront.engine.receiver import EngineCoreReceiver
+from mmfront.engine.receiver import EngineCoreReceiver, mm_feature_limit
 from mmfront.engine.runner import ModelRunner, error_output
 from mmfront.engine.transports import EngineTransportFactory
 from mmfront.engine.utilities import WorkerUtilities
@@ -124,7 +124,8 @@ def run_worker(
             transport.close()
         raise
     stats = WorkerStats()
-    receiver = EngineCoreReceiver(transports[0], caches[0], engine_index=engine_index)
+    receiver = EngineCoreReceiver(transports[0], caches[0], engine_index=engine_index,
+                                  max_mm_features=mm_feature_limit(config))
     with receiver:
         for transport, cache in zip(transports[1:], caches[1:]):
             receiver.add_frontend(transport, cache)

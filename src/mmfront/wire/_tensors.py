@@ -167,17 +167,33 @@ def frame_views(frames: Iterable[Any]) -> list[memoryview]:
 
 
 class CopyBudget:
-    """The bytes one decode may still copy or scan: ``MAX_COPY_FACTOR`` times its frames.
+    """The bytes one decode may still copy or scan: ``MAX_COPY_FACTOR`` times its frames; and,
+    with ``max_references``, how often a tensor may point at one aux frame.
 
     Without it a 28 KB body that points 2,000 tensors at one 4 MiB aux frame would decode, with
     ``share_mem=False``, into 8 GiB of copies. The input size is taken at the first charge, so a
     message whose tensors are all zero-copy views never pays for it."""
 
-    __slots__ = ("_frames", "_left")
+    __slots__ = ("_frames", "_left", "_max_references", "_references")
 
-    def __init__(self, frames: Sequence[Any]) -> None:
+    def __init__(self, frames: Sequence[Any], max_references: int | None = None) -> None:
         self._frames = frames
         self._left: int | None = None
+        self._max_references = max_references
+        self._references: dict[int, int] = {}
+
+    def refer(self, index: int, what: str) -> None:
+        """Count one more tensor pointing at aux frame ``index``."""
+        if self._max_references is None:
+            return
+        count = self._references.get(index, 0) + 1
+        if count > self._max_references:
+            times = "twice" if count == 2 else f"{count} times"
+            raise DecodeError(
+                f"A {what} points at aux frame {index} {times}; an encoder gives every tensor its own frame "
+                f"(at most {self._max_references} here), so the message was refused."
+            )
+        self._references[index] = count
 
     def charge(self, nbytes: int, what: str) -> None:
         if self._left is None:
@@ -219,7 +235,7 @@ def describe(obj: Any) -> str:
     return f"a value of type {type(obj).__name__}"
 
 
-def _data_buffer(data: Any, frames: Sequence[Any], what: str) -> tuple[memoryview, bool]:
+def _data_buffer(data: Any, frames: Sequence[Any], what: str, budget: CopyBudget) -> tuple[memoryview, bool]:
     """The bytes a triple's ``data`` names, and whether they live in an aux frame."""
     if isinstance(data, bytes):
         return memoryview(data), False
@@ -228,6 +244,7 @@ def _data_buffer(data: Any, frames: Sequence[Any], what: str) -> tuple[memoryvie
             raise DecodeError(
                 f"The {what} data points at aux frame {data}, but the message has aux frames 1..{len(frames) - 1}"
             )
+        budget.refer(data, what)
         return frame_view(frames[data], data), True
     raise DecodeError(
         f"The {what} data must be inline raw bytes (ext {CUSTOM_TYPE_RAW_VIEW}) or an aux frame index, "
@@ -273,7 +290,7 @@ def decode_tensor(obj: Any, frames: Sequence[Any], share_mem: bool, budget: Copy
     dtype = TORCH_DTYPES.get(name) if isinstance(name, str) else None
     if dtype is None:
         raise DecodeError(f"Unknown tensor dtype {short(name)}; expected one of {sorted(TORCH_DTYPES)}")
-    buffer, is_aux = _data_buffer(data, frames, "tensor")
+    buffer, is_aux = _data_buffer(data, frames, "tensor", budget)
     dims = _checked_shape(shape, dtype.itemsize, buffer.nbytes, "tensor")
     if buffer.nbytes == 0:
         return torch.empty(dims, dtype=dtype)
@@ -305,7 +322,7 @@ def decode_ndarray(obj: Any, frames: Sequence[Any], share_mem: bool, budget: Cop
     if not isinstance(name, str):
         raise DecodeError(f"The ndarray dtype must be a string, got {describe(name)}")
     dtype = _numpy_dtype(name)
-    buffer, is_aux = _data_buffer(data, frames, "ndarray")
+    buffer, is_aux = _data_buffer(data, frames, "ndarray", budget)
     dims = _checked_shape(shape, dtype.itemsize, buffer.nbytes, "ndarray")
     if buffer.nbytes == 0:
         return np.empty(dims, dtype=dtype)

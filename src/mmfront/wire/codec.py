@@ -203,11 +203,14 @@ class MsgpackDecoder:
     With ``share_mem`` (the default) a tensor or ndarray that arrived in an aux frame is a
     zero-copy view of that frame and keeps it alive; a read-only frame (``bytes``) yields a tensor
     that must not be written to. Without it, and for inline data always, the result owns a copy.
-    Extra aux frames that nothing points at are ignored.
+    Extra aux frames that nothing points at are ignored. With ``max_frame_references``, a
+    message whose tensors point at one aux frame more often is a :class:`DecodeError` (the
+    encoder gives each tensor its own frame: 1 for what an untrusted peer sends).
     """
 
-    def __init__(self, t: Any = None, share_mem: bool = True) -> None:
+    def __init__(self, t: Any = None, share_mem: bool = True, *, max_frame_references: int | None = None) -> None:
         self.share_mem = share_mem
+        self.max_frame_references = max_frame_references
         self._local = threading.local()
         args = () if t is None else (t,)
         try:
@@ -226,7 +229,7 @@ class MsgpackDecoder:
             body = frame_view(body, 0)
         local = self._local
         outer = getattr(local, "frames", None), getattr(local, "budget", None)
-        local.frames, local.budget = frames, CopyBudget(frames)
+        local.frames, local.budget = frames, CopyBudget(frames, self.max_frame_references)
         try:
             return self._decoder.decode(body)
         except DecodeError:

@@ -6,8 +6,9 @@ frontend's handshake ROUTER and says :class:`HandshakeStatus` ``HELLO``; the fro
 engine's first message on the input socket is its :class:`EngineCoreReadyResponse`; then it
 says ``READY`` on the handshake socket. All of them are msgpack maps, as vLLM sends them.
 
-mmfront's extras ride in one more key of the engine's ``HELLO``, ``mmfront_extras``: vLLM's
-frontend reads ``status``, ``local`` and ``headless`` from that map and ignores the rest, so an
+mmfront's extras ride in more keys of the engine's ``HELLO``, ``mmfront_extras`` (and
+``mmfront_side_secret``, the engine's key to the side channel): vLLM's frontend reads
+``status``, ``local`` and ``headless`` from that map and ignores the rest, so an
 mmfront engine still starts behind a stock vLLM frontend, and a stock engine (no such key)
 announces no extras. docs/engine.md ("The start-up handshake") walks through it.
 """
@@ -41,6 +42,8 @@ class HandshakeStatus(msgspec.Struct, omit_defaults=True):
     headless: bool
     parallel_config_hash: Any = None
     mmfront_extras: list[str] | None = None
+    mmfront_side_secret: str | None = None
+    """In an mmfront engine's ``HELLO`` (hex): what it presents on the ``ipc`` side channel."""
 
 
 class HandshakeAddresses(msgspec.Struct):

@@ -187,7 +187,9 @@ class MessageKind:
     decoder: MsgpackDecoder = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "decoder", MsgpackDecoder(self.body))
+        # What travels to the engine comes from peers it cannot trust: each tensor its own frame.
+        references = 1 if self.direction is Direction.TO_ENGINE else None
+        object.__setattr__(self, "decoder", MsgpackDecoder(self.body, max_frame_references=references))
 
 
 _TABLE: dict[bytes, MessageKind] = {}
@@ -268,9 +270,34 @@ def encode_envelope(kind: bytes, message: Sequence[Frame], stamp: MirrorStamp | 
     return [kind, b"" if stamp is None else _encode_stamp(stamp), *message]
 
 
-def decode_message(frames: Iterable[Frame], direction: Direction) -> Message:
+class _RequestOutline(msgspec.Struct, array_like=True):
+    """An ``EngineCoreRequest`` with its features left undecoded: counting them costs a scan of
+    the bytes, not the decode of each feature."""
+
+    request_id: msgspec.Raw
+    prompt_token_ids: msgspec.Raw
+    mm_features: list[msgspec.Raw] | None
+
+
+_decode_outline = msgspec.msgpack.Decoder(_RequestOutline).decode
+
+
+def _check_feature_count(body: Frame, max_mm_features: int) -> None:
+    try:
+        features = _decode_outline(frame_view(body, 2)).mm_features
+    except msgspec.DecodeError:
+        return  # malformed: the full decode says how
+    if features is not None and len(features) > max_mm_features:
+        raise DecodeError(
+            f"A request carries {len(features)} multimodal features; this engine takes at most {max_mm_features} "
+            "per request (its limit_mm_per_prompt). Send fewer items per request."
+        )
+
+
+def decode_message(frames: Iterable[Frame], direction: Direction, *, max_mm_features: int | None = None) -> Message:
     """Decode one envelope (its frames as a list, tuple or any other iterable) that travelled
-    ``direction``: its kind, stamp and body, each checked."""
+    ``direction``: its kind, stamp and body, each checked. With ``max_mm_features``, a request
+    with more features is refused before any of them is decoded."""
     frames = as_frames(frames)
     if len(frames) < 3:
         raise DecodeError(f"An envelope has at least 3 frames (type, stamp, body), got {len(frames)}.")
@@ -282,6 +309,8 @@ def decode_message(frames: Iterable[Frame], direction: Direction) -> Message:
         raise DecodeError(f"Malformed mirror stamp: {e}") from e
     if stamp is None and kind.needs_stamp:
         raise DecodeError(f"A {kind.name} message must carry the stamp of the request it stands for.")
+    if max_mm_features is not None and kind.code == REQUEST:
+        _check_feature_count(frames[2], max_mm_features)
     return Message(kind.code, stamp, kind.decoder.decode(frames[2:]))
 
 

@@ -42,6 +42,7 @@ from mmfront.wire.structs import EngineCoreRequest
 ENCODER = MsgpackEncoder()
 DECODE = MsgpackDecoder(EngineCoreRequest).decode
 TIMEOUT = 10.0
+SECRET = b"\x07" * 16
 BIG = (2, 3, 256, 256)  # 1.5 MiB of float32: above SIDE_CHANNEL_MIN_BYTES
 SMALL = (1, 3, 64, 64)
 
@@ -120,7 +121,7 @@ def test_the_stamp_and_the_zmq_frames_with_the_channel() -> None:
     with ZmqFrontendTransport() as p0:
         path = side_path(p0.addresses.input)
         assert path is not None
-        side = FdChannelConnection(path, engine_identity(0))
+        side = FdChannelConnection(path, engine_identity(0), secret=p0.addresses.side_secret)
         try:
             with _stock_dealer(p0) as dealer:
                 stamp = MirrorStamp(1, 4, b"\x05" * 16)
@@ -238,7 +239,7 @@ class _FakeP0:
 
     def accept(self) -> socket.socket:
         conn, _ = self.listener.accept()
-        assert conn.recv(16) == engine_identity(0)
+        assert conn.recv(64) == engine_identity(0) + SECRET
         return conn
 
 
@@ -246,7 +247,7 @@ class _FakeP0:
 def fake_p0(tmp_path: os.PathLike[str]) -> Iterator[tuple[socket.socket, FdChannelConnection]]:
     path = os.path.join(tmp_path, "input.fds")
     fake = _FakeP0(path)
-    engine = FdChannelConnection(path, engine_identity(0), max_frame_bytes=1 << 20)
+    engine = FdChannelConnection(path, engine_identity(0), max_frame_bytes=1 << 20, secret=SECRET)
     conn = fake.accept()
     yield conn, engine
     engine.close()

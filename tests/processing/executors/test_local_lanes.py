@@ -8,8 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -86,10 +89,29 @@ def test_a_killed_lane_fails_its_item_with_lane_error_and_restarts(gemma3_dir: P
         lanes = pre.item_executor
         assert isinstance(lanes, LocalProcessExecutor)
         (pid,) = _wait_started(lanes)
-        os.kill(pid, signal.SIGKILL)
         ids = prompt(pre, 1)
-        with pytest.raises(LaneError, match=r"exited with code -9 while it held an item") as info:
-            pre.preprocess(ids, {"image": [natural_image(48, 40, tag=13)]})
+        os.kill(pid, signal.SIGSTOP)  # the lane takes the item but cannot answer it: it holds it
+        handed = threading.Event()
+        submit_job = lanes.submit_job
+
+        def submitted(frames: Any) -> Any:
+            future = submit_job(frames)
+            handed.set()
+            return future
+
+        lanes.submit_job = submitted  # type: ignore[method-assign]
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(pre.preprocess, ids, {"image": [natural_image(48, 40, tag=13)]})
+            assert handed.wait(60)
+            deadline = time.monotonic() + 60
+            while not lanes._jobs.empty():  # the lane's thread took it and sends it to the stopped lane
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(0.3)
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(LaneError, match=r"exited with code -9 while it held an item") as info:
+                pending.result(60)
+        del lanes.submit_job
         assert info.value.retryable is True
         got = pre.preprocess(ids, {"image": [natural_image(48, 40, tag=13)]})
         assert wire(got) == wire(in_place.preprocess(ids, {"image": [natural_image(48, 40, tag=13)]}))

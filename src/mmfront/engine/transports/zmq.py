@@ -33,7 +33,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -59,10 +59,13 @@ than to copy)."""
 
 @dataclass(frozen=True)
 class ZmqAddresses:
-    """Where an engine connects: its DEALER to ``input``, its PUSH to ``output``."""
+    """Where an engine connects: its DEALER to ``input``, its PUSH to ``output``. Over ``ipc``,
+    ``side_secret`` is what the side channel asks of an engine (empty: the engine must bring its
+    own, announced in vLLM's handshake); it is never printed."""
 
     input: str
     output: str
+    side_secret: bytes = field(default=b"", repr=False, compare=False)
 
 
 def engine_identity(engine_index: int) -> bytes:
@@ -162,11 +165,13 @@ class ZmqFrontendTransport(BaseTransport):
                 endpoints = [f"tcp://{host}:{port or '*'}" for port in ports]
             for sock, endpoint in zip((self._router, self._pull), endpoints):
                 sock.bind(endpoint)
-            self.addresses = ZmqAddresses(
-                self._router.getsockopt_string(zmq.LAST_ENDPOINT), self._pull.getsockopt_string(zmq.LAST_ENDPOINT))
-            path = side_path(self.addresses.input)
+            input_address = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+            output_address = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
+            path = side_path(input_address)
             if path is not None and side_channel_min_bytes is not None:
                 self._side = FdChannelListener(path, side_channel_min_bytes)
+            self.addresses = ZmqAddresses(input_address, output_address,
+                                          b"" if self._side is None else self._side.secret)
         except (zmq.ZMQError, OSError) as e:
             self.close()
             raise TransportError(f"Cannot bind the {scheme} sockets ({e}); pick other ports or another host.") from e
@@ -200,6 +205,12 @@ class ZmqFrontendTransport(BaseTransport):
         sends no heartbeat. Call it once the engines connected, before a receiving thread starts."""
         if self._monitor is None:
             self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+
+    def authorize_side_channel(self, engine_index: int, secret: bytes) -> None:
+        """Let engine ``engine_index`` open the ``ipc`` side channel with ``secret`` (the one it
+        announced in vLLM's handshake); nothing without a side channel."""
+        if self._side is not None:
+            self._side.authorize(engine_identity(engine_index), secret)
 
     @property
     def side_channel_messages(self) -> int:
@@ -264,7 +275,9 @@ class ZmqEngineTransport(BaseTransport):
     """An engine's end: connects a DEALER (identity from ``engine_index``) and a PUSH to P0, and
     over ``ipc`` the side channel first, unless ``side_channel`` is false (or P0 has none).
     ``ready`` is the DEALER's first message: the engine's encoded ready response after vLLM's
-    handshake (empty without one; P0 accepts any payload as "connected")."""
+    handshake (empty without one; P0 accepts any payload as "connected"). The side channel
+    takes ``side_secret`` (the one this engine announced in the handshake), else
+    ``addresses.side_secret``; with neither, the engine gets plain frames."""
 
     def __init__(
         self,
@@ -276,15 +289,17 @@ class ZmqEngineTransport(BaseTransport):
         max_frame_bytes: int = -1,
         side_channel: bool = True,
         ready: bytes = b"",
+        side_secret: bytes | None = None,
     ) -> None:
         _check_limits(hwm, max_frame_bytes, send_timeout_s)
         self.engine_index = engine_index
         identity = engine_identity(engine_index)
         self._side: FdChannelConnection | None = None
-        path = side_path(addresses.input) if side_channel else None
+        secret = side_secret or addresses.side_secret
+        path = side_path(addresses.input) if side_channel and secret else None
         if path is not None and Path(path).exists():
             try:
-                self._side = FdChannelConnection(path, identity, max_frame_bytes)
+                self._side = FdChannelConnection(path, identity, max_frame_bytes, secret=secret)
             except OSError:
                 self._side = None  # P0 without the channel (or gone): plain frames
         self._ctx = zmq.Context()
@@ -311,11 +326,21 @@ class ZmqEngineTransport(BaseTransport):
         _send(self._push, output_frames(frames, engine_index=self.engine_index), "P0")
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
+        """The next message, or ``None`` after ``timeout`` seconds. A message whose side-channel
+        datagram has not come yet is held (``None``, later messages stay queued behind it): the
+        caller never waits past ``timeout`` for it, and it is a :class:`DecodeError` once due."""
+        side = self._side
+        if side is not None and side.holding:
+            restored = side.resume(timeout)
+            return None if restored is None else envelope_from_request_frames(restored)
+        deadline = None if timeout is None else time.monotonic() + timeout
         received = _recv(self._dealer, timeout)
         if received is None:
             return None
-        frames: list[Frame] = list(received) if self._side is None else self._side.restore(received)
-        return envelope_from_request_frames(frames)
+        if side is None:
+            return envelope_from_request_frames(list(received))
+        restored = side.restore(received, None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return None if restored is None else envelope_from_request_frames(restored)
 
     def close(self) -> None:
         if self._closed:

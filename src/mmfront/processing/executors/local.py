@@ -1,12 +1,14 @@
 """Lanes as local processes: each a fresh interpreter with its own processor, fed over a socket.
 
 A lane that dies fails the item it held with :class:`~mmfront.errors.LaneError` and is restarted
-for the next one; nothing waits on a dead lane.
+for the next one; nothing waits on a dead lane. A lane that dies while idle (killed, OOM) held
+nothing: it is found dead before it is given the next item and replaced, so no item fails.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import signal
 import socket
@@ -17,11 +19,13 @@ import time
 from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
-from mmfront.errors import DecodeError, LaneError, TransportError
+from mmfront.errors import DecodeError, LaneError, ResourceError, TransportError
 from mmfront.processing.executors.jobs import LaneFailure, LaneReply, LaneRunner, LaneSpec
 from mmfront.processing.executors.lanes import BaseLaneExecutor
 from mmfront.wire import Frame, MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.pipe import recv_frames, send_frames
+
+logger = logging.getLogger(__name__)
 
 _POLL_S = 0.5
 """How often a caller waiting on a lane checks that the lane's process is still alive."""
@@ -88,6 +92,11 @@ class _Worker:
         if reply.failure is not None:
             self.stop()
             raise LaneError(f"A processing lane could not build the processor: {reply.failure.message}")
+
+    def idle_alive(self) -> bool:
+        """Whether this idle lane can take an item: its process runs and its socket has nothing to
+        read (an idle lane says nothing; a readable socket is its end closing)."""
+        return self.process.poll() is None and not self.conn.poll(0)
 
     def call(self, frames: list[Frame]) -> list[Frame]:
         try:
@@ -175,11 +184,16 @@ class LocalProcessExecutor(BaseLaneExecutor):
             if not future.set_running_or_notify_cancel():
                 continue
             try:
+                if worker is not None and not worker.idle_alive():
+                    logger.warning("Processing lane %d (pid %d) died while idle (code %s); starting a new one.",
+                                   index, worker.process.pid, worker.process.poll())
+                    worker.stop()
+                    worker = self._workers[index] = None
                 if worker is None:
                     worker = self._start(index)
                 future.set_result(worker.call(frames))
             except Exception as exc:  # the lane thread must survive whatever a lane does
-                future.set_exception(exc if isinstance(exc, LaneError) else LaneError(f"Processing lane {index} failed: {exc}"))
+                future.set_exception(exc if isinstance(exc, (LaneError, ResourceError)) else LaneError(f"Processing lane {index} failed: {exc}"))
                 if worker is not None:
                     worker.stop()
                 worker = self._workers[index] = None
