@@ -147,7 +147,7 @@ class FdChannelListener:
         try:
             fd = write_sealed([views[i] for i in large])
         except OSError as e:  # no descriptor or memory for a memfd: plain frames need neither
-            if e.errno not in _RESOURCE_ERRNOS:
+            if not isinstance(e, ResourceError) and e.errno not in _RESOURCE_ERRNOS:
                 raise
             logger.warning("Side channel: no memfd for a request to engine %s (%s); sending plain frames.",
                            int.from_bytes(identity, "little"), e)
