@@ -91,6 +91,17 @@ def test_bench_only_runs_the_matching_benchmarks(bench_folder: Path, capsys: pyt
     assert out.endswith("0 measurements, 0 below target\n")
 
 
+def test_bench_only_with_a_whole_name_runs_that_benchmark_alone(bench_folder: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (bench_folder / "bench_alphabet.py").write_text("def run(report, quick):\n    print('ran alphabet', quick)\n")
+    assert main(["bench", "--dir", str(bench_folder), "--only", "alpha"]) == 0
+    out = capsys.readouterr().out
+    assert "ran alpha False" in out and "alphabet" not in out
+    assert main(["bench", "--dir", str(bench_folder), "--only", "alph"]) == 0
+    out = capsys.readouterr().out
+    assert "ran alpha False" in out and "ran alphabet False" in out
+
+
 def test_bench_runs_everything_without_only(bench_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--dir", str(bench_folder)]) == 0
     out = capsys.readouterr().out

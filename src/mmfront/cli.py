@@ -39,8 +39,9 @@ def _find_benchmarks(directory: str | None) -> Path:
 
 
 def _select(modules: list[Path], only: list[str] | None) -> list[Path]:
-    """The modules whose name contains one of ``only``; a key matching nothing is an error, so a
-    typo does not silently run fewer benchmarks than asked for."""
+    """The modules whose name contains one of ``only`` (a key that is a whole name selects that
+    one alone: ``serve`` is not ``serving``); a key matching nothing is an error, so a typo does
+    not silently run fewer benchmarks than asked for."""
     if not only:
         return modules
     names = [m.stem.removeprefix(BENCH_PREFIX) for m in modules]
@@ -48,7 +49,11 @@ def _select(modules: list[Path], only: list[str] | None) -> list[Path]:
     if unmatched:
         raise SystemExit(f"mmfront bench: --only {' '.join(unmatched)} matches no benchmark; "
                          f"known benchmarks: {', '.join(names) or '(none)'}")
-    return [m for m, name in zip(modules, names) if any(key in name for key in only)]
+
+    def selects(key: str, name: str) -> bool:
+        return key == name if key in names else key in name
+
+    return [m for m, name in zip(modules, names) if any(selects(key, name) for key in only)]
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
