@@ -53,12 +53,16 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests/test_architecture.py
 
+# Two workers (CI has 2 cores): much of the suite waits on engine processes and handshakes, which
+# overlap; --dist loadscope keeps each module's fixtures (a worker, a server) in one process.
+PYTEST_ARGS ?= -n 2 --dist loadscope
+
 pytest: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 pytest-legacy: $(LEGACY_STAMP)
 	$(LEGACY_PY) -c "import transformers; assert transformers.__version__ == '$(LEGACY_TRANSFORMERS)', transformers.__version__"
-	$(LEGACY_PY) -m pytest
+	$(LEGACY_PY) -m pytest $(PYTEST_ARGS)
 
 test: lint pytest pytest-legacy
 
