@@ -38,6 +38,7 @@ def serve_http(handler: type[socketserver.BaseRequestHandler]) -> Iterator[str]:
 _MEASURE = textwrap.dedent("""
     import re, sys
     import isal.isal_zlib  # loaded by the first PNG decode; a serving process has it already
+    import mmfront.preprocess  # as is all a serving process imports (the mmfront package imports lazily)
     from mmfront.config import MultiModalConfig
     from mmfront.media import DecodeBudget, load_image_bytes
 
