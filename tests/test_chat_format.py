@@ -151,7 +151,8 @@ def test_memo_is_per_processor_bounded_and_never_caches_a_failure(gemma3_dir: Pa
     held = len(ct._memo)
     del other
     gc.collect()
-    assert gone() is None and len(ct._memo) == held - 1  # the processor's entries went with it
+    # the processor's entries went with it (a processor another test left behind may go too)
+    assert gone() is None and len(ct._memo) <= held - 1
 
     flaky = "{# flaky #}" + STRING_TEMPLATE
     fresh = trusted(gemma3_dir)
