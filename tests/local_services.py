@@ -99,3 +99,23 @@ def caller_id(engine_id: str) -> str:
     caller, dash, suffix = engine_id.rpartition("-")
     assert dash and len(suffix) == 8 and all(c in "0123456789abcdef" for c in suffix), engine_id
     return caller
+
+
+class Inbox:
+    """An in-memory transport end: hands out the messages it was given, in order, and records
+    what is sent (tests that drive a receiver message by message)."""
+
+    def __init__(self, *messages: list[Any]) -> None:
+        from collections import deque
+
+        self.inbox = deque(messages)
+        self.sent: list[list[Any]] = []
+
+    def send(self, frames: Any) -> None:
+        self.sent.append(list(frames))
+
+    def recv(self, timeout: float | None = None) -> list[Any] | None:
+        return self.inbox.popleft() if self.inbox else None
+
+    def close(self) -> None:
+        self.inbox.clear()

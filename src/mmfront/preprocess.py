@@ -203,9 +203,7 @@ class ModelPipeline:
         return self._commit(inputs, cache, request_id)
 
     def engine_cache(self) -> BaseMultiModalProcessorCache | None:
-        """A P0 cache for one more engine rank: each rank's P1 cache mirrors its own P0 cache, so
-        a mirrored cache is per rank, while a processor-only one (P1 does not depend on it) is
-        shared."""
+        """A P0 cache for one more engine rank: a mirrored one per rank (each rank's P1 mirrors its own), a processor-only one shared."""
         if self.cache is None or not self.cache.commit_at_send:
             return self.cache
         if self.config.mm_processor_cache_type == "shm":
@@ -451,8 +449,7 @@ class InputProcessor:
         self.pipeline = preprocessor.pipeline
         self.config = self.pipeline.config
         self.cache = cache if cache is not None else self.pipeline.cache
-        """The P0 cache of the engine this processor's requests go to (the pipeline's, unless
-        :meth:`for_another_engine` made this processor)."""
+        """The P0 cache of this processor's engine (the pipeline's, unless :meth:`for_another_engine` made it)."""
         self.vocab_size = len(preprocessor.tokenizer)
         self.max_tokens_per_item = self.pipeline.processor.get_max_tokens_per_item()
 

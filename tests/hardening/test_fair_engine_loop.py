@@ -6,12 +6,12 @@ only: the loop serves the others meanwhile, and refuses the marker once its time
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
 
+import local_services
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.transports import BaseTransport, fd_channel
 from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport
@@ -51,19 +51,8 @@ class Flood(BaseTransport):
         pass
 
 
-class Inbox(BaseTransport):
-    def __init__(self, *messages: list[Frame]) -> None:
-        self.inbox = deque(messages)
-        self.sent: list[list[Frame]] = []
-
-    def send(self, frames: Sequence[Frame]) -> None:
-        self.sent.append(list(frames))
-
-    def recv(self, timeout: float | None = None) -> list[Frame] | None:
-        return self.inbox.popleft() if self.inbox else None
-
-    def close(self) -> None:
-        self.inbox.clear()
+class Inbox(local_services.Inbox, BaseTransport):
+    pass
 
 
 def test_a_flooding_frontend_does_not_hold_back_another_frontends_request() -> None:

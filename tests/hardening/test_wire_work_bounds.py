@@ -7,14 +7,13 @@ so decoding costs time in proportion to the bytes, and the sender alone gets a D
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import pytest
 import torch
 
+import local_services
 from mmfront import MultiModalConfig
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.engine.receiver import DEFAULT_MAX_MM_FEATURES, EngineCoreReceiver, EngineReceiver, mm_feature_limit
@@ -47,20 +46,7 @@ def one_tensor_everywhere(request_id: str, count: int, stamp: MirrorStamp | None
     return encode_envelope(REQUEST, [msgspec.msgpack.encode(body), *frames[1:]], stamp)
 
 
-class Inbox(BaseTransport):
-    def __init__(self, *messages: list[Frame]) -> None:
-        self.inbox = deque(messages)
-        self.sent: list[list[Frame]] = []
-
-    def send(self, frames: Sequence[Frame]) -> None:
-        self.sent.append(list(frames))
-
-    def recv(self, timeout: float | None = None) -> list[Frame] | None:
-        return self.inbox.popleft() if self.inbox else None
-
-    def close(self) -> None:
-        self.inbox.clear()
-
+class Inbox(local_services.Inbox, BaseTransport):
     def failures(self) -> list[str]:
         out = []
         for frames in self.sent:

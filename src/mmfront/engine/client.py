@@ -169,8 +169,7 @@ class EngineClient:
         self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False,
         engines: Sequence[EngineInfo] = (),
     ) -> None:
-        self.processor = processor
-        """Rank 0's processor; the other ranks' share its model and processing."""
+        self.processor = processor  # rank 0's; the other ranks' share its model and processing
         self.transport = transport
         infos: list[EngineInfo | None] = [*engines] or [None]
         if len(infos) > 1 and not transport.routes_to_engines:
@@ -186,7 +185,7 @@ class EngineClient:
         self.engines = list(engines)
         """Every rank's start-up answer, by rank (empty without a handshake)."""
         self.engine = infos[0]
-        """Rank 0's start-up answer (``max_model_len``, ``num_gpu_blocks``, ``block_size``)."""
+        """Rank 0's start-up answer."""
         self.stats = ClientStats()
         self.stream_outputs = stream_outputs
         """Keep admitted requests until their last output (the engine's outputs come back over
@@ -422,7 +421,6 @@ class EngineClient:
         logger.warning("Engine %d restarted (epoch %x -> %x): resending what it had not answered.",
                        hello.engine_index, known, hello.epoch)
         return self.engine_restarted(hello.engine_index)
-
 
     def _reserve(self, request_id: str) -> EngineRank:
         """Track ``request_id`` from now on and choose its rank: the one with the fewest requests
