@@ -169,6 +169,8 @@ def test_a_restarted_engine_takes_the_channel_over() -> None:
         assert _received(first)[0].request_id == "before"
         first.close()
         with ZmqEngineTransport(p0.addresses, 0) as second:
+            # The restarted engine's hello says its connection is up; sending before it races.
+            assert p0.recv_first(TIMEOUT) == (0, b"")
             for k in range(3):
                 _send(p0, f"after-{k}", _pixels(BIG, k))
                 request, [_, aux] = _received(second)
