@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("av", reason="videos are decoded with PyAV: pip install 'mmfront[video]'")
 
-from mmfront.config import MultiModalConfig  # noqa: E402
-from mmfront.hashing import get_mm_hashes  # noqa: E402
-from mmfront.media import DecodeBudget, load_video_bytes  # noqa: E402
-from mmfront.parse import MultiModalDataParser  # noqa: E402
-from mmfront.testing.media import make_video  # noqa: E402
-from mmfront.testing.peer import SKIP_REASON, vllm_peer_python  # noqa: E402
+from mmfront.config import MultiModalConfig
+from mmfront.hashing import get_mm_hashes
+from mmfront.media import DecodeBudget, load_video_bytes
+from mmfront.parse import MultiModalDataParser
+from mmfront.testing.media import make_video
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 
 PEER = vllm_peer_python()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(PEER is None, reason=SKIP_REASON)]
@@ -63,10 +63,10 @@ print(json.dumps(out))
 """
 
 CLIPS = {
-    "h264-mp4-3s-10fps": dict(seconds=3.0, fps=10),
-    "vp9-webm-2s-12fps": dict(seconds=2.0, fps=12, codec="libvpx-vp9", container="webm"),
-    "mpeg4-avi-5s-6fps": dict(seconds=5.0, fps=6, codec="mpeg4", container="avi"),
-    "tiny-h264": dict(seconds=1.0, fps=10, width=16, height=16),  # one kept frame is smaller than the file
+    "h264-mp4-3s-10fps": {"seconds": 3.0, "fps": 10},
+    "vp9-webm-2s-12fps": {"seconds": 2.0, "fps": 12, "codec": "libvpx-vp9", "container": "webm"},
+    "mpeg4-avi-5s-6fps": {"seconds": 5.0, "fps": 6, "codec": "mpeg4", "container": "avi"},
+    "tiny-h264": {"seconds": 1.0, "fps": 10, "width": 16, "height": 16},  # one kept frame is smaller than the file
 }
 OPTIONS = {"h264-mp4-3s-10fps": {"num_frames": 8}, "vp9-webm-2s-12fps": {"num_frames": 32},
            "mpeg4-avi-5s-6fps": {"num_frames": 4, "fps": 1}, "tiny-h264": {"num_frames": 1}}
@@ -76,7 +76,7 @@ def _peer(script: str, cases: list[dict[str, object]], tmp_path: Path) -> list[o
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     assert PEER is not None
     done = subprocess.run([str(PEER), "-c", script, str(tmp_path / "cases.json"), MODEL_ID], capture_output=True,
-                          text=True, timeout=300, env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"}
+                          text=True, timeout=300, check=False, env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"}
                           | _pythonpath())
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -117,7 +117,8 @@ def test_video_keys_equal_vllms_on_mmfronts_frames_and_metadata(tmp_path: Path) 
 
 def test_vllms_own_loader_gives_the_same_frames_metadata_and_keys(tmp_path: Path) -> None:
     assert PEER is not None
-    has_cv2 = subprocess.run([str(PEER), "-c", "import cv2"], capture_output=True, env=_pythonpath(), timeout=120)
+    has_cv2 = subprocess.run([str(PEER), "-c", "import cv2"], capture_output=True, env=_pythonpath(), timeout=120,
+                             check=False)
     if has_cv2.returncode != 0:
         pytest.skip("vLLM's video loader needs opencv-python-headless in the vLLM venv (pip install it there)")
     ours = _mmfront(tmp_path)
