@@ -69,7 +69,9 @@ def test_template_without_parts_gets_placeholders_in_the_text(gemma3_dir: Path) 
 @pytest.mark.parametrize(
     ("messages", "error", "match"),
     [
-        (user({"type": "video_url", "video_url": {"url": "x"}}), ChatFormatError, "unknown type 'video_url'"),
+        (user({"type": "video_url", "video_url": {"url": "x"}}), ValidationError,
+         r"does not support video inputs \(it accepts: \['image'\]\)"),  # refused before the URL is fetched
+        (user({"type": "video", "video": {"url": "x"}}), ChatFormatError, "unknown type 'video'"),
         (user({"type": "image_url"}), ChatFormatError, "no `image_url` data and no `uuid`"),
         (user({"type": "text"}), ChatFormatError, "without a string `text`"),
         (user({"text": "no type"}), ChatFormatError, "string `type`"),
@@ -87,6 +89,12 @@ def test_template_without_parts_gets_placeholders_in_the_text(gemma3_dir: Path) 
 def test_malformed_messages(proc: BaseMultiModalProcessor, messages: Any, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         parse(proc, messages)
+
+
+def test_multi_modal_data_video_is_refused_by_a_model_without_a_video_processor(
+        proc: BaseMultiModalProcessor) -> None:
+    with pytest.raises(ValidationError, match="does not support video inputs"):
+        proc.info.parse_mm_data({"video": torch.zeros(2, 8, 8, 3)})
 
 
 @pytest.mark.parametrize("token", ["<start_of_image>", "<image_soft_token>", "<end_of_image>"])

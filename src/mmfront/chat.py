@@ -37,6 +37,7 @@ _MEDIA_PARTS = {
     "input_audio": ("audio", False),
     "audio_url": ("audio", False),
     "audio_embeds": ("audio", True),
+    "video_url": ("video", False),
 }
 PART_TYPES = ("text", *_MEDIA_PARTS)
 _ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
@@ -190,7 +191,9 @@ def _prehashing(load: Callable[[], Any], modality: str, uuid: str | None, tracke
     """Hash a loaded item's bytes right after loading it, when its content will be its key: on
     the loading threads rather than in the processing lane (see ``prehash_media``)."""
     config = tracker.processor.info.config
-    if uuid is not None or not config.needs_content_hashes:
+    if uuid is not None or not config.needs_content_hashes or modality == "video":
+        # A video's key also holds its metadata, and "video" sorts after "model_id" among the hash
+        # inputs, so there is no prefix to absorb ahead of time.
         return load
 
     def load_and_hash() -> Any:
@@ -231,7 +234,17 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
         raise ChatFormatError(f"{where}.{kind} must be a URL string or an object with a `url`.", parameter="messages")
     if kind == "image_url":
         return lambda: connector.load_image(url, budget=budget, media_io_kwargs=media_io_kwargs)
+    if kind == "video_url":
+        video_processor = _video_processor_name(tracker.processor)
+        return lambda: connector.load_video(url, budget=budget, media_io_kwargs=media_io_kwargs,
+                                            video_processor=video_processor)
     return lambda: connector.load_audio(url, budget=budget, media_io_kwargs=media_io_kwargs)
+
+
+def _video_processor_name(processor: BaseMultiModalProcessor) -> str | None:
+    """The class name of the model's HF video processor, which picks vLLM's frame sampler."""
+    video_processor = getattr(processor.info.hf_processor, "video_processor", None)
+    return None if video_processor is None else type(video_processor).__name__
 
 
 def _check_text(text: str, reserved: set[str], n: int) -> None:
@@ -240,7 +253,7 @@ def _check_text(text: str, reserved: set[str], n: int) -> None:
         if token and token in text:
             raise ChatFormatError(
                 f"messages[{n}] contains {token!r} in its text. That token is reserved for multimodal items, so it "
-                "cannot be typed: send media as content parts (image_url, input_audio) and mmfront places it.",
+                "cannot be typed: send media as content parts (image_url, input_audio, video_url) and mmfront places it.",
                 parameter="messages",
             )
 

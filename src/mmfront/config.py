@@ -223,6 +223,12 @@ class MultiModalConfig:
     """Largest encoded media payload accepted from any source."""
     image_fetch_timeout: float = 5.0
     audio_fetch_timeout: float = 10.0
+    video_fetch_timeout: float = 30.0
+    max_video_duration: float = 600.0
+    """Longest video accepted, in seconds (from the container header, before decoding): decoding
+    runs through every frame up to the last one kept, so the length bounds the decode time."""
+    max_video_frames: int = 36_000
+    """Most frames a video may have (10 minutes at 60 fps), for the same reason."""
     image_mode: str = "RGB"
     rgba_background_color: tuple[int, int, int] = (255, 255, 255)
 
@@ -283,7 +289,8 @@ class MultiModalConfig:
             self._check_int("max_image_pixels", self.max_image_pixels, minimum=1)
         for name in ("max_media_request_decode_bytes", "max_media_bytes"):
             self._check_int(name, getattr(self, name), minimum=1)
-        for name in ("image_fetch_timeout", "audio_fetch_timeout"):
+        self._check_int("max_video_frames", self.max_video_frames, minimum=1)
+        for name in ("image_fetch_timeout", "audio_fetch_timeout", "video_fetch_timeout", "max_video_duration"):
             self._check_number(name, getattr(self, name), minimum=0, exclusive=True)
         if self.allowed_local_media_path is not None:
             path = self.allowed_local_media_path

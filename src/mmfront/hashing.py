@@ -11,7 +11,8 @@ deterministic, or where vLLM crashes or falls back to pickle:
 * PIL pixels are packed strip by strip straight into the hasher instead of being copied into
   one fresh array first (same bytes as ``np.asarray(image)``, no multi-MiB allocation; see
   :mod:`mmfront.pixels`, which does it in C where it can).
-* A lazily loaded ``MediaWithBytes`` is hashed from its encoded bytes and never decoded.
+* A lazily loaded ``MediaWithBytes`` is hashed from its encoded bytes and never decoded (a video
+  is decoded only in the rare case where vLLM hashes its frames: when they are smaller than the file).
 * Nothing is pickled. Values vLLM would pickle either get a documented deterministic encoding
   (numpy scalars, integers beyond 64 bits) or raise :class:`~mmfront.errors.HashingTypeError`.
 """
@@ -248,6 +249,13 @@ class _Writer:
         image_id = item.exif_image_uuid()  # never decodes a lazy item
         if image_id is not None:
             self.framed(image_id.bytes)
+            return
+        frames_nbytes = item.info.get("frames_nbytes")
+        if frames_nbytes is not None:
+            # A loaded video knows its frames' size before decoding: hash whichever is smaller, the
+            # frames or their source bytes (decoding only when the frames are smaller).
+            smaller_frames = frames_nbytes < len(item.original_bytes)
+            self.item("video", item.media if smaller_frames else item.original_bytes)
             return
         if item.is_decoded:
             frames = item.media

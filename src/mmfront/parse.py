@@ -5,7 +5,8 @@ keeps a media item's encoded bytes next to it, and can defer its decode.
 
 :class:`MultiModalDataParser` turns a ``multi_modal_data`` mapping into
 :class:`MultiModalDataItems`: one typed container per modality (vLLM's names), with PIL images
-normalised like vLLM does and audio resampled to the model's rate.
+normalised like vLLM does, audio resampled to the model's rate and videos paired with their
+metadata.
 """
 
 from __future__ import annotations
@@ -172,6 +173,48 @@ class AudioProcessorItems(ProcessorBatchItems[Any]):
         return len(self.get(index))
 
 
+class VideoProcessorItems(ProcessorBatchItems[Any]):
+    """Videos (a frames array each) and their vLLM metadata, ``None`` where there is none.
+
+    A loaded video (``MediaWithBytes``) is hashed together with its metadata, as vLLM does, so the
+    same file sampled another way is another item. A stored ``(frames, metadata)`` pair (kept
+    when the model's processor needs metadata) is hashed as the pair.
+    """
+
+    def __init__(self, data: Sequence[Any], metadata: Sequence[Mapping[str, Any] | None]) -> None:
+        super().__init__(data, "video")
+        self.metadata = list(metadata)
+
+    def subset(self, indices: Sequence[int]) -> VideoProcessorItems:
+        return VideoProcessorItems([self.data[i] for i in indices], [self.metadata[i] for i in indices])
+
+    def get(self, index: int) -> Any:
+        item = self.data[index]
+        if isinstance(item, tuple):
+            frames, metadata = item
+            return (frames.media if isinstance(frames, MediaWithBytes) else frames), metadata
+        return item.media if isinstance(item, MediaWithBytes) else item
+
+    def get_item_for_hash(self, index: int) -> object:
+        item = self.data[index]
+        metadata = self.metadata[index]
+        if isinstance(item, MediaWithBytes) and metadata is not None:
+            return item, metadata
+        return item
+
+    def get_num_frames(self, index: int) -> int:
+        """Frames kept in video ``index``; a loaded video answers from its metadata without decoding."""
+        item = self.data[index]
+        if item is None:
+            raise ValidationError(f"video {index} is None (an item named only by its UUID), so its length is unknown",
+                                  parameter="multi_modal_data")
+        metadata = self.metadata[index]
+        if isinstance(item, MediaWithBytes) and metadata is not None:
+            return len(metadata["frames_indices"])
+        video = self.get(index)
+        return len(video[0] if isinstance(video, tuple) else video)
+
+
 class EmbeddingItems(ModalityDataItems[Any, torch.Tensor]):
     """Precomputed embeddings: a 3-D tensor or a list of 2-D tensors, one per item. They skip
     the HF processor and reach the model as ``{modality}_embeds``."""
@@ -205,6 +248,11 @@ class ImageEmbeddingItems(EmbeddingItems):
 class AudioEmbeddingItems(EmbeddingItems):
     def __init__(self, data: Any) -> None:
         super().__init__(data, "audio")
+
+
+class VideoEmbeddingItems(EmbeddingItems):
+    def __init__(self, data: Any) -> None:
+        super().__init__(data, "video")
 
 
 _D = TypeVar("_D", bound=ModalityDataItems[Any, Any])
@@ -260,6 +308,10 @@ class MultiModalDataParser:
       resampled output, and the float32 copy the feature extractor makes of it) is charged before
       it is allocated: to the budget a loaded item carries (its request's), else to one budget of
       ``max_resample_bytes`` per :meth:`parse_mm_data` call.
+    * videos: a ``MediaWithBytes`` from :func:`~mmfront.media.load_video_bytes` (its metadata
+      read from ``info``), a 4-D frames array/tensor, a list of 3-D frames or of PIL images, a
+      ``(frames, metadata)`` tuple, lists of those, and ``None``. With ``video_needs_metadata``
+      (the model's processor samples frames itself) a video without metadata is refused.
     * embeddings: a 3-D tensor or a list of 2-D tensors/arrays, only with ``enable_mm_embeds``.
     """
 
@@ -272,8 +324,10 @@ class MultiModalDataParser:
         rgba_background_color: tuple[int, int, int] = (255, 255, 255),
         expected_hidden_size: int | None = None,
         max_resample_bytes: int | None = None,
+        video_needs_metadata: bool = False,
     ) -> None:
         self.target_sr = target_sr
+        self.video_needs_metadata = video_needs_metadata
         self.max_resample_bytes = max_resample_bytes
         self.enable_mm_embeds = enable_mm_embeds
         self.image_mode = image_mode
@@ -282,7 +336,7 @@ class MultiModalDataParser:
         self.expected_hidden_size = expected_hidden_size
 
     def _get_subparsers(self) -> Mapping[str, Callable[[ModalityData], ModalityDataItems[Any, Any] | None]]:
-        return {"image": self._parse_image_data, "audio": self._parse_audio_data}
+        return {"image": self._parse_image_data, "audio": self._parse_audio_data, "video": self._parse_video_data}
 
     def parse_mm_data(self, mm_data: MultiModalDataDict) -> MultiModalDataItems:
         """A modality given as an empty list is left out; a bare ``None`` is one ``None`` item."""
@@ -333,6 +387,42 @@ class MultiModalDataParser:
                 "(HWC or CHW). Embeddings go as a 3-D tensor or a list of 2-D tensors, never mixed with images.",
                 parameter="multi_modal_data")
         raise InputTypeError(_type_message("image", index, item), parameter="multi_modal_data")
+
+    # --- videos ---
+
+    def _parse_video_data(self, data: ModalityData) -> ModalityDataItems[Any, Any] | None:
+        if isinstance(data, list) and not data:
+            return None
+        if _is_embeddings(data):
+            return VideoEmbeddingItems(self._check_embeddings("video", data))
+        if _is_array(data) and data.ndim not in (4, 5):
+            raise ValidationError(_ndim_message("video", data, "4-D (one video: frames, height, width, channels) or "
+                                                "5-D (several)"), parameter="multi_modal_data")
+        one_video = (
+            data is None or isinstance(data, (MediaWithBytes, tuple)) or (_is_array(data) and data.ndim == 4)
+            or (isinstance(data, list) and all(isinstance(f, Image.Image) or (_is_array(f) and f.ndim == 3)
+                                               for f in data))
+        )
+        if one_video:
+            raw = [data]
+        elif isinstance(data, list) or (_is_array(data) and data.ndim == 5):
+            raw = list(data)
+        else:
+            raise InputTypeError(_type_message("video", None, data), parameter="multi_modal_data")
+        videos: list[object] = []
+        metadata: list[Mapping[str, Any] | None] = []
+        for index, item in enumerate(raw):
+            video, item_metadata = _video_with_metadata(index, item)
+            if video is not None and self.video_needs_metadata:
+                if item_metadata is None:
+                    raise ValidationError(
+                        f"video {index} has no metadata, which this model's processor needs (it samples frames by "
+                        "time). Load the video from its file (MediaConnector.load_video), or pass (frames, metadata) "
+                        "with vLLM's metadata keys.", parameter="multi_modal_data")
+                video = (video, item_metadata)
+            videos.append(video)
+            metadata.append(item_metadata)
+        return VideoProcessorItems(videos, metadata)
 
     # --- audio ---
 
@@ -449,11 +539,35 @@ def _type_message(modality: str, index: int | None, value: object) -> str:
     where = f"{modality} data" if index is None else f"{modality} {index}"
     if modality == "image":
         expected = "a PIL image, a 3-D array/tensor, a MediaWithBytes or None (a list or 4-D array for several)"
+    elif modality == "video":
+        expected = ("a 4-D frames array/tensor, a list of frames (3-D arrays or PIL images), a (frames, metadata) "
+                    "tuple, a MediaWithBytes from MediaConnector.load_video or None (a list for several)")
     else:
         expected = ("a 1-D float array, a list of floats, a (waveform, sampling_rate) tuple, a MediaWithBytes or None "
                     "(a list or 2-D array for several)")
     hint = "; load URLs, paths and base64 with MediaConnector first" if isinstance(value, (str, bytes)) else ""
     return f"{where} has type {type(value).__name__}; expected {expected}{hint}"
+
+
+def _video_with_metadata(index: int, item: object) -> tuple[object, Mapping[str, Any] | None]:
+    """A video item as its frames (a loaded item stays wrapped, so its bytes are hashed) and its
+    metadata, if any."""
+    if item is None:
+        return None, None
+    if isinstance(item, MediaWithBytes):
+        return item, item.info.get("metadata")
+    if isinstance(item, tuple):
+        if len(item) != 2 or not isinstance(item[1], Mapping):
+            raise InputTypeError(f"video {index} is a tuple of {len(item)} values; a video tuple is (frames, metadata) "
+                                 "with metadata a dict", parameter="multi_modal_data")
+        frames, _ = _video_with_metadata(index, item[0])
+        return frames, item[1]
+    if _is_array(item) and item.ndim == 4:
+        return item, None
+    if isinstance(item, list) and item and all(isinstance(f, Image.Image) or (_is_array(f) and f.ndim == 3)
+                                               for f in item):
+        return np.stack([np.asarray(f) for f in item]), None
+    raise InputTypeError(_type_message("video", index, item), parameter="multi_modal_data")
 
 
 def _as_waveform(index: int, item: object) -> np.ndarray:

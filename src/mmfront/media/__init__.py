@@ -1,7 +1,7 @@
-"""Media loading: images and audio from URLs, files, base64 and bytes, checked and decoded lazily.
+"""Media loading: images, audio and video from URLs, files, base64 and bytes, checked and decoded lazily.
 
 Start with :class:`MediaConnector` (one per deployment) and a :class:`DecodeBudget` per request;
-``load_image_bytes`` / ``load_audio_bytes`` load bytes you already have.
+``load_image_bytes`` / ``load_audio_bytes`` / ``load_video_bytes`` load bytes you already have.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from mmfront.media.image import (
     resolve_image_options,
 )
 from mmfront.media.resample import resample_audio, resampled_length
+from mmfront.media.video import VideoIOOptions, load_video_bytes, resolve_video_options
 
 __all__ = [
     "AudioWithRate",
@@ -27,6 +28,7 @@ __all__ = [
     "ImageIOOptions",
     "MediaConnector",
     "MediaSource",
+    "VideoIOOptions",
     "check_media_size",
     "convert_image_mode",
     "decode_base64",
@@ -34,8 +36,10 @@ __all__ = [
     "is_domain_allowed",
     "load_audio_bytes",
     "load_image_bytes",
+    "load_video_bytes",
     "normalize_pil_image",
     "resample_audio",
     "resampled_length",
     "resolve_image_options",
+    "resolve_video_options",
 ]

@@ -1,7 +1,7 @@
 """Where media comes from: data URLs, base64, bytes, allowed local files and allowed URLs.
 
 :class:`MediaConnector` turns whatever a chat request names (vLLM's ``image_url`` /
-``input_audio`` values) into encoded bytes, then hands them to the lazy loaders. Every source
+``input_audio`` / ``video_url`` values) into encoded bytes, then hands them to the lazy loaders. Every source
 is refused unless the deployment allowed it: local files only below
 ``allowed_local_media_path``, URLs only from ``allowed_media_domains``. Every payload is capped
 at ``max_media_bytes``.
@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import numpy as np
 import pybase64
 from PIL import Image
 
@@ -40,6 +41,7 @@ from mmfront.media.base import MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
 from mmfront.media.fetch import HttpFetcher, describe_url
 from mmfront.media.image import load_image_bytes, resolve_image_options
+from mmfront.media.video import load_video_bytes, resolve_video_options
 
 MediaSource = str | bytes | bytearray | memoryview
 """A URL (``http(s)://``, ``file://``, ``data:``), a local path, a base64 string, or raw bytes."""
@@ -89,6 +91,7 @@ class MediaConnector:
             raise ConfigError(f"MediaConnector max_workers must be an integer >= 1, got {max_workers!r}")
         try:
             resolve_image_options(config)
+            resolve_video_options(config)
             _check_audio_options(config.media_io_kwargs, source="config.media_io_kwargs")
         except (ValidationError, InputTypeError) as exc:
             raise ConfigError(str(exc)) from None
@@ -124,6 +127,22 @@ class MediaConnector:
         _check_audio_options(media_io_kwargs, source="media_io_kwargs")
         data = self.fetch_bytes(url_or_data, timeout=self.config.audio_fetch_timeout, what="The audio")
         return load_audio_bytes(data, config=self.config, budget=budget, lazy=lazy)
+
+    def load_video(
+        self,
+        url_or_data: MediaSource,
+        *,
+        budget: DecodeBudget,
+        media_io_kwargs: Mapping[str, Any] | None = None,
+        video_processor: str | None = None,
+        lazy: bool = True,
+    ) -> MediaWithBytes[np.ndarray]:
+        """A video's kept frames, lazily; ``info["metadata"]`` is vLLM's metadata for them.
+        ``video_processor`` (the model's HF video processor class name) picks vLLM's sampler."""
+        resolve_video_options(self.config, media_io_kwargs, video_processor=video_processor)
+        data = self.fetch_bytes(url_or_data, timeout=self.config.video_fetch_timeout, what="The video")
+        return load_video_bytes(data, config=self.config, budget=budget, media_io_kwargs=media_io_kwargs,
+                                video_processor=video_processor, lazy=lazy)
 
     def load_images(
         self,

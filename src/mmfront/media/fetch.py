@@ -370,7 +370,7 @@ def _status_error(shown: str, status: int, reason: object) -> MediaFetchError:
 def _timeout_error(shown: str, timeout: float) -> MediaFetchError:
     return MediaFetchError(
         f"Fetching media from {shown} timed out after {timeout:g} s (one deadline for connect, headers and body). "
-        "Retry later, send the media inline as a data: URL, or raise image_fetch_timeout / audio_fetch_timeout.",
+        "Retry later, send the media inline as a data: URL, or raise image_fetch_timeout / audio_fetch_timeout / video_fetch_timeout.",
         parameter="multi_modal_data",
         retryable=True,
     )

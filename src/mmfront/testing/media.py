@@ -1,7 +1,8 @@
 """Deterministic sample media for tests, benchmarks and the demo.
 
-Images and audio are seeded noise (no files shipped, nothing fetched); the encoders turn them
-into what a client sends: a ``data:`` URL for an image part, WAV bytes for an audio part.
+Images, audio and video are seeded noise (no files shipped, nothing fetched); the encoders turn
+them into what a client sends: a ``data:`` URL for an image part, WAV bytes for an audio part,
+an encoded clip for a video part (:func:`make_video`, through PyAV: ``mmfront[video]``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from PIL import Image
 
 from mmfront.errors import InputTypeError, ValidationError
 
-__all__ = ["image_data_url", "make_audio", "make_image", "make_raw_image", "natural_image", "wav_bytes"]
+__all__ = ["image_data_url", "make_audio", "make_image", "make_raw_image", "make_video", "natural_image", "wav_bytes"]
 
 _RAW_ONLY_MODES = frozenset({"LAB", "HSV", "RGBa", "La", "I;16", "I;16L", "I;16B", "I;16N"})
 """Modes Pillow does not convert RGB into: :func:`make_image` draws their bytes directly."""
@@ -150,3 +151,37 @@ def wav_bytes(waveform: np.ndarray, sr: int, *, sample_width: int = 2) -> bytes:
         out.setframerate(sr)
         out.writeframes(np.ascontiguousarray(little_endian[:, :sample_width]).tobytes())
     return buf.getvalue()
+
+
+def make_video(
+    seconds: float = 1.0,
+    fps: int = 10,
+    width: int = 64,
+    height: int = 48,
+    *,
+    codec: str = "libx264",
+    container: str = "mp4",
+    seed: int = 0,
+    options: dict[str, str] | None = None,
+) -> bytes:
+    """An encoded clip of ``round(seconds * fps)`` frames of moving seeded noise, at a constant rate.
+
+    ``codec`` is an FFmpeg encoder (``libx264``, ``libvpx-vp9``, ``mpeg4``, ``mjpeg``...) and
+    ``container`` an FFmpeg muxer (``mp4``, ``webm``, ``matroska``, ``avi``, ``mpegts``).
+    ``options`` go to the muxer (``{"movflags": "faststart"}`` puts the MP4 index first).
+    """
+    import av
+
+    count = round(seconds * fps)
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format=container, options=options or {}) as output:
+        stream = output.add_stream(codec, rate=fps)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
+        for index in range(count):
+            picture = np.roll(base, index * 2, axis=1)
+            output.mux(stream.encode(av.VideoFrame.from_ndarray(picture, format="rgb24")))
+        output.mux(stream.encode())
+    return buffer.getvalue()
