@@ -5,16 +5,23 @@
 # `make test` runs ruff and mypy, then the whole suite twice: in .venv (the newest transformers
 # pyproject.toml allows: the Offsets backend) and in .venv-legacy (transformers 5.14.1: the
 # Legacy backend, selected for real).
+# Both get torchvision (TORCHVISION_PIN, the release built for TORCH_PIN, an 8 MB wheel, installed
+# without dependencies so it never moves torch): transformers builds no video processor without it,
+# and with it no Qwen2-VL, Qwen2.5-VL, Qwen3-VL or LLaVA-OneVision processor. Beside CPU torch its
+# compiled ops do not load; mmfront's import shim covers that (docs/models.md, "torchvision").
 # .venv gets the `ray` extra (an 80 MB wheel, under a minute to install), so the processing lanes'
 # Ray executor is tested against a local Ray instance; .venv-legacy skips it (nothing in the Ray
 # path depends on the transformers version, and the minute counts against the 15-minute budget).
 
 PYTHON ?= python3
 TORCH_PIN ?= torch==2.13.0
+TORCHVISION_PIN ?= torchvision==0.28.0
 VENV ?= .venv
 LEGACY_VENV ?= .venv-legacy
 LEGACY_TRANSFORMERS ?= 5.14.1
 PIP_FLAGS := --disable-pip-version-check
+# find_spec, not import: beside CPU torch, PyPI's torchvision imports only once mmfront is imported
+HAS_TORCHVISION := import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)
 
 PY := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.mmfront-base
@@ -36,12 +43,14 @@ $(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 
 $(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[test,ray]"
+	$(PY) -c "$(HAS_TORCHVISION)" || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
 	touch $(STAMP)
 
 $(LEGACY_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	test -x $(LEGACY_PY) || $(PYTHON) -m venv $(LEGACY_VENV)
 	$(LEGACY_PY) -c "import torch" 2>/dev/null || $(LEGACY_PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
 	$(LEGACY_PY) -m pip install $(PIP_FLAGS) -e ".[test]" "transformers==$(LEGACY_TRANSFORMERS)"
+	$(LEGACY_PY) -c "$(HAS_TORCHVISION)" || $(LEGACY_PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
 	touch $(LEGACY_STAMP)
 
 demo: $(BASE_STAMP)
