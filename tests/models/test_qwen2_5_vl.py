@@ -51,6 +51,7 @@ def test_ids_placeholders_and_tensors_equal_hf(processor: Any, hf: Any, count: i
     grids = want["image_grid_thw"]
     merge = hf.image_processor.merge_size
     patches = [int(n) for n in grids.prod(-1)]
+    assert grids[0].tolist() == [1, 6, 8]  # 64x48 px in 8 px patches: 12 tokens of 2x2 patches (docs/testing.md)
     check_placeholders(out, want["input_ids"][0].tolist(), hf.image_token_id, [n // merge**2 for n in patches])
     rows = want["pixel_values"].split(patches)
     for i in range(count):
