@@ -5,6 +5,10 @@
 # `make test` runs ruff and mypy, then the whole suite twice: in .venv (the newest transformers
 # pyproject.toml allows: the Offsets backend) and in .venv-legacy (transformers 5.14.1: the
 # Legacy backend, selected for real).
+# .venv (and so its overlay .venv-legacy) gets torchvision (TORCHVISION_PIN, the release built for TORCH_PIN, an 8 MB wheel, installed
+# without dependencies so it never moves torch): transformers builds no video processor without it,
+# and with it no Qwen2-VL, Qwen2.5-VL, Qwen3-VL or LLaVA-OneVision processor. Beside CPU torch its
+# compiled ops do not load; mmfront's import shim covers that (docs/models.md, "torchvision").
 # .venv gets the `ray` extra, so the processing lanes' Ray executor is tested against a local Ray
 # instance. .venv-legacy is an overlay of .venv: its own site-packages holds only transformers
 # 5.14.1 and the huggingface-hub/tokenizers it needs, found first; a .pth file then adds .venv's
@@ -13,10 +17,13 @@
 
 PYTHON ?= python3
 TORCH_PIN ?= torch==2.13.0
+TORCHVISION_PIN ?= torchvision==0.28.0
 VENV ?= .venv
 LEGACY_VENV ?= .venv-legacy
 LEGACY_TRANSFORMERS ?= 5.14.1
 PIP_FLAGS := --disable-pip-version-check
+# find_spec, not import: beside CPU torch, PyPI's torchvision imports only once mmfront is imported
+HAS_TORCHVISION := import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)
 
 PY := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.mmfront-base
@@ -38,6 +45,7 @@ $(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 
 $(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[test,ray]"
+	$(PY) -c "$(HAS_TORCHVISION)" || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
 	touch $(STAMP)
 
 # Run by .venv-legacy's python with .venv's site-packages as argument: the .pth file of the overlay.

@@ -22,6 +22,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+import mmfront  # noqa: F401  first: a test module may import transformers, and torchvision with it (docs/models.md)
+
 if TYPE_CHECKING:
     from transformers import ProcessorMixin
 

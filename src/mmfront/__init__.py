@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from mmfront import _torchvision
 from mmfront._version import __version__
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from mmfront.preprocess import InputPreprocessor, InputProcessor, RequestOptions
     from mmfront.processing.processor import BaseMultiModalProcessor
     from mmfront.wire import EngineCoreRequest, SamplingParams
+
+_torchvision.install()
 
 _HOMES = {
     "BaseMultiModalProcessor": "mmfront.processing.processor",

@@ -254,7 +254,7 @@ def test_a_folder_without_a_config_is_refused(tmp_path: Path) -> None:
 
 
 def test_an_architecture_without_an_encoder_is_refused(emu3_dir: Path) -> None:
-    with pytest.raises(UnsupportedModelError, match=r"model type 'emu3'.*\['gemma3', 'idefics3', 'qwen2_audio'\]"):
+    with pytest.raises(UnsupportedModelError, match=r"model type 'emu3'.*\['gemma3', 'idefics3', 'llava_onevision', 'qwen2_5_vl', 'qwen2_audio'\]"):
         ModelRunner(emu3_dir)
 
 

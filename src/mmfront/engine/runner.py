@@ -10,6 +10,9 @@ engine core does, so that what mmfront sends can be checked end to end against
   own; an item seen before is not encoded again;
 * the encoder rows are scattered into the prompt embeddings at the ``is_embed`` positions of the
   item's placeholder range (every position when ``is_embed`` is ``None``);
+* where the model numbers positions itself from its multimodal inputs (Qwen2-VL's M-RoPE), its
+  module's ``ReferenceModel.positions`` gives the prompt's position ids and the offset of every
+  decoded token, kept per request (the HF model keeps one offset for all);
 * decoding is greedy with a KV cache per request (whatever the sampling parameters ask;
   ``max_tokens``, ``min_tokens``, ``stop_token_ids`` and ``ignore_eos`` are honoured). A step
   prefills the requests added since the last step and decodes one token for every other running
@@ -115,6 +118,9 @@ class _Sequence:
     ignore_eos: bool
     output: list[int] = field(default_factory=list)
     cache: Any = None
+    position_rows: int = 0
+    """Rows of the position ids the model's ``positions`` gave the prompt (0: the model numbers them)."""
+    position_offset: int = 0
 
 
 class ModelRunner:
@@ -139,6 +145,7 @@ class ModelRunner:
             raise UnsupportedModelError(f"ModelRunner has no encoder for model type {config.model_type!r}; it runs "
                                         f"{runs} (a model module declares its ModelSpec.reference).")
         self._encoder, self._marks_token_types = reference.encode, reference.marks_token_types
+        self._positions = reference.positions
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if isinstance(dtype, str) and dtype not in _DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
@@ -319,11 +326,19 @@ class ModelRunner:
         extra: dict[str, Any] = {}
         if self._marks_token_types and seq.features:
             extra["token_type_ids"] = is_mm.long()[None]
+        if self._positions is not None:
+            position_ids, seq.position_offset = self._positions(self.model, seq.prompt, seq.features)
+            seq.position_rows = position_ids.shape[0]
+            extra["position_ids"] = position_ids
         return self._forward(seq, inputs_embeds[None], extra)
 
     def _decode(self, seq: _Sequence) -> EngineCoreOutput:
         ids = torch.tensor([[seq.output[-1]]], device=self.device)
-        return self._append(seq, int(self._forward(seq, self.model.get_input_embeddings()(ids), {}).argmax()))
+        extra: dict[str, Any] = {}
+        if seq.position_rows:
+            position = len(seq.prompt) + len(seq.output) - 1 + seq.position_offset
+            extra["position_ids"] = torch.full((seq.position_rows, 1, 1), position, device=self.device)
+        return self._append(seq, int(self._forward(seq, self.model.get_input_embeddings()(ids), extra).argmax()))
 
     def _forward(self, seq: _Sequence, inputs_embeds: torch.Tensor, extra: dict[str, Any]) -> torch.Tensor:
         """One forward over ``inputs_embeds`` on top of ``seq``'s KV cache; the last position's logits."""

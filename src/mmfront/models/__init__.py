@@ -1,5 +1,5 @@
 """Model processors: one module per model (Gemma 3 with its native processor; Idefics3, Emu3,
-Qwen2-Audio and GLM-ASR, which the transformers backend serves), the transformers backend, and the
+Qwen2-Audio, GLM-ASR, Qwen2.5-VL and LLaVA-OneVision, which the transformers backend serves), the transformers backend, and the
 catalog that finds the modules, and the registry that picks a processor. A model module declares everything mmfront needs of it in one
 :class:`ModelSpec` registered with :func:`register_model` (CONTRIBUTING.md, "Adding a model")."""
 

@@ -477,7 +477,7 @@ def make_gemma3_tokenizer(bpe: BPEModel | None = None) -> PreTrainedTokenizerFas
 def make_gemma3_processor(
     image_size: int = 32,
     image_seq_length: int = 16,
-    backend: ImageBackend = "pil",
+    backend: ImageBackend = "auto",
     *,
     tokenizer: PreTrainedTokenizerFast | None = None,
     image_processor_kwargs: dict[str, Any] | None = None,

@@ -51,7 +51,7 @@ def make_idefics3_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def make_idefics3_processor(
-    patch_size: int = 32, max_splits_per_side: int = 2, image_seq_len: int = 4, backend: ImageBackend = "pil"
+    patch_size: int = 32, max_splits_per_side: int = 2, image_seq_len: int = 4, backend: ImageBackend = "auto"
 ) -> Idefics3Processor:
     """Idefics3Processor: real Idefics3 uses 364px patches, size longest_edge 4*364 and
     image_seq_len=169 (SmolVLM: 512 / 2048 / 64).

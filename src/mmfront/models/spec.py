@@ -20,10 +20,15 @@ from mmfront.fixtures.kinds import ModelKind
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
-__all__ = ["Encoder", "ModelSpec", "ReferenceModel", "pooled_rows", "split_rows"]
+__all__ = ["Encoder", "ModelSpec", "Positions", "ReferenceModel", "pooled_rows", "split_rows"]
 
 Encoder = Callable[[Any, str, BatchedTensorInputs, Sequence[MultiModalFeatureSpec]], list[torch.Tensor]]
 """``(model, modality, batched kwargs, the batch's features) -> one [rows, hidden] tensor per feature``."""
+
+Positions = Callable[[Any, Sequence[int], Sequence[MultiModalFeatureSpec]], tuple[torch.Tensor, int]]
+"""``(model, prompt ids, the prompt's features) -> (the prompt's position ids, the offset of every
+later position)``: the position ids ``[rows, 1, prompt_len]`` go to the prefill's forward, and a
+token decoded at cache length ``n`` sits at ``n + offset`` in every row."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,9 @@ class ReferenceModel:
     marks_token_types: bool = False
     """Whether the prefill marks the embedding positions in ``token_type_ids`` (Gemma 3's image
     tokens attend to each other bidirectionally)."""
+    positions: Positions | None = None
+    """The prompt's positions where they are not ``0..n-1`` (Qwen2-VL's M-RoPE lays an image's
+    tokens out on its 2-D grid); None: the model numbers them itself."""
 
 
 @dataclass(frozen=True)

@@ -245,6 +245,23 @@ def unpad_images(data: dict[str, Any]) -> None:
     data["pixel_values"] = [pixels[i, :, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
 
 
+def drop_tile_padding(data: dict[str, Any], count: int) -> None:
+    """Give each image its own tiles where a call pads them: LLaVA-NeXT and LLaVA-OneVision return
+    ``pixel_values`` ``[images, most tiles of any image, C, H, W]``, each image's tiles followed by
+    zero tiles up to the call's most, so an image's data would depend on what it was processed
+    beside. Each image keeps ``[1, its tiles, C, H, W]``, what it gets processed alone: its
+    trailing all-zero tiles are dropped (a real tile is never all zeros once normalized)."""
+    pixels = data.get("pixel_values")
+    if not (isinstance(pixels, torch.Tensor) and pixels.ndim == 5 and pixels.shape[0] == count > 1):
+        return
+    own = []
+    for image in pixels:
+        filled = image.flatten(1).any(dim=1).nonzero()
+        tiles = int(filled.max()) + 1 if filled.numel() else image.shape[0]
+        own.append(image[None, :tiles])
+    data["pixel_values"] = own
+
+
 def merge_item_outputs(outputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Outputs of one HF call per item, as one output: concatenated along rows where the shapes
     allow it, else one tensor per item."""
@@ -374,6 +391,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         if modality == "image":
             for d in datas:
                 unpad_images(d)
+                drop_tile_padding(d, items.get_count() if len(datas) == 1 else 1)
         if len(datas) == 1:
             data = datas[0]
             rows = self.item_rows(modality, items, data, hf_kwargs, outputs[0])

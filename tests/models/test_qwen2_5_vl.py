@@ -1,0 +1,95 @@
+"""Qwen2.5-VL through the transformers backend, on the offline ``qwen2_5_vl`` fixture: prompt ids,
+placeholder ranges and each image's tensors equal what the HF processor produces; the fixture's
+random-weight config is the real architecture's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from vision_cases import NEEDS_TORCHVISION, check_placeholders, hf_call, images, item, prompt
+
+from mmfront import MultiModalConfig, create_processor
+from mmfront.models.qwen2_5_vl import QWEN2_VL_CHAT_TEMPLATE
+from mmfront.testing.models import build_model_folder, load_processor
+
+pytestmark = [pytest.mark.backend, NEEDS_TORCHVISION]
+
+PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model_folder("qwen2_5_vl", tmp_path_factory.mktemp("qwen2_5_vl"))
+
+
+@pytest.fixture(scope="module")
+def hf(folder: Path) -> Any:
+    return load_processor(folder)
+
+
+@pytest.fixture(scope="module")
+def processor(folder: Path) -> Any:
+    return create_processor(folder, MultiModalConfig(dtype="float32"))
+
+
+def test_the_folder_loads_as_qwen2_5_vl_with_a_video_processor(folder: Path, hf: Any) -> None:
+    assert type(hf).__name__ == "Qwen2_5_VLProcessor"
+    assert type(hf.video_processor).__name__ == "Qwen2VLVideoProcessor"
+    assert hf.chat_template == QWEN2_VL_CHAT_TEMPLATE
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2_5_vl"
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_ids_placeholders_and_tensors_equal_hf(processor: Any, hf: Any, count: int) -> None:
+    text, items = prompt(PLACEHOLDER, count), images(count)
+    out = processor.apply(text, {"image": items})
+    want = hf_call(hf, text, items)
+    grids = want["image_grid_thw"]
+    merge = hf.image_processor.merge_size
+    patches = [int(n) for n in grids.prod(-1)]
+    assert grids[0].tolist() == [1, 6, 8]  # 64x48 px in 8 px patches: 12 tokens of 2x2 patches (docs/testing.md)
+    check_placeholders(out, want["input_ids"][0].tolist(), hf.image_token_id, [n // merge**2 for n in patches])
+    rows = want["pixel_values"].split(patches)
+    for i in range(count):
+        assert torch.equal(item(out, i, "image_grid_thw").reshape(3), grids[i])
+        assert torch.equal(item(out, i, "pixel_values"), rows[i])
+
+
+def test_an_image_processed_alone_equals_it_beside_others(processor: Any) -> None:
+    together = processor.apply(prompt(PLACEHOLDER, 3), {"image": images(3)})
+    alone = processor.apply(prompt(PLACEHOLDER, 1), {"image": images(3)[2:]})
+    assert torch.equal(item(together, 2, "pixel_values"), item(alone, 0, "pixel_values"))
+
+
+def test_chat_prompt_equals_hf_chat_template(folder: Path, hf: Any) -> None:
+    from mmfront import InputPreprocessor, InputProcessor
+    from mmfront.testing.media import image_data_url, make_image
+    from mmfront.wire import SamplingParams
+
+    image = make_image(64, 48, seed=0)
+    question = {"type": "text", "text": "What is this?"}
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(image)}},
+                                             question]}]
+    request = InputProcessor(InputPreprocessor(folder)).process_inputs("r", messages, SamplingParams(max_tokens=1))
+    text = hf.apply_chat_template([{"role": "user", "content": [{"type": "image"}, question]}],
+                                  add_generation_prompt=True, tokenize=False)
+    assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    assert request.prompt_token_ids == hf(text=text, images=[image])["input_ids"][0]
+
+
+def test_weights_config_is_the_real_architecture_at_tiny_sizes(hf: Any) -> None:
+    from mmfront.models.catalog import fixture_kinds
+
+    kind = fixture_kinds()["qwen2_5_vl"]
+    assert kind.weights_config is not None
+    config = kind.weights_config(hf)
+    assert type(config).__name__ == "Qwen2_5_VLConfig"
+    assert config.image_token_id == hf.image_token_id
+    assert config.vision_config.patch_size == hf.image_processor.patch_size
+    assert config.vision_config.out_hidden_size == config.text_config.hidden_size
+    section = config.text_config.rope_parameters["mrope_section"]
+    assert sum(section) * 2 == config.text_config.hidden_size // config.text_config.num_attention_heads
