@@ -5,10 +5,11 @@
 # `make test` runs ruff and mypy, then the whole suite twice: in .venv (the newest transformers
 # pyproject.toml allows: the Offsets backend) and in .venv-legacy (transformers 5.14.1: the
 # Legacy backend, selected for real).
-# .venv (and so its overlay .venv-legacy) gets torchvision (TORCHVISION_PIN, the release built for TORCH_PIN, an 8 MB wheel, installed
-# without dependencies so it never moves torch): transformers builds no video processor without it,
-# and with it no Qwen2-VL, Qwen2.5-VL, Qwen3-VL or LLaVA-OneVision processor. Beside CPU torch its
-# compiled ops do not load; mmfront's import shim covers that (docs/models.md, "torchvision").
+# .venv, and so its overlay .venv-legacy, gets torchvision (TORCHVISION_PIN, the release built for
+# TORCH_PIN, an 8 MB wheel, installed without dependencies so it never moves torch): transformers
+# builds no video processor without it, and with it no Qwen2-VL, Qwen2.5-VL, Qwen3-VL or
+# LLaVA-OneVision processor. Beside CPU torch its compiled ops do not load; mmfront's import shim
+# covers that (docs/models.md, "torchvision").
 # .venv gets the `ray` extra, so the processing lanes' Ray executor is tested against a local Ray
 # instance. .venv-legacy is an overlay of .venv: its own site-packages holds only transformers
 # 5.14.1 and the huggingface-hub/tokenizers it needs, found first; a .pth file then adds .venv's
