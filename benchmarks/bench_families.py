@@ -1,0 +1,96 @@
+"""A cache hit against a miss, per model family users run most (issue 23's Build 4), through the
+transformers backend: ``apply()`` of one 1024x768 image (or 3 s of audio for the speech
+families) with the default LRU sender cache. A miss is a new item each round (load, hash, HF
+processing, prompt updates); a hit is the same item again (hash and cache lookup only).
+
+Each family's processor is the offline folder ``mmfront.testing.coverage.build_processor_folder``
+builds: the family's own image processor or feature extractor at its default config, so a miss
+costs what it costs on the real checkpoint's preprocessing. A family this transformers cannot
+build (or mmfront refuses) is reported as such, never skipped silently.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mmfront.testing.coverage import build_processor_folder, prompt_for
+
+from _harness import Report, median_time
+from mmfront import MultiModalConfig
+from mmfront.cache import processor_cache_from_config
+from mmfront.errors import MMFrontError
+from mmfront.models.registry import create_processor
+from mmfront.testing.media import make_audio, make_image
+
+GROUP = "families: hit / miss"
+
+FAMILIES: tuple[tuple[str, str], ...] = (
+    ("Qwen2-VL", "Qwen2VLProcessor"),
+    ("Qwen2.5-VL", "Qwen2_5_VLProcessor"),
+    ("Qwen3-VL", "Qwen3VLProcessor"),
+    ("LLaVA 1.5", "LlavaProcessor"),
+    ("LLaVA-NeXT", "LlavaNextProcessor"),
+    ("LLaVA-OneVision", "LlavaOnevisionProcessor"),
+    ("InternVL", "InternVLProcessor"),
+    ("Pixtral / Mistral 3", "PixtralProcessor"),
+    ("Llama 4", "Llama4Processor"),
+    ("Mllama", "MllamaProcessor"),
+    ("Gemma 3n", "Gemma3nProcessor"),
+    ("PaliGemma", "PaliGemmaProcessor"),
+    ("SmolVLM", "SmolVLMProcessor"),
+    ("Phi-4-multimodal", "Phi4MultimodalProcessor"),
+    ("Qwen2.5-Omni", "Qwen2_5OmniProcessor"),
+    ("Granite Speech", "GraniteSpeechProcessor"),
+)
+
+WIDTH, HEIGHT = 1024, 768
+AUDIO_SECONDS = 3.0
+
+
+def _items(modality: str, rate: float | None, count: int) -> list[Any]:
+    if modality == "image":
+        return [make_image(WIDTH, HEIGHT, seed=1000 + i) for i in range(count)]
+    return [make_audio(AUDIO_SECONDS, int(rate or 16000), seed=1000 + i) for i in range(count)]
+
+
+def _measure_modality(report: Report, family: str, proc: Any, modality: str, quick: bool) -> None:
+    rate = proc.info.get_target_sample_rate() if modality == "audio" else None
+    prompt = prompt_for(proc.info.get_placeholder_str(modality, 0), 1)
+    cache = processor_cache_from_config(MultiModalConfig())
+    rounds = 3 if quick else 7
+    fresh = iter(_items(modality, rate, rounds + 1))
+    same = _items(modality, rate, 1)
+
+    def miss() -> None:
+        proc.apply(prompt, {modality: [next(fresh)]}, cache=cache)
+
+    def hit() -> None:
+        proc.apply(prompt, {modality: same}, cache=cache)
+
+    miss_s = median_time(miss, repeat=rounds, number=1)
+    hit_s = median_time(hit, repeat=rounds * 3, number=1)
+    name = f"{family} ({modality})"
+    report.add(GROUP, f"{name}: miss", miss_s * 1e3, "ms")
+    report.add(GROUP, f"{name}: hit", hit_s * 1e3, "ms")
+    report.ratio(GROUP, f"{name}: hit / miss", hit_s / miss_s, at_most=0.1)
+
+
+def _measure(report: Report, family: str, processor_class: str, folder: Path, quick: bool) -> None:
+    proc = create_processor(build_processor_folder(processor_class, folder), MultiModalConfig(),
+                            model_id=processor_class)
+    limits = proc.info.get_supported_mm_limits()
+    for modality in ("image", "audio"):
+        if modality in limits:
+            _measure_modality(report, family, proc, modality, quick)
+
+
+def run(report: Report, quick: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="mmfront-bench-families-") as tmp:
+        for family, processor_class in FAMILIES:
+            try:
+                _measure(report, family, processor_class, Path(tmp) / processor_class, quick)
+            except (MMFrontError, ImportError, ValueError, TypeError, OSError) as exc:
+                reason = str(exc).splitlines()[0][:90] if str(exc) else type(exc).__name__
+                report.add(GROUP, f"{family}: not measured ({type(exc).__name__}: {reason})", 0, "")
