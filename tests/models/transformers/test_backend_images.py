@@ -17,6 +17,7 @@ from backend_cases import BACKENDS, BACKENDS_ANY_VERSION, build, encode, token_i
 from mmfront import MultiModalConfig
 from mmfront.cache.factory import processor_only_cache_from_config
 from mmfront.errors import ProcessorError, PromptUpdateError, ValidationError
+from mmfront.models.idefics3 import make_idefics3_processor
 from mmfront.models.transformers import LegacyMultiModalProcessor, OffsetsMultiModalProcessor
 from mmfront.testing.media import make_image
 from mmfront.testing.processors import TF_VERSION
@@ -284,7 +285,10 @@ def test_precomputed_embeddings_are_refused(cls: type, idefics3_processor: Any) 
 
 
 @pytest.mark.parametrize("cls", BACKENDS_ANY_VERSION)
-def test_floating_outputs_take_the_model_dtype(cls: type, idefics3_processor: Any) -> None:
-    out = build(cls, idefics3_processor, dtype="bfloat16").apply("User:<image>", {"image": [make_image(64, 32)]})
+def test_floating_outputs_take_the_model_dtype(cls: type) -> None:
+    # PIL: transformers 5.14.1's torchvision Idefics3 processor returns a float pixel_attention_mask,
+    # which then takes the model dtype like any floating output
+    hf = make_idefics3_processor(backend="pil")
+    out = build(cls, hf, dtype="bfloat16").apply("User:<image>", {"image": [make_image(64, 32)]})
     assert item_data(out, "image", 0, "pixel_values").dtype == torch.bfloat16
     assert item_data(out, "image", 0, "pixel_attention_mask").dtype != torch.bfloat16
