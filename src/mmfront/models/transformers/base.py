@@ -108,7 +108,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         (``image_token_ids`` where defined: Gemma3's soft token, not its placeholder)."""
         proc = self.hf_processor
         ids = getattr(proc, f"{modality}_token_ids", None)
-        if isinstance(ids, (list, tuple)) and ids:
+        ids = [i for i in ids if i is not None] if isinstance(ids, (list, tuple)) else None
+        if ids:
             return [int(i) for i in ids]
         token_id = getattr(proc, f"{modality}_token_id", None)
         if isinstance(token_id, int):
