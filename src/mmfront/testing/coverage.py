@@ -23,8 +23,8 @@ from mmfront.errors import ConfigError, MMFrontError
 __all__ = [
     "HOOKED_PROCESSORS",
     "Coverage",
-    "CoverageMismatch",
     "build_processor_folder",
+    "has_processor_class",
     "hooked_processor_classes",
     "prove_processor",
     "survey_processor",
@@ -75,7 +75,7 @@ _MMFRONT_KEYS = frozenset({"num_image_patches", "num_audio_tokens"})
 _HF_ARG = {"image": "images", "audio": "audio"}
 
 
-class CoverageMismatch(AssertionError):
+class _Mismatch(AssertionError):
     """mmfront's result differs from HF's for a processor it serves: a bug, never a refusal."""
 
 
@@ -130,11 +130,14 @@ def build_processor_folder(processor_class: str, folder: Path) -> Path:
 
 
 def _missing_library(exc: BaseException) -> str | None:
-    """``"torchvision"`` (or ``"torchaudio"``) where ``exc`` says the build needs it."""
-    text = f"{type(exc).__name__}: {exc}".lower()
+    """The library ``exc`` (or its cause) says the build needs (``torchvision``, ``num2words``)."""
+    text = f"{type(exc).__name__}: {exc} {exc.__cause__ or ''}"
     for library in ("torchvision", "torchaudio"):
-        if library in text:
+        if library in text.lower():
             return library
+    package = re.search(r"Package `(\w+)` is required|requires the (\w+) library", text)
+    if package is not None:
+        return package.group(1) or package.group(2)
     return "torchvision" if "_extra_content" in text else None
 
 
@@ -164,13 +167,18 @@ def prompt_for(placeholder: str, count: int) -> str:
 
 def _check(ok: bool, what: str) -> None:
     if not ok:
-        raise CoverageMismatch(what)
+        raise _Mismatch(what)
 
 
 def _tensors_equal(a: Any, b: Any) -> bool:
+    """Equal bit for bit; a float tensor HF returns in a narrower dtype (Llama 4's bfloat16) is
+    compared after the lossless widening to mmfront's model dtype."""
     import torch
 
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.dtype != b.dtype and a.is_floating_point() and b.is_floating_point():
+            narrow, wide = (a, b) if a.element_size() < b.element_size() else (b, a)
+            return narrow.shape == wide.shape and bool(torch.equal(narrow.to(wide.dtype), wide))
         return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_tensors_equal(x, y) for x, y in zip(a, b))
@@ -237,6 +245,13 @@ class _Case:
     modality: str
     rate: float | None
     call_kwargs: dict[str, Any]
+    _alone: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+
+    def alone(self, index: int, media: Any) -> Mapping[str, Any]:
+        """HF's output for the ``index``-th sample item alone (the same item in every request)."""
+        if index not in self._alone:
+            self._alone[index] = _hf_call(self, self.proc.get_placeholder_str(self.modality, 0), [media], offsets=False)
+        return self._alone[index]
 
 
 def _hf_call(case: _Case, text: str, items: list[Any], *, offsets: bool) -> Mapping[str, Any]:
@@ -248,20 +263,34 @@ def _hf_call(case: _Case, text: str, items: list[Any], *, offsets: bool) -> Mapp
     return case.hf(text=text, **{_HF_ARG[case.modality]: items}, return_tensors="pt", **kwargs)
 
 
-def _embed_ids(hf: Any, modality: str) -> set[int]:
-    """The tokens HF declares as receiving the modality's embeddings: ``{modality}_token_ids``
-    where it is one token (Gemma 3's soft token), else ``{modality}_token_id``, else its ``{modality}_token``."""
+def _declared_embed_id(hf: Any, modality: str) -> int | None:
+    """The token HF declares for the modality: ``{modality}_token_ids`` where it is one token
+    (Gemma 3's soft token), else ``{modality}_token_id``."""
     ids = getattr(hf, f"{modality}_token_ids", None)
     declared = {int(i) for i in ids if i is not None} if isinstance(ids, (list, tuple)) else set()
     if len(declared) == 1:  # several: the tokens mm_token_type_ids marks, structure tokens included
-        return declared
+        return declared.pop()
     token_id = getattr(hf, f"{modality}_token_id", None)
-    if isinstance(token_id, int):
-        return {token_id}
-    return {int(hf.tokenizer.convert_tokens_to_ids(getattr(hf, f"{modality}_token")))}
+    return token_id if isinstance(token_id, int) else None
 
 
-def _check_request(case: _Case, count: int, offsets: bool) -> list[str]:
+def _embedding_token(span: Sequence[int], declared: int | None, where: str, notes: list[str]) -> int:
+    """The token of HF's expansion that receives embeddings: the one it repeats most, which must be
+    unambiguous; where HF declares another token that the expansion holds, that is noted."""
+    counts: dict[int, int] = {}
+    for token in span:
+        counts[token] = counts.get(token, 0) + 1
+    top = max(counts.values())
+    leaders = [t for t, n in counts.items() if n == top]
+    _check(len(leaders) == 1 or declared in leaders,
+           f"HF's expansion repeats no token most (ambiguous embedding token) for {where}")
+    token = declared if declared in leaders else leaders[0]
+    if declared is not None and declared != token and declared in counts:
+        notes.append("HF's declared token is the placeholder; embeddings go to the token its expansion repeats")
+    return token
+
+
+def _check_request(case: _Case, count: int, offsets: bool, notes: list[str]) -> list[str]:
     """One request of ``count`` items against HF's own call; returns the hashes."""
     import torch
 
@@ -281,49 +310,54 @@ def _check_request(case: _Case, count: int, offsets: bool) -> list[str]:
     _check(ids == hf_ids, f"prompt ids differ from HF's for {where}:\n  mmfront {ids}\n  HF      {hf_ids}")
     ranges = out["mm_placeholders"][modality]
     _check(len(ranges) == count, f"{len(ranges)} placeholder ranges for {where}")
-    embed = _embed_ids(hf, modality)
-    if not embed & set(ids):
-        # HF declares a token its expansion never holds (Ovis2: <image> -> <IMG_ATOM>...): the
-        # embedding token is then the one the expansion repeats, as mmfront takes it.
-        spans = [t for r in ranges for t in ids[r.offset:r.offset + r.length]]
-        embed = {max(set(spans), key=spans.count)} if spans else embed
     covered = [False] * len(ids)
     replacements = [e["replacement"] for e in (ref.get("text_replacement_offsets") or [[]])[0]
                     if e.get("type") == modality]
+    declared = _declared_embed_id(hf, modality)
+    embed: set[int] = set()
     end = 0
     for i, r in enumerate(ranges):
         _check(r.offset >= end, f"placeholder range {i} overlaps the one before for {where}")
         end = r.offset + r.length
         span = ids[r.offset:end]
-        mask = torch.tensor([t in embed for t in span])
-        got = r.is_embed if r.is_embed is not None else torch.ones(r.length, dtype=torch.bool)
-        _check(bool(torch.equal(got, mask)), f"is_embed of item {i} differs from HF's embedding tokens for {where}")
-        for k in range(r.offset, end):
-            covered[k] = True
         if replacements:
             expected = list(hf.tokenizer.encode(replacements[i], add_special_tokens=False))
             _check(span == expected, f"item {i}'s range is not HF's replacement for {where}")
+        token = _embedding_token(span, declared, where, notes)
+        embed.add(token)
+        mask = torch.tensor([t == token for t in span])
+        got = r.is_embed if r.is_embed is not None else torch.ones(r.length, dtype=torch.bool)
+        _check(bool(torch.equal(got, mask)), f"is_embed of item {i} is not HF's embedding tokens for {where}")
+        for k in range(r.offset, end):
+            covered[k] = True
     stray = [k for k, t in enumerate(ids) if t in embed and not covered[k]]
     _check(not stray, f"HF embedding tokens outside every placeholder range at {stray[:5]} for {where}")
-    _check_tensors(case, out, ref, items, where, alone=count == len(IMAGE_SIZES))
+    _check_tensors(case, out, ref, items, where)
     return list(out["mm_hashes"][modality])
 
 
-def _check_tensors(case: _Case, out: Mapping[str, Any], ref: Mapping[str, Any], items: list[Any], where: str, *,
-                   alone: bool) -> None:
+def _check_tensors(case: _Case, out: Mapping[str, Any], ref: Mapping[str, Any], items: list[Any], where: str) -> None:
+    """Each item's data is HF's batch output sliced per item and HF's output for the item alone.
+    A key HF returns only for a batch (a padding mask) and not for an item alone is absent from the
+    items, which are processed alone where HF would pad them."""
     modality = case.modality
     mm_items = out["mm_kwargs"][modality]
-    data_keys = [k for k in ref if k not in _TEXT_KEYS]
-    for key in data_keys:
-        _check(all(key in item for item in mm_items), f"HF output {key!r} is missing from mmfront's items for {where}")
+    alone = [case.alone(i, media) for i, media in enumerate(items)]
+    for key in [k for k in ref if k not in _TEXT_KEYS]:
+        if not any(key in item for item in mm_items):
+            _check(not any(key in a for a in alone), f"HF output {key!r} is missing from mmfront's items for {where}")
+            continue
+        _check(all(key in item for item in mm_items), f"HF output {key!r} is missing from some items for {where}")
         values = [item[key].data for item in mm_items]
         _check(_in_batch(ref[key], values) or _padded(ref[key], values),
                f"{key!r} of the items is not HF's batch output sliced per item for {where}")
-    for i, media in enumerate(items if alone else ()):
-        alone_out = _hf_call(case, case.proc.get_placeholder_str(modality, 0), [media], offsets=False)
-        for key in data_keys:
-            _check(_as_item(alone_out[key], mm_items[i][key].data),
+        for i, (value, a) in enumerate(zip(values, alone)):
+            _check(_as_item(a[key], value) if key in a else _empty(value),
                    f"{key!r} of item {i} differs from HF on that item alone (batch-dependent) for {where}")
+
+
+def _empty(value: Any) -> bool:
+    return bool(getattr(value, "numel", lambda: 1)() == 0) or (isinstance(value, (list, tuple)) and not value)
 
 
 def _check_cache(case: _Case) -> None:
@@ -348,7 +382,7 @@ def _check_cache(case: _Case) -> None:
 
 def prove_processor(folder: Path, processor_class: str) -> tuple[tuple[str, ...], dict[str, list[str]], list[str]]:
     """Every check of the survey on ``folder``: ``(modalities, hashes, notes)``. Raises
-    :class:`CoverageMismatch` on a difference and mmfront's typed error where it refuses."""
+    an AssertionError on a difference and mmfront's typed error where it refuses."""
     from mmfront import MultiModalConfig
     from mmfront.models.registry import create_processor
     from mmfront.models.transformers import OFFSETS_MIN_VERSION, TRANSFORMERS_VERSION
@@ -365,23 +399,26 @@ def prove_processor(folder: Path, processor_class: str) -> tuple[tuple[str, ...]
         case = _Case(proc, hf, modality, rate, call_kwargs)
         for count in (1, 2, 3):
             try:
-                hashes[modality] = _check_request(case, count, offsets)
+                hashes[modality] = _check_request(case, count, offsets, notes)
             except _HFRefused:
                 if count == 1:
                     raise
                 notes.append(f"HF takes one {modality} per prompt: proven on 1 item")
                 break
         _check_cache(case)
-    return modalities, hashes, notes
+    return modalities, hashes, list(dict.fromkeys(notes))
 
 
 def survey_processor(processor_class: str, folder: Path) -> Coverage:
     """Build ``processor_class``'s folder under ``folder`` and prove it; never raises."""
     import transformers
 
-    if not hasattr(transformers, processor_class):
-        return Coverage(processor_class, NOT_BUILT,
-                        f"transformers {transformers.__version__} has no {processor_class}")
+    try:
+        if not hasattr(transformers, processor_class):
+            return Coverage(processor_class, NOT_BUILT,
+                            f"transformers {transformers.__version__} has no {processor_class}")
+    except ImportError as exc:  # a lazy attribute whose optional backend is missing
+        return Coverage(processor_class, f"needs {_missing_library(exc) or 'an optional library'}", _short(exc))
     try:
         build_processor_folder(processor_class, folder)
     except Exception as exc:  # every way a build fails is an outcome
@@ -393,7 +430,7 @@ def survey_processor(processor_class: str, folder: Path) -> Coverage:
         modalities, hashes, notes = prove_processor(folder, processor_class)
     except _HFRefused as exc:
         return Coverage(processor_class, UNPROVEN, f"HF's own call refuses the prompt: {_short(exc)}")
-    except CoverageMismatch as exc:
+    except _Mismatch as exc:
         from mmfront.fixtures.overrides import OVERRIDES
 
         known = OVERRIDES.get(processor_class)
@@ -416,6 +453,17 @@ def _short(exc: BaseException, limit: int = 300) -> str:
 
 
 # --- hashes across processes, the table -------------------------------------------------------
+
+
+def has_processor_class(name: str) -> bool:
+    """Whether the installed transformers defines ``name`` (one whose optional library is missing
+    counts: the survey reports what it needs)."""
+    import transformers
+
+    try:
+        return hasattr(transformers, name)
+    except ImportError:
+        return True
 
 
 def request_hashes(folder: Path, processor_class: str, counts: Mapping[str, int]) -> dict[str, list[str]]:

@@ -179,8 +179,9 @@ def split_text_outputs(hf_out: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
 def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], keys: Sequence[str]
                    ) -> dict[str, list[str]]:
     """Which modality owns each data key: the one whose sub-processor declares it in
-    ``model_input_names`` (with its ``_mask`` variant and ``{modality}_embeds``). With one modality
-    it owns everything; a key nobody declares is dropped, with a warning the first time."""
+    ``model_input_names`` (with its ``_mask`` variant and ``{modality}_embeds``), else the one it
+    is named after (Phi-4's ``audio_attention_mask``). With one modality it owns everything; a key
+    nobody declares is dropped, with a warning the first time."""
     if len(modalities) == 1:
         return {modalities[0]: list(keys)}
     declared: dict[str, str] = {}
@@ -190,7 +191,7 @@ def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], 
             declared.setdefault(name, modality)
     out: dict[str, list[str]] = {m: [] for m in modalities}
     for key in keys:
-        owner = declared.get(key)
+        owner = declared.get(key) or next((m for m in modalities if key.startswith(f"{m}_")), None)
         if owner is None:
             warned = (type(info.hf_processor).__name__, key)
             if warned not in _warned_dropped:
