@@ -499,7 +499,13 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         config: dict[str, MultiModalFieldConfig] = {}
         for modality, lay in layout.items():
             for key in lay.keys:
-                config[key] = field_config(modality, key, hf_inputs[key], lay)
+                try:
+                    config[key] = field_config(modality, key, hf_inputs[key], lay)
+                except FieldConfigError as exc:
+                    raise FieldConfigError(
+                        f"{type(self.info.hf_processor).__name__} cannot be served by the transformers backend: {exc} "
+                        "A native processor can lay its outputs out (`@register_processor`, see "
+                        "docs/processing.md).") from None
             for key in lay.size_keys:
                 config[key] = MultiModalFieldConfig.batched(modality, keep_on_cpu=True)
             if lay.replacement_sizes is not None:
