@@ -42,7 +42,7 @@ def test_version_through_the_module_entry_point() -> None:
 
 def test_the_parsers_are_the_expected_ones() -> None:
     assert [name for name, _ in _parsers()] == ["mmfront", "mmfront serve", "mmfront demo", "mmfront bench",
-                                                "mmfront worker"]
+                                                "mmfront worker", "mmfront models"]
 
 
 @pytest.mark.parametrize(("name", "parser"), list(_parsers()), ids=lambda v: v if isinstance(v, str) else "")
@@ -144,6 +144,12 @@ def test_bench_lists_the_real_benchmarks_when_only_matches_nothing() -> None:
         main(["bench", "--dir", str(repo_benchmarks), "--only", "no-such-benchmark"])
     assert exc.value.code == ("mmfront bench: --only no-such-benchmark matches no benchmark; "
                               f"known benchmarks: {', '.join(names)}")
+
+
+def test_models_refuses_a_class_outside_the_survey() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["models", "--only", "NoSuchProcessor"])
+    assert str(exc.value.code).startswith("mmfront models: NoSuchProcessor is not a processor of the survey")
 
 
 def test_worker_names_the_transports_it_knows() -> None:

@@ -1,6 +1,6 @@
 """The ``mmfront`` command: ``serve`` is the OpenAI-compatible server, ``demo`` runs the main job
 on the embedded default model, ``worker`` is the reference engine, ``bench`` runs the benchmarks
-in ``benchmarks/``.
+in ``benchmarks/``, ``models`` surveys which HF processors mmfront serves (``docs/models.md``).
 
 Help strings are plain text (no RST markup), since argparse prints them as they are. Parsing
 imports nothing heavy (no torch, transformers or numpy: ``mmfront --help`` answers at once);
@@ -87,6 +87,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from mmfront.testing.coverage import HOOKED_PROCESSORS, render_table, replace_table, survey_all
+
+    names = args.only or list(HOOKED_PROCESSORS)
+    unknown = sorted(set(names) - set(HOOKED_PROCESSORS))
+    if unknown:
+        raise SystemExit(f"mmfront models: {', '.join(unknown)} is not a processor of the survey; known: "
+                         f"{', '.join(HOOKED_PROCESSORS)}")
+
+    def progress(outcome: object) -> None:
+        if args.verbose:
+            print(outcome, file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="mmfront-models-") as tmp:
+        table = render_table(survey_all(Path(tmp), names, progress))
+    if args.write is None:
+        print(table, end="")
+        return 0
+    path = Path(args.write)
+    path.write_text(replace_table(path.read_text(encoding="utf-8"), table), encoding="utf-8")
+    print(f"mmfront models: wrote the table of {len(names)} processors into {path}")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from mmfront.errors import ConfigError, HandshakeError
     from mmfront.serve.api_servers import serve_api_servers
@@ -146,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mmfront {__version__}",
                         help="print the mmfront version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="serve, demo, bench or worker; 'mmfront COMMAND --help' lists its options")
+                                help="serve, demo, bench, worker or models; 'mmfront COMMAND --help' lists its options")
     add_serve_parser(sub).set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="run the main job end to end on the embedded default model",
                           description="Start 'mmfront serve' on a real model (it starts 'mmfront worker'), send "
@@ -219,6 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="model dtype (default: the folder's config.json)")
     worker.add_argument("--json", action="store_true", help="print the closing statistics as one JSON line")
     worker.set_defaults(func=cmd_worker)
+    models = sub.add_parser("models", help="which HF processors mmfront serves, proven against HF's own output",
+                            description="Build a small offline folder for every HF processor class with a "
+                                        "replace_<modality>_token hook, run mmfront and the HF processor on the same "
+                                        "prompts and items, and print the coverage table (served and proven, or "
+                                        "refused with the reason and the error a user gets).")
+    models.add_argument("--write", metavar="FILE.md",
+                        help="replace the table between the coverage markers of this file (docs/models.md) "
+                             "instead of printing it")
+    models.add_argument("--only", nargs="+", metavar="CLASS",
+                        help="survey only these processor classes (e.g. LlavaProcessor)")
+    models.add_argument("--verbose", action="store_true", help="print each outcome as it is found")
+    models.set_defaults(func=cmd_models)
     return parser
 
 

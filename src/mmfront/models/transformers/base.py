@@ -108,7 +108,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         (``image_token_ids`` where defined: Gemma3's soft token, not its placeholder)."""
         proc = self.hf_processor
         ids = getattr(proc, f"{modality}_token_ids", None)
-        if isinstance(ids, (list, tuple)) and ids:
+        ids = [i for i in ids if i is not None] if isinstance(ids, (list, tuple)) else None
+        if ids:
             return [int(i) for i in ids]
         token_id = getattr(proc, f"{modality}_token_id", None)
         if isinstance(token_id, int):
@@ -178,8 +179,9 @@ def split_text_outputs(hf_out: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
 def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], keys: Sequence[str]
                    ) -> dict[str, list[str]]:
     """Which modality owns each data key: the one whose sub-processor declares it in
-    ``model_input_names`` (with its ``_mask`` variant and ``{modality}_embeds``). With one modality
-    it owns everything; a key nobody declares is dropped, with a warning the first time."""
+    ``model_input_names`` (with its ``_mask`` variant and ``{modality}_embeds``), else the one it
+    is named after (Phi-4's ``audio_attention_mask``). With one modality it owns everything; a key
+    nobody declares is dropped, with a warning the first time."""
     if len(modalities) == 1:
         return {modalities[0]: list(keys)}
     declared: dict[str, str] = {}
@@ -189,7 +191,7 @@ def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], 
             declared.setdefault(name, modality)
     out: dict[str, list[str]] = {m: [] for m in modalities}
     for key in keys:
-        owner = declared.get(key)
+        owner = declared.get(key) or next((m for m in modalities if key.startswith(f"{m}_")), None)
         if owner is None:
             warned = (type(info.hf_processor).__name__, key)
             if warned not in _warned_dropped:
@@ -515,7 +517,13 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         config: dict[str, MultiModalFieldConfig] = {}
         for modality, lay in layout.items():
             for key in lay.keys:
-                config[key] = field_config(modality, key, hf_inputs[key], lay)
+                try:
+                    config[key] = field_config(modality, key, hf_inputs[key], lay)
+                except FieldConfigError as exc:
+                    raise FieldConfigError(
+                        f"{type(self.info.hf_processor).__name__} cannot be served by the transformers backend: {exc} "
+                        "A native processor can lay its outputs out (`@register_processor`, see "
+                        "docs/processing.md).") from None
             for key in lay.size_keys:
                 config[key] = MultiModalFieldConfig.batched(modality, keep_on_cpu=True)
             if lay.replacement_sizes is not None:

@@ -39,6 +39,7 @@ from mmfront.models.transformers.base import (
     MM_TOKEN_TYPE,
     ModalityLayout,
     _MultiModalProcessorBase,
+    most_frequent_token,
 )
 from mmfront.parse import ImageProcessorItems, MultiModalDataItems
 from mmfront.processing import iter_token_matches
@@ -259,11 +260,15 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
     def _get_prompt_updates(
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], out_mm_kwargs: MultiModalKwargsItems,
     ) -> Sequence[PromptUpdate]:
-        """Item ``i`` takes its own located expansion; the modality's embedding tokens in it
-        receive embeddings."""
-        return self._replacement_updates(
-            mm_items, out_mm_kwargs,
-            lambda modality, ids: PromptUpdateDetails.select_token_ids(ids, self.info.embed_token_ids(modality)))
+        """Item ``i`` takes its own located expansion; the embedding token it repeats most receives
+        embeddings (``{modality}_token_ids`` also lists structure tokens on some processors, Pixtral's
+        ``[IMG_BREAK]`` and ``[IMG_END]``: they are marked, not embedded)."""
+        return self._replacement_updates(mm_items, out_mm_kwargs, self._embedding_details)
+
+    def _embedding_details(self, modality: str, ids: list[int]) -> PromptUpdateDetails[list[int]]:
+        embeds = set(self.info.embed_token_ids(modality))
+        candidates = [t for t in ids if t in embeds]
+        return PromptUpdateDetails.select_token_id(ids, most_frequent_token(candidates or ids))
 
     # --- learning the frame ----------------------------------------------------------------------
 
