@@ -151,4 +151,5 @@ QWEN2_5_VL = register_model(ModelSpec(
                                       make_qwen2_5_vl_processor, ("patch_size", "merge_size", "max_pixels"),
                                       weights_config=_weights_config)},
     reference=ReferenceModel(encode_qwen2_5_vl_images, positions=qwen2_5_vl_positions),
+    video_needs_metadata=True,
 ))
