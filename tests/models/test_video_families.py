@@ -1,4 +1,4 @@
-"""Video through the transformers backend on each family with a video processor mmfront serves
+"""Video through the transformers backend (Offsets and Legacy) on each family with a video processor mmfront serves
 (Qwen2.5-VL, LLaVA-OneVision): prompt ids, placeholder ranges and each video's tensors equal the
 HF processor's own output for clips of three lengths and frame rates, sampled as vLLM 0.33
 samples them and passed with their metadata; images and videos in one prompt; a repeated video
@@ -22,8 +22,9 @@ from mmfront.testing.models import build_model_folder, load_processor
 
 pytestmark = [pytest.mark.backend, NEEDS_TORCHVISION]
 SERVED = pytest.mark.hf_version(
-    ">=5.18", reason="the transformers backend serves video from transformers 5.18, as vLLM 0.33's does (its "
-                     "video processors report their replacements and count their tokens from there)")
+    ">=5.18", reason="the transformers backend serves video from transformers 5.18, as vLLM 0.33's does: before, "
+                     "the video processors cannot count a video's tokens (5.14.1: Qwen2VLVideoProcessor has no "
+                     "get_number_of_video_patches, LLaVA-OneVision counts None)")
 
 #: (seconds, frames per second) of the three clips: three lengths, three rates
 CLIPS = [(1.0, 8), (2.0, 10), (3.0, 6)]
@@ -58,9 +59,11 @@ def hf(family: tuple[Family, Path]) -> Any:
     return load_processor(family[1])
 
 
-@pytest.fixture(scope="module")
-def processor(family: tuple[Family, Path]) -> Any:
-    return create_processor(family[1], MultiModalConfig(dtype="float32"))
+@pytest.fixture(scope="module", params=["auto", "legacy"])
+def processor(family: tuple[Family, Path], request: pytest.FixtureRequest) -> Any:
+    """The installed transformers' backend (Offsets from 5.15), and Legacy chosen explicitly
+    (which locates each video's expansion in HF's ids)."""
+    return create_processor(family[1], MultiModalConfig(dtype="float32", transformers_backend=request.param))
 
 
 @pytest.fixture(scope="module")
