@@ -6,7 +6,8 @@ engine runs.
 An image the processor gets in a flat list is tiled "anyres" (its base tile plus the tiles of the
 best grid point, newline-separated); transformers tiles only the base tile of an image that
 shares a nested list with others, which no mmfront call does. The processor takes a video
-processor (none without torchvision: docs/models.md, "torchvision")."""
+processor (none without torchvision: docs/models.md, "torchvision"), which the reference encoder
+serves too."""
 
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ and chat template, a random-weight config) and the encoder and M-RoPE positions 
 engine runs.
 
 The processor takes a video processor (transformers builds none without torchvision: see
-docs/models.md, "torchvision"); the fixture carries one at the image processor's patch sizes, so
-the folder serves videos once mmfront does."""
+docs/models.md, "torchvision"); the fixture carries one at the image processor's patch sizes.
+Videos go to HF with their metadata (``video_needs_metadata``: the processor derives
+``second_per_grid_ts`` from the frame rate, and vLLM's own Qwen2.5-VL processor passes it)."""
 
 from __future__ import annotations
 
