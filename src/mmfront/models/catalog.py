@@ -232,3 +232,10 @@ def backend_placeholder_attr(hf_processor_class: type, modality: str) -> str | N
         if modality in placeholders:
             return placeholders[modality]
     return None
+
+
+def video_needs_metadata(hf_processor_class: type) -> bool:
+    """Whether the module of the model whose processor class this is (or subclasses) says its
+    HF processor reads each video's metadata (``ModelSpec.video_needs_metadata``)."""
+    by_class = {spec.hf_processor_class: spec.video_needs_metadata for spec in model_specs().values()}
+    return any(by_class.get(cls.__name__, False) for cls in hf_processor_class.__mro__)

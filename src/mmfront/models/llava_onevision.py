@@ -6,7 +6,8 @@ engine runs.
 An image the processor gets in a flat list is tiled "anyres" (its base tile plus the tiles of the
 best grid point, newline-separated); transformers tiles only the base tile of an image that
 shares a nested list with others, which no mmfront call does. The processor takes a video
-processor (none without torchvision: docs/models.md, "torchvision")."""
+processor (none without torchvision: docs/models.md, "torchvision"), which the reference encoder
+serves too."""
 
 from __future__ import annotations
 
@@ -101,12 +102,15 @@ def _weights_config(processor: Any) -> LlavaOnevisionConfig:
     )
 
 
-def encode_llava_onevision_images(model: Any, modality: str, kwargs: BatchedTensorInputs,
-                                  features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
-    """The vision tower, projector and anyres packing (tiles unpadded to the image's aspect,
-    newline rows) of every image, each tiled on its own as the processor counted it. The images'
-    tiles go in as one ``[tiles, C, H, W]`` run, which the model splits by ``image_sizes``."""
+def encode_llava_onevision(model: Any, modality: str, kwargs: BatchedTensorInputs,
+                           features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
+    """Images: the vision tower, projector and anyres packing (tiles unpadded to the image's
+    aspect, newline rows) of every image, each tiled on its own as the processor counted it. The
+    images' tiles go in as one ``[tiles, C, H, W]`` run, which the model splits by
+    ``image_sizes``. Videos: :func:`encode_llava_onevision_videos`."""
     config = model.config
+    if modality == "video":
+        return encode_llava_onevision_videos(model, kwargs)
     sizes: torch.Tensor = kwargs["image_sizes"]  # type: ignore[assignment]
     pixels = kwargs["pixel_values"]
     # [images, tiles, C, H, W] where the batch's images have equal tile counts, else one per image
@@ -120,11 +124,26 @@ def encode_llava_onevision_images(model: Any, modality: str, kwargs: BatchedTens
     return [rows.reshape(-1, rows.shape[-1]) for rows in output.pooler_output]
 
 
+def encode_llava_onevision_videos(model: Any, kwargs: BatchedTensorInputs) -> list[torch.Tensor]:
+    """Each video's frames through the tower and projector, pooled, with the newline row after
+    them; one video at a time, since videos of different lengths do not stack."""
+    config = model.config
+    pixels = kwargs["pixel_values_videos"]
+    videos: list[torch.Tensor] = list(pixels)  # type: ignore[arg-type]
+    out = []
+    for frames in videos:
+        output = model.get_video_features(frames[None], vision_feature_layer=config.vision_feature_layer,
+                                          vision_feature_select_strategy=config.vision_feature_select_strategy,
+                                          return_dict=True)
+        out.append(output.pooler_output.reshape(-1, output.pooler_output.shape[-1]))
+    return out
+
+
 LLAVA_ONEVISION = register_model(ModelSpec(
     model_type="llava_onevision",
     hf_processor_class="LlavaOnevisionProcessor",
     fixtures={"llava_onevision": ModelKind("llava_onevision", "LlavaOnevisionForConditionalGeneration", "float32",
                                            make_llava_onevision_processor, ("tile_size", "patch_size", "max_grid"),
                                            weights_config=_weights_config)},
-    reference=ReferenceModel(encode_llava_onevision_images),
+    reference=ReferenceModel(encode_llava_onevision),
 ))

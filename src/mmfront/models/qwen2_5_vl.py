@@ -4,8 +4,9 @@ and chat template, a random-weight config) and the encoder and M-RoPE positions 
 engine runs.
 
 The processor takes a video processor (transformers builds none without torchvision: see
-docs/models.md, "torchvision"); the fixture carries one at the image processor's patch sizes, so
-the folder serves videos once mmfront does."""
+docs/models.md, "torchvision"); the fixture carries one at the image processor's patch sizes.
+Videos go to HF with their metadata (``video_needs_metadata``: the processor derives
+``second_per_grid_ts`` from the frame rate, and vLLM's own Qwen2.5-VL processor passes it)."""
 
 from __future__ import annotations
 
@@ -108,12 +109,17 @@ def _weights_config(processor: Any) -> Qwen2_5_VLConfig:
     )
 
 
-def encode_qwen2_5_vl_images(model: Any, modality: str, kwargs: BatchedTensorInputs,
-                             features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
-    """The vision tower and patch merger on every image's patches; an image owns ``t*h*w /
-    merge_size**2`` rows."""
-    grid: torch.Tensor = kwargs["image_grid_thw"]  # type: ignore[assignment]
-    pooled = pooled_rows(model.get_image_features(kwargs["pixel_values"], grid, return_dict=True))
+def encode_qwen2_5_vl(model: Any, modality: str, kwargs: BatchedTensorInputs,
+                      features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
+    """The vision tower and patch merger on every image's or video's patches; an item owns
+    ``t*h*w / merge_size**2`` rows."""
+    if modality == "video":
+        grid: torch.Tensor = kwargs["video_grid_thw"]  # type: ignore[assignment]
+        output = model.get_video_features(kwargs["pixel_values_videos"], grid, return_dict=True)
+    else:
+        grid = kwargs["image_grid_thw"]  # type: ignore[assignment]
+        output = model.get_image_features(kwargs["pixel_values"], grid, return_dict=True)
+    pooled = pooled_rows(output)
     merge = model.config.vision_config.spatial_merge_size
     return split_rows(pooled, [int(n) // (merge * merge) for n in grid.prod(-1).tolist()])
 
@@ -121,11 +127,13 @@ def encode_qwen2_5_vl_images(model: Any, modality: str, kwargs: BatchedTensorInp
 def qwen2_5_vl_positions(model: Any, prompt: Sequence[int],
                          features: Sequence[MultiModalFeatureSpec]) -> tuple[torch.Tensor, int]:
     """M-RoPE: the model's own ``get_rope_index`` on the prompt, every item's embedding positions
-    marked with its modality and its grid from the item's data."""
+    marked with its modality and its grid from the item's data (a video's temporal positions
+    also from its ``second_per_grid_ts``)."""
     device = model.device
     ids = torch.tensor([list(prompt)], device=device)
     types = torch.zeros_like(ids)
     grids: dict[str, list[torch.Tensor]] = {"image": [], "video": []}
+    seconds: list[torch.Tensor] = []
     for feature in sorted(features, key=lambda f: f.mm_position.offset):
         pos = feature.mm_position
         span = torch.arange(pos.offset, pos.offset + pos.length, device=device)
@@ -137,10 +145,13 @@ def qwen2_5_vl_positions(model: Any, prompt: Sequence[int],
                                    "carries no data: fill it from the receiver cache first.")
         grid = feature.data[f"{feature.modality}_grid_thw"].data
         grids[feature.modality].append(torch.as_tensor(grid, device=device).reshape(3))
+        if feature.modality == "video" and "second_per_grid_ts" in feature.data:
+            seconds.append(torch.as_tensor(feature.data["second_per_grid_ts"].data, device=device).reshape(()))
     position_ids, deltas = model.model.get_rope_index(
         ids, mm_token_type_ids=types,
         image_grid_thw=torch.stack(grids["image"]) if grids["image"] else None,
-        video_grid_thw=torch.stack(grids["video"]) if grids["video"] else None)
+        video_grid_thw=torch.stack(grids["video"]) if grids["video"] else None,
+        second_per_grid_ts=torch.stack(seconds) if seconds else None)
     return position_ids, int(deltas.reshape(-1)[0])
 
 
@@ -150,5 +161,6 @@ QWEN2_5_VL = register_model(ModelSpec(
     fixtures={"qwen2_5_vl": ModelKind("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "float32",
                                       make_qwen2_5_vl_processor, ("patch_size", "merge_size", "max_pixels"),
                                       weights_config=_weights_config)},
-    reference=ReferenceModel(encode_qwen2_5_vl_images, positions=qwen2_5_vl_positions),
+    reference=ReferenceModel(encode_qwen2_5_vl, positions=qwen2_5_vl_positions),
+    video_needs_metadata=True,
 ))

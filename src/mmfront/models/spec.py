@@ -65,6 +65,9 @@ class ModelSpec:
     """Offline folders ``mmfront.testing.models.build_model_folder`` builds, by kind name."""
     reference: ReferenceModel | None = None
     backend_placeholders: Mapping[str, str] = field(default_factory=dict)
+    video_needs_metadata: bool = False
+    """The HF processor reads each video's metadata (``video_metadata``: Qwen2.5-VL's
+    ``second_per_grid_ts`` comes from its frame rate), so the transformers backend passes it."""
 
 
 def pooled_rows(output: Any) -> torch.Tensor:

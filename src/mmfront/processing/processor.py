@@ -169,11 +169,19 @@ class BaseProcessingInfo:
         return float(rate) if rate else None
 
     @cached_property
+    def video_needs_metadata(self) -> bool:
+        """Whether the HF processor reads each video's metadata (``video_metadata``), so the
+        parser keeps it with the frames and refuses a video without it (vLLM's
+        ``video_needs_metadata``)."""
+        return False
+
+    @cached_property
     def data_parser(self) -> MultiModalDataParser:
         return MultiModalDataParser(
             target_sr=self.get_target_sample_rate(), enable_mm_embeds=self.config.enable_mm_embeds,
             image_mode=self.config.image_mode, rgba_background_color=self.config.rgba_background_color,
             max_resample_bytes=self.config.max_media_request_decode_bytes,
+            video_needs_metadata=self.video_needs_metadata,
         )
 
     def parse_mm_data(self, mm_data: Mapping[str, Any], *, validate: bool = True) -> MultiModalDataItems:

@@ -24,11 +24,19 @@ from functools import cached_property
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.catalog import backend_placeholder_attr
-from mmfront.parse import AudioProcessorItems, EmbeddingItems, ImageProcessorItems, MultiModalDataItems
+from mmfront.models.catalog import backend_placeholder_attr, video_needs_metadata
+from mmfront.parse import (
+    AudioProcessorItems,
+    EmbeddingItems,
+    ImageProcessorItems,
+    MultiModalDataItems,
+    VideoProcessorItems,
+)
 from mmfront.processing.hf import SCOPES, call_hf
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
@@ -45,14 +53,24 @@ TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids
 MM_TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
 """The values ``mm_token_type_ids`` marks each modality's tokens with."""
 
-_SUBPROCESSORS = {"image": ("image_processor",), "audio": ("feature_extractor", "audio_processor")}
-_HF_DATA_ARG = {"image": "images", "audio": "audio"}
-_MAIN_KEYS = {"image": ("pixel_values", "image_patches"), "audio": ("input_features", "input_values")}
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+VIDEO_MIN_VERSION = Version("5.18.0")
+"""From this version the transformers backend serves video, as vLLM 0.33's does (its gate): video
+processors report their replacements and count their tokens there."""
+
+_SUBPROCESSORS = {"image": ("image_processor",), "audio": ("feature_extractor", "audio_processor"),
+                  "video": ("video_processor",)}
+_HF_DATA_ARG = {"image": "images", "audio": "audio", "video": "videos"}
+_MAIN_KEYS = {"image": ("pixel_values", "image_patches"), "audio": ("input_features", "input_values"),
+              "video": ("pixel_values_videos",)}
 _WRAPPER_ATTRS = {
     "image": (("boi_token", "image_start_token", "fake_image_token"),
               ("eoi_token", "image_end_token", "fake_image_token")),
     "audio": (("audio_bos_token", "audio_start_token"), ("audio_eos_token", "audio_end_token")),
+    "video": (("video_start_token",), ("video_end_token",)),
 }
+_PER_VIDEO_KEYS = ("video_grid_thw", "second_per_grid_ts")
+"""One row per video whatever the video holds (vLLM registers them so)."""
 _STRUCTURE_ATTRS = ("global_image_tag", "image_wrapper_token")
 _warned_dropped: set[tuple[str, str]] = set()
 
@@ -63,11 +81,14 @@ class TransformersProcessingInfo(BaseProcessingInfo):
     @cached_property
     def modalities(self) -> tuple[str, ...]:
         """The modalities this processor can place: a sub-processor for the data and a text
-        placeholder for the prompt. Video is not served (vLLM gates it on transformers >= 5.18)."""
+        placeholder for the prompt. Video only from transformers 5.18 (:data:`VIDEO_MIN_VERSION`)
+        and where the processor counts video tokens, as in vLLM 0.33."""
         proc = self.hf_processor
         found = []
         for modality, attrs in _SUBPROCESSORS.items():
             if not any(getattr(proc, a, None) is not None for a in attrs):
+                continue
+            if modality == "video" and not self.serves_video:
                 continue
             if not isinstance(getattr(proc, f"{modality}_token", None), str):
                 raise UnsupportedModelError(
@@ -82,6 +103,30 @@ class TransformersProcessingInfo(BaseProcessingInfo):
                 "transformers backend has nothing to process."
             )
         return tuple(found)
+
+    @cached_property
+    def serves_video(self) -> bool:
+        """Video is placed where vLLM's transformers backend places it: transformers >= 5.18, a
+        ``video_token`` and a processor that counts a video's tokens."""
+        proc = self.hf_processor
+        if TRANSFORMERS_VERSION < VIDEO_MIN_VERSION or not isinstance(getattr(proc, "video_token", None), str):
+            return False
+        frames = getattr(proc.video_processor, "temporal_patch_size", 1)
+        try:
+            counted = proc._get_num_multimodal_tokens(video_sizes=[(frames, 224, 224)])
+        except (AttributeError, NotImplementedError, TypeError, ValueError, KeyError):
+            return False
+        return getattr(counted, "num_video_tokens", None) is not None
+
+    @cached_property
+    def video_needs_metadata(self) -> bool:
+        """The HF video processor samples frames itself by default (vLLM's transformers backend
+        rule), or the model's module says its processor reads the metadata (Qwen2.5-VL's
+        ``second_per_grid_ts``, as vLLM's own Qwen2.5-VL processor passes it)."""
+        proc = self.hf_processor
+        if "video" not in self.modalities:
+            return False
+        return bool(getattr(proc.video_processor, "do_sample_frames", False)) or video_needs_metadata(type(proc))
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         return dict.fromkeys(self.modalities)
@@ -222,6 +267,8 @@ def field_config(modality: str, key: str, data: Any, layout: ModalityLayout) -> 
         return MultiModalFieldConfig.batched(modality)
     if not isinstance(data, torch.Tensor) or data.ndim == 0:
         raise FieldConfigError(f"{modality} output {key!r} ({type(data).__name__}) has no item dimension.")
+    if modality == "video" and (key in _PER_VIDEO_KEYS or data.shape[0] == layout.count):
+        return MultiModalFieldConfig.batched(modality, keep_on_cpu=key in _PER_VIDEO_KEYS)
     total = sum(layout.rows)
     dim = slice_dim(data, total)
     if data.shape[dim] == total:
@@ -264,15 +311,18 @@ def drop_tile_padding(data: dict[str, Any], count: int) -> None:
     data["pixel_values"] = own
 
 
-def merge_item_outputs(outputs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_item_outputs(outputs: Sequence[Mapping[str, Any]], *, unbatch: bool = False) -> dict[str, Any]:
     """Outputs of one HF call per item, as one output: concatenated along rows where the shapes
-    allow it, else one tensor per item."""
+    allow it, else one tensor per item. ``unbatch``: such a tensor loses its batch dimension of
+    one (a video's ``[1, frames, C, H, W]``), so the item is what it is in a call of several."""
     merged: dict[str, Any] = {}
     for key in outputs[0]:
         parts = [out[key] for out in outputs]
-        if all(isinstance(p, torch.Tensor) and p.ndim > 0 for p in parts) and all(
-                p.shape[1:] == parts[0].shape[1:] for p in parts):
+        tensors = all(isinstance(p, torch.Tensor) and p.ndim > 0 for p in parts)
+        if tensors and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
             merged[key] = torch.cat(parts)
+        elif tensors and unbatch and all(p.shape[0] == 1 for p in parts):
+            merged[key] = [p[0] for p in parts]
         else:
             merged[key] = parts
     return merged
@@ -361,6 +411,9 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             items = mm_items[modality]
             if modality == "image":
                 outputs = [self._call_on_dummy_text("image", items.get_all(), hf_kwargs)]
+            elif modality == "video":
+                videos = mm_items.get_items("video", VideoProcessorItems)
+                outputs = [self._call_on_video(videos.get(i), hf_kwargs) for i in range(videos.get_count())]
             else:
                 audios = mm_items.get_items("audio", AudioProcessorItems)
                 lengths = {audios.get_audio_length(i) for i in range(audios.get_count())}
@@ -377,6 +430,19 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             layout[modality] = lay
         out[LAYOUT_KEY] = layout
         return out
+
+    def _call_on_video(self, video: Any, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """One video per call: processors stack a call's videos, which fails on (or would pad) clips
+        of different lengths, and one video's data must not depend on its neighbours'. The frames
+        were sampled when loaded, so HF samples none (``do_sample_frames=False``, unless the
+        metadata asks otherwise); the metadata goes along where the processor reads it, as vLLM
+        passes it."""
+        extra: dict[str, Any] = {**self._dummy_call_kwargs(), "do_sample_frames": False}
+        if isinstance(video, tuple):
+            video, metadata = video
+            extra["do_sample_frames"] = bool(metadata.get("do_sample_frames", False))
+            extra["video_metadata"] = [{k: v for k, v in metadata.items() if k != "do_sample_frames"}]
+        return self.run_hf([self.info.placeholder("video")], {"video": [video]}, hf_kwargs, **extra)
 
     def _call_on_dummy_text(self, modality: str, items: list[Any], hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         placeholder = self.info.placeholder(modality)
@@ -400,15 +466,15 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         else:
             rows = [self.item_rows(modality, items.subset([i]), d, hf_kwargs, o)[0]
                     for i, (d, o) in enumerate(zip(datas, outputs))]
-            data = merge_item_outputs(datas)
+            data = merge_item_outputs(datas, unbatch=modality == "video")
         return data, ModalityLayout(count=items.get_count(), keys=list(data), rows=rows)
 
     def _add_item_sizes(self, modality: str, outputs: Sequence[Mapping[str, Any]], data: dict[str, Any],
                         layout: ModalityLayout) -> None:
         """Per-item counts the model receives with the data (``num_image_patches``)."""
-        if modality == "image":
-            data["num_image_patches"] = torch.tensor(layout.rows)
-            layout.size_keys.append("num_image_patches")
+        if modality in ("image", "video"):
+            data[f"num_{modality}_patches"] = torch.tensor(layout.rows)
+            layout.size_keys.append(f"num_{modality}_patches")
 
     def _add_expansions(self, modality: str, items: Any, outputs: Sequence[Mapping[str, Any]], *,
                         data: dict[str, Any], layout: ModalityLayout, hf_kwargs: Mapping[str, Any]) -> None:
@@ -444,6 +510,9 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         key = main_key(modality, data)
         if modality == "image":
             rows = self.image_rows(items, data, hf_kwargs, hf_out)
+        elif modality == "video":
+            grid = data.get("video_grid_thw")
+            rows = [int(x) for x in grid.prod(-1).tolist()] if isinstance(grid, torch.Tensor) else [1] * count
         else:
             total = row_count(data[key]) if key is not None else count
             if total % count:

@@ -300,12 +300,16 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
         return frame
 
     def _probe(self, modality: str, count: int) -> list[tuple[list[int], int, int]]:
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs)
+        if modality == "video":  # one video per call, as every video is processed
+            videos = self.info.parse_mm_data({"video": [_probe_video(self.info.hf_processor)]}, validate=False)
+            return self._expansions("video", videos["video"], self._call_on_video(videos["video"].get(0), hf_kwargs),
+                                    hf_kwargs)
         data: list[Any] = (
             [Image.new("RGB", (PROBE_IMAGE_SIZE, PROBE_IMAGE_SIZE), (255, 255, 255))] * count if modality == "image"
             else [np.zeros(int(self.info.get_target_sample_rate() or 16000), dtype=np.float32)] * count
         )
         items = self.info.parse_mm_data({modality: data}, validate=False)[modality]
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs)
         return self._expansions(modality, items, self._call_on_dummy_text(modality, data, hf_kwargs), hf_kwargs)
 
     def _own_wrappers(self, modality: str, core: list[int]) -> tuple[int, int] | None:
@@ -338,6 +342,14 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
             "at the start of the prompt), so it cannot place items apart from their prompt. Use transformers >= 5.15 "
             "(Offsets backend) if the processor reports text_replacement_offsets there."
         )
+
+
+def _probe_video(hf_processor: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """White frames, one temporal patch of them, with the metadata a 2 fps clip of them has."""
+    frames = int(getattr(hf_processor.video_processor, "temporal_patch_size", None) or 2)
+    metadata = {"total_num_frames": frames, "fps": 2.0, "duration": frames / 2.0, "video_backend": "opencv",
+                "frames_indices": list(range(frames)), "do_sample_frames": False}
+    return np.full((frames, PROBE_IMAGE_SIZE, PROBE_IMAGE_SIZE, 3), 255, dtype=np.uint8), metadata
 
 
 def _strip_suffix(text: str, suffix: str | None) -> str | None:

@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import transformers
 from packaging.version import Version
 from transformers import ProcessorMixin
 
 from mmfront.errors import MissingOffsetsError, ProcessorError
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.models.transformers.base import (
+    TRANSFORMERS_VERSION,
     ModalityLayout,
     _MultiModalProcessorBase,
     most_frequent_token,
@@ -32,7 +32,6 @@ from mmfront.processing.hf import resolve_hf_kwargs
 from mmfront.processing.processor import BaseProcessingInfo
 from mmfront.processing.updates import PromptUpdate, PromptUpdateDetails
 
-TRANSFORMERS_VERSION = Version(transformers.__version__)
 OFFSETS_MIN_VERSION = Version("5.15.0")
 """From this version HF processors report ``text_replacement_offsets`` (Gemma3, Emu3 and most
 others; Idefics3 and GLM-ASR already did in 5.14.1, Qwen2-Audio only from 5.16)."""
