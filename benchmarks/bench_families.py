@@ -57,7 +57,7 @@ def _items(modality: str, rate: float | None, count: int) -> list[Any]:
 
 def _measure_modality(report: Report, family: str, proc: Any, modality: str, quick: bool) -> None:
     rate = proc.info.get_target_sample_rate() if modality == "audio" else None
-    prompt = prompt_for(proc.info.get_placeholder_str(modality, 0), 1)
+    prompt = prompt_for(proc.get_placeholder_str(modality, 0), 1)
     cache = processor_cache_from_config(MultiModalConfig())
     rounds = 3 if quick else 7
     fresh = iter(_items(modality, rate, rounds + 1))
@@ -92,5 +92,5 @@ def run(report: Report, quick: bool) -> None:
             try:
                 _measure(report, family, processor_class, Path(tmp) / processor_class, quick)
             except (MMFrontError, ImportError, ValueError, TypeError, OSError) as exc:
-                reason = str(exc).splitlines()[0][:90] if str(exc) else type(exc).__name__
+                reason = " ".join(str(exc).split())[:90] or "no message"
                 report.add(GROUP, f"{family}: not measured ({type(exc).__name__}: {reason})", 0, "")
