@@ -15,13 +15,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mmfront.testing.coverage import build_processor_folder, prompt_for
-
 from _harness import Report, median_time
 from mmfront import MultiModalConfig
 from mmfront.cache import processor_cache_from_config
 from mmfront.errors import MMFrontError
 from mmfront.models.registry import create_processor
+from mmfront.testing.coverage import build_processor_folder, prompt_for
 from mmfront.testing.media import make_audio, make_image
 
 GROUP = "families: hit / miss"
