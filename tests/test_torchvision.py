@@ -3,17 +3,12 @@ it makes PyPI's CUDA torchvision import beside CPU torch, and changes nothing el
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
 
-import pytest
-
+from markers import NEEDS_TORCHVISION
 from mmfront import _torchvision
-
-NEEDS_TORCHVISION = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
-                                       reason="torchvision is not installed (`make test` installs it)")
 
 
 def _run(code: str) -> str:

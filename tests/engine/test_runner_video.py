@@ -6,7 +6,6 @@ keeps, with their metadata)."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import torch
 import transformers
 from runner_cases import DEVICE, run, wire_round_trip
 
+from markers import NEEDS_TORCHVISION, VIDEO_SERVED
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.runner import ModelRunner
 from mmfront.media import DecodeBudget, load_video_bytes
@@ -23,13 +23,7 @@ from mmfront.testing.media import image_data_url, make_image, make_video
 from mmfront.testing.models import build_model_folder, load_processor
 from mmfront.wire import SamplingParams
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.hf_version(">=5.18", reason="the transformers backend serves video from transformers 5.18, as "
-                                            "vLLM 0.33's does"),
-    pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
-                       reason="transformers builds no video processor without torchvision (docs/models.md)"),
-]
+pytestmark = [pytest.mark.slow, VIDEO_SERVED, NEEDS_TORCHVISION]
 
 MAX_TOKENS = 6
 CLIP = make_video(seconds=1.5, fps=8, seed=6)

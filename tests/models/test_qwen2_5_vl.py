@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-from vision_cases import NEEDS_TORCHVISION, check_placeholders, hf_call, images, item, prompt
+from vision_cases import check_placeholders, hf_call, images, item, prompt
 
+from markers import NEEDS_TORCHVISION
 from mmfront import MultiModalConfig, create_processor
 from mmfront.models.qwen2_5_vl import QWEN2_VL_CHAT_TEMPLATE
 from mmfront.testing.models import build_model_folder, load_processor

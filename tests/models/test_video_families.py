@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from vision_cases import NEEDS_TORCHVISION
 
+from markers import NEEDS_TORCHVISION, VIDEO_SERVED
 from mmfront import MediaWithBytes, MultiModalConfig, create_processor
 from mmfront.cache import processor_only_cache_from_config
 from mmfront.media import DecodeBudget, load_video_bytes
@@ -21,10 +21,6 @@ from mmfront.testing.media import make_image, make_video
 from mmfront.testing.models import build_model_folder, load_processor
 
 pytestmark = [pytest.mark.backend, NEEDS_TORCHVISION]
-SERVED = pytest.mark.hf_version(
-    ">=5.18", reason="the transformers backend serves video from transformers 5.18, as vLLM 0.33's does: before, "
-                     "the video processors cannot count a video's tokens (5.14.1: Qwen2VLVideoProcessor has no "
-                     "get_number_of_video_patches, LLaVA-OneVision counts None)")
 
 #: (seconds, frames per second) of the three clips: three lengths, three rates
 CLIPS = [(1.0, 8), (2.0, 10), (3.0, 6)]
@@ -107,7 +103,7 @@ def video_rows(want: dict[str, Any], count: int) -> list[torch.Tensor]:
     return list(pixels.split([int(n) for n in grid.prod(-1)]))
 
 
-@SERVED
+@VIDEO_SERVED
 def test_the_family_takes_video(processor: Any, family: tuple[Family, Path]) -> None:
     assert "video" in processor.info.get_supported_mm_limits()
     assert processor.info.video_needs_metadata == (family[0].kind == "qwen2_5_vl")  # as vLLM's own processors
@@ -118,7 +114,7 @@ def test_video_is_refused_before_transformers_5_18(processor: Any) -> None:
     assert "video" not in processor.info.get_supported_mm_limits()
 
 
-@SERVED
+@VIDEO_SERVED
 def test_three_clips_equal_hf(processor: Any, hf: Any, family: tuple[Family, Path], clips: list[bytes]) -> None:
     fam = family[0]
     videos = [load(hf, clip, fam.media_io_kwargs) for clip in clips]
@@ -139,7 +135,7 @@ def test_three_clips_equal_hf(processor: Any, hf: Any, family: tuple[Family, Pat
     assert sum(p.length for p in out["mm_placeholders"]["video"]) < len(ids)
 
 
-@SERVED
+@VIDEO_SERVED
 def test_each_clip_alone_equals_hf_alone(processor: Any, hf: Any, family: tuple[Family, Path],
                                          clips: list[bytes]) -> None:
     """With the default sampling the clips keep different frame counts; each video's data is what
@@ -151,7 +147,7 @@ def test_each_clip_alone_equals_hf_alone(processor: Any, hf: Any, family: tuple[
         assert torch.equal(together["mm_kwargs"]["video"][i]["pixel_values_videos"].data, video_rows(want, 1)[0])
 
 
-@SERVED
+@VIDEO_SERVED
 def test_images_and_videos_in_one_prompt_equal_hf(processor: Any, hf: Any, family: tuple[Family, Path],
                                                   clips: list[bytes]) -> None:
     fam = family[0]
@@ -169,7 +165,7 @@ def test_images_and_videos_in_one_prompt_equal_hf(processor: Any, hf: Any, famil
         assert torch.equal(out["mm_kwargs"]["video"][i]["pixel_values_videos"].data, rows[i])
 
 
-@SERVED
+@VIDEO_SERVED
 def test_a_repeated_video_hits_the_cache_and_decodes_nothing(processor: Any, hf: Any, family: tuple[Family, Path],
                                                              clips: list[bytes]) -> None:
     cache = processor_only_cache_from_config(MultiModalConfig())

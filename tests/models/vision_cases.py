@@ -4,18 +4,11 @@ with text before, between and after them, processed by mmfront and by the HF pro
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
-import pytest
 import torch
 
 from mmfront.testing.media import make_image
-
-NEEDS_TORCHVISION = pytest.mark.skipif(
-    importlib.util.find_spec("torchvision") is None,
-    reason="transformers builds no video processor, so none of this processor, without torchvision "
-           "(`make test` installs it; docs/models.md, 'torchvision')")
 
 #: (width, height, seed) of the images the prompts take, in order
 SIZES = [(64, 48, 0), (40, 72, 1), (100, 30, 2)]

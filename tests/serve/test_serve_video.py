@@ -6,7 +6,6 @@ the same chat again takes the video from the caches."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,18 +16,13 @@ import torch
 import transformers
 from serve_harness import MODEL_NAME, Served, expected_text, serve
 
+from markers import NEEDS_TORCHVISION, VIDEO_SERVED
 from mmfront import MultiModalConfig
 from mmfront.media import DecodeBudget, load_video_bytes
 from mmfront.testing.media import image_data_url, make_image, make_video
 from mmfront.testing.models import build_model_folder, load_processor
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.hf_version(">=5.18", reason="the transformers backend serves video from transformers 5.18, as "
-                                            "vLLM 0.33's does"),
-    pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
-                       reason="transformers builds no video processor without torchvision (docs/models.md)"),
-]
+pytestmark = [pytest.mark.slow, VIDEO_SERVED, NEEDS_TORCHVISION]
 
 MAX_TOKENS = 6
 CLIP = make_video(seconds=2.0, fps=6, seed=4)

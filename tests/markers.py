@@ -1,0 +1,17 @@
+"""Skip markers several test folders share: what the installed libraries allow."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+NEEDS_TORCHVISION = pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is None,
+    reason="transformers builds no video processor, nor the processors that take one, without torchvision "
+           "(`make test` installs it; docs/models.md, 'torchvision')")
+
+VIDEO_SERVED = pytest.mark.hf_version(
+    ">=5.18", reason="the transformers backend serves video from transformers 5.18, as vLLM 0.33's does: before, "
+                     "the video processors cannot count a video's tokens (5.14.1: Qwen2VLVideoProcessor has no "
+                     "get_number_of_video_patches, LLaVA-OneVision counts None)")
