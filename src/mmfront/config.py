@@ -175,7 +175,8 @@ class MultiModalConfig:
     enable_tower_connector_lora: bool = False
     """Prefix ``identifier`` with the LoRA name, separating encoder/prefix caches per LoRA."""
     transformers_backend: TransformersBackend = "auto"
-    """Transformers-backend processor: ``auto`` picks Offsets on transformers >= 5.15, Legacy below."""
+    """Transformers-backend processor: ``auto`` picks Offsets on transformers >= 5.15 (Legacy for a processor
+    that reports no offsets), Legacy below."""
 
     # --- chat templates (vLLM: --chat-template, --chat-template-content-format, --trust-request-chat-template) ---
     chat_template: str | None = None

@@ -20,10 +20,10 @@ from mmfront.processing.hf import load_hf_processor
 from mmfront.processing.processor import BaseMultiModalProcessor
 
 
-def _transformers_backend(config: MultiModalConfig) -> ProcessorFactory:
+def _transformers_backend(config: MultiModalConfig, hf_processor: Any) -> ProcessorFactory:
     from mmfront.models.transformers import select_backend
 
-    return select_backend(config)
+    return select_backend(config, hf_processor)
 
 
 def resolve_factory(hf_processor: Any, config: MultiModalConfig, model_type: str | None = None) -> ProcessorFactory:
@@ -39,7 +39,7 @@ def resolve_factory(hf_processor: Any, config: MultiModalConfig, model_type: str
             f"or audio feature extractor. Native processors: {native_processor_classes()}; other multimodal HF processors go "
             "through the transformers backend."
         )
-    return _transformers_backend(config)
+    return _transformers_backend(config, hf_processor)
 
 
 def model_type_of(folder: str | Path | None) -> str | None:

@@ -27,6 +27,7 @@ from mmfront.models.transformers import (
     OffsetsMultiModalProcessor,
     TransformersProcessingInfo,
     has_replacement_hook,
+    offsets_missing,
     offsets_request_kwargs,
     select_backend,
 )
@@ -183,3 +184,48 @@ def test_placeholders_and_special_tokens(cls: type, idefics3_processor: Any, qwe
         gemma3 = build(cls, gemma3_processor)
         assert gemma3.get_placeholder_str("image", 0) == "<start_of_image>"
         assert {"<start_of_image>", "<end_of_image>", "<image_soft_token>"} <= gemma3.get_mm_special_tokens()
+
+
+# --- auto: a processor without offsets falls back to Legacy -----------------------------------
+
+
+@pytest.mark.hf_version(">=5.15", reason="auto probes for offsets only where Offsets is the default")
+def test_auto_serves_a_processor_without_the_hook_through_legacy(caplog: pytest.LogCaptureFixture) -> None:
+    hf = make_idefics2()
+    assert select_backend(MultiModalConfig(), hf).processor_cls is LegacyMultiModalProcessor
+    with caplog.at_level("WARNING", logger="mmfront.models.transformers"):
+        proc = create_processor(hf, MultiModalConfig())
+    assert type(proc) is LegacyMultiModalProcessor
+    assert "Idefics2Processor is served by the Legacy transformers backend" in caplog.text
+    out = proc.apply("User:<image> hi", {"image": [make_image(32, 32)]})
+    assert out["prompt_token_ids"] == list(hf(text="User:<image> hi", images=[make_image(32, 32)])["input_ids"][0])
+
+
+@pytest.mark.hf_version(">=5.15", reason="auto probes for offsets only where Offsets is the default")
+def test_auto_probes_a_processor_that_has_the_hook_but_reports_no_offsets() -> None:
+    reason = offsets_missing(make_mllama(), MultiModalConfig())
+    assert isinstance(reason, MissingOffsetsError)
+    assert "MllamaProcessor returned no text_replacement_offsets for its image items" in str(reason)
+    assert select_backend(MultiModalConfig(), make_mllama()).processor_cls is LegacyMultiModalProcessor
+
+
+@pytest.mark.hf_version(">=5.15", reason="Idefics3 and GLM-ASR report offsets; Offsets is the default from 5.15")
+def test_auto_keeps_offsets_for_a_processor_that_reports_them(idefics3_processor: Any) -> None:
+    assert offsets_missing(idefics3_processor, MultiModalConfig()) is None
+    assert select_backend(MultiModalConfig(), idefics3_processor).processor_cls is OffsetsMultiModalProcessor
+    assert type(create_processor(make_glmasr_processor(), MultiModalConfig())) is OffsetsMultiModalProcessor
+
+
+def test_explicit_offsets_still_refuses_a_processor_without_offsets() -> None:
+    with pytest.raises(MissingOffsetsError, match="Idefics2Processor does not implement `replace_image_token`"):
+        create_processor(make_idefics2(), MultiModalConfig(transformers_backend="offsets"))
+
+
+@pytest.mark.parametrize("setting", ["auto", "legacy"])
+def test_mllama_is_refused_for_its_per_prompt_cross_attention_mask(setting: str) -> None:
+    with pytest.raises(UnsupportedModelError) as info:
+        create_processor(make_mllama(), MultiModalConfig(transformers_backend=setting))  # type: ignore[arg-type]
+    message = str(info.value)
+    for part in ("MllamaProcessor returns 'cross_attention_mask', one row per prompt token",
+                 "cannot be split per item", "vLLM 0.33 dropped", "0.10.2"):
+        assert part in message

@@ -9,7 +9,11 @@ transformers_backend`` overrides it. See ``docs/transformers-backend.md``.
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from mmfront.config import MultiModalConfig
+from mmfront.errors import MissingOffsetsError
 from mmfront.models.catalog import ProcessorFactory
 from mmfront.models.transformers.base import TransformersProcessingInfo
 from mmfront.models.transformers.legacy import LegacyMultiModalProcessor
@@ -21,20 +25,41 @@ from mmfront.models.transformers.offsets import (
     offsets_request_kwargs,
 )
 
+logger = logging.getLogger(__name__)
+
 MultiModalProcessor: type[LegacyMultiModalProcessor] | type[OffsetsMultiModalProcessor] = (
     LegacyMultiModalProcessor if TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION else OffsetsMultiModalProcessor
 )
 
 
-def select_backend(config: MultiModalConfig) -> ProcessorFactory:
+def select_backend(config: MultiModalConfig, hf_processor: Any = None) -> ProcessorFactory:
     """The backend ``config.transformers_backend`` asks for: ``auto`` (by transformers version),
     ``legacy`` or ``offsets``. Offsets on transformers < 5.15 serves only processors that already
-    report offsets there (Idefics3, GLM-ASR); the others are refused when built."""
+    report offsets there (Idefics3, GLM-ASR); the others are refused when built.
+
+    With ``auto`` and a ready ``hf_processor``, a processor that reports no offsets (no
+    ``replace_<modality>_token`` hook, or a ``__call__`` that never reaches it, as Mllama's) is
+    served by Legacy instead of being refused: probed once, here, and logged."""
     if config.transformers_backend == "legacy":
         return ProcessorFactory(LegacyMultiModalProcessor, TransformersProcessingInfo)
     if config.transformers_backend == "offsets":
         return ProcessorFactory(OffsetsMultiModalProcessor, TransformersProcessingInfo)
+    if MultiModalProcessor is OffsetsMultiModalProcessor and hf_processor is not None:
+        reason = offsets_missing(hf_processor, config)
+        if reason is not None:
+            logger.warning("%s is served by the Legacy transformers backend: %s", type(hf_processor).__name__,
+                           str(reason).split(". ")[0])
+            return ProcessorFactory(LegacyMultiModalProcessor, TransformersProcessingInfo)
     return ProcessorFactory(MultiModalProcessor, TransformersProcessingInfo)
+
+
+def offsets_missing(hf_processor: Any, config: MultiModalConfig) -> MissingOffsetsError | None:
+    """Why Offsets cannot serve ``hf_processor`` (the error it would raise), or None."""
+    info = TransformersProcessingInfo(hf_processor, model_id=type(hf_processor).__name__, config=config)
+    try:
+        return OffsetsMultiModalProcessor(info).offsets_missing()
+    except MissingOffsetsError as exc:
+        return exc
 
 
 __all__ = [
@@ -45,6 +70,7 @@ __all__ = [
     "OffsetsMultiModalProcessor",
     "TransformersProcessingInfo",
     "has_replacement_hook",
+    "offsets_missing",
     "offsets_request_kwargs",
     "select_backend",
 ]

@@ -53,6 +53,9 @@ TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids
 MM_TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
 """The values ``mm_token_type_ids`` marks each modality's tokens with."""
 
+PROBE_IMAGE_SIZE = 64
+"""Edge of the dummy images a processor is probed with (every tested image processor takes it)."""
+
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 VIDEO_MIN_VERSION = Version("5.18.0")
 """From this version the transformers backend serves video, as vLLM 0.33's does (its gate): video

@@ -37,6 +37,7 @@ from mmfront.errors import ProcessorError, UnsupportedModelError
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.models.transformers.base import (
     MM_TOKEN_TYPE,
+    PROBE_IMAGE_SIZE,
     ModalityLayout,
     _MultiModalProcessorBase,
     most_frequent_token,
@@ -57,8 +58,25 @@ MAX_WRAPPER_DISTANCE = 16
 """How far from an item's marked tokens its begin/end token may sit (Emu3 writes the grid size,
 ``"{h}*{w}<|image token|>"``, between ``<|image start|>`` and the first ``<image>``)."""
 
-PROBE_IMAGE_SIZE = 64
-"""Edge of the dummy images the frame is learned from (every tested image processor takes it)."""
+
+
+PROMPT_LAID_OUT_KEYS = ("cross_attention_mask",)
+"""HF outputs with one row per prompt token: they belong to the prompt as a whole, not to an item."""
+
+
+def refuse_prompt_outputs(hf_processor: Any, hf_out: Mapping[str, Any]) -> None:
+    """Refuse a processor whose item data is laid out along the prompt's tokens (Mllama's
+    ``cross_attention_mask``: ``[batch, prompt tokens, images, tiles]``, which image each text token
+    attends to). It cannot be split per item nor cached apart from the prompt, and vLLM 0.33 serves no
+    model that takes it (it dropped ``MllamaForConditionalGeneration``, the cross-attention
+    encoder-decoder, in 0.10.2)."""
+    keys = [k for k in PROMPT_LAID_OUT_KEYS if k in hf_out]
+    if keys:
+        raise UnsupportedModelError(
+            f"{type(hf_processor).__name__} returns {keys[0]!r}, one row per prompt token: it cannot be split per "
+            "item or processed apart from the prompt, as the transformers backend needs. vLLM 0.33 dropped this "
+            "model too (MllamaForConditionalGeneration, in 0.10.2); serve a decoder-only model (Llama 4) instead."
+        )
 
 
 def token_runs(positions: np.ndarray) -> list[tuple[int, int]]:
@@ -223,6 +241,7 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
                     ) -> list[tuple[list[int], int, int]]:
         """``(its text sample's ids, start, end)`` of each item's expansion in one dummy-text call:
         images all in one sample, audio one per sample."""
+        refuse_prompt_outputs(self.info.hf_processor, hf_out)
         rows = [[int(t) for t in row] for row in hf_out["input_ids"].tolist()]
         marks = hf_out.get("mm_token_type_ids", hf_out.get("token_type_ids"))
         mark_rows = marks.tolist() if isinstance(marks, torch.Tensor) else [None] * len(rows)

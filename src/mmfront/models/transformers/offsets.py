@@ -17,11 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 from packaging.version import Version
+from PIL import Image
 from transformers import ProcessorMixin
 
-from mmfront.errors import MissingOffsetsError, ProcessorError
+from mmfront.errors import MissingOffsetsError, MMFrontError, ProcessorError
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.models.transformers.base import (
+    PROBE_IMAGE_SIZE,
     TRANSFORMERS_VERSION,
     ModalityLayout,
     _MultiModalProcessorBase,
@@ -93,6 +95,24 @@ class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
 
     def _dummy_call_kwargs(self) -> dict[str, Any]:
         return offsets_request_kwargs()
+
+    def offsets_missing(self) -> MissingOffsetsError | None:
+        """Why this processor cannot be served here, probed once on one small dummy item per image
+        or audio modality: the refusal of the first modality HF reports no offsets for (Mllama has
+        the hook, but its ``__call__`` never reaches it), else None. A probe HF itself refuses
+        decides nothing: the real request reports that error."""
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs)
+        probes: dict[str, Any] = {"image": Image.new("RGB", (PROBE_IMAGE_SIZE, PROBE_IMAGE_SIZE), (255, 255, 255)),
+                                  "audio": np.zeros(int(self.info.get_target_sample_rate() or 16000), np.float32)}
+        for modality in (m for m in self.modalities if m in probes):
+            try:
+                out = self._call_on_dummy_text(modality, [probes[modality]], hf_kwargs)
+            except MMFrontError:
+                continue
+            if not any(entry.get("type") == modality for sample in (out.get("text_replacement_offsets") or ())
+                       for entry in sample):
+                return no_offsets_error(self.info.hf_processor, modality)
+        return None
 
     def replacements(self, modality: str, outputs: Sequence[Mapping[str, Any]], count: int) -> list[str]:
         """The replacement text of each item, in item order, across the calls' text samples."""
