@@ -10,6 +10,7 @@ hypothesis state machine over interleavings of add / cancel / abort / admit / ou
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections import deque
@@ -186,6 +187,38 @@ def test_a_stream_closed_early_and_its_id_reused_gets_only_the_new_requests_outp
         assert (await anext(first)).new_token_ids == [1]
         await first.aclose()
         second = await client.add_request("r", [1, 2, 3], SamplingParams(max_tokens=100))
+        got: list[int] = []
+        for _ in range(20):
+            got += (await anext(second)).new_token_ids
+        await second.aclose()
+        return got
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 20)) == [2] * 20
+        deadline = time.monotonic() + 5
+        while len(engine.aborted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.aborted) == 2 and len(set(engine.aborted)) == 2  # both incarnations stopped
+    finally:
+        client.close_blocking()
+        engine.close()
+
+
+def test_a_stream_dropped_before_its_first_read_frees_its_id_at_once() -> None:
+    """A consumer that goes away before it reads (a client disconnecting at once) drops a stream
+    whose generator never ran; its id is free as soon as it is dropped, not when the reader thread
+    has aborted it (found by the soak's cancel storms)."""
+    engine = StreamingEngine()
+    client = AsyncEngineClient(toy_processor(), engine.p0)
+    abort_abandoned = client._abort_abandoned
+    client._abort_abandoned = lambda: None  # type: ignore[method-assign]  # the reader thread is slow to abort
+
+    async def main() -> list[int]:
+        first = await client.add_request("r", [1, 2, 3], SamplingParams(max_tokens=100))
+        del first  # never read: its generator never ran, only its finalizer can tell the client
+        gc.collect()
+        second = await client.add_request("r", [1, 2, 3], SamplingParams(max_tokens=100))
+        client._abort_abandoned = abort_abandoned  # type: ignore[method-assign]
         got: list[int] = []
         for _ in range(20):
             got += (await anext(second)).new_token_ids
