@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import threading
 import time
 from collections import deque
@@ -272,6 +273,25 @@ def test_two_frontends_sending_one_id_the_second_gets_a_typed_refusal() -> None:
     assert isinstance(event, RequestFailed) and isinstance(event.error, ValidationError)
     assert event.error.parameter == "request_id" and "'same' is already running on engine 0" in str(event.error)
     assert client.in_flight == [] and client.running == []
+    receiver.close()
+
+
+def test_a_frontend_repeating_a_running_id_is_refused_each_time_and_logged_sparingly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A rogue frontend sending one running id over and over (the soak's floods) gets a refusal
+    naming it each time; the engine's log gets ten lines, not one per refusal."""
+    first, second = Wire(), Wire()
+    receiver = EngineCoreReceiver(first, None, heartbeat_s=60)
+    receiver.add_frontend(second, None)
+    first.inbox.append(encode_envelope(REQUEST, ENC.encode(request("same"))))
+    assert [r.request_id for r in receiver.poll()] == ["same"]
+    second.inbox.extend(encode_envelope(REQUEST, ENC.encode(request("same"))) for _ in range(500))
+    with caplog.at_level(logging.WARNING, logger="mmfront.engine.receiver"):
+        while second.inbox:
+            assert receiver.poll() == []
+    refusals = [f for f in second.sent if bytes(f[0]) == ENGINE_OUTPUTS and OUTPUTS.decode(f[2:]).outputs]
+    assert len(refusals) == 500 and receiver.requests_refused == 500
+    assert len([r for r in caplog.records if "refused request" in r.getMessage()]) == 10
     receiver.close()
 
 
