@@ -27,6 +27,8 @@ from mmfront.wire import EngineCoreRequest
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
 SOAK_SCRIPT = Path(__file__).with_name("soak.py")
+FLOOD_SETTLE = 100
+"""Requests after an engine's first flood before its RSS baseline (the flood has been read)."""
 
 # --- the echo engine (a separate process) -----------------------------------------------------
 
@@ -94,9 +96,11 @@ class Engines:
         self.shm_name = shm_name
         self.process: subprocess.Popen[bytes] | None = None
         self.started_at = 0
+        self.early_kib: int | None = None
         self.warm_kib: int | None = None
-        self.lives: list[tuple[int, int]] = []
-        """Per engine killed or stopped after its warm-up: (RSS after warm-up, RSS at the end) in KiB."""
+        self.lives: list[tuple[int, int, int]] = []
+        """Per engine killed or stopped after its warm-up, in KiB: RSS after ``--engine-warmup``
+        requests, after its first flood too (the baseline), and at the end."""
         self.reaped: list[int | None] = []
 
     def command(self) -> list[str]:
@@ -111,10 +115,18 @@ class Engines:
     def start(self, done: int) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "SOAK_SIDE_SECRET": self.a.side_secret.hex()}  # not in argv
         self.process = subprocess.Popen(self.command(), env=env)
-        self.started_at, self.warm_kib = done, None
+        self.started_at, self.early_kib, self.warm_kib = done, None, None
 
     def sample(self, done: int) -> None:
-        if self.process is not None and self.warm_kib is None and done - self.started_at >= self.args.engine_warmup:
+        """The baseline comes after ``--engine-warmup`` requests and the engine's first flood: a
+        flood arrives at once (``hwm`` 0: ZMQ queues all of it), and the allocator keeps that
+        peak for the next flood. The step is reported, not counted as growth."""
+        if self.process is None or self.warm_kib is not None or done - self.started_at < self.args.engine_warmup:
+            return
+        if self.early_kib is None:
+            self.early_kib = rss_kib(self.process.pid)
+        every = self.args.flood_every
+        if not every or done >= (self.started_at // every + 1) * every + FLOOD_SETTLE:
             self.warm_kib = rss_kib(self.process.pid)
 
     def end(self, sig: int) -> None:
@@ -122,8 +134,8 @@ class Engines:
         process, self.process = self.process, None
         if process is None:
             return
-        if self.warm_kib is not None:
-            self.lives.append((self.warm_kib, rss_kib(process.pid)))
+        if self.early_kib is not None and self.warm_kib is not None:
+            self.lives.append((self.early_kib, self.warm_kib, rss_kib(process.pid)))
         process.send_signal(sig)
         try:
             process.wait(30)

@@ -44,14 +44,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import os
 import random
 import signal
 import sys
 import time
-import weakref
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -146,6 +144,8 @@ class Tally:
         self.outcomes[outcome] += 1
         if problem is not None:
             self.violations.append(f"{request_id}: {problem}")
+            if len(self.violations) <= 50:  # a long run shows them as they come
+                print(f"soak: violation: {self.violations[-1]}", file=sys.stderr, flush=True)
         self.done += 1
 
 
@@ -229,7 +229,8 @@ class Soak:
             return
         aborting = asyncio.ensure_future(self.abort_later(request_id)) if planned.kind == "abort" else None
         outputs: list[EngineCoreOutput] = []
-        reading = asyncio.ensure_future(self.read(stream, outputs))
+        held = [stream]  # the reader's only hold on the stream: a disconnect empties it
+        reading = asyncio.ensure_future(self.read(held, outputs))
         self.live[request_id] = reading
         try:
             await reading
@@ -249,11 +250,9 @@ class Soak:
                 await aborting
         combo = planned.combo[0] if combo is None else combo
         if reading.cancelled():  # disconnected: the consumer drops the stream, the id is used again at once
-            dropped = weakref.ref(stream)
             del stream, reading
+            held.clear()  # a reader cancelled before it ran keeps its frame (and arguments) alive a while
             self.live[request_id] = None
-            if dropped() is not None:
-                gc.collect()
             self.stormed.discard(request_id)
             self.disconnected.discard(request_id)
             self.reused.add(n)
@@ -267,8 +266,8 @@ class Soak:
             tally.record(request_id, "error", f"the stream ended unfinished after {len(outputs)} outputs")
 
     @staticmethod
-    async def read(stream: Any, outputs: list[EngineCoreOutput]) -> None:
-        async for output in stream:
+    async def read(held: list[Any], outputs: list[EngineCoreOutput]) -> None:
+        async for output in held[0]:
             outputs.append(output)
 
     def check(self, combo: int, outputs: list[EngineCoreOutput]) -> str | None:
@@ -324,13 +323,13 @@ class Soak:
         victims = [rid for rid in self.live if rid not in self.stormed and rng.random() < self.args.storm_fraction]
         aborts = []
         for request_id in victims:
-            reading = self.live[request_id]
             self.stormed.add(request_id)
-            if reading is not None and rng.random() < 0.5:
+            if self.live[request_id] is not None and rng.random() < 0.5:
                 self.disconnected.add(request_id)
-                reading.cancel()  # the consumer goes away: the client aborts it in the engine
+                self.live[request_id].cancel()  # type: ignore[union-attr]  # the consumer goes away: the client aborts it
             else:
                 aborts.append(self.abort_now(request_id))
+        # no reference to a cancelled reader is kept here: its traceback holds the stream, which must go
         await asyncio.gather(*aborts)
 
     async def abort_now(self, request_id: str) -> None:
@@ -367,7 +366,8 @@ def summarize(soak: Soak, rogue: dict[str, int], wall_s: float, leftovers: list[
     twice = [f"soak-{n}" for n, count in enumerate(soak.link.finished) if count > 1 + (n in soak.reused)]
     missing = args.requests - sum(tally.seen)
     warm, end = soak.rss[0], soak.rss[-1]
-    engine_growth = max((e / w - 1 for w, e in engines.lives), default=0.0)
+    engine_growth = max((e / w - 1 for _, w, e in engines.lives), default=0.0)
+    flood_step = max((w / early - 1 for early, w, _ in engines.lives), default=0.0)
     violations = list(tally.violations)
     violations += [f"{rid}: finished more than once on the wire" for rid in twice[:20]]
     if missing:
@@ -410,8 +410,9 @@ def summarize(soak: Soak, rogue: dict[str, int], wall_s: float, leftovers: list[
                              "samples": [round(kib / 1024, 1) for kib in soak.rss]},
         "engine_rss_mib": {"lives_compared": len(engines.lives),
                            "max_growth_pct": round(100 * engine_growth, 2),
-                           "warm_range": [round(min(w for w, _ in engines.lives) / 1024, 1),
-                                          round(max(w for w, _ in engines.lives) / 1024, 1)] if engines.lives else None},
+                           "max_first_flood_step_pct": round(100 * flood_step, 2),
+                           "warm_range": [round(min(w for _, w, _ in engines.lives) / 1024, 1),
+                                          round(max(w for _, w, _ in engines.lives) / 1024, 1)] if engines.lives else None},
         "frontend_fds": {"warm": soak.fds[0], "end": soak.fds[-1]},
         "violations": violations[:50],
         "violation_count": len(violations),
