@@ -119,9 +119,10 @@ class Media:
                 {"role": "user", "content": [*parts, {"type": "text", "text": f"Request {n % 1000}: what is here?"}]}]
 
     def checksums(self, model_dir: Path, config: MultiModalConfig) -> list[int]:
-        processor = InputProcessor(InputPreprocessor(model_dir, config.replace(mm_processor_cache_gb=0)))
-        return [request_checksum(processor.process_inputs("x", self.messages(Planned("x", "ok", (c,)), 0)))
-                for c in range(COMBOS)]
+        with InputPreprocessor(model_dir, config.replace(mm_processor_cache_gb=0, mm_processing_lanes=0)) as pre:
+            processor = InputProcessor(pre)
+            return [request_checksum(processor.process_inputs("x", self.messages(Planned("x", "ok", (c,)), 0)))
+                    for c in range(COMBOS)]
 
 
 @dataclass
@@ -451,6 +452,7 @@ def main_soak(args: argparse.Namespace) -> int:
         soak.fds.append(open_fds())
         engines.end(signal.SIGTERM)
         client.close_blocking()
+        pre.close()  # the lanes
         if pre.cache is not None:
             pre.cache.close()
     leftovers = [f"ipc socket folder left: {d}" for d in ipc_dirs if not gone(d)]
