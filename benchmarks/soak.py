@@ -47,6 +47,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -134,6 +135,8 @@ class Tally:
     planned: Counter[str] = field(default_factory=Counter)
     kills: int = 0
     lane_kills: int = 0
+    lanes_killed: dict[int, float] = field(default_factory=dict)
+    """Lane pid -> when it was killed (monotonic)."""
     storms: int = 0
     done: int = 0
 
@@ -211,7 +214,7 @@ class Soak:
         """Send ``planned`` (with ``combo``'s images: a reuse of its id) and record its outcome."""
         request_id, tally = planned.request_id, self.tally
         n = int(request_id.rsplit("-", 1)[1])
-        lane_kills = tally.lane_kills
+        started = time.monotonic()
         try:
             stream = await self.client.add_request(request_id, self.media.messages(planned, n, combo),
                                                    SamplingParams(max_tokens=STEPS))
@@ -220,7 +223,8 @@ class Soak:
             tally.record(request_id, "rejected", None if ok else f"refused: {e!r}")
             return
         except LaneError as e:
-            tally.record(request_id, "lane_lost", None if tally.lane_kills > lane_kills else f"no lane was killed: {e!r}")
+            tally.record(request_id, "lane_lost", None if lane_killed(e, tally.lanes_killed, started) else
+                         f"its lane was not killed during the request: {e!r}")
             return
         except Exception as e:
             tally.record(request_id, "error", f"add_request raised {e!r}")
@@ -300,8 +304,10 @@ class Soak:
             if self.rogue is not None:
                 self.rogue.progress.value = done
             if next_lane_kill is not None and done >= next_lane_kill:
-                if kill_a_lane(self.client.client.processor.preprocessor.item_executor, rng) is not None:
+                pid = kill_a_lane(self.client.client.processor.preprocessor.item_executor, rng)
+                if pid is not None:
                     self.tally.lane_kills += 1
+                    self.tally.lanes_killed[pid] = time.monotonic()
                 next_lane_kill = done + rng.randint(self.args.lane_kill_every // 2, self.args.lane_kill_every * 3 // 2)
             if next_storm is not None and done >= next_storm:
                 await self.storm(rng)
@@ -352,6 +358,18 @@ class Soak:
 
 
 # --- the run -----------------------------------------------------------------------------------------
+
+
+KILL_LANDS_S = 1.0
+"""How long a SIGKILLed lane may still look alive (not yet reaped, its socket open) on a loaded
+machine: an item handed to it then fails with ``LaneError``, as if the lane died holding it."""
+
+
+def lane_killed(error: LaneError, killed: dict[int, float], started: float) -> bool:
+    """Whether ``error`` names a lane this script killed during the request (or just before it:
+    ``KILL_LANDS_S``). A lane killed earlier, idle, must have been replaced before it got work."""
+    match = re.search(r"\(pid (\d+)\) exited", str(error))
+    return match is not None and killed.get(int(match.group(1)), -1e9) >= started - KILL_LANDS_S
 
 
 def gone(path: Path) -> bool:
