@@ -5,22 +5,34 @@ over vLLM's ZMQ sockets, with a small P0/P1 cache and a seeded schedule of fault
 Faults: the engine is SIGKILLed and restarted every ~``--kill-every`` requests; between the kill
 and the new engine's greeting the link drops about half of what P0 sends (what ZMQ loses with a
 dead peer); the link holds back random messages and sends them after the next one (reorders);
-a second frontend feeds the same engine malformed frames the whole time; random requests are
-aborted while in flight; some requests carry an image over ``max_image_pixels``.
+a rogue second frontend feeds the same engine malformed frames the whole time and floods it
+every ``--flood-every`` requests (garbage, 4 MiB bodies, its own request id over and over);
+impostors connect to the ``ipc`` side channel with no or forged secrets (more while an engine
+restarts); a processing lane is SIGKILLed every ~``--lane-kill-every`` requests; cancel storms
+every ~``--storm-every`` requests abort or disconnect a share of the requests in flight (a
+disconnected request's id is used again at once, for other images); random requests are aborted
+while in flight; some requests carry an image over ``max_image_pixels``.
 
 Every request must end in exactly one of these outcomes, or the run fails:
 
 - ``finished``: its outputs end with a finish reason, and (echo engine) the first token is the
   checksum of the tensors the same chat gives in-process without a cache;
 - ``rejected``: only the oversize requests, each with ``MediaTooLargeError`` on ``multi_modal_data``;
-- ``aborted``: only the requests this script aborted, their stream ending without a finish;
+- ``aborted``: only the requests this script aborted (or a storm did), their stream ending
+  without a finish;
+- ``reused``: a request a storm disconnected, sent again under the same id with other images,
+  whose outputs are those images' (never the first request's);
+- ``lane_lost``: ``LaneError``, only for a request being prepared when a lane was killed;
 - ``engine_dead``: ``EngineDeadError``, only for a request that was generating when an engine was
   killed (the client must not resend those: it would answer them twice).
 
 Anything else (another error, a wrong token, no answer within ``--request-timeout-s``, a request id
 finishing twice on the wire) is a violation. So is RSS growth after warm-up of 5 % or more
 (frontend: from the warm-up mark to the end; engine: within each engine's life, from its first
-``--engine-warmup`` requests to its kill), and an ipc socket folder or /dev/shm segment left behind.
+``--engine-warmup`` requests to its kill), a descriptor handed to an impostor, the side channel
+never used, the frontend holding more descriptors at the end than the side channel's pending cap
+above its warm-up count, a request id the client still tracks at the end, and an ipc socket
+folder or /dev/shm segment left behind.
 
 The engine is ``echo`` (this file run as ``soak.py engine ...``: an ``EngineCoreReceiver`` loop that
 answers every request with the checksum of its tensors, then the prompt length) or ``worker``
@@ -32,12 +44,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import random
+import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -46,21 +57,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from _soak_faults import FaultyLink, MalformedPeer
+from _soak_engine import Engines, engine_main, request_checksum, rss_kib, wait_for_epoch
+from _soak_faults import FaultyLink, Rogue, RogueSettings, kill_a_lane
 from mmfront import MultiModalConfig
-from mmfront.cache.mirror import MirroredReceiverCache
-from mmfront.cache.shm_cache import ShmObjectStoreReceiverCache
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.receiver import EngineCoreReceiver
-from mmfront.engine.transports.zmq import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
-from mmfront.errors import EngineDeadError, MediaTooLargeError, TransportError
+from mmfront.engine.transports.fd_channel import side_path
+from mmfront.engine.transports.zmq import ZmqFrontendTransport
+from mmfront.errors import EngineDeadError, LaneError, MediaTooLargeError, TransportError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import cached_model_dir
-from mmfront.wire import EngineCoreRequest, SamplingParams
-from mmfront.wire.structs import EngineCoreOutput, FinishReason
+from mmfront.wire import SamplingParams
+from mmfront.wire.structs import EngineCoreOutput
 
 STEPS = 2
 """Outputs per request from the echo engine: a kill can land between them (``engine_dead``)."""
@@ -68,51 +76,9 @@ MAX_IMAGE_PIXELS = 64 * 64
 POOL_SIZE = 48
 COMBOS = 96
 MAX_GROWTH = 0.05
-
-# --- the echo engine (a separate process) -----------------------------------------------------
-
-
-def request_checksum(request: EngineCoreRequest) -> int:
-    """A digest of every tensor of every feature, in offset order (31 bits: a token id)."""
-    digest = hashlib.blake2b(digest_size=8)
-    for feature in request.mm_features or []:
-        for key in sorted(feature.data or {}):
-            tensor = feature.data[key].data  # type: ignore[index]
-            assert isinstance(tensor, torch.Tensor)
-            digest.update(key.encode())
-            digest.update(str(tuple(tensor.shape)).encode())
-            digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return int.from_bytes(digest.digest(), "little") & 0x7FFFFFFF
-
-
-def engine_main(args: argparse.Namespace) -> int:
-    """Serve frontend A (with the P1 cache) and the malformed peer B (no cache) until SIGTERM."""
-    if args.cache == "shm":
-        cache: MirroredReceiverCache | ShmObjectStoreReceiverCache = ShmObjectStoreReceiverCache(args.shm_name)
-    else:
-        cache = MirroredReceiverCache(args.capacity_bytes)
-    stop: list[bool] = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-    a = ZmqEngineTransport(ZmqAddresses(args.input, args.output, bytes.fromhex(os.environ.get("SOAK_SIDE_SECRET", ""))), 0)
-    with EngineCoreReceiver(a, cache, engine_index=0, heartbeat_s=0.2) as receiver:
-        receiver.add_frontend(ZmqEngineTransport(ZmqAddresses(args.peer_input, args.peer_output), 0))
-        running: dict[str, list[int]] = {}
-        while not stop:
-            for request in receiver.poll(0.02 if not running else 0.0):
-                running[request.request_id] = [request_checksum(request), len(request.prompt_token_ids or [])]
-            for request_id in receiver.take_aborted():
-                running.pop(request_id, None)
-            outputs = []
-            for request_id, tokens in list(running.items()):
-                token = tokens.pop(0)
-                outputs.append(EngineCoreOutput(request_id, [token],
-                                                finish_reason=None if tokens else FinishReason.LENGTH))
-                if not tokens:
-                    del running[request_id]
-            if outputs:
-                receiver.send(outputs)
-    return 0
-
+MAX_EXTRA_FDS = 64 + 16
+"""Descriptors the frontend may hold at the end above its warm-up count: the side channel's
+pending connections (64, its cap) and some slack."""
 
 # --- the workload and its outcomes ---------------------------------------------------------------
 
@@ -143,18 +109,21 @@ class Media:
         self.combos = [tuple(rng.randrange(POOL_SIZE) for _ in range(rng.randint(1, 3))) for _ in range(COMBOS)]
         self.oversize = image_data_url(make_image(96, 96, seed=seed))
 
-    def messages(self, planned: Planned, n: int) -> list[dict[str, Any]]:
-        """The chat of request ``n``. Its text repeats every 1,000 requests: the tokenizer caches
-        each new word (up to 10,000, ~10 MiB), which would otherwise pass for growth."""
-        urls = [self.oversize] if planned.kind == "oversize" else [self.pool[i] for i in self.combos[planned.combo[0]]]
+    def messages(self, planned: Planned, n: int, combo: int | None = None) -> list[dict[str, Any]]:
+        """The chat of request ``n`` (with ``combo``'s images, else its own). Its text repeats every
+        1,000 requests: the tokenizer caches each new word (up to 10,000, ~10 MiB), which would
+        otherwise pass for growth."""
+        combo = planned.combo[0] if combo is None else combo
+        urls = [self.oversize] if planned.kind == "oversize" else [self.pool[i] for i in self.combos[combo]]
         parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
         return [{"role": "system", "content": "Answer briefly."},
                 {"role": "user", "content": [*parts, {"type": "text", "text": f"Request {n % 1000}: what is here?"}]}]
 
     def checksums(self, model_dir: Path, config: MultiModalConfig) -> list[int]:
-        processor = InputProcessor(InputPreprocessor(model_dir, config.replace(mm_processor_cache_gb=0)))
-        return [request_checksum(processor.process_inputs("x", self.messages(Planned("x", "ok", (c,)), 0)))
-                for c in range(COMBOS)]
+        with InputPreprocessor(model_dir, config.replace(mm_processor_cache_gb=0, mm_processing_lanes=0)) as pre:
+            processor = InputProcessor(pre)
+            return [request_checksum(processor.process_inputs("x", self.messages(Planned("x", "ok", (c,)), 0)))
+                    for c in range(COMBOS)]
 
 
 @dataclass
@@ -165,6 +134,10 @@ class Tally:
     """One byte per request number: 1 once it has an outcome."""
     planned: Counter[str] = field(default_factory=Counter)
     kills: int = 0
+    lane_kills: int = 0
+    lanes_killed: dict[int, float] = field(default_factory=dict)
+    """Lane pid -> when it was killed (monotonic)."""
+    storms: int = 0
     done: int = 0
 
     def record(self, request_id: str, outcome: str, problem: str | None = None) -> None:
@@ -175,75 +148,9 @@ class Tally:
         self.outcomes[outcome] += 1
         if problem is not None:
             self.violations.append(f"{request_id}: {problem}")
+            if len(self.violations) <= 50:  # a long run shows them as they come
+                print(f"soak: violation: {self.violations[-1]}", file=sys.stderr, flush=True)
         self.done += 1
-
-
-def rss_kib(pid: int | str = "self") -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
-
-
-# --- the engine processes --------------------------------------------------------------------------
-
-
-class Engines:
-    """Starts, kills and restarts the engine process; samples each one's RSS."""
-
-    def __init__(self, args: argparse.Namespace, a: ZmqFrontendTransport, b: ZmqFrontendTransport,
-                 config: MultiModalConfig, shm_name: str | None) -> None:
-        self.args = args
-        self.a, self.b = a.addresses, b.addresses
-        self.config = config
-        self.shm_name = shm_name
-        self.process: subprocess.Popen[bytes] | None = None
-        self.started_at = 0
-        self.warm_kib: int | None = None
-        self.lives: list[tuple[int, int]] = []
-        """Per engine killed or stopped after its warm-up: (RSS after warm-up, RSS at the end) in KiB."""
-        self.reaped: list[int | None] = []
-
-    def command(self) -> list[str]:
-        if self.args.engine == "worker":
-            return [sys.executable, "-m", "mmfront.cli", "worker", str(cached_model_dir("gemma3", with_weights=True)),
-                    "--input", self.a.input, "--input", self.b.input, "--output", self.a.output,
-                    "--output", self.b.output, "--cache", "lru", "--cache-gb", str(self.config.mm_processor_cache_gb)]
-        command = [sys.executable, __file__, "engine", self.a.input, self.a.output, self.b.input, self.b.output,
-                   "--cache", self.args.cache, "--capacity-bytes", str(self.config.mm_processor_cache_bytes)]
-        return command + (["--shm-name", self.shm_name] if self.shm_name else [])
-
-    def start(self, done: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "SOAK_SIDE_SECRET": self.a.side_secret.hex()}  # not in argv
-        self.process = subprocess.Popen(self.command(), env=env)
-        self.started_at, self.warm_kib = done, None
-
-    def sample(self, done: int) -> None:
-        if self.process is not None and self.warm_kib is None and done - self.started_at >= self.args.engine_warmup:
-            self.warm_kib = rss_kib(self.process.pid)
-
-    def end(self, sig: int) -> None:
-        """Sample, then end the engine with ``sig``."""
-        process, self.process = self.process, None
-        if process is None:
-            return
-        if self.warm_kib is not None:
-            self.lives.append((self.warm_kib, rss_kib(process.pid)))
-        process.send_signal(sig)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(30)
-        self.reaped.append(process.returncode)
-
-
-async def wait_for_epoch(client: AsyncEngineClient, old: int | None, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.client.ranks[0].epoch in (None, old):
-        if time.monotonic() > deadline:
-            raise TransportError(f"No engine greeted within {timeout_s} s.")
-        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -258,6 +165,18 @@ class Soak:
     rss: list[int] = field(default_factory=list)
     """The frontend's RSS in KiB: at the warm-up mark, then every 1,000 requests, then at the end."""
     aborts_refused: int = 0
+    rogue: Rogue | None = None
+    fds: list[int] = field(default_factory=list)
+    """The frontend's open descriptors: at the warm-up mark and at the end."""
+    live: dict[str, asyncio.Future[Any] | None] = field(default_factory=dict)
+    """Requests in flight: the task reading each one's stream (``None`` while it is prepared)."""
+    stormed: set[str] = field(default_factory=set)
+    """Requests a storm aborted or disconnected (until their outcome)."""
+    disconnected: set[str] = field(default_factory=set)
+    reused: set[int] = field(default_factory=set)
+    tracked: list[str] = field(default_factory=list)
+    """Request ids the client still tracked at the end (after 5 s to settle)."""
+    """Request numbers sent twice (a disconnect, then the same id again): may finish twice on the wire."""
     _rng: random.Random = field(default_factory=random.Random)
 
     async def run(self) -> None:
@@ -267,6 +186,10 @@ class Soak:
         await asyncio.gather(*(self.worker(plan) for _ in range(self.args.concurrency)))
         monitor.cancel()
         self.rss.append(rss_kib())
+        deadline = time.monotonic() + 5  # the reader thread aborts what the last storms disconnected
+        while (tracked := self.client.client.in_flight + self.client.client.running) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        self.tracked = tracked
 
     async def worker(self, plan: Iterator[Planned]) -> None:
         for planned in plan:
@@ -278,13 +201,30 @@ class Soak:
                 self.tally.record(planned.request_id, "hung", f"no answer within {self.args.request_timeout_s} s")
 
     async def one(self, planned: Planned, kills: int) -> None:
-        request_id, tally = planned.request_id, self.tally
-        messages = self.media.messages(planned, int(request_id.rsplit("-", 1)[1]))
+        request_id = planned.request_id
+        self.live[request_id] = None
         try:
-            stream = await self.client.add_request(request_id, messages, SamplingParams(max_tokens=STEPS))
+            await self.attempt(planned, kills)
+        finally:
+            self.live.pop(request_id, None)
+            self.stormed.discard(request_id)
+            self.disconnected.discard(request_id)
+
+    async def attempt(self, planned: Planned, kills: int, combo: int | None = None) -> None:
+        """Send ``planned`` (with ``combo``'s images: a reuse of its id) and record its outcome."""
+        request_id, tally = planned.request_id, self.tally
+        n = int(request_id.rsplit("-", 1)[1])
+        started = time.monotonic()
+        try:
+            stream = await self.client.add_request(request_id, self.media.messages(planned, n, combo),
+                                                   SamplingParams(max_tokens=STEPS))
         except MediaTooLargeError as e:
             ok = planned.kind == "oversize" and e.parameter == "multi_modal_data"
             tally.record(request_id, "rejected", None if ok else f"refused: {e!r}")
+            return
+        except LaneError as e:
+            tally.record(request_id, "lane_lost", None if lane_killed(e, tally.lanes_killed, started) else
+                         f"its lane was not killed during the request: {e!r}")
             return
         except Exception as e:
             tally.record(request_id, "error", f"add_request raised {e!r}")
@@ -294,9 +234,15 @@ class Soak:
             return
         aborting = asyncio.ensure_future(self.abort_later(request_id)) if planned.kind == "abort" else None
         outputs: list[EngineCoreOutput] = []
+        held = [stream]  # the reader's only hold on the stream: a disconnect empties it
+        reading = asyncio.ensure_future(self.read(held, outputs))
+        self.live[request_id] = reading
         try:
-            async for output in stream:
-                outputs.append(output)
+            await reading
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if request_id not in self.disconnected or not reading.cancelled() or (current and current.cancelling()):
+                raise
         except EngineDeadError as e:
             killed = tally.kills > kills or self.link.lossy
             tally.record(request_id, "engine_dead", None if killed and outputs else f"failed without a kill: {e}")
@@ -305,20 +251,35 @@ class Soak:
             tally.record(request_id, "error", f"the stream raised {e!r}")
             return
         finally:
-            if aborting is not None:
+            if aborting is not None:  # before the id is used again: it must abort the old request only
                 await aborting
+        combo = planned.combo[0] if combo is None else combo
+        if reading.cancelled():  # disconnected: the consumer drops the stream, the id is used again at once
+            del stream, reading
+            held.clear()  # a reader cancelled before it ran keeps its frame (and arguments) alive a while
+            self.live[request_id] = None
+            self.stormed.discard(request_id)
+            self.disconnected.discard(request_id)
+            self.reused.add(n)
+            await self.attempt(Planned(request_id, "ok", planned.combo), kills, (combo + 1) % COMBOS)
+            return
         if outputs and outputs[-1].finish_reason is not None:
-            tally.record(request_id, "finished", self.check(planned, outputs))
-        elif planned.kind == "abort":
+            tally.record(request_id, "finished" if n not in self.reused else "reused", self.check(combo, outputs))
+        elif planned.kind == "abort" or request_id in self.stormed:
             tally.record(request_id, "aborted")
         else:
             tally.record(request_id, "error", f"the stream ended unfinished after {len(outputs)} outputs")
 
-    def check(self, planned: Planned, outputs: list[EngineCoreOutput]) -> str | None:
+    @staticmethod
+    async def read(held: list[Any], outputs: list[EngineCoreOutput]) -> None:
+        async for output in held[0]:
+            outputs.append(output)
+
+    def check(self, combo: int, outputs: list[EngineCoreOutput]) -> str | None:
         if len(outputs) != STEPS:
             return f"{len(outputs)} outputs, expected {STEPS}"
-        if self.args.engine == "echo" and outputs[0].new_token_ids != [self.expected[planned.combo[0]]]:
-            return f"checksum {outputs[0].new_token_ids} != {self.expected[planned.combo[0]]}: wrong tensors"
+        if self.args.engine == "echo" and outputs[0].new_token_ids != [self.expected[combo]]:
+            return f"checksum {outputs[0].new_token_ids} != {self.expected[combo]}: wrong tensors"
         return None
 
     async def abort_later(self, request_id: str) -> None:
@@ -329,18 +290,33 @@ class Soak:
             self.aborts_refused += 1  # the engine is down; the stream must still end (or the request hangs)
 
     async def monitor(self) -> None:
-        """Kill and restart the engine on schedule; sample RSS."""
+        """Kill and restart the engine, kill lanes and storm on schedule; sample RSS."""
         rng = random.Random(self.args.seed + 2)
         every = self.args.kill_every
         next_kill = rng.randint(every // 2, every * 3 // 2) if every else None
+        next_lane_kill = self.args.lane_kill_every or None
+        next_storm = self.args.storm_every or None
         next_sample = self.args.warmup
         while True:
             await asyncio.sleep(0.01)
             done = self.tally.done
             self.engines.sample(done)
+            if self.rogue is not None:
+                self.rogue.progress.value = done
+            if next_lane_kill is not None and done >= next_lane_kill:
+                pid = kill_a_lane(self.client.client.processor.preprocessor.item_executor, rng)
+                if pid is not None:
+                    self.tally.lane_kills += 1
+                    self.tally.lanes_killed[pid] = time.monotonic()
+                next_lane_kill = done + rng.randint(self.args.lane_kill_every // 2, self.args.lane_kill_every * 3 // 2)
+            if next_storm is not None and done >= next_storm:
+                await self.storm(rng)
+                next_storm = done + rng.randint(self.args.storm_every // 2, self.args.storm_every * 3 // 2)
             if done >= next_sample:
+                if not self.rss:
+                    self.fds.append(open_fds())
                 self.rss.append(rss_kib())
-                next_sample += 1000
+                next_sample += self.args.sample_every
                 if len(self.rss) % 10 == 1:
                     print(f"soak: {done} requests, {dict(self.tally.outcomes)}, frontend RSS {self.rss[-1] // 1024} MiB",
                           file=sys.stderr, flush=True)
@@ -348,11 +324,34 @@ class Soak:
                 await self.restart(rng)
                 next_kill = done + rng.randint(every // 2, every * 3 // 2)
 
+    async def storm(self, rng: random.Random) -> None:
+        """Abort (half) or disconnect (half) ``--storm-fraction`` of the requests in flight, at once."""
+        self.tally.storms += 1
+        victims = [rid for rid in self.live if rid not in self.stormed and rng.random() < self.args.storm_fraction]
+        aborts = []
+        for request_id in victims:
+            self.stormed.add(request_id)
+            if self.live[request_id] is not None and rng.random() < 0.5:
+                self.disconnected.add(request_id)
+                self.live[request_id].cancel()  # type: ignore[union-attr]  # the consumer goes away: the client aborts it
+            else:
+                aborts.append(self.abort_now(request_id))
+        # no reference to a cancelled reader is kept here: its traceback holds the stream, which must go
+        await asyncio.gather(*aborts)
+
+    async def abort_now(self, request_id: str) -> None:
+        try:
+            await self.client.abort(request_id)
+        except TransportError:
+            self.aborts_refused += 1
+
     async def restart(self, rng: random.Random) -> None:
         old = self.client.client.ranks[0].epoch
         self.link.lossy = True
         self.engines.end(signal.SIGKILL)
         self.tally.kills += 1
+        if self.rogue is not None:
+            self.rogue.burst()  # impostors: the dead engine's place is free, try to take it
         await asyncio.sleep(rng.random() * 0.3)
         self.engines.start(self.tally.done)
         await wait_for_epoch(self.client, old, 120)
@@ -361,16 +360,33 @@ class Soak:
 # --- the run -----------------------------------------------------------------------------------------
 
 
+KILL_LANDS_S = 1.0
+"""How long a SIGKILLed lane may still look alive (not yet reaped, its socket open) on a loaded
+machine: an item handed to it then fails with ``LaneError``, as if the lane died holding it."""
+
+
+def lane_killed(error: LaneError, killed: dict[int, float], started: float) -> bool:
+    """Whether ``error`` names a lane this script killed during the request (or just before it:
+    ``KILL_LANDS_S``). A lane killed earlier, idle, must have been replaced before it got work."""
+    match = re.search(r"\(pid (\d+)\) exited", str(error))
+    return match is not None and killed.get(int(match.group(1)), -1e9) >= started - KILL_LANDS_S
+
+
 def gone(path: Path) -> bool:
     return not path.exists()
 
 
-def summarize(soak: Soak, peer: MalformedPeer, wall_s: float, leftovers: list[str]) -> dict[str, Any]:
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def summarize(soak: Soak, rogue: dict[str, int], wall_s: float, leftovers: list[str]) -> dict[str, Any]:
     tally, engines, args = soak.tally, soak.engines, soak.args
-    twice = [f"soak-{n}" for n, count in enumerate(soak.link.finished) if count > 1]
+    twice = [f"soak-{n}" for n, count in enumerate(soak.link.finished) if count > 1 + (n in soak.reused)]
     missing = args.requests - sum(tally.seen)
     warm, end = soak.rss[0], soak.rss[-1]
-    engine_growth = max((e / w - 1 for w, e in engines.lives), default=0.0)
+    engine_growth = max((e / w - 1 for _, w, e in engines.lives), default=0.0)
+    flood_step = max((w / early - 1 for early, w, _ in engines.lives), default=0.0)
     violations = list(tally.violations)
     violations += [f"{rid}: finished more than once on the wire" for rid in twice[:20]]
     if missing:
@@ -381,6 +397,18 @@ def summarize(soak: Soak, peer: MalformedPeer, wall_s: float, leftovers: list[st
         violations.append(f"an engine's RSS grew {100 * engine_growth:.1f} % after its warm-up")
     if tally.kills and not engines.lives:
         violations.append("no engine lived past --engine-warmup: its RSS was never compared")
+    if not rogue:
+        violations.append("the rogue process died: its attacks were not counted")
+    if rogue.get("impostor_descriptors_received"):
+        violations.append(f"impostors on the side channel received {rogue['impostor_descriptors_received']} descriptors")
+    side_messages = soak.link.inner.side_channel_messages
+    if not side_messages:
+        violations.append("no request went on the side channel: the impostors attacked nothing")
+    if soak.fds[-1] - soak.fds[0] > MAX_EXTRA_FDS:
+        violations.append(f"the frontend holds {soak.fds[-1] - soak.fds[0]} more descriptors than at warm-up")
+    tracked = soak.tracked
+    if tracked:
+        violations.append(f"the client still tracks {len(tracked)} requests: {tracked[:5]}")
     violations += leftovers
     stats = soak.client.stats
     return {
@@ -390,17 +418,21 @@ def summarize(soak: Soak, peer: MalformedPeer, wall_s: float, leftovers: list[st
         "outcomes": dict(tally.outcomes),
         "faults": {"engine_kills": tally.kills, "planned": dict(tally.planned),
                    "aborts_refused_engine_down": soak.aborts_refused, **dict(soak.link.counts),
-                   "malformed_messages": peer.sent, "malformed_unreachable": peer.unreachable,
-                   "malformed_refusals_to_peer": peer.refusals},
+                   **rogue,
+                   "side_channel_messages": side_messages, "lane_kills": tally.lane_kills,
+                   "cancel_storms": tally.storms, "ids_reused": len(soak.reused)},
         "client": {"resends": stats.resends, "shadow_resets": stats.shadow_resets,
                    "engine_restarts": stats.engine_restarts, "failures": stats.failures},
         "p0_cache_hit_rate": round(soak.client.client.processor.preprocessor.stats.hit_ratio, 3),
         "frontend_rss_mib": {"warm": round(warm / 1024, 1), "end": round(end / 1024, 1),
-                             "peak": round(max(soak.rss) / 1024, 1), "growth_pct": round(100 * (end / warm - 1), 2)},
+                             "peak": round(max(soak.rss) / 1024, 1), "growth_pct": round(100 * (end / warm - 1), 2),
+                             "samples": [round(kib / 1024, 1) for kib in soak.rss]},
         "engine_rss_mib": {"lives_compared": len(engines.lives),
                            "max_growth_pct": round(100 * engine_growth, 2),
-                           "warm_range": [round(min(w for w, _ in engines.lives) / 1024, 1),
-                                          round(max(w for w, _ in engines.lives) / 1024, 1)] if engines.lives else None},
+                           "max_first_flood_step_pct": round(100 * flood_step, 2),
+                           "warm_range": [round(min(w for _, w, _ in engines.lives) / 1024, 1),
+                                          round(max(w for _, w, _ in engines.lives) / 1024, 1)] if engines.lives else None},
+        "frontend_fds": {"warm": soak.fds[0], "end": soak.fds[-1]},
         "violations": violations[:50],
         "violation_count": len(violations),
     }
@@ -408,34 +440,37 @@ def summarize(soak: Soak, peer: MalformedPeer, wall_s: float, leftovers: list[st
 
 def main_soak(args: argparse.Namespace) -> int:
     config = MultiModalConfig(mm_processor_cache_gb=args.cache_gb, mm_processor_cache_type=args.cache,
-                              max_image_pixels=MAX_IMAGE_PIXELS)
+                              max_image_pixels=MAX_IMAGE_PIXELS, mm_processing_lanes=args.lanes)
     model_dir = cached_model_dir("gemma3")
     media = Media(args.seed)
     expected = media.checksums(model_dir, config)
     pre = InputPreprocessor(model_dir, config)
     pre.warmup()
     shm_name: str | None = getattr(pre.cache, "shm_name", None)
-    a, b = ZmqFrontendTransport("ipc"), ZmqFrontendTransport("ipc")
-    ipc_dirs = [Path(t.addresses.input[len("ipc://"):]).parent for t in (a, b)]
+    a = ZmqFrontendTransport("ipc", side_channel_min_bytes=args.side_channel_min_bytes)
+    side = side_path(a.addresses.input)
+    assert side is not None
+    rogue = Rogue(RogueSettings(side, args.malformed_ratio, args.flood_every, args.flood_size, args.impostor_ratio,
+                                args.impostor_burst, args.seed + 4))
+    ipc_dirs = [Path(addresses.input[len("ipc://"):]).parent for addresses in (a.addresses, rogue.addresses)]
     link = FaultyLink(a, random.Random(args.seed + 3), args.reorder_p)
     link.finished = bytearray(args.requests)
     client = AsyncEngineClient(InputProcessor(pre), link, engine_timeout_s=60)
-    engines = Engines(args, a, b, config, shm_name)
-    soak = Soak(args, client, link, media, expected, engines, Tally(seen=bytearray(args.requests)))
-    peer = MalformedPeer(b, lambda: soak.tally.done, args.malformed_ratio, args.seed + 4)
+    engines = Engines(args, a.addresses, rogue.addresses, config, shm_name)
+    soak = Soak(args, client, link, media, expected, engines, Tally(seen=bytearray(args.requests)), rogue=rogue)
     engines.start(0)
     started = time.perf_counter()
+    counts: dict[str, int] = {}
     try:
         asyncio.run(wait_for_epoch(client, None, 120))
-        peer.start()
         asyncio.run(soak.run())
     finally:
         wall = time.perf_counter() - started
-        peer.stop.set()
-        peer.join(10)
+        counts = rogue.stop()
+        soak.fds.append(open_fds())
         engines.end(signal.SIGTERM)
         client.close_blocking()
-        b.close()
+        pre.close()  # the lanes
         if pre.cache is not None:
             pre.cache.close()
     leftovers = [f"ipc socket folder left: {d}" for d in ipc_dirs if not gone(d)]
@@ -443,7 +478,7 @@ def main_soak(args: argparse.Namespace) -> int:
         leftovers.append(f"/dev/shm segment left: {shm_name}")
     if any(code is None for code in engines.reaped):
         leftovers.append("an engine process was not reaped")
-    summary = summarize(soak, peer, wall, leftovers)
+    summary = summarize(soak, counts, wall, leftovers)
     print(json.dumps(summary, indent=2))
     return 1 if summary["violation_count"] else 0
 
@@ -467,9 +502,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--oversize-p", type=float, default=0.01)
     parser.add_argument("--reorder-p", type=float, default=0.05)
     parser.add_argument("--malformed-ratio", type=float, default=0.2, help="malformed messages per request")
+    parser.add_argument("--flood-every", type=int, default=1000, help="requests between the rogue frontend's floods")
+    parser.add_argument("--flood-size", type=int, default=300, help="messages per flood")
+    parser.add_argument("--impostor-ratio", type=float, default=0.05, help="side-channel impostors per request")
+    parser.add_argument("--impostor-burst", type=int, default=40, help="impostors at each engine kill")
+    parser.add_argument("--side-channel-min-bytes", type=int, default=4096,
+                        help="frames of this size or more go on the side channel (small: most requests' do)")
+    parser.add_argument("--lanes", type=int, default=2, help="processing lanes (processes) of the frontend")
+    parser.add_argument("--lane-kill-every", type=int, default=1500, help="mean requests between lane kills (0: none)")
+    parser.add_argument("--storm-every", type=int, default=1000, help="mean requests between cancel storms (0: none)")
+    parser.add_argument("--storm-fraction", type=float, default=0.5, help="share of the requests in flight a storm ends")
     parser.add_argument("--warmup", type=int, default=0, help="requests before the frontend's RSS baseline "
                         "(default: 5 %% of --requests, at least 500)")
     parser.add_argument("--engine-warmup", type=int, default=500)
+    parser.add_argument("--sample-every", type=int, default=1000, help="requests between frontend RSS samples")
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=13)
     args = parser.parse_args(argv)

@@ -10,6 +10,8 @@ hypothesis state machine over interleavings of add / cancel / abort / admit / ou
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import threading
 import time
 from collections import deque
@@ -203,6 +205,38 @@ def test_a_stream_closed_early_and_its_id_reused_gets_only_the_new_requests_outp
         engine.close()
 
 
+def test_a_stream_dropped_before_its_first_read_frees_its_id_at_once() -> None:
+    """A consumer that goes away before it reads (a client disconnecting at once) drops a stream
+    whose generator never ran; its id is free as soon as it is dropped, not when the reader thread
+    has aborted it (found by the soak's cancel storms)."""
+    engine = StreamingEngine()
+    client = AsyncEngineClient(toy_processor(), engine.p0)
+    abort_abandoned = client._abort_abandoned
+    client._abort_abandoned = lambda: None  # type: ignore[method-assign]  # the reader thread is slow to abort
+
+    async def main() -> list[int]:
+        first = await client.add_request("r", [1, 2, 3], SamplingParams(max_tokens=100))
+        del first  # never read: its generator never ran, only its finalizer can tell the client
+        gc.collect()
+        second = await client.add_request("r", [1, 2, 3], SamplingParams(max_tokens=100))
+        client._abort_abandoned = abort_abandoned  # type: ignore[method-assign]
+        got: list[int] = []
+        for _ in range(20):
+            got += (await anext(second)).new_token_ids
+        await second.aclose()
+        return got
+
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 20)) == [2] * 20
+        deadline = time.monotonic() + 5
+        while len(engine.aborted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.aborted) == 2 and len(set(engine.aborted)) == 2  # both incarnations stopped
+    finally:
+        client.close_blocking()
+        engine.close()
+
+
 # --- the receiver --------------------------------------------------------------------------------
 
 
@@ -239,6 +273,25 @@ def test_two_frontends_sending_one_id_the_second_gets_a_typed_refusal() -> None:
     assert isinstance(event, RequestFailed) and isinstance(event.error, ValidationError)
     assert event.error.parameter == "request_id" and "'same' is already running on engine 0" in str(event.error)
     assert client.in_flight == [] and client.running == []
+    receiver.close()
+
+
+def test_a_frontend_repeating_a_running_id_is_refused_each_time_and_logged_sparingly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A rogue frontend sending one running id over and over (the soak's floods) gets a refusal
+    naming it each time; the engine's log gets ten lines, not one per refusal."""
+    first, second = Wire(), Wire()
+    receiver = EngineCoreReceiver(first, None, heartbeat_s=60)
+    receiver.add_frontend(second, None)
+    first.inbox.append(encode_envelope(REQUEST, ENC.encode(request("same"))))
+    assert [r.request_id for r in receiver.poll()] == ["same"]
+    second.inbox.extend(encode_envelope(REQUEST, ENC.encode(request("same"))) for _ in range(500))
+    with caplog.at_level(logging.WARNING, logger="mmfront.engine.receiver"):
+        while second.inbox:
+            assert receiver.poll() == []
+    refusals = [f for f in second.sent if bytes(f[0]) == ENGINE_OUTPUTS and OUTPUTS.decode(f[2:]).outputs]
+    assert len(refusals) == 500 and receiver.requests_refused == 500
+    assert len([r for r in caplog.records if "refused request" in r.getMessage()]) == 10
     receiver.close()
 
 

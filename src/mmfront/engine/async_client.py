@@ -64,6 +64,8 @@ class _Stream:
     request_id: str
     engine_id: str
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    abandoned: bool = False
+    """Its consumer went away (the reader thread has yet to abort it): its id is free."""
 
 
 def engine_request_id(request_id: str) -> str:
@@ -182,7 +184,8 @@ class AsyncEngineClient:
             raise self.dead_error
         stream = _Stream(asyncio.get_running_loop(), request_id, engine_request_id(request_id))
         with self._lock:
-            if request_id in self._named:
+            named = self._named.get(request_id)
+            if named is not None and not named.abandoned:
                 raise MMFrontError(f"Request {request_id!r} is already running; use a new request id.")
             self._named[request_id] = stream
             self._streams[stream.engine_id] = stream
@@ -320,6 +323,7 @@ class AsyncEngineClient:
         thread aborts the request in the engine, unless it ended meanwhile. Takes no lock, so a
         garbage collection may call it anywhere (``weakref.finalize``)."""
         if abort:
+            stream.abandoned = True  # a dropped stream's id is free at once, as a closed one's
             self._abandoned.put(stream)
         else:
             self._unlink(stream)

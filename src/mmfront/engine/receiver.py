@@ -218,6 +218,8 @@ class EngineCoreReceiver:
         self.heartbeat_s = heartbeat_s
         self.poll_slice_s = poll_slice_s
         self.decode_errors = 0
+        self.requests_refused = 0
+        """Requests refused by id (one already running); logged as malformed messages are, sparingly."""
         self._frontends: list[_Frontend] = []
         self._routes: dict[str, _Frontend] = {}
         self._aborted: list[str] = []
@@ -388,8 +390,10 @@ class EngineCoreReceiver:
 
     def _refuse_request(self, frontend: _Frontend, request_id: str, message: str) -> None:
         """End ``request_id`` for its sender alone, before the engine saw it (vLLM's error output)."""
-        logger.warning("Engine %d: refused request %r of frontend %d: %s", self.engine_index, request_id,
-                       frontend.index, message)
+        self.requests_refused += 1
+        if _worth_logging(self.requests_refused):
+            logger.warning("Engine %d: refused request %r of frontend %d (%d refused so far): %s", self.engine_index,
+                           request_id, frontend.index, self.requests_refused, message)
         output = EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR,
                                   error=RequestError("ValidationError", message))
         outputs = EngineCoreOutputs(engine_index=self.engine_index, outputs=[output], finished_requests={request_id},
@@ -462,7 +466,7 @@ class EngineCoreReceiver:
     def _refuse(self, frontend: _Frontend, error: DecodeError | ResourceError) -> None:
         """Tell the sender what was wrong with its message; the others never notice."""
         self.decode_errors += 1
-        if self.decode_errors <= 10 or self.decode_errors % 1000 == 0:  # a hostile peer must not flood the log
+        if _worth_logging(self.decode_errors):
             logger.warning("Engine %d: refused a message from frontend %d (%d refused so far): %s",
                            self.engine_index, frontend.index, self.decode_errors, error)
         call_id = error.call_id if isinstance(error, UnknownUtilityError) else -1
@@ -485,6 +489,11 @@ class EngineCoreReceiver:
             self._mark_broken(frontend, e)
             self._drop_broken()
         return []
+
+
+def _worth_logging(count: int) -> bool:
+    """Log the first ten refusals, then every thousandth: a hostile peer must not flood the log."""
+    return count <= 10 or count % 1000 == 0
 
 
 def mm_feature_limit(config: MultiModalConfig) -> int:
