@@ -34,6 +34,7 @@ from mmfront.parse import (
     AudioProcessorItems,
     EmbeddingItems,
     ImageProcessorItems,
+    ImageSize,
     MultiModalDataItems,
     VideoProcessorItems,
 )
@@ -256,6 +257,11 @@ def slice_dim(data: torch.Tensor, total_rows: int) -> int:
     if data.ndim >= 2 and data.shape[0] != total_rows and data.shape[1] == total_rows:
         return 1
     return 0
+
+
+def found_rows(value: Any, total_rows: int) -> int:
+    """Rows of an output along its slice dimension for ``total_rows`` expected rows (a list's length)."""
+    return len(value) if isinstance(value, list) else int(value.shape[slice_dim(value, total_rows)])
 
 
 def field_config(modality: str, key: str, data: Any, layout: ModalityLayout) -> MultiModalFieldConfig:
@@ -539,10 +545,28 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         sizes = [images.get_image_size(i) for i in range(count)]
         query = self.query_mm_tokens(hf_kwargs, image_sizes=[(s.height, s.width) for s in sizes])
         patches = getattr(query, "num_image_patches", None)
+        key = main_key("image", data)
+        if query is None and key is not None and found_rows(data[key], count) != count:
+            patches = self.image_processor_patches(hf_kwargs, sizes)
         if isinstance(patches, (list, tuple)) and len(patches) == count:
-            # Idefics3 reports 0 for an image it does not split; that image still has one tile.
+            # Idefics3 and SmolVLM report 0 for an image they do not split; that image still has one tile.
             return [max(1, int(p)) for p in patches]
         return [1] * count
+
+    def image_processor_patches(self, hf_kwargs: Mapping[str, Any], sizes: Sequence[ImageSize]) -> list[int] | None:
+        """Patches per image from ``image_processor.get_number_of_image_patches``, for processors
+        with no ``_get_num_multimodal_tokens`` to ask whose data has more rows than images (SmolVLM's
+        tiles); None where that is missing too. Only then: elsewhere (Step3p7) it counts other rows."""
+        method = getattr(getattr(self.info.hf_processor, "image_processor", None), "get_number_of_image_patches", None)
+        if method is None:
+            return None
+        images_kwargs = dict(hf_kwargs.get("images_kwargs") or {})
+        try:
+            counts = [method(s.height, s.width, images_kwargs) for s in sizes]
+        except (AttributeError, NotImplementedError, TypeError, ValueError, KeyError):
+            return None
+        # SmolVLM's answers (patches, rows, cols); others answer the count alone.
+        return [int(c[0]) if isinstance(c, tuple) else int(c) for c in counts]
 
     def query_mm_tokens(self, hf_kwargs: Mapping[str, Any], **sizes: Any) -> Any:
         """``hf_processor._get_num_multimodal_tokens(...)``, or None where it is missing or fails.
@@ -570,7 +594,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
     def check_rows(self, modality: str, key: str, value: Any, rows: Sequence[int]) -> None:
         """The per-item row counts must cover ``value`` exactly (a list holds one entry per item)."""
         total = sum(rows)
-        found = len(value) if isinstance(value, list) else int(value.shape[slice_dim(value, total)])
+        found = found_rows(value, total)
         expected = len(rows) if isinstance(value, list) else total
         if found != expected:
             raise ProcessorError(
