@@ -419,16 +419,17 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         for modality in mm_items:
             items = mm_items[modality]
             if modality == "image":
-                outputs = [self._call_on_dummy_text("image", items.get_all(), hf_kwargs)]
-            elif modality == "video":
-                videos = mm_items.get_items("video", VideoProcessorItems)
-                outputs = [self._call_on_video(videos.get(i), hf_kwargs) for i in range(videos.get_count())]
+                outputs, (data, lay) = self._image_outputs(items, hf_kwargs)
             else:
-                audios = mm_items.get_items("audio", AudioProcessorItems)
-                lengths = {audios.get_audio_length(i) for i in range(audios.get_count())}
-                groups = [audios.get_all()] if len(lengths) == 1 else [[a] for a in audios.get_all()]
-                outputs = [self._call_on_dummy_text("audio", group, hf_kwargs) for group in groups]
-            data, lay = self._lay_out(modality, items, outputs, hf_kwargs)
+                if modality == "video":
+                    videos = mm_items.get_items("video", VideoProcessorItems)
+                    outputs = [self._call_on_video(videos.get(i), hf_kwargs) for i in range(videos.get_count())]
+                else:
+                    audios = mm_items.get_items("audio", AudioProcessorItems)
+                    lengths = {audios.get_audio_length(i) for i in range(audios.get_count())}
+                    groups = [audios.get_all()] if len(lengths) == 1 else [[a] for a in audios.get_all()]
+                    outputs = [self._call_on_dummy_text("audio", group, hf_kwargs) for group in groups]
+                data, lay = self._lay_out(modality, items, outputs, hf_kwargs)
             self._add_item_sizes(modality, outputs, data, lay)
             self._add_expansions(modality, items, outputs, data=data, layout=lay, hf_kwargs=hf_kwargs)
             for key in data:
@@ -439,6 +440,29 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             layout[modality] = lay
         out[LAYOUT_KEY] = layout
         return out
+
+    def _image_outputs(self, items: Any, hf_kwargs: Mapping[str, Any],
+                       ) -> tuple[list[dict[str, Any]], tuple[dict[str, Any], ModalityLayout]]:
+        """One HF call for all images, or one per image where that call's rows cannot be told
+        apart per image (Llama 4 tiles a large image into ``[tiles, C, H, W]`` and has no per-image
+        count to ask) and each image expands alone exactly as beside the others: alone, an image
+        owns its call's rows."""
+        joint = [self._call_on_dummy_text("image", items.get_all(), hf_kwargs)]
+        try:
+            return joint, self._lay_out("image", items, joint, hf_kwargs)
+        except ProcessorError:
+            pixels = joint[0].get("pixel_values")
+            if items.get_count() == 1 or not (isinstance(pixels, torch.Tensor) and pixels.ndim == 4):
+                raise
+            singles = [self._call_on_dummy_text("image", [image], hf_kwargs) for image in items.get_all()]
+            if not self.same_expansions(joint[0], singles, items.get_count()):
+                raise
+        return singles, self._lay_out("image", items, singles, hf_kwargs)
+
+    def same_expansions(self, joint: Mapping[str, Any], singles: Sequence[Mapping[str, Any]], count: int) -> bool:
+        """Whether the images of one call expand as each does alone (no text that numbers them,
+        as MiniCPM-V's): only then may they be processed one per call. Unknown here: no."""
+        return False
 
     def _call_on_video(self, video: Any, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """One video per call: processors stack a call's videos, which fails on (or would pad) clips
@@ -548,10 +572,14 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         key = main_key("image", data)
         if query is None and key is not None and found_rows(data[key], count) != count:
             patches = self.image_processor_patches(hf_kwargs, sizes)
+        rows = [1] * count
         if isinstance(patches, (list, tuple)) and len(patches) == count:
             # Idefics3 and SmolVLM report 0 for an image they do not split; that image still has one tile.
-            return [max(1, int(p)) for p in patches]
-        return [1] * count
+            rows = [max(1, int(p)) for p in patches]
+        value = data.get(key) if key is not None else None
+        if count == 1 and isinstance(value, torch.Tensor) and value.ndim == 4 and value.shape[0] != rows[0]:
+            return [int(value.shape[0])]  # alone, an image owns every tile ``[tiles, C, H, W]`` of its call
+        return rows
 
     def image_processor_patches(self, hf_kwargs: Mapping[str, Any], sizes: Sequence[ImageSize]) -> list[int] | None:
         """Patches per image from ``image_processor.get_number_of_image_patches``, for processors

@@ -27,6 +27,8 @@ from mmfront.models.transformers.base import (
     TRANSFORMERS_VERSION,
     ModalityLayout,
     _MultiModalProcessorBase,
+    found_rows,
+    main_key,
     most_frequent_token,
 )
 from mmfront.parse import ImageProcessorItems, MultiModalDataItems
@@ -129,6 +131,9 @@ class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
             )
         return [str(entry["replacement"]) for entry in entries]
 
+    def same_expansions(self, joint: Mapping[str, Any], singles: Sequence[Mapping[str, Any]], count: int) -> bool:
+        return self.replacements("image", [joint], count) == self.replacements("image", singles, count)
+
     def image_rows(self, images: ImageProcessorItems, data: Mapping[str, Any], hf_kwargs: Mapping[str, Any],
                    hf_out: Mapping[str, Any]) -> list[int]:
         """Where the placeholder is a structure token rather than the embedding token (Gemma3's
@@ -141,7 +146,9 @@ class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
             placeholder_ids = self.info.placeholder_ids("image")
             embeds = [most_frequent_token(self.info.encode(text) or placeholder_ids) for text in texts]
             subs = [text.count(placeholder) for text in texts]
-            if all(placeholder_ids != [e] for e in embeds) and all(subs):
+            key = main_key("image", data)
+            if (all(placeholder_ids != [e] for e in embeds) and all(subs)
+                    and (key is None or found_rows(data[key], sum(subs)) == sum(subs))):
                 return subs
         return super().image_rows(images, data, hf_kwargs, hf_out)
 
