@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from mmfront.errors import FieldConfigError
 from mmfront.inputs import MultiModalBatchedField, MultiModalFlatField
-from mmfront.models.transformers.base import (
+from mmfront.models.transformers.layout import (
     ModalityLayout,
     field_config,
     merge_item_outputs,

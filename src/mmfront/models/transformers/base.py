@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -30,6 +29,19 @@ from packaging.version import Version
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.catalog import backend_placeholder_attr, video_needs_metadata
+from mmfront.models.transformers.layout import (
+    LAYOUT_KEY,
+    ModalityLayout,
+    OutputLayout,
+    drop_tile_padding,
+    field_config,
+    found_rows,
+    main_key,
+    merge_item_outputs,
+    row_count,
+    split_text_outputs,
+    unpad_images,
+)
 from mmfront.parse import (
     AudioProcessorItems,
     EmbeddingItems,
@@ -43,13 +55,6 @@ from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessing
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
 logger = logging.getLogger(__name__)
-
-LAYOUT_KEY = "__mmfront_layout__"
-"""Key under which a processed HF output carries its :class:`OutputLayout` (never a model input:
-keys without a field config are dropped when the outputs are split into items)."""
-
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "text_replacement_offsets")
-"""Outputs about the text HF processed, not about the items; the model must not receive them."""
 
 MM_TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
 """The values ``mm_token_type_ids`` marks each modality's tokens with."""
@@ -65,16 +70,12 @@ processors report their replacements and count their tokens there."""
 _SUBPROCESSORS = {"image": ("image_processor",), "audio": ("feature_extractor", "audio_processor"),
                   "video": ("video_processor",)}
 _HF_DATA_ARG = {"image": "images", "audio": "audio", "video": "videos"}
-_MAIN_KEYS = {"image": ("pixel_values", "image_patches"), "audio": ("input_features", "input_values"),
-              "video": ("pixel_values_videos",)}
 _WRAPPER_ATTRS = {
     "image": (("boi_token", "image_start_token", "fake_image_token"),
               ("eoi_token", "image_end_token", "fake_image_token")),
     "audio": (("audio_bos_token", "audio_start_token"), ("audio_eos_token", "audio_end_token")),
     "video": (("video_start_token",), ("video_end_token",)),
 }
-_PER_VIDEO_KEYS = ("video_grid_thw", "second_per_grid_ts")
-"""One row per video whatever the video holds (vLLM registers them so)."""
 _STRUCTURE_ATTRS = ("global_image_tag", "image_wrapper_token")
 _warned_dropped: set[tuple[str, str]] = set()
 
@@ -199,32 +200,6 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         return out
 
 
-@dataclass
-class ModalityLayout:
-    """How one modality's outputs split into items.
-
-    ``rows[i]`` is how many rows item ``i`` owns along a key's slice dimension (image tiles or crops,
-    audio windows). ``size_keys`` are per-item counts sent along with the data (kept on CPU);
-    ``replacement_sizes`` splits ``{modality}_replacement_ids`` (Offsets only).
-    """
-
-    count: int
-    keys: list[str]
-    rows: list[int]
-    size_keys: list[str] = field(default_factory=list)
-    replacement_sizes: list[int] | None = None
-
-
-OutputLayout = dict[str, ModalityLayout]
-
-
-def split_text_outputs(hf_out: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(text outputs, data outputs)`` of one HF call."""
-    text = {k: v for k, v in hf_out.items() if k in TEXT_KEYS}
-    data = {k: v for k, v in hf_out.items() if k not in TEXT_KEYS}
-    return text, data
-
-
 def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], keys: Sequence[str]
                    ) -> dict[str, list[str]]:
     """Which modality owns each data key: the one whose sub-processor declares it in
@@ -250,114 +225,6 @@ def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], 
             continue
         out[owner].append(key)
     return out
-
-
-def slice_dim(data: torch.Tensor, total_rows: int) -> int:
-    """1 for outputs with a leading batch dimension (Idefics3's ``[1, tiles, C, H, W]``), else 0."""
-    if data.ndim >= 2 and data.shape[0] != total_rows and data.shape[1] == total_rows:
-        return 1
-    return 0
-
-
-def found_rows(value: Any, total_rows: int) -> int:
-    """Rows of an output along its slice dimension for ``total_rows`` expected rows (a list's length)."""
-    return len(value) if isinstance(value, list) else int(value.shape[slice_dim(value, total_rows)])
-
-
-def field_config(modality: str, key: str, data: Any, layout: ModalityLayout) -> MultiModalFieldConfig:
-    """Lists hold one element per item (batched); tensors are split by rows (flat along their slice
-    dimension), or one row per item when only the item count fits."""
-    if isinstance(data, (list, tuple)):
-        if len(data) != layout.count:
-            raise FieldConfigError(
-                f"{modality} output {key!r} is a list of {len(data)} entries for {layout.count} item(s); the "
-                "transformers backend cannot attribute it to items."
-            )
-        return MultiModalFieldConfig.batched(modality)
-    if not isinstance(data, torch.Tensor) or data.ndim == 0:
-        raise FieldConfigError(f"{modality} output {key!r} ({type(data).__name__}) has no item dimension.")
-    if modality == "video" and (key in _PER_VIDEO_KEYS or data.shape[0] == layout.count):
-        return MultiModalFieldConfig.batched(modality, keep_on_cpu=key in _PER_VIDEO_KEYS)
-    total = sum(layout.rows)
-    dim = slice_dim(data, total)
-    if data.shape[dim] == total:
-        return MultiModalFieldConfig.flat_from_sizes(modality, torch.tensor(layout.rows), dim=dim)
-    if data.shape[0] == layout.count:
-        return MultiModalFieldConfig.batched(modality)
-    raise FieldConfigError(
-        f"{modality} output {key!r} of shape {tuple(data.shape)} matches neither {layout.count} item(s) nor their "
-        f"{total} row(s) ({layout.rows}); the transformers backend cannot attribute it to items."
-    )
-
-
-def unpad_images(data: dict[str, Any]) -> None:
-    """Crop batch-padded ``pixel_values`` back to each image's ``image_sizes`` (Emu3 pads every
-    image of a call to the largest one), leaving one tensor per image."""
-    pixels, sizes = data.get("pixel_values"), data.get("image_sizes")
-    if not (isinstance(pixels, torch.Tensor) and isinstance(sizes, torch.Tensor)):
-        return
-    if pixels.ndim != 4 or sizes.ndim != 2 or sizes.shape != (pixels.shape[0], 2):
-        return
-    if tuple(sizes.max(dim=0).values.tolist()) != tuple(pixels.shape[-2:]):
-        return
-    data["pixel_values"] = [pixels[i, :, :h, :w] for i, (h, w) in enumerate(sizes.tolist())]
-
-
-def drop_tile_padding(data: dict[str, Any], count: int) -> None:
-    """Give each image its own tiles where a call pads them: LLaVA-NeXT and LLaVA-OneVision return
-    ``pixel_values`` ``[images, most tiles of any image, C, H, W]``, each image's tiles followed by
-    zero tiles up to the call's most, so an image's data would depend on what it was processed
-    beside. Each image keeps ``[1, its tiles, C, H, W]``, what it gets processed alone: its
-    trailing all-zero tiles are dropped (a real tile is never all zeros once normalized)."""
-    pixels = data.get("pixel_values")
-    if not (isinstance(pixels, torch.Tensor) and pixels.ndim == 5 and pixels.shape[0] == count > 1):
-        return
-    own = []
-    for image in pixels:
-        filled = image.flatten(1).any(dim=1).nonzero()
-        tiles = int(filled.max()) + 1 if filled.numel() else image.shape[0]
-        own.append(image[None, :tiles])
-    data["pixel_values"] = own
-
-
-def merge_item_outputs(outputs: Sequence[Mapping[str, Any]], *, unbatch: bool = False) -> dict[str, Any]:
-    """Outputs of one HF call per item, as one output: concatenated along rows where the shapes
-    allow it, else one tensor per item. ``unbatch``: such a tensor loses its batch dimension of
-    one (a video's ``[1, frames, C, H, W]``), so the item is what it is in a call of several."""
-    merged: dict[str, Any] = {}
-    for key in outputs[0]:
-        parts = [out[key] for out in outputs]
-        tensors = all(isinstance(p, torch.Tensor) and p.ndim > 0 for p in parts)
-        if tensors and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
-            merged[key] = torch.cat(parts)
-        elif tensors and unbatch and all(p.shape[0] == 1 for p in parts):
-            merged[key] = [p[0] for p in parts]
-        else:
-            merged[key] = parts
-    return merged
-
-
-def main_key(modality: str, data: Mapping[str, Any]) -> str | None:
-    """The key whose rows define an item's rows (``pixel_values``, ``input_features``...)."""
-    for key in (*_MAIN_KEYS[modality], *data):
-        value = data.get(key)
-        if isinstance(value, list) or (isinstance(value, torch.Tensor) and value.ndim > 0):
-            return key
-    return None
-
-
-def row_count(value: Any) -> int:
-    """Rows along dim 0 (audio features: one row per audio or per window)."""
-    return len(value) if isinstance(value, list) else int(value.shape[0])
-
-
-def most_frequent_token(ids: Sequence[int]) -> int:
-    """The token an expansion repeats most: the one that receives embeddings (vLLM's rule). Ties
-    go to the token seen first."""
-    counts: dict[int, int] = {}
-    for token in ids:
-        counts[token] = counts.get(token, 0) + 1
-    return max(counts, key=counts.__getitem__)
 
 
 class _MultiModalProcessorBase(BaseMultiModalProcessor):

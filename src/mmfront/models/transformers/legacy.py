@@ -38,8 +38,10 @@ from mmfront.inputs import MultiModalKwargsItems
 from mmfront.models.transformers.base import (
     MM_TOKEN_TYPE,
     PROBE_IMAGE_SIZE,
-    ModalityLayout,
     _MultiModalProcessorBase,
+)
+from mmfront.models.transformers.layout import (
+    ModalityLayout,
     most_frequent_token,
 )
 from mmfront.parse import ImageProcessorItems, MultiModalDataItems

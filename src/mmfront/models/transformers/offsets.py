@@ -25,8 +25,10 @@ from mmfront.inputs import MultiModalKwargsItems
 from mmfront.models.transformers.base import (
     PROBE_IMAGE_SIZE,
     TRANSFORMERS_VERSION,
-    ModalityLayout,
     _MultiModalProcessorBase,
+)
+from mmfront.models.transformers.layout import (
+    ModalityLayout,
     found_rows,
     main_key,
     most_frequent_token,
