@@ -24,6 +24,7 @@ from typing import Any
 from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullReceiverMirror
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.config import DEFAULT_LIMIT_PER_PROMPT, MODALITIES, MultiModalConfig
+from mmfront.engine.allocator import unmap_large_buffers
 from mmfront.engine.transports import BaseTransport, PipeTransport
 from mmfront.errors import ConfigError, DecodeError, ResourceError, TransportError, UnknownUtilityError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
@@ -210,6 +211,7 @@ class EngineCoreReceiver:
             raise ConfigError(f"heartbeat_s must be positive (seconds between heartbeats), got {heartbeat_s}.")
         if round_budget < 1:
             raise ConfigError(f"round_budget must be at least 1 (messages per frontend per round), got {round_budget}.")
+        unmap_large_buffers()  # a frontend's large messages must not stay resident once freed
         self.round_budget = round_budget
         self.max_mm_features = max_mm_features
         self.engine_index = engine_index
