@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -179,6 +179,21 @@ class StreamingEngine:
         self._thread.join(10)
 
 
+def _second_gets_its_own_tokens_and_both_stop(client: AsyncEngineClient, engine: StreamingEngine,
+                                              main: Callable[[], Awaitable[list[int]]]) -> None:
+    """``main`` reads 20 tokens of the id's second request: they must be its own, and the engine
+    must have stopped both incarnations of the id."""
+    try:
+        assert asyncio.run(asyncio.wait_for(main(), 20)) == [2] * 20
+        deadline = time.monotonic() + 5
+        while len(engine.aborted) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.aborted) == 2 and len(set(engine.aborted)) == 2  # both incarnations stopped
+    finally:
+        client.close_blocking()
+        engine.close()
+
+
 def test_a_stream_closed_early_and_its_id_reused_gets_only_the_new_requests_outputs() -> None:
     engine = StreamingEngine()
     client = AsyncEngineClient(toy_processor(), engine.p0)
@@ -194,15 +209,7 @@ def test_a_stream_closed_early_and_its_id_reused_gets_only_the_new_requests_outp
         await second.aclose()
         return got
 
-    try:
-        assert asyncio.run(asyncio.wait_for(main(), 20)) == [2] * 20
-        deadline = time.monotonic() + 5
-        while len(engine.aborted) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(engine.aborted) == 2 and len(set(engine.aborted)) == 2  # both incarnations stopped
-    finally:
-        client.close_blocking()
-        engine.close()
+    _second_gets_its_own_tokens_and_both_stop(client, engine, main)
 
 
 def test_a_stream_dropped_before_its_first_read_frees_its_id_at_once() -> None:
@@ -226,15 +233,7 @@ def test_a_stream_dropped_before_its_first_read_frees_its_id_at_once() -> None:
         await second.aclose()
         return got
 
-    try:
-        assert asyncio.run(asyncio.wait_for(main(), 20)) == [2] * 20
-        deadline = time.monotonic() + 5
-        while len(engine.aborted) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(engine.aborted) == 2 and len(set(engine.aborted)) == 2  # both incarnations stopped
-    finally:
-        client.close_blocking()
-        engine.close()
+    _second_gets_its_own_tokens_and_both_stop(client, engine, main)
 
 
 # --- the receiver --------------------------------------------------------------------------------
