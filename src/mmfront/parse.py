@@ -174,12 +174,10 @@ class AudioProcessorItems(ProcessorBatchItems[Any]):
 
 
 class VideoProcessorItems(ProcessorBatchItems[Any]):
-    """Videos (a frames array each) and their vLLM metadata, ``None`` where there is none.
-
-    A loaded video (``MediaWithBytes``) is hashed together with its metadata, as vLLM does, so the
-    same file sampled another way is another item. A stored ``(frames, metadata)`` pair (kept
-    when the model's processor needs metadata) is hashed as the pair.
-    """
+    """Videos (a frames array each) and their vLLM metadata, ``None`` where there is none. A
+    loaded video (``MediaWithBytes``) is hashed with its metadata, as vLLM does, so the same file
+    sampled another way is another item; a stored ``(frames, metadata)`` pair (kept when the
+    model's processor needs metadata) is hashed as the pair."""
 
     def __init__(self, data: Sequence[Any], metadata: Sequence[Mapping[str, Any] | None]) -> None:
         super().__init__(data, "video")
@@ -196,11 +194,8 @@ class VideoProcessorItems(ProcessorBatchItems[Any]):
         return item.media if isinstance(item, MediaWithBytes) else item
 
     def get_item_for_hash(self, index: int) -> object:
-        item = self.data[index]
-        metadata = self.metadata[index]
-        if isinstance(item, MediaWithBytes) and metadata is not None:
-            return item, metadata
-        return item
+        item, metadata = self.data[index], self.metadata[index]
+        return (item, metadata) if isinstance(item, MediaWithBytes) and metadata is not None else item
 
     def get_num_frames(self, index: int) -> int:
         """Frames kept in video ``index``; a loaded video answers from its metadata without decoding."""
