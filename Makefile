@@ -9,7 +9,10 @@
 # TORCH_PIN, an 8 MB wheel, installed without dependencies so it never moves torch): transformers
 # builds no video processor without it, and with it no Qwen2-VL, Qwen2.5-VL, Qwen3-VL or
 # LLaVA-OneVision processor. Beside CPU torch its compiled ops do not load; mmfront's import shim
-# covers that (docs/models.md, "torchvision").
+# covers that (docs/models.md, "torchvision"). Likewise torchaudio (TORCHAUDIO_PIN, 1.8 MB, the
+# newest on the index, built for torch 2.11): Granite Speech's and FunASR-Nano's feature
+# extractors need it, and a second shim lets it import without its compiled extension
+# (docs/models.md, "torchaudio").
 # .venv gets the `ray` extra, so the processing lanes' Ray executor is tested against a local Ray
 # instance. .venv-legacy is an overlay of .venv: its own site-packages holds only transformers
 # 5.14.1 and the huggingface-hub/tokenizers it needs, found first; a .pth file then adds .venv's
@@ -19,12 +22,13 @@
 PYTHON ?= python3
 TORCH_PIN ?= torch==2.13.0
 TORCHVISION_PIN ?= torchvision==0.28.0
+TORCHAUDIO_PIN ?= torchaudio==2.11.1
 VENV ?= .venv
 LEGACY_VENV ?= .venv-legacy
 LEGACY_TRANSFORMERS ?= 5.14.1
 PIP_FLAGS := --disable-pip-version-check
 # find_spec, not import: beside CPU torch, PyPI's torchvision imports only once mmfront is imported
-HAS_TORCHVISION := import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)
+HAS_MODULE := import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)
 
 PY := $(VENV)/bin/python
 BASE_STAMP := $(VENV)/.mmfront-base
@@ -46,7 +50,8 @@ $(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 
 $(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[test,ray]"
-	$(PY) -c "$(HAS_TORCHVISION)" || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
+	$(PY) -c "$(HAS_MODULE)" torchvision || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
+	$(PY) -c "$(HAS_MODULE)" torchaudio || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHAUDIO_PIN)"
 	touch $(STAMP)
 
 # Run by .venv-legacy's python with .venv's site-packages as argument: the .pth file of the overlay.

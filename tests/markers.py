@@ -11,6 +11,11 @@ NEEDS_TORCHVISION = pytest.mark.skipif(
     reason="transformers builds no video processor, nor the processors that take one, without torchvision "
            "(`make test` installs it; docs/models.md, 'torchvision')")
 
+NEEDS_TORCHAUDIO = pytest.mark.skipif(
+    importlib.util.find_spec("torchaudio") is None,
+    reason="Granite Speech's and FunASR-Nano's feature extractors compute log-mels with torchaudio "
+           "(`make test` installs it; docs/models.md, 'torchaudio')")
+
 VIDEO_SERVED = pytest.mark.hf_version(
     ">=5.18", reason="the transformers backend serves video from transformers 5.18, as vLLM 0.33's does: before, "
                      "the video processors cannot count a video's tokens (5.14.1: Qwen2VLVideoProcessor has no "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from mmfront import _torchvision
+from mmfront import _torchaudio, _torchvision
 from mmfront._version import __version__
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from mmfront.wire import EngineCoreRequest, SamplingParams
 
 _torchvision.install()
+_torchaudio.install()
 
 _HOMES = {
     "BaseMultiModalProcessor": "mmfront.processing.processor",

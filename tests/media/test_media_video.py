@@ -26,6 +26,7 @@ from mmfront.errors import (  # noqa: E402
 )
 from mmfront.hashing import get_mm_hashes  # noqa: E402
 from mmfront.media import DecodeBudget, MediaConnector, load_video_bytes, resolve_video_options  # noqa: E402
+from mmfront.media import video as video_module  # noqa: E402
 from mmfront.media.video import VideoIOOptions, sample_frames, video_sampler_for  # noqa: E402
 from mmfront.parse import MultiModalDataParser, VideoProcessorItems  # noqa: E402
 from mmfront.testing.media import make_video  # noqa: E402
@@ -112,6 +113,43 @@ def test_each_allowed_codec_and_container_decodes_the_frames_ffmpeg_gives(codec:
     metadata = item.info["metadata"]
     assert metadata["total_num_frames"] == 8 and metadata["fps"] == 8.0
     assert np.array_equal(item.media, _rgb_frames(data)[metadata["frames_indices"]])
+
+
+@pytest.mark.parametrize(("codec", "container"), [("libx264", "mp4"), ("libx264", "matroska"), ("libx265", "mp4"),
+                                                  ("libvpx-vp9", "webm"), ("mpeg2video", "mpegts")])
+def test_frames_not_kept_are_skipped_and_the_kept_ones_equal_a_full_decode(
+    codec: str, container: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Frames nothing refers to and nobody keeps are never decoded (x264 and x265 make most
+    B-frames such); the kept frames are still those a decode of every frame gives, bit for bit."""
+    data = make_video(4.0, fps=10, width=96, height=64, codec=codec, container=container)
+    decoded: list[int] = []
+    offer = video_module._KeptFrames.offer
+
+    def counting_offer(self: object, index: int, frame: object) -> None:
+        decoded.append(index)
+        offer(self, index, frame)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(video_module._KeptFrames, "offer", counting_offer)
+    item = _load(data, media_io_kwargs={"video": {"num_frames": 5}})
+    indices = item.info["metadata"]["frames_indices"]
+    assert indices == [0, 9, 19, 29, 39]
+    assert np.array_equal(item.media, _rgb_frames(data)[indices])
+    assert set(indices) <= set(decoded)
+    if codec in ("libx264", "libx265"):
+        assert len(decoded) < 40, f"{codec}: every frame was decoded"
+
+
+def test_a_stream_whose_timestamps_do_not_number_its_frames_is_decoded_by_counting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The timestamp path gives up (here: every timestamp looks repeated) and the frames are
+    counted instead, as vLLM's decoder counts them: the same frames come out."""
+    data = make_video(2.0, fps=10, width=96, height=64)
+    monkeypatch.setattr(video_module, "_decode_by_timestamp",
+                        lambda *args: (_ for _ in ()).throw(video_module._NoTimestamps()))
+    item = _load(data, media_io_kwargs={"video": {"num_frames": 4}})
+    assert np.array_equal(item.media, _rgb_frames(data)[item.info["metadata"]["frames_indices"]])
 
 
 def test_a_rotated_phone_video_is_turned_as_its_display_matrix_says() -> None:

@@ -168,7 +168,7 @@ def test_every_model_option_is_in_the_configuration_reference() -> None:
 
 def test_a_model_spec_needs_both_processor_and_info(tables: Any) -> None:
     with pytest.raises(ConfigError, match="gives a processor without info or info without a processor"):
-        catalog.register_model(ModelSpec("paligemma", "PaliGemmaProcessor", processor=MultiModalProcessor))
+        catalog.register_model(ModelSpec("llava", "LlavaProcessor", processor=MultiModalProcessor))
     with pytest.raises(InputTypeError, match="register_model takes a ModelSpec"):
-        catalog.register_model("paligemma")  # type: ignore[arg-type]
-    assert "paligemma" not in catalog._MODELS
+        catalog.register_model("llava")  # type: ignore[arg-type]
+    assert "llava" not in catalog._MODELS

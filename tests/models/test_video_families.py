@@ -1,5 +1,6 @@
 """Video through the transformers backend (Offsets and Legacy) on each family with a video processor mmfront serves
-(Qwen2.5-VL, LLaVA-OneVision): prompt ids, placeholder ranges and each video's tensors equal the
+(Qwen2.5-VL and LLaVA-OneVision on their model fixtures, Qwen2-VL on a folder the coverage builder
+makes from its HF processor class): prompt ids, placeholder ranges and each video's tensors equal the
 HF processor's own output for clips of three lengths and frame rates, sampled as vLLM 0.33
 samples them and passed with their metadata; images and videos in one prompt; a repeated video
 is a cache hit that equals the miss and decodes nothing."""
@@ -16,7 +17,9 @@ import torch
 from markers import NEEDS_TORCHVISION, VIDEO_SERVED
 from mmfront import MediaWithBytes, MultiModalConfig, create_processor
 from mmfront.cache import processor_only_cache_from_config
+from mmfront.errors import ValidationError
 from mmfront.media import DecodeBudget, load_video_bytes
+from mmfront.testing.coverage import build_processor_folder
 from mmfront.testing.media import make_image, make_video
 from mmfront.testing.models import build_model_folder, load_processor
 
@@ -32,22 +35,33 @@ class Family:
     image_placeholder: str
     video_placeholder: str
     media_io_kwargs: dict[str, Any]
-    """LLaVA-OneVision keeps every frame of these short clips (vLLM's 32 by default), and HF stacks a
-    call's videos, so the comparison on one prompt keeps 4 frames of each; Qwen2.5-VL samples at 2
-    frames a second and takes clips of any length in one call."""
+    """LLaVA-OneVision keeps every frame of these short clips (vLLM's 32 by default), and HF stacks
+    a call's videos, so the comparison on one prompt keeps 4 frames of each; Qwen2-VL and
+    Qwen2.5-VL sample at 2 frames a second and take clips of any length in one call."""
+    processor_class: str | None = None
+    """Built by the coverage builder from this HF processor class (no model fixture)."""
+    needs_metadata: bool = False
+    """The backend passes each video's metadata to HF (as vLLM's own processor does)."""
+
+    def build(self, folder: Path) -> Path:
+        if self.processor_class is None:
+            return build_model_folder(self.kind, folder)
+        return build_processor_folder(self.processor_class, folder)
 
 
+QWEN_PLACEHOLDERS = ("<|vision_start|><|image_pad|><|vision_end|>", "<|vision_start|><|video_pad|><|vision_end|>")
 FAMILIES = {
-    "qwen2_5_vl": Family("qwen2_5_vl", "<|vision_start|><|image_pad|><|vision_end|>",
-                         "<|vision_start|><|video_pad|><|vision_end|>", {}),
+    "qwen2_5_vl": Family("qwen2_5_vl", *QWEN_PLACEHOLDERS, {}, needs_metadata=True),
     "llava_onevision": Family("llava_onevision", "<image>", "<video>", {"video": {"num_frames": 4}}),
+    # the builder's small tokenizer spells these placeholders <image> and <video>
+    "qwen2_vl": Family("qwen2_vl", "<image>", "<video>", {}, processor_class="Qwen2VLProcessor"),
 }
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Family, Path]:
     kind = request.param
-    return FAMILIES[kind], build_model_folder(kind, tmp_path_factory.mktemp(kind))
+    return FAMILIES[kind], FAMILIES[kind].build(tmp_path_factory.mktemp(kind))
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +120,7 @@ def video_rows(want: dict[str, Any], count: int) -> list[torch.Tensor]:
 @VIDEO_SERVED
 def test_the_family_takes_video(processor: Any, family: tuple[Family, Path]) -> None:
     assert "video" in processor.info.get_supported_mm_limits()
-    assert processor.info.video_needs_metadata == (family[0].kind == "qwen2_5_vl")  # as vLLM's own processors
+    assert processor.info.video_needs_metadata == family[0].needs_metadata  # as vLLM's own processors
 
 
 @pytest.mark.hf_version("<5.18", reason="from transformers 5.18 the backend serves video")
@@ -183,3 +197,17 @@ def test_a_repeated_video_hits_the_cache_and_decodes_nothing(processor: Any, hf:
     assert sorted(hit) == sorted(missed)
     for key in hit:
         assert torch.equal(hit[key].data, missed[key].data)
+
+
+def test_llava_next_video_is_refused_video_with_the_reason(tmp_path: Path) -> None:
+    """LLaVA-NeXT-Video's processor has a video processor but counts no video tokens, so the
+    transformers backend (like vLLM 0.33's) cannot place its videos: images only, and a video is
+    refused with what to do."""
+    folder = build_processor_folder("LlavaNextVideoProcessor", tmp_path / "llava_next_video")
+    processor = create_processor(folder, MultiModalConfig())
+    assert list(processor.info.get_supported_mm_limits()) == ["image"]
+    hf = load_processor(folder)
+    video = load(hf, make_video(1.0, fps=8))
+    with pytest.raises(ValidationError, match=r"does not support video inputs \(it accepts: \['image'\]\)\. "
+                                              r"LlavaNextVideoProcessor has a video processor, but"):
+        processor.apply("Watch <video> now", {"video": [video]})

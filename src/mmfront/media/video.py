@@ -83,6 +83,11 @@ _OPTIONS = ("num_frames", "fps", "video_backend", "min_frames", "max_frames", "t
 _DECODER_WORK_FRAMES = 20
 """YUV 4:2:0 pictures a decoder holds at once, at most: 16 references (the H.264/HEVC maximum)
 plus the pictures in flight on its threads. Charged on top of the frames kept."""
+_THREAD_TYPES = {"h264": "SLICE", "mpeg4": "SLICE"}
+"""Codecs decoded with slice threads rather than FFmpeg's choice (frame threads): measured on 2
+cores, slice threads decoded a 720p H.264 clip whose frames hold several slices in 0.72x the
+time, one with a single slice no slower, MPEG-4 Part 2 in 0.79x; for HEVC and VP9 they were
+slower (docs/media.md, "Decoding only what is kept")."""
 _BACKEND_NAME = "opencv"
 """``video_backend`` in the metadata: vLLM's name for its decoder, whose frames PyAV reproduces."""
 
@@ -375,47 +380,123 @@ def _check_length(total: int, fps: float, config: MultiModalConfig) -> None:
                                  parameter="multi_modal_data")
 
 
+class _NoTimestamps(Exception):
+    """Timestamps that do not number the frames (missing, off the rate, repeated, a gap): the
+    frames can only be counted, not skipped."""
+
+
 def _decode(payload: bytes, probe: _Probe, indices: tuple[int, ...]) -> np.ndarray:
-    """The frames at ``indices``: decoded in order up to the last one, only those converted."""
+    """The frames at ``indices``, decoded in order up to the last one, only those converted.
+
+    Frames not kept that no other frame refers to (most B-frames) are not decoded at all: the
+    decoder is told to skip them packet by packet (FFmpeg's ``skip_frame=nonref``), which leaves
+    every frame it does decode, the kept ones included, bit for bit as a full decode makes them.
+    That takes frame numbers from timestamps; a stream without them, or whose timestamps are not
+    one per frame at the announced rate, is decoded again frame by frame, which says what is wrong.
+    The decoder's threads are chosen per codec (:data:`_THREAD_TYPES`)."""
     av = _av()
-    frames: np.ndarray | None = None
-    wanted = {index: slot for slot, index in enumerate(indices)}
-    last = indices[-1]
-    found = 0
-    frame_seconds = 1 / probe.fps
-    start: float | None = None
     try:
+        with _open(av, payload, probe_only=True) as container:  # every packet sets skip_frame itself
+            try:
+                return _decode_by_timestamp(container, probe, indices)
+            except _NoTimestamps:
+                pass
         with _open(av, payload) as container:
-            stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
-            for index, frame in enumerate(container.decode(stream)):
-                if (frame.width, frame.height) != (probe.width, probe.height):
-                    raise MediaDecodeError(
-                        f"Frame {index} of the video is {frame.width}x{frame.height}, but its header announced "
-                        f"{probe.width}x{probe.height}: the header does not describe the stream. Re-encode the video.",
-                        parameter="multi_modal_data")
-                if frame.time is not None:
-                    start = frame.time - index * frame_seconds if start is None else start
-                    if abs(frame.time - start - index * frame_seconds) > frame_seconds / 2:
-                        raise MediaDecodeError(_VFR, parameter="multi_modal_data")
-                slot = wanted.get(index)
-                if slot is not None:
-                    rgb = _rotate(frame.to_ndarray(format="rgb24"), frame.rotation)
-                    if frames is None:
-                        frames = np.empty((len(indices), *rgb.shape), dtype=np.uint8)
-                    frames[slot] = rgb
-                    found += 1
-                if index >= last:
-                    break
+            return _decode_counting(container, probe, indices)
     except av.FFmpegError as exc:
         raise MediaDecodeError(f"The video could not be decoded ({exc.strerror or exc}): it is corrupt or truncated. "
                                "Send the complete, uncorrupted file.", parameter="multi_modal_data") from None
-    if frames is None or found < len(indices):
-        raise MediaDecodeError(
-            f"The video is truncated: its header announces {probe.total_frames} frames but fewer decode (frame "
-            f"{indices[found] if found < len(indices) else last} is missing). Send the complete file.",
-            parameter="multi_modal_data")
-    return frames
+
+
+class _KeptFrames:
+    """The array of kept frames, filled as they decode."""
+
+    def __init__(self, probe: _Probe, indices: tuple[int, ...]) -> None:
+        self.probe, self.indices = probe, indices
+        self.slots = {index: slot for slot, index in enumerate(indices)}
+        self.frames: np.ndarray | None = None
+        self.found = 0
+
+    def offer(self, index: int, frame: Any) -> None:
+        if (frame.width, frame.height) != (self.probe.width, self.probe.height):
+            raise MediaDecodeError(
+                f"Frame {index} of the video is {frame.width}x{frame.height}, but its header announced "
+                f"{self.probe.width}x{self.probe.height}: the header does not describe the stream. Re-encode the video.",
+                parameter="multi_modal_data")
+        slot = self.slots.pop(index, None)
+        if slot is None:
+            return
+        rgb = _rotate(frame.to_ndarray(format="rgb24"), frame.rotation)
+        if self.frames is None:
+            self.frames = np.empty((len(self.indices), *rgb.shape), dtype=np.uint8)
+        self.frames[slot] = rgb
+        self.found += 1
+
+    def complete(self) -> bool:
+        return not self.slots
+
+    def result(self) -> np.ndarray:
+        if self.frames is None or self.slots:
+            missing = min(self.slots) if self.slots else self.indices[0]
+            raise MediaDecodeError(
+                f"The video is truncated: its header announces {self.probe.total_frames} frames but fewer decode "
+                f"(frame {missing} is missing). Send the complete file.", parameter="multi_modal_data")
+        return self.frames
+
+
+def _decode_by_timestamp(container: Any, probe: _Probe, indices: tuple[int, ...]) -> np.ndarray:
+    stream = container.streams.video[0]
+    stream.thread_type = _THREAD_TYPES.get(probe.codec, "AUTO")
+    decoder = stream.codec_context
+    if stream.time_base is None:
+        raise _NoTimestamps
+    kept = _KeptFrames(probe, indices)
+    seen: set[int] = set()
+    start: int | None = stream.start_time
+
+    def frame_number(pts: int | None) -> int:
+        if pts is None or start is None:
+            raise _NoTimestamps
+        seconds = (pts - start) * stream.time_base
+        number = round(seconds * probe.fps)
+        if abs(seconds - number / probe.fps) > 1 / (2 * probe.fps):
+            raise _NoTimestamps
+        return number
+
+    for packet in container.demux(stream):
+        if packet.size:
+            if start is None:
+                start = packet.pts
+            number = frame_number(packet.pts)
+            if number in seen:
+                raise _NoTimestamps
+            seen.add(number)
+            decoder.skip_frame = "DEFAULT" if number in kept.slots else "NONREF"
+        for frame in decoder.decode(packet if packet.size else None):
+            kept.offer(frame_number(frame.pts), frame)
+        if kept.complete():
+            break
+    last = indices[-1]
+    if kept.complete() and len(seen.intersection(range(last + 1))) != last + 1:
+        raise _NoTimestamps  # a frame number no packet had: a gap
+    return kept.result()
+
+
+def _decode_counting(container: Any, probe: _Probe, indices: tuple[int, ...]) -> np.ndarray:
+    stream = container.streams.video[0]
+    stream.thread_type = _THREAD_TYPES.get(probe.codec, "AUTO")
+    kept = _KeptFrames(probe, indices)
+    frame_seconds = 1 / probe.fps
+    start: float | None = None
+    for index, frame in enumerate(container.decode(stream)):
+        kept.offer(index, frame)
+        if frame.time is not None:
+            start = frame.time - index * frame_seconds if start is None else start
+            if abs(frame.time - start - index * frame_seconds) > frame_seconds / 2:
+                raise MediaDecodeError(_VFR, parameter="multi_modal_data")
+        if kept.complete():
+            break
+    return kept.result()
 
 
 _ROTATIONS: dict[int, Callable[[np.ndarray], np.ndarray]] = {

@@ -22,7 +22,7 @@ from typing import TypeVar
 from mmfront.config import ModelOption
 from mmfront.errors import ConfigError, InputTypeError
 from mmfront.fixtures.kinds import ModelKind
-from mmfront.models.spec import ModelSpec, ReferenceModel
+from mmfront.models.spec import ModelSpec, PromptLayout, ReferenceModel
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 
@@ -239,3 +239,14 @@ def video_needs_metadata(hf_processor_class: type) -> bool:
     HF processor reads each video's metadata (``ModelSpec.video_needs_metadata``)."""
     by_class = {spec.hf_processor_class: spec.video_needs_metadata for spec in model_specs().values()}
     return any(by_class.get(cls.__name__, False) for cls in hf_processor_class.__mro__)
+
+
+def prompt_layout(hf_processor_class: type) -> PromptLayout | None:
+    """How the HF processor of this class (or a subclass) rewrites a prompt's text before
+    tokenizing it, where the module of its model says (``ModelSpec.prompt_layout``)."""
+    by_class = {spec.hf_processor_class: spec.prompt_layout for spec in model_specs().values()}
+    for cls in hf_processor_class.__mro__:
+        layout = by_class.get(cls.__name__)
+        if layout is not None:
+            return layout
+    return None

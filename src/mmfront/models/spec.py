@@ -20,7 +20,7 @@ from mmfront.fixtures.kinds import ModelKind
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
-__all__ = ["Encoder", "ModelSpec", "Positions", "ReferenceModel", "pooled_rows", "split_rows"]
+__all__ = ["Encoder", "ModelSpec", "Positions", "PromptLayout", "ReferenceModel", "pooled_rows", "split_rows"]
 
 Encoder = Callable[[Any, str, BatchedTensorInputs, Sequence[MultiModalFeatureSpec]], list[torch.Tensor]]
 """``(model, modality, batched kwargs, the batch's features) -> one [rows, hidden] tensor per feature``."""
@@ -29,6 +29,10 @@ Positions = Callable[[Any, Sequence[int], Sequence[MultiModalFeatureSpec]], tupl
 """``(model, prompt ids, the prompt's features) -> (the prompt's position ids, the offset of every
 later position)``: the position ids ``[rows, 1, prompt_len]`` go to the prefill's forward, and a
 token decoded at cache length ``n`` sits at ``n + offset`` in every row."""
+
+
+PromptLayout = Callable[[str, Any], str]
+"""``(prompt text with its placeholders, the HF processor) -> the text HF tokenizes``."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,10 @@ class ModelSpec:
     video_needs_metadata: bool = False
     """The HF processor reads each video's metadata (``video_metadata``: Qwen2.5-VL's
     ``second_per_grid_ts`` comes from its frame rate), so the transformers backend passes it."""
+    prompt_layout: PromptLayout | None = None
+    """The text HF's processor tokenizes for a prompt holding items, where its ``__call__``
+    rewrites the prompt around the placeholders (PaliGemma's BOS after the last image and newline
+    at the end); the transformers backend tokenizes that text, so its ids are HF's."""
 
 
 def pooled_rows(output: Any) -> torch.Tensor:

@@ -153,6 +153,11 @@ class BaseProcessingInfo:
         """Items per prompt the model supports, per modality (``None``: unlimited)."""
         return {}
 
+    def why_unsupported(self, modality: str) -> str:
+        """Why the model takes no ``modality`` items, where there is more to say than that it
+        does not (appended to the refusal)."""
+        return ""
+
     @cached_property
     def allowed_mm_limits(self) -> dict[str, int]:
         out = {}
@@ -199,8 +204,10 @@ class BaseProcessingInfo:
         allow them (the one home of this rule: chat parsing asks before loading each item)."""
         supported = self.get_supported_mm_limits()
         if modality not in supported:
+            reason = self.why_unsupported(modality)
             raise ValidationError(
-                f"This model does not support {modality} inputs (it accepts: {sorted(supported) or 'none'}).",
+                f"This model does not support {modality} inputs (it accepts: {sorted(supported) or 'none'})."
+                + (f" {reason}" if reason else ""),
                 parameter=modality,
             )
         if is_embed and self.config.get_limit_per_prompt(modality) == 0:

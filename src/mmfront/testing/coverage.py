@@ -69,8 +69,6 @@ IMAGE_SIZES = ((48, 40), (64, 32), (40, 56))
 AUDIO_SECONDS = (1.0, 1.6, 0.7)
 
 _WORDS = ("Describe", "and", "then", "please")
-_TEXT_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids",
-                        "text_replacement_offsets"})
 _MMFRONT_KEYS = frozenset({"num_image_patches", "num_audio_tokens"})
 _HF_ARG = {"image": "images", "audio": "audio"}
 
@@ -340,10 +338,12 @@ def _check_tensors(case: _Case, out: Mapping[str, Any], ref: Mapping[str, Any], 
     """Each item's data is HF's batch output sliced per item and HF's output for the item alone.
     A key HF returns only for a batch (a padding mask) and not for an item alone is absent from the
     items, which are processed alone where HF would pad them."""
+    from mmfront.models.transformers.layout import TEXT_KEYS
+
     modality = case.modality
     mm_items = out["mm_kwargs"][modality]
     alone = [case.alone(i, media) for i, media in enumerate(items)]
-    for key in [k for k in ref if k not in _TEXT_KEYS]:
+    for key in [k for k in ref if k not in TEXT_KEYS]:
         if not any(key in item for item in mm_items):
             _check(not any(key in a for a in alone), f"HF output {key!r} is missing from mmfront's items for {where}")
             continue

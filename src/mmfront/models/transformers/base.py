@@ -28,7 +28,7 @@ from packaging.version import Version
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.catalog import backend_placeholder_attr, video_needs_metadata
+from mmfront.models.catalog import backend_placeholder_attr, prompt_layout, video_needs_metadata
 from mmfront.models.transformers.layout import (
     LAYOUT_KEY,
     ModalityLayout,
@@ -122,6 +122,18 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         except (AttributeError, NotImplementedError, TypeError, ValueError, KeyError):
             return False
         return getattr(counted, "num_video_tokens", None) is not None
+
+    def why_unsupported(self, modality: str) -> str:
+        proc = self.hf_processor
+        if modality != "video" or getattr(proc, "video_processor", None) is None:
+            return ""
+        name = type(proc).__name__
+        if TRANSFORMERS_VERSION < VIDEO_MIN_VERSION:
+            return (f"{name} has a video processor, but the transformers backend places videos from transformers "
+                    f"{VIDEO_MIN_VERSION} on (vLLM 0.33's gate too); upgrade transformers.")
+        return (f"{name} has a video processor, but it does not count a video's tokens "
+                "(`_get_num_multimodal_tokens(video_sizes=...)`), which the transformers backend needs to place a "
+                "video, as vLLM 0.33's does. Send the frames as images, or serve the model with a native processor.")
 
     @cached_property
     def video_needs_metadata(self) -> bool:
@@ -252,6 +264,17 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
 
     def get_mm_special_tokens(self) -> set[str]:
         return self.info.mm_special_tokens()
+
+    def _tokenize_prompt(
+        self, prompt: str | list[int], mm_counts: Mapping[str, int], *, add_special_tokens: bool,
+    ) -> list[int]:
+        """A text prompt holding items is laid out as the model's HF processor lays it out
+        (``ModelSpec.prompt_layout``) before it is tokenized; a token-id prompt is taken as it is
+        (its ids came from text laid out that way)."""
+        layout = prompt_layout(type(self.info.hf_processor))
+        if layout is not None and isinstance(prompt, str) and any(mm_counts.values()):
+            prompt = layout(prompt, self.info.hf_processor)
+        return super()._tokenize_prompt(prompt, mm_counts, add_special_tokens=add_special_tokens)
 
     # --- calling HF --------------------------------------------------------------------------
 

@@ -18,8 +18,10 @@ LAYOUT_KEY = "__mmfront_layout__"
 """Key under which a processed HF output carries its :class:`OutputLayout` (never a model input:
 keys without a field config are dropped when the outputs are split into items)."""
 
-TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "text_replacement_offsets")
-"""Outputs about the text HF processed, not about the items; the model must not receive them."""
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids", "text_replacement_offsets",
+             "labels")
+"""Outputs about the text HF processed, not about the items; the model must not receive them
+(``labels``: PaliGemma's training targets, its ``input_ids`` with the prefix masked)."""
 
 MAIN_KEYS = {"image": ("pixel_values", "image_patches"), "audio": ("input_features", "input_values"),
               "video": ("pixel_values_videos",)}
