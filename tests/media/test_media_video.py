@@ -87,8 +87,21 @@ def test_the_qwen2_vl_sampler_is_picked_for_its_processor_and_samples_at_2_fps()
     # 451 frames at 30 fps: the float32 step lands the tail on 450, never past the clip
     assert sample_frames(451, 30.0, options)[-1] <= 450
     assert video_sampler_for("LlavaOnevisionVideoProcessor") == "opencv"
-    with pytest.raises(UnsupportedModelError, match="qwen3_vl"):
-        video_sampler_for("Qwen3VLVideoProcessor")
+    with pytest.raises(UnsupportedModelError, match="'opencv_dynamic' loader"):
+        video_sampler_for("Glm4vVideoProcessor")
+
+
+def test_the_qwen3_vl_sampler_rounds_an_even_spread_at_2_fps() -> None:
+    options = resolve_video_options(MultiModalConfig(), None, video_processor="Qwen3VLVideoProcessor")
+    assert options.video_backend == "qwen3_vl" and options.fps == 2
+    # 63 frames at 9 fps is 7 s: int(14.0) = 14 frames over 0..62, rounded (no multiple of 2 imposed)
+    assert sample_frames(63, 9.0, options) == [0, 5, 10, 14, 19, 24, 29, 33, 38, 43, 48, 52, 57, 62]
+    # a 1 s clip still keeps min_frames (4); max_frames caps a long one
+    assert sample_frames(10, 10.0, options) == [0, 3, 6, 9]
+    capped = resolve_video_options(MultiModalConfig(), {"video": {"max_frames": 5}},
+                                   video_processor="Qwen3VLVideoProcessor")
+    assert sample_frames(300, 30.0, capped) == [0, 75, 150, 224, 299]
+    assert video_sampler_for("Cosmos3EdgeVideoProcessor") == "qwen3_vl"
 
 
 def test_a_request_setting_num_frames_drops_the_deployments_fps() -> None:

@@ -67,9 +67,15 @@ CLIPS = {
     "vp9-webm-2s-12fps": {"seconds": 2.0, "fps": 12, "codec": "libvpx-vp9", "container": "webm"},
     "mpeg4-avi-5s-6fps": {"seconds": 5.0, "fps": 6, "codec": "mpeg4", "container": "avi"},
     "tiny-h264": {"seconds": 1.0, "fps": 10, "width": 16, "height": 16},  # one kept frame is smaller than the file
+    "qwen2_vl-h264-7s-9fps": {"seconds": 7.0, "fps": 9},
+    "qwen3_vl-h264-7s-9fps": {"seconds": 7.0, "fps": 9},
+    "qwen3_vl-mkv-3s-25fps": {"seconds": 3.0, "fps": 25, "container": "matroska"},
 }
 OPTIONS = {"h264-mp4-3s-10fps": {"num_frames": 8}, "vp9-webm-2s-12fps": {"num_frames": 32},
-           "mpeg4-avi-5s-6fps": {"num_frames": 4, "fps": 1}, "tiny-h264": {"num_frames": 1}}
+           "mpeg4-avi-5s-6fps": {"num_frames": 4, "fps": 1}, "tiny-h264": {"num_frames": 1},
+           # vLLM's Qwen loaders, as its connector picks them for Qwen2-VL's and Qwen3-VL's video processors
+           "qwen2_vl-h264-7s-9fps": {"video_backend": "qwen2_vl"}, "qwen3_vl-h264-7s-9fps": {"video_backend": "qwen3_vl"},
+           "qwen3_vl-mkv-3s-25fps": {"video_backend": "qwen3_vl", "fps": 3, "max_frames": 7}}
 
 
 def _peer(script: str, cases: list[dict[str, object]], tmp_path: Path) -> list[object]:

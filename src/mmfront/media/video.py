@@ -64,15 +64,17 @@ VIDEO_CODECS = {
 }
 """Video codecs that are decoded (FFmpeg's codec ids)."""
 
-VIDEO_SAMPLERS = ("opencv", "qwen2_vl")
+VIDEO_SAMPLERS = ("opencv", "qwen2_vl", "qwen3_vl")
 """vLLM's frame samplers mmfront implements, by vLLM's ``video_backend`` name: ``opencv`` keeps
 ``num_frames`` frames evenly spread (fewer if ``fps`` asks for fewer); ``qwen2_vl`` is
 transformers' Qwen2-VL sampling at ``fps`` (default 2), which vLLM uses for
-``Qwen2VLVideoProcessor`` (Qwen2-VL, Qwen2.5-VL)."""
+``Qwen2VLVideoProcessor`` (Qwen2-VL, Qwen2.5-VL); ``qwen3_vl`` is Qwen3-VL's (``fps`` default 2,
+rounded even spacing, no multiple of the temporal patch), which vLLM uses for
+``Qwen3VLVideoProcessor`` and ``Cosmos3EdgeVideoProcessor``."""
 
-_PROCESSOR_SAMPLERS = {"Qwen2VLVideoProcessor": "qwen2_vl"}
+_PROCESSOR_SAMPLERS = {"Qwen2VLVideoProcessor": "qwen2_vl", "Qwen3VLVideoProcessor": "qwen3_vl",
+                       "Cosmos3EdgeVideoProcessor": "qwen3_vl"}
 _UNIMPLEMENTED_SAMPLERS = {
-    "Qwen3VLVideoProcessor": "qwen3_vl", "Cosmos3EdgeVideoProcessor": "qwen3_vl",
     "Glm4vVideoProcessor": "opencv_dynamic", "Glm46VVideoProcessor": "glm46v",
     "GlmgaVideoProcessor": "glmga", "Molmo2VideoProcessor": "molmo2",
     "EmbeddingGemma2VideoProcessor": "embedding_gemma2",
@@ -98,7 +100,8 @@ class VideoIOOptions:
 
     ``num_frames=-1`` keeps every frame; ``fps<=0`` sets no rate. ``video_backend`` picks the
     sampler (:data:`VIDEO_SAMPLERS`); ``None`` uses the model's (see :func:`video_sampler_for`).
-    ``min_frames``, ``max_frames`` and ``temporal_patch_size`` tune the ``qwen2_vl`` sampler.
+    ``min_frames`` and ``max_frames`` tune the Qwen samplers, ``temporal_patch_size`` the
+    ``qwen2_vl`` one.
     """
 
     num_frames: int = DEFAULT_NUM_FRAMES
@@ -175,8 +178,8 @@ def resolve_video_options(
     tuning = {k: merged[k] for k in ("min_frames", "max_frames", "temporal_patch_size") if k in merged}
     if any(value < 1 for value in tuning.values()):
         raise ValidationError(f"media_io_kwargs['video'] {tuning} must all be >= 1", parameter="media_io_kwargs")
-    if backend == "qwen2_vl" and "fps" not in merged:
-        options_out = replace(options_out, fps=2)  # the qwen2_vl loader's own default rate
+    if backend in ("qwen2_vl", "qwen3_vl") and "fps" not in merged:
+        options_out = replace(options_out, fps=2)  # the Qwen loaders' own default rate
     return replace(options_out, **tuning)
 
 
@@ -215,11 +218,25 @@ def sample_qwen2_vl(total_frames: int, source_fps: float, options: VideoIOOption
     return [int(i) for i in torch.clamp(indices, max=total_frames - 1)]
 
 
+def sample_qwen3_vl(total_frames: int, source_fps: float, options: VideoIOOptions) -> list[int]:
+    """Qwen3-VL's sampling (vLLM's ``qwen3_vl`` loader, after transformers' processor):
+    ``int(total / source_fps * fps)`` frames (``fps`` capped at 30), clamped to
+    ``[min_frames, max_frames]`` (at most 768) and to the clip, spread evenly from the first to
+    the last and rounded to the nearest frame."""
+    fps = min(options.fps, 30)
+    max_frames = min(options.max_frames, 768)
+    count = int(total_frames / source_fps * fps)
+    count = min(max(count, options.min_frames), max_frames, total_frames)
+    return [int(i) for i in np.linspace(0, total_frames - 1, count).round().astype(int)]
+
+
 def sample_frames(total_frames: int, source_fps: float, options: VideoIOOptions) -> list[int]:
     """The frame indices ``options`` keeps from a clip of ``total_frames`` at ``source_fps``."""
     duration = total_frames / source_fps
     if options.video_backend == "qwen2_vl":
         return sample_qwen2_vl(total_frames, source_fps, options)
+    if options.video_backend == "qwen3_vl":
+        return sample_qwen3_vl(total_frames, source_fps, options)
     return sample_uniform(total_frames, duration, options)
 
 
