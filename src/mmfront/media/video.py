@@ -432,7 +432,6 @@ class _KeptFrames:
         self.probe, self.indices = probe, indices
         self.slots = {index: slot for slot, index in enumerate(indices)}
         self.frames: np.ndarray | None = None
-        self.found = 0
 
     def offer(self, index: int, frame: Any) -> None:
         if (frame.width, frame.height) != (self.probe.width, self.probe.height):
@@ -447,7 +446,6 @@ class _KeptFrames:
         if self.frames is None:
             self.frames = np.empty((len(self.indices), *rgb.shape), dtype=np.uint8)
         self.frames[slot] = rgb
-        self.found += 1
 
     def complete(self) -> bool:
         return not self.slots
