@@ -22,7 +22,7 @@ from typing import TypeVar
 from mmfront.config import ModelOption
 from mmfront.errors import ConfigError, InputTypeError
 from mmfront.fixtures.kinds import ModelKind
-from mmfront.models.spec import ModelSpec, PromptLayout, ReferenceModel
+from mmfront.models.spec import ModelSpec, PromptLayout, PromptOutput, ReferenceModel
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 
@@ -250,3 +250,23 @@ def prompt_layout(hf_processor_class: type) -> PromptLayout | None:
         if layout is not None:
             return layout
     return None
+
+
+def _declared_for(hf_processor_class: type) -> ModelSpec | None:
+    """The spec of the model whose processor class this is, or the nearest base's."""
+    by_class = {spec.hf_processor_class: spec for spec in model_specs().values()}
+    return next((by_class[cls.__name__] for cls in hf_processor_class.__mro__ if cls.__name__ in by_class), None)
+
+
+def unexpanded_placeholders(hf_processor_class: type) -> frozenset[str]:
+    """The modalities whose placeholder the HF processor of this class (or a subclass) leaves
+    unexpanded, where the module of its model says (``ModelSpec.unexpanded_placeholders``)."""
+    spec = _declared_for(hf_processor_class)
+    return frozenset(spec.unexpanded_placeholders) if spec is not None else frozenset()
+
+
+def prompt_outputs(hf_processor_class: type) -> Mapping[str, PromptOutput]:
+    """The HF outputs laid out along the prompt that the engine of this class's model rebuilds,
+    with how, where the module of its model says (``ModelSpec.prompt_outputs``)."""
+    spec = _declared_for(hf_processor_class)
+    return dict(spec.prompt_outputs) if spec is not None else {}

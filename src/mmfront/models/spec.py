@@ -17,10 +17,12 @@ import torch
 from mmfront.config import ModelOption
 from mmfront.errors import PromptUpdateError
 from mmfront.fixtures.kinds import ModelKind
-from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, PlaceholderRange
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
-__all__ = ["Encoder", "ModelSpec", "Positions", "PromptLayout", "ReferenceModel", "pooled_rows", "split_rows"]
+__all__ = [
+    "Encoder", "ModelSpec", "Positions", "PromptLayout", "PromptOutput", "ReferenceModel", "pooled_rows", "split_rows",
+]
 
 Encoder = Callable[[Any, str, BatchedTensorInputs, Sequence[MultiModalFeatureSpec]], list[torch.Tensor]]
 """``(model, modality, batched kwargs, the batch's features) -> one [rows, hidden] tensor per feature``."""
@@ -33,6 +35,12 @@ token decoded at cache length ``n`` sits at ``n + offset`` in every row."""
 
 PromptLayout = Callable[[str, Any], str]
 """``(prompt text with its placeholders, the HF processor) -> the text HF tokenizes``."""
+
+PromptOutput = Callable[[Sequence[int], Mapping[str, Sequence[PlaceholderRange]],
+                         Mapping[str, Sequence[Mapping[str, Any]]]], torch.Tensor]
+"""``(prompt ids, the prompt's placeholder ranges by modality, its items' data by modality) -> one
+HF output for that prompt, without HF's batch dimension``: how an engine rebuilds an output HF
+lays out along the prompt's tokens from what mmfront sends."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,18 @@ class ModelSpec:
     """The text HF's processor tokenizes for a prompt holding items, where its ``__call__``
     rewrites the prompt around the placeholders (PaliGemma's BOS after the last image and newline
     at the end); the transformers backend tokenizes that text, so its ids are HF's."""
+    unexpanded_placeholders: Sequence[str] = ()
+    """Modalities whose placeholder HF's processor leaves as it is, one token per item (Mllama's
+    ``<|image|>``: its images reach the text through cross-attention, not as embeddings in it). The
+    Legacy transformers backend (``auto`` picks it where HF reports no offsets, as Mllama's
+    ``__call__`` never reaches ``replace_image_token``) takes the placeholder itself as each item's
+    expansion, since adjacent items' tokens could not be told apart in HF's ids."""
+    prompt_outputs: Mapping[str, PromptOutput] = field(default_factory=dict)
+    """HF outputs laid out along the prompt's tokens that the model's engine rebuilds, by key, with
+    how (Mllama's ``cross_attention_mask``: which images each token attends to). They belong to the
+    prompt as a whole, so no item can carry them: the transformers backend leaves them out of the
+    items (any other such output refuses the processor: ``transformers.layout.PROMPT_LAID_OUT_KEYS``),
+    and the coverage suite proves each rebuild equal to HF's output."""
 
 
 def pooled_rows(output: Any) -> torch.Tensor:

@@ -331,19 +331,38 @@ def _check_request(case: _Case, count: int, offsets: bool, notes: list[str]) -> 
     stray = [k for k, t in enumerate(ids) if t in embed and not covered[k]]
     _check(not stray, f"HF embedding tokens outside every placeholder range at {stray[:5]} for {where}")
     _check_tensors(case, out, ref, items, where)
+    _check_prompt_outputs(case, out, ref, where, notes)
     return list(out["mm_hashes"][modality])
+
+
+def _check_prompt_outputs(case: _Case, out: Mapping[str, Any], ref: Mapping[str, Any], where: str,
+                          notes: list[str]) -> None:
+    """Each HF output laid out along the prompt that the model's engine rebuilds
+    (``ModelSpec.prompt_outputs``) equals HF's when rebuilt from mmfront's ids, ranges and items."""
+    from mmfront.models.catalog import prompt_outputs
+
+    items = {m: [{k: field.data for k, field in item.items()} for item in found]
+             for m, found in out["mm_kwargs"].items()}
+    for key, rebuild in prompt_outputs(type(case.hf)).items():
+        _check(key in ref, f"HF returns no {key!r} the engine would rebuild for {where}")
+        rebuilt = rebuild(out["prompt_token_ids"], out["mm_placeholders"], items)
+        _check(_tensors_equal(rebuilt, ref[key][0]), f"{key!r} rebuilt from mmfront's prompt is not HF's for {where}")
+        notes.append(f"{key} is not sent: the engine rebuilds it from the ranges and items "
+                     f"({rebuild.__module__}.{rebuild.__name__}), proven equal to HF's")
 
 
 def _check_tensors(case: _Case, out: Mapping[str, Any], ref: Mapping[str, Any], items: list[Any], where: str) -> None:
     """Each item's data is HF's batch output sliced per item and HF's output for the item alone.
     A key HF returns only for a batch (a padding mask) and not for an item alone is absent from the
-    items, which are processed alone where HF would pad them."""
+    items, which are processed alone where HF would pad them. Outputs the engine rebuilds from the
+    prompt are no item's (:func:`_check_prompt_outputs`)."""
+    from mmfront.models.catalog import prompt_outputs
     from mmfront.models.transformers.layout import TEXT_KEYS
 
     modality = case.modality
     mm_items = out["mm_kwargs"][modality]
     alone = [case.alone(i, media) for i, media in enumerate(items)]
-    for key in [k for k in ref if k not in TEXT_KEYS]:
+    for key in [k for k in ref if k not in TEXT_KEYS and k not in prompt_outputs(type(case.hf))]:
         if not any(key in item for item in mm_items):
             _check(not any(key in a for a in alone), f"HF output {key!r} is missing from mmfront's items for {where}")
             continue

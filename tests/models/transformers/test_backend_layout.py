@@ -9,10 +9,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmfront.errors import FieldConfigError
+from mmfront.errors import FieldConfigError, UnsupportedModelError
 from mmfront.inputs import MultiModalBatchedField, MultiModalFlatField
 from mmfront.models.transformers.layout import (
     ModalityLayout,
+    drop_prompt_outputs,
     field_config,
     merge_item_outputs,
     most_frequent_token,
@@ -59,6 +60,17 @@ def test_unpad_images_crops_each_image_to_its_size() -> None:
     unpadded = {"pixel_values": pixels, "image_sizes": torch.tensor([[4, 4], [2, 4]])}  # not padded to these sizes
     unpad_images(unpadded)
     assert unpadded["pixel_values"] is pixels
+
+
+def test_prompt_laid_out_outputs_are_dropped_where_rebuilt_else_refused() -> None:
+    mask = torch.ones(1, 5, 2, 4, dtype=torch.int64)
+    out = {"input_ids": torch.zeros(1, 5), "pixel_values": torch.zeros(1, 2, 4, 3, 8, 8), "cross_attention_mask": mask}
+    drop_prompt_outputs("P", out, {"cross_attention_mask"})
+    assert set(out) == {"input_ids", "pixel_values"}
+    drop_prompt_outputs("P", out, ())  # nothing laid out along the prompt: nothing to refuse
+    assert set(out) == {"input_ids", "pixel_values"}
+    with pytest.raises(UnsupportedModelError, match="P returns 'cross_attention_mask', one row per prompt token"):
+        drop_prompt_outputs("P", {"cross_attention_mask": mask}, ())
 
 
 def test_merge_item_outputs_concatenates_rows_or_keeps_per_item_tensors() -> None:

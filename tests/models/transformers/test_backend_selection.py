@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from backend_cases import build
 from packaging.version import Version
 from transformers import Idefics2Processor, MllamaProcessor, WhisperProcessor
@@ -37,12 +38,12 @@ from mmfront.testing.media import make_audio, make_image
 pytestmark = pytest.mark.backend
 
 
-def make_idefics2() -> Idefics2Processor:
+def make_idefics2(cls: type[Idefics2Processor] = Idefics2Processor) -> Idefics2Processor:
     tokenizer = make_tokenizer(["<fake_token_around_image>", "<image>", "<end_of_utterance>"], bos_token="<s>",
                                eos_token="</s>", pad_token="<pad>", add_bos=False)
     image_processor = image_processor_class("idefics2", "Idefics2ImageProcessor")(
         size={"longest_edge": 32, "shortest_edge": 16}, do_image_splitting=False)
-    return Idefics2Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4)
+    return cls(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=4)
 
 
 def make_mllama() -> MllamaProcessor:
@@ -221,11 +222,39 @@ def test_explicit_offsets_still_refuses_a_processor_without_offsets() -> None:
         create_processor(make_idefics2(), MultiModalConfig(transformers_backend="offsets"))
 
 
+class PromptMaskIdefics2(Idefics2Processor):
+    """Idefics2 returning an output laid out along the prompt, as a cross-attention model's
+    processor does, that no model module says how to rebuild."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().__call__(*args, **kwargs)
+        out["cross_attention_mask"] = torch.ones(*out["input_ids"].shape, 1, 1, dtype=torch.int64)
+        return out
+
+
 @pytest.mark.parametrize("setting", ["auto", "legacy"])
-def test_mllama_is_refused_for_its_per_prompt_cross_attention_mask(setting: str) -> None:
+def test_an_output_laid_out_along_the_prompt_is_refused_unless_a_model_module_rebuilds_it(setting: str) -> None:
+    hf = make_idefics2(PromptMaskIdefics2)
     with pytest.raises(UnsupportedModelError) as info:
-        create_processor(make_mllama(), MultiModalConfig(transformers_backend=setting))  # type: ignore[arg-type]
+        create_processor(hf, MultiModalConfig(transformers_backend=setting))  # type: ignore[arg-type]
     message = str(info.value)
-    for part in ("MllamaProcessor returns 'cross_attention_mask', one row per prompt token",
-                 "cannot be split per item", "vLLM 0.33 dropped", "0.10.2"):
+    for part in ("PromptMaskIdefics2 returns 'cross_attention_mask', one row per prompt token",
+                 "cannot split it into items", "ModelSpec.prompt_outputs"):
         assert part in message
+
+
+@pytest.mark.parametrize("setting", ["auto", "legacy"])
+def test_mllama_is_served_by_legacy_its_mask_left_to_the_engine(setting: str, caplog: pytest.LogCaptureFixture) -> None:
+    hf = make_mllama()
+    with caplog.at_level("WARNING", logger="mmfront.models.transformers"):
+        proc = create_processor(hf, MultiModalConfig(transformers_backend=setting))  # type: ignore[arg-type]
+    assert type(proc) is LegacyMultiModalProcessor
+    assert caplog.text == ""  # its module declares the unexpanded placeholder: Legacy by design, no warning
+    out = proc.apply("<|image|>hi", {"image": [make_image(32, 32)]})
+    ids = out["prompt_token_ids"]
+    assert ids == list(hf(text="<|image|>hi", images=[make_image(32, 32)])["input_ids"][0])
+    # the tokenizer's BOS, then the processor's after the image (as a Llama 3 tokenizer adding BOS gets)
+    assert ids[:3] == [hf.tokenizer.bos_token_id, hf.image_token_id, hf.tokenizer.bos_token_id]
+    assert [(p.offset, p.length) for p in out["mm_placeholders"]["image"]] == [(1, 1)]
+    assert set(out["mm_kwargs"]["image"][0]) == {"pixel_values", "aspect_ratio_ids", "aspect_ratio_mask",
+                                                 "num_image_patches"}

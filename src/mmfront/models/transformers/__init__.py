@@ -14,7 +14,7 @@ from typing import Any
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import MissingOffsetsError
-from mmfront.models.catalog import ProcessorFactory
+from mmfront.models.catalog import ProcessorFactory, unexpanded_placeholders
 from mmfront.models.transformers.base import TransformersProcessingInfo
 from mmfront.models.transformers.legacy import LegacyMultiModalProcessor
 from mmfront.models.transformers.offsets import (
@@ -39,12 +39,16 @@ def select_backend(config: MultiModalConfig, hf_processor: Any = None) -> Proces
 
     With ``auto`` and a ready ``hf_processor``, a processor that reports no offsets (no
     ``replace_<modality>_token`` hook, or a ``__call__`` that never reaches it, as Mllama's) is
-    served by Legacy instead of being refused: probed once, here, and logged."""
+    served by Legacy instead of being refused: probed once, here, and logged. A processor whose
+    model module says HF leaves its placeholders unexpanded (Mllama) reports no offsets by design:
+    it goes to Legacy without a probe or a warning."""
     if config.transformers_backend == "legacy":
         return ProcessorFactory(LegacyMultiModalProcessor, TransformersProcessingInfo)
     if config.transformers_backend == "offsets":
         return ProcessorFactory(OffsetsMultiModalProcessor, TransformersProcessingInfo)
     if MultiModalProcessor is OffsetsMultiModalProcessor and hf_processor is not None:
+        if unexpanded_placeholders(type(hf_processor)):
+            return ProcessorFactory(LegacyMultiModalProcessor, TransformersProcessingInfo)
         reason = offsets_missing(hf_processor, config)
         if reason is not None:
             logger.warning("%s is served by the Legacy transformers backend: %s", type(hf_processor).__name__,

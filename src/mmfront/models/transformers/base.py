@@ -28,11 +28,12 @@ from packaging.version import Version
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.catalog import backend_placeholder_attr, prompt_layout, video_needs_metadata
+from mmfront.models.catalog import backend_placeholder_attr, prompt_layout, prompt_outputs, video_needs_metadata
 from mmfront.models.transformers.layout import (
     LAYOUT_KEY,
     ModalityLayout,
     OutputLayout,
+    drop_prompt_outputs,
     drop_tile_padding,
     field_config,
     found_rows,
@@ -268,13 +269,17 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
     def _tokenize_prompt(
         self, prompt: str | list[int], mm_counts: Mapping[str, int], *, add_special_tokens: bool,
     ) -> list[int]:
-        """A text prompt holding items is laid out as the model's HF processor lays it out
-        (``ModelSpec.prompt_layout``) before it is tokenized; a token-id prompt is taken as it is
-        (its ids came from text laid out that way)."""
+        return super()._tokenize_prompt(self.laid_out(prompt, mm_counts), mm_counts,
+                                        add_special_tokens=add_special_tokens)
+
+    def laid_out(self, prompt: str | list[int], mm_counts: Mapping[str, int]) -> str | list[int]:
+        """A text prompt holding items as the model's HF processor lays it out before tokenizing
+        it (``ModelSpec.prompt_layout``); a token-id prompt is taken as it is (its ids came from
+        text laid out that way)."""
         layout = prompt_layout(type(self.info.hf_processor))
         if layout is not None and isinstance(prompt, str) and any(mm_counts.values()):
-            prompt = layout(prompt, self.info.hf_processor)
-        return super()._tokenize_prompt(prompt, mm_counts, add_special_tokens=add_special_tokens)
+            return layout(prompt, self.info.hf_processor)
+        return prompt
 
     # --- calling HF --------------------------------------------------------------------------
 
@@ -285,7 +290,8 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
 
     def run_hf(self, text: str | list[str], data: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any],
                **extra: Any) -> dict[str, Any]:
-        """One HF processor call; ``extra`` adds kwargs (scoped ones merge into their scope)."""
+        """One HF processor call; ``extra`` adds kwargs (scoped ones merge into their scope). Its
+        outputs laid out along the (dummy) prompt are dropped here, or refused."""
         kwargs: dict[str, Any] = dict(hf_kwargs)
         for key, value in extra.items():
             kwargs[key] = {**kwargs.get(key, {}), **value} if key in SCOPES else value
@@ -296,9 +302,10 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         kwargs["return_tensors"] = "pt"
         proc = self.info.hf_processor
         desc = ", ".join(f"{len(items)} {m}(s)" for m, items in data.items()) or "text only"
-        out = call_hf(proc, what=type(proc).__name__, data_desc=desc, text=text,
-                      **{_HF_DATA_ARG[m]: items for m, items in data.items()}, **kwargs)
-        return dict(out)
+        out = dict(call_hf(proc, what=type(proc).__name__, data_desc=desc, text=text,
+                           **{_HF_DATA_ARG[m]: items for m, items in data.items()}, **kwargs))
+        drop_prompt_outputs(type(proc).__name__, out, prompt_outputs(type(proc)))
+        return out
 
     def _call_hf_processor(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Process ``mm_items`` on dummy text: one HF call for the images, and for audio one call

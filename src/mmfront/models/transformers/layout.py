@@ -5,13 +5,13 @@ the transformers backend."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from mmfront.errors import FieldConfigError
+from mmfront.errors import FieldConfigError, UnsupportedModelError
 from mmfront.inputs import MultiModalFieldConfig
 
 LAYOUT_KEY = "__mmfront_layout__"
@@ -22,6 +22,12 @@ TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids
              "labels")
 """Outputs about the text HF processed, not about the items; the model must not receive them
 (``labels``: PaliGemma's training targets, its ``input_ids`` with the prefix masked)."""
+
+PROMPT_LAID_OUT_KEYS = ("cross_attention_mask",)
+"""Outputs with one row per prompt token that are about the items (``[batch, prompt tokens,
+images, tiles]``: which images each token attends to). They belong to the prompt as a whole: no
+item can carry them, and an item processed apart from its prompt has none. Served only where the
+model's module says how its engine rebuilds them (``ModelSpec.prompt_outputs``)."""
 
 MAIN_KEYS = {"image": ("pixel_values", "image_patches"), "audio": ("input_features", "input_values"),
               "video": ("pixel_values_videos",)}
@@ -53,6 +59,20 @@ def split_text_outputs(hf_out: Mapping[str, Any]) -> tuple[dict[str, Any], dict[
     text = {k: v for k, v in hf_out.items() if k in TEXT_KEYS}
     data = {k: v for k, v in hf_out.items() if k not in TEXT_KEYS}
     return text, data
+
+
+def drop_prompt_outputs(processor: str, hf_out: dict[str, Any], rebuilt: Collection[str]) -> None:
+    """Drop from one HF call's outputs those laid out along the prompt that the engine rebuilds
+    (``rebuilt``); any other is refused, since splitting it into items would be wrong."""
+    for key in PROMPT_LAID_OUT_KEYS:
+        if key in hf_out and key not in rebuilt:
+            raise UnsupportedModelError(
+                f"{processor} returns {key!r}, one row per prompt token: it belongs to the prompt as a whole, so the "
+                "transformers backend cannot split it into items or process items apart from the prompt. Its model's "
+                "module in mmfront.models can declare how the engine rebuilds it from the items' placeholder ranges "
+                "and data (ModelSpec.prompt_outputs; see docs/transformers-backend.md)."
+            )
+        hf_out.pop(key, None)
 
 
 def slice_dim(data: torch.Tensor, total_rows: int) -> int:

@@ -5,7 +5,9 @@ read from HF's own token ids. The items run through the shared pipeline like any
 processor's: the missing ones are processed on a dummy text (one placeholder per item, as on the
 Offsets path), each item's expansion is located in the ids HF returns, and the expansion becomes
 that item's :class:`PromptReplacement` of the modality's placeholder. Items are therefore
-processed apart from their prompt and cached.
+processed apart from their prompt and cached. A placeholder HF leaves as it is
+(``ModelSpec.unexpanded_placeholders``: one ``<|image|>`` per Mllama image) is its own expansion:
+nothing is located or learned for it.
 
 Locating: the tokens of a modality are those ``mm_token_type_ids`` marks (Gemma3 calls it
 ``token_type_ids``), else the modality's embedding token. Images are split by the processor's
@@ -35,6 +37,7 @@ from PIL import Image
 
 from mmfront.errors import ProcessorError, UnsupportedModelError
 from mmfront.inputs import MultiModalKwargsItems
+from mmfront.models.catalog import unexpanded_placeholders
 from mmfront.models.transformers.base import (
     MM_TOKEN_TYPE,
     PROBE_IMAGE_SIZE,
@@ -59,26 +62,6 @@ from mmfront.processing.updates import (
 MAX_WRAPPER_DISTANCE = 16
 """How far from an item's marked tokens its begin/end token may sit (Emu3 writes the grid size,
 ``"{h}*{w}<|image token|>"``, between ``<|image start|>`` and the first ``<image>``)."""
-
-
-
-PROMPT_LAID_OUT_KEYS = ("cross_attention_mask",)
-"""HF outputs with one row per prompt token: they belong to the prompt as a whole, not to an item."""
-
-
-def refuse_prompt_outputs(hf_processor: Any, hf_out: Mapping[str, Any]) -> None:
-    """Refuse a processor whose item data is laid out along the prompt's tokens (Mllama's
-    ``cross_attention_mask``: ``[batch, prompt tokens, images, tiles]``, which image each text token
-    attends to). It cannot be split per item nor cached apart from the prompt, and vLLM 0.33 serves no
-    model that takes it (it dropped ``MllamaForConditionalGeneration``, the cross-attention
-    encoder-decoder, in 0.10.2)."""
-    keys = [k for k in PROMPT_LAID_OUT_KEYS if k in hf_out]
-    if keys:
-        raise UnsupportedModelError(
-            f"{type(hf_processor).__name__} returns {keys[0]!r}, one row per prompt token: it cannot be split per "
-            "item or processed apart from the prompt, as the transformers backend needs. vLLM 0.33 dropped this "
-            "model too (MllamaForConditionalGeneration, in 0.10.2); serve a decoder-only model (Llama 4) instead."
-        )
 
 
 def token_runs(positions: np.ndarray) -> list[tuple[int, int]]:
@@ -166,7 +149,9 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
 
     def __init__(self, info: BaseProcessingInfo) -> None:
         super().__init__(info)
-        self.frames = {modality: self._learn_frame(modality) for modality in self.modalities}
+        self.unexpanded = unexpanded_placeholders(type(self.info.hf_processor))
+        self.frames = {modality: self._learn_frame(modality) for modality in self.modalities
+                       if modality not in self.unexpanded}
 
     def _dummy_call_kwargs(self) -> dict[str, Any]:
         return {"return_mm_token_type_ids": True, "text_kwargs": {"add_special_tokens": False}}
@@ -176,11 +161,12 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
     def _tokenize_prompt(
         self, prompt: str | list[int], mm_counts: Mapping[str, int], *, add_special_tokens: bool,
     ) -> list[int]:
-        """HF's tokenization of the prompt with each placeholder standing for its expansion. A
-        token-id prompt is decoded first (and tokenized without adding special tokens again), so
-        it gives the same ids as the string it came from."""
+        """HF's tokenization of the prompt, laid out as HF lays it out, with each placeholder
+        standing for its expansion. A token-id prompt is decoded first (and tokenized without
+        adding special tokens again), so it gives the same ids as the string it came from."""
         if not mm_counts:
             return super()._tokenize_prompt(prompt, mm_counts, add_special_tokens=add_special_tokens)
+        prompt = self.laid_out(prompt, mm_counts)
         if isinstance(prompt, str):
             text, special = prompt, add_special_tokens
         else:
@@ -230,8 +216,13 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
 
     def _add_expansions(self, modality: str, items: Any, outputs: Sequence[Mapping[str, Any]], *,
                         data: dict[str, Any], layout: ModalityLayout, hf_kwargs: Mapping[str, Any]) -> None:
-        expansions = [ids[start:stop] for out in outputs for ids, start, stop in self._expansions(modality, items, out,
-                                                                                                  hf_kwargs)]
+        """Each item's expansion as located in HF's ids, or the placeholder itself where the
+        model's module says HF leaves it unexpanded (``ModelSpec.unexpanded_placeholders``)."""
+        if modality in self.unexpanded:
+            expansions = [self.info.placeholder_ids(modality)] * items.get_count()
+        else:
+            expansions = [ids[start:stop] for out in outputs
+                          for ids, start, stop in self._expansions(modality, items, out, hf_kwargs)]
         data[f"{modality}_replacement_ids"] = torch.tensor([t for ids in expansions for t in ids], dtype=torch.int64)
         layout.replacement_sizes = [len(ids) for ids in expansions]
         if modality == "audio":
@@ -243,7 +234,6 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
                     ) -> list[tuple[list[int], int, int]]:
         """``(its text sample's ids, start, end)`` of each item's expansion in one dummy-text call:
         images all in one sample, audio one per sample."""
-        refuse_prompt_outputs(self.info.hf_processor, hf_out)
         rows = [[int(t) for t in row] for row in hf_out["input_ids"].tolist()]
         marks = hf_out.get("mm_token_type_ids", hf_out.get("token_type_ids"))
         mark_rows = marks.tolist() if isinstance(marks, torch.Tensor) else [None] * len(rows)
