@@ -26,7 +26,9 @@ TORCHAUDIO_PIN ?= torchaudio==2.11.1
 VENV ?= .venv
 LEGACY_VENV ?= .venv-legacy
 LEGACY_TRANSFORMERS ?= 5.14.1
-PIP_FLAGS := --disable-pip-version-check
+# --no-compile: pip would byte-compile every module of torch, transformers and Ray (~35 s of CPU);
+# Python compiles the few it imports on first use.
+PIP_FLAGS := --disable-pip-version-check --no-compile
 # find_spec, not import: beside CPU torch, PyPI's torchvision imports only once mmfront is imported
 HAS_MODULE := import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)
 

@@ -1,7 +1,7 @@
 """Several frontends, one engine: three frontend processes, each with its own InputPreprocessor,
 P0 cache and sockets, served by one ``mmfront worker`` running the tiny Gemma 3 with weights.
 
-Each frontend sends 30 chat requests over the async client, drawing from one pool of images
+Each frontend sends 12 chat requests over the async client, drawing from one pool of images
 that all frontends share and repeat. Every answer must equal what the same model gives
 in-process (ModelRunner on the request processed without a cache), each frontend's P0 cache
 must have hits (the cache stays on with several API servers, one receiver cache per frontend
@@ -36,7 +36,7 @@ from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
 
 FRONTENDS = 3
-REQUESTS = 30
+REQUESTS = 12
 MAX_TOKENS = 3
 CACHE_GB = 0.02
 POOL = [image_data_url(make_image(24 + 4 * i, 20 + 2 * i, seed=i)) for i in range(6)]

@@ -39,12 +39,12 @@ def _wait_exited(pid: int) -> None:
 
 
 def test_a_lane_killed_while_idle_is_replaced_before_the_next_item(gemma3_dir: Path) -> None:
-    config = MultiModalConfig(mm_processing_lanes=2, mm_processor_cache_gb=0)
+    config = MultiModalConfig(mm_processing_lanes=1, mm_processor_cache_gb=0)
     with InputPreprocessor(gemma3_dir, config) as pre:
         lanes = pre.item_executor
         assert isinstance(lanes, LocalProcessExecutor)
         pids = _started(lanes)
-        for pid in pids:  # every lane dies idle: whichever lane takes the item, it was dead
+        for pid in pids:  # the lane dies idle: the next item would go to a dead lane
             os.kill(pid, signal.SIGKILL)
         for pid in pids:
             _wait_exited(pid)
