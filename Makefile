@@ -14,7 +14,7 @@
 # extractors need it, and a second shim lets it import without its compiled extension
 # (docs/models.md, "torchaudio").
 # .venv gets the `ray` extra, so the processing lanes' Ray executor is tested against a local Ray
-# instance. .venv-legacy is an overlay of .venv: its own site-packages holds only transformers
+# instance (under the newest transformers only: nothing in the Ray path depends on its version). .venv-legacy is an overlay of .venv: its own site-packages holds only transformers
 # 5.14.1 and the huggingface-hub/tokenizers it needs, found first; a .pth file then adds .venv's
 # site-packages (torch, mmfront editable, the test tools) behind them. Installing it takes seconds
 # where a second full install took minutes of the 15-minute budget.
