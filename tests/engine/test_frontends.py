@@ -11,6 +11,7 @@ in the worker), and no frontend may see a cache-miss resend, a shadow reset or a
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -100,8 +101,10 @@ def frontend_main(conn: Connection, model_dir: str, index: int, cache: str) -> N
             pre.cache.close()
 
 
+@functools.cache
 def expected_tokens(model_dir: Path) -> dict[tuple[int, ...], list[int]]:
-    """Each combination's greedy tokens, in-process: no cache, no wire, no worker."""
+    """Each combination's greedy tokens, in-process: no cache, no wire, no worker (computed once
+    for both caches' cases: the answers do not depend on the cache)."""
     processor = InputProcessor(InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0)))
     runner = ModelRunner(model_dir)
     for n, combo in enumerate(COMBOS):
