@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from difflib import get_close_matches
 from functools import cache
@@ -222,51 +222,43 @@ def reference_model(model_type: str) -> ReferenceModel | None:
     return spec.reference if spec is not None else None
 
 
+def _specs_along(hf_processor_class: type) -> Iterator[ModelSpec]:
+    """The specs of the models whose processor class is this class or one of its bases, nearest
+    first: a subclass of a model's HF processor is served as that model is."""
+    by_class = {spec.hf_processor_class: spec for spec in model_specs().values()}
+    return (by_class[cls.__name__] for cls in hf_processor_class.__mro__ if cls.__name__ in by_class)
+
+
 def backend_placeholder_attr(hf_processor_class: type, modality: str) -> str | None:
     """The HF processor attribute holding ``modality``'s text placeholder, where the module of
     the model whose processor class this is (or subclasses) names one for the transformers
     backend (``{modality}_token`` otherwise)."""
-    by_class = {spec.hf_processor_class: spec.backend_placeholders for spec in model_specs().values()}
-    for cls in hf_processor_class.__mro__:
-        placeholders = by_class.get(cls.__name__, {})
-        if modality in placeholders:
-            return placeholders[modality]
-    return None
+    return next((spec.backend_placeholders[modality] for spec in _specs_along(hf_processor_class)
+                 if modality in spec.backend_placeholders), None)
 
 
 def video_needs_metadata(hf_processor_class: type) -> bool:
     """Whether the module of the model whose processor class this is (or subclasses) says its
     HF processor reads each video's metadata (``ModelSpec.video_needs_metadata``)."""
-    by_class = {spec.hf_processor_class: spec.video_needs_metadata for spec in model_specs().values()}
-    return any(by_class.get(cls.__name__, False) for cls in hf_processor_class.__mro__)
+    return any(spec.video_needs_metadata for spec in _specs_along(hf_processor_class))
 
 
 def prompt_layout(hf_processor_class: type) -> PromptLayout | None:
     """How the HF processor of this class (or a subclass) rewrites a prompt's text before
     tokenizing it, where the module of its model says (``ModelSpec.prompt_layout``)."""
-    by_class = {spec.hf_processor_class: spec.prompt_layout for spec in model_specs().values()}
-    for cls in hf_processor_class.__mro__:
-        layout = by_class.get(cls.__name__)
-        if layout is not None:
-            return layout
-    return None
-
-
-def _declared_for(hf_processor_class: type) -> ModelSpec | None:
-    """The spec of the model whose processor class this is, or the nearest base's."""
-    by_class = {spec.hf_processor_class: spec for spec in model_specs().values()}
-    return next((by_class[cls.__name__] for cls in hf_processor_class.__mro__ if cls.__name__ in by_class), None)
+    return next((spec.prompt_layout for spec in _specs_along(hf_processor_class) if spec.prompt_layout is not None),
+                None)
 
 
 def unexpanded_placeholders(hf_processor_class: type) -> frozenset[str]:
     """The modalities whose placeholder the HF processor of this class (or a subclass) leaves
     unexpanded, where the module of its model says (``ModelSpec.unexpanded_placeholders``)."""
-    spec = _declared_for(hf_processor_class)
+    spec = next(_specs_along(hf_processor_class), None)
     return frozenset(spec.unexpanded_placeholders) if spec is not None else frozenset()
 
 
 def prompt_outputs(hf_processor_class: type) -> Mapping[str, PromptOutput]:
     """The HF outputs laid out along the prompt that the engine of this class's model rebuilds,
     with how, where the module of its model says (``ModelSpec.prompt_outputs``)."""
-    spec = _declared_for(hf_processor_class)
+    spec = next(_specs_along(hf_processor_class), None)
     return dict(spec.prompt_outputs) if spec is not None else {}
