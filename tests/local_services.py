@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from preloaded import Preloaded, popen
+
 
 class _QuietServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
@@ -65,10 +67,10 @@ def measure_decode_peak(path: Path) -> tuple[int, int]:
 
 
 def start_worker_command(model_dir: Path, input_address: str, output_address: str,
-                         cache_gb: float) -> subprocess.Popen[str]:
+                         cache_gb: float) -> Preloaded:
     """``mmfront worker`` as a user starts it, on a frontend's ZMQ addresses, printing its
-    statistics as JSON when it stops."""
-    return subprocess.Popen(
+    statistics as JSON when it stops (from the preloaded interpreter: :mod:`preloaded`)."""
+    return popen(
         [sys.executable, "-m", "mmfront.cli", "worker", str(model_dir), "--input", input_address,
          "--output", output_address, "--cache-gb", str(cache_gb), "--json"],
         stdout=subprocess.PIPE, text=True)

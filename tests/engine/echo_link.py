@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from test_engine_link import ECHO, stop
 
+import preloaded
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient, BlockingEngineClient
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
@@ -22,16 +22,16 @@ class EchoLinks:
 
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
-        self.made: list[tuple[AsyncEngineClient | BlockingEngineClient, subprocess.Popen[bytes], InputPreprocessor]] = []
+        self.made: list[tuple[AsyncEngineClient | BlockingEngineClient, preloaded.Preloaded, InputPreprocessor]] = []
 
-    def start(self, *engine_args: str, blocking: bool = False, **client_kwargs: Any) -> tuple[Any, subprocess.Popen[bytes]]:
+    def start(self, *engine_args: str, blocking: bool = False, **client_kwargs: Any) -> tuple[Any, preloaded.Preloaded]:
         config = MultiModalConfig(mm_processor_cache_gb=0.02)
         pre = InputPreprocessor(self.model_dir, config)
         transport = ZmqFrontendTransport("ipc")
         args = [sys.executable, str(ECHO), transport.addresses.input, transport.addresses.output, "--cache", "lru",
                 "--capacity-bytes", str(config.mm_processor_cache_bytes), *engine_args]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ECHO.parent), os.environ.get("PYTHONPATH", "")])}
-        proc = subprocess.Popen(args, env=env)
+        proc = preloaded.popen(args, env=env)
         transport.wait_for_engines([0], 60)
         client_kwargs.setdefault("engine_timeout_s", 60.0)
         kind = BlockingEngineClient if blocking else AsyncEngineClient

@@ -9,7 +9,6 @@ requests preprocessed with the cache disabled.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import preloaded
 from mmfront import MultiModalConfig
 from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed
 from mmfront.engine.receiver import serve_pipe
@@ -32,8 +32,7 @@ from toy_models import toy
 
 GiB = 1 << 30
 IMAGE_BYTES, AUDIO_BYTES = 8, 4  # the toy processor's item sizes
-CTX = mp.get_context("forkserver")
-CTX.set_forkserver_preload(["mmfront.engine.receiver"])
+CTX = preloaded.CONTEXT
 
 
 class P1(BaseTransport):

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from echo_engine import request_checksum
 
+import preloaded
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient, BlockingEngineClient
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
@@ -58,19 +59,19 @@ class Expected:
 
 
 def start_engine(transport: ZmqFrontendTransport, cache: str, *, shm_name: str | None = None,
-                 capacity: int = 1 << 30, steps: int = 1) -> subprocess.Popen[bytes]:
+                 capacity: int = 1 << 30, steps: int = 1) -> preloaded.Preloaded:
     args = [sys.executable, str(ECHO), transport.addresses.input, transport.addresses.output, "--cache", cache,
             "--capacity-bytes", str(capacity), "--steps", str(steps)]
     if shm_name:
         args += ["--shm-name", shm_name]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ECHO.parent), os.environ.get("PYTHONPATH", "")]),
            "ECHO_SIDE_SECRET": transport.addresses.side_secret.hex()}  # the side channel's key, not in argv
-    proc = subprocess.Popen(args, env=env)
+    proc = preloaded.popen(args, env=env)
     transport.wait_for_engines([0], 60)
     return proc
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def stop(proc: preloaded.Preloaded) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -87,7 +88,7 @@ def shm_segments() -> set[str]:
 
 @pytest.fixture
 def link_factory() -> Iterator[Any]:
-    made: list[tuple[AsyncEngineClient | None, ZmqFrontendTransport, list[subprocess.Popen[bytes]], Any]] = []
+    made: list[tuple[AsyncEngineClient | None, ZmqFrontendTransport, list[preloaded.Preloaded], Any]] = []
 
     def make(model_dir: Path, scheme: str, cache: str, **engine: Any) -> tuple[AsyncEngineClient, Any]:
         config = MultiModalConfig(mm_processor_cache_gb=0.02, mm_processor_cache_type=cache)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import preloaded
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.cache.mirror import MirroredReceiverCache
 from mmfront.cli import main
@@ -42,7 +42,7 @@ MAX_TOKENS = 3
 CACHE_GB = 0.02
 POOL = [image_data_url(make_image(24 + 4 * i, 20 + 2 * i, seed=i)) for i in range(6)]
 COMBOS = [(0,), (1, 2), (0, 3), (4,), (2,), (5, 1), (3, 4), (0, 1, 2)]
-CTX = mp.get_context("spawn")  # the frontends run threads; no fork
+CTX = preloaded.CONTEXT  # the frontends run threads: forked from the preloaded interpreter, never from here
 
 
 def messages(combo: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -116,7 +116,7 @@ def expected_tokens(model_dir: Path) -> dict[tuple[int, ...], list[int]]:
     return {combo: tokens[str(n)] for n, combo in enumerate(COMBOS)}
 
 
-def _stop(proc: subprocess.Popen[str]) -> str:
+def _stop(proc: preloaded.Preloaded) -> str:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
@@ -133,7 +133,7 @@ def test_three_frontend_processes_one_worker_cache_stays_on(gemma3_weights_dir: 
     pipes = [CTX.Pipe() for _ in range(FRONTENDS)]
     procs = [CTX.Process(target=frontend_main, args=(child, str(gemma3_weights_dir), i, cache), daemon=True)
              for i, (_, child) in enumerate(pipes)]
-    worker: subprocess.Popen[str] | None = None
+    worker: preloaded.Preloaded | None = None
     try:
         for proc in procs:
             proc.start()
@@ -147,7 +147,7 @@ def test_three_frontend_processes_one_worker_cache_stays_on(gemma3_weights_dir: 
             args += ["--input", input_address, "--output", output_address]
             if cache == "shm":
                 args += ["--shm-name", shm_name]
-        worker = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        worker = preloaded.popen(args, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         reports = []
         for parent, _ in pipes:
             assert parent.poll(240), "a frontend did not finish"

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import preloaded
 from local_services import greedy_answers
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
@@ -77,14 +78,14 @@ def test_worker_through_the_handshake_serves_chats_with_repeated_images(gemma3_w
             pre.cache.close()
 
 
-def _start_worker(model_dir: Path, port: int) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def _start_worker(model_dir: Path, port: int) -> preloaded.Preloaded:
+    return preloaded.popen(
         [sys.executable, "-m", "mmfront.cli", "worker", str(model_dir), "--data-parallel-address", "127.0.0.1",
          "--data-parallel-rpc-port", str(port), "--cache-gb", "0.02", "--json"],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def _meet(model_dir: Path) -> tuple[AsyncEngineClient, subprocess.Popen[str], InputPreprocessor]:
+def _meet(model_dir: Path) -> tuple[AsyncEngineClient, preloaded.Preloaded, InputPreprocessor]:
     pre = InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0.02))
     transport = ZmqFrontendTransport("tcp")
     with socket.socket() as s:

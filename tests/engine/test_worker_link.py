@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+import preloaded
 from local_services import greedy_answers
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
@@ -82,7 +83,7 @@ def close(client: AsyncEngineClient, pre: InputPreprocessor) -> None:
 @dataclass
 class Worker:
     client: AsyncEngineClient
-    proc: subprocess.Popen[str]
+    proc: preloaded.Preloaded
     pre: InputPreprocessor
 
 
@@ -93,7 +94,7 @@ def worker(gemma3_weights_dir: Path) -> Iterator[Worker]:
     transport = ZmqFrontendTransport("tcp")
     with FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", 0)) as handshake:
         port = handshake.address.rsplit(":", 1)[1]
-        proc = subprocess.Popen(
+        proc = preloaded.popen(
             [sys.executable, "-m", "mmfront.cli", "worker", str(gemma3_weights_dir), "--data-parallel-address",
              "127.0.0.1", "--data-parallel-rpc-port", port, "--cache-gb", str(CACHE_GB)],
             env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+import preloaded
 from local_services import greedy_answers
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
@@ -47,7 +48,7 @@ def chat(images: tuple[int, ...]) -> list[dict[str, Any]]:
 @dataclass
 class Ranks:
     client: AsyncEngineClient
-    procs: list[subprocess.Popen[str]]
+    procs: list[preloaded.Preloaded]
     pre: InputPreprocessor
 
 
@@ -57,7 +58,7 @@ def ranks(gemma3_weights_dir: Path) -> Iterator[Ranks]:
     transport = ZmqFrontendTransport("tcp")
     with FrontendHandshake(transport, DataParallelConfig(2, 0, "127.0.0.1", 0)) as handshake:
         port = handshake.address.rsplit(":", 1)[1]
-        procs = [subprocess.Popen(
+        procs = [preloaded.popen(
             [sys.executable, "-m", "mmfront.cli", "worker", str(gemma3_weights_dir), "--data-parallel-address",
              "127.0.0.1", "--data-parallel-rpc-port", port, "--engine-index", str(rank), "--cache-gb", str(CACHE_GB),
              "--json"], stdout=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True)

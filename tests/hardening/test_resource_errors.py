@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import pytest
 import torch
 from PIL import ImageFile
 
+import preloaded
 from mmfront.cache import _shm_ring as shm_ring
 from mmfront.cache.shm_cache import ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
@@ -99,8 +99,7 @@ _EMFILE_SCRIPT = textwrap.dedent("""
 
 def test_exhausted_open_files_fail_a_legitimate_request_with_a_resource_error() -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", _EMFILE_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+    done = preloaded.run([sys.executable, "-c", _EMFILE_SCRIPT], env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     outcomes = json.loads(done.stdout.strip().splitlines()[-1])
     for source, (kind, message, *rest) in outcomes.items():

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import transformers
 
+import preloaded
 from mmfront import errors
 from mmfront.errors import MMFrontError
 from mmfront.fixtures.overrides import OVERRIDES
@@ -78,8 +78,7 @@ def test_hashes_are_the_same_in_another_process(survey_dir: Path) -> None:
     )
     jobs = {name: (str(survey_dir / name), {m: len(h) for m, h in c.hashes.items()}) for name, c in served.items()}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", script, json.dumps(jobs)], capture_output=True, text=True,
-                          timeout=120, env=env, check=False)
+    done = preloaded.run([sys.executable, "-c", script, json.dumps(jobs)], timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     other = json.loads(done.stdout.strip().splitlines()[-1])
     assert other == {name: c.hashes for name, c in served.items()}

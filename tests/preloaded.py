@@ -1,0 +1,209 @@
+"""Starts the suite's Python commands (``mmfront worker``, the echo engine, ``python -c`` scripts)
+from an interpreter that has imported torch, transformers and mmfront once, instead of a fresh
+interpreter each time.
+
+Importing them costs a fresh interpreter about 5 s of CPU, most of what such a command spends in a
+test; the suite starts dozens, on CI's two cores (docs/testing.md, "`make test` and its 15-minute
+budget"). :func:`popen` takes ``subprocess.Popen``'s arguments and returns an object with its
+face, so a test reads the same either way; the command runs in a child forked by a multiprocessing
+forkserver (a fresh, single-threaded interpreter that only imports and forks), exactly as the
+interpreter would run it (``runpy`` for ``-m`` and script paths, ``exec`` for ``-c``), with the
+environment, working directory, session and streams it was given.
+
+What it does not give: a fresh interpreter. Tests about what importing does (``import mmfront``
+stays light, the torchvision and torchaudio shims, a script without a ``__main__`` guard), about
+a fresh process's memory, and those of commands the product itself starts (``mmfront serve``'s
+engines, the processing lanes) start real interpreters.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import multiprocessing
+import multiprocessing.connection
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from multiprocessing.connection import Connection
+from typing import IO, Any
+
+_PRELOAD = [  # mmfront first: its torchvision and torchaudio shims must be in place before either imports
+    "mmfront", "torch", "transformers", "transformers.processing_utils", "transformers.image_processing_utils",
+    "mmfront.cli", "mmfront.preprocess", "mmfront.engine.worker", "mmfront.engine.receiver",
+    "mmfront.engine.runner", "mmfront.models.gemma3",
+]
+CONTEXT = multiprocessing.get_context("forkserver")
+"""Also for tests that start their own ``multiprocessing`` children: the same preloaded forks."""
+CONTEXT.set_forkserver_preload(_PRELOAD)
+
+
+def _redirect(fd: int, target: Connection | None) -> None:
+    if target is not None:
+        os.dup2(target.fileno(), fd)
+        target.close()
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: str | None, new_session: bool,
+         stdout: Connection | None, stderr: Connection | None, stderr_to_stdout: bool) -> None:
+    """The child: the environment and streams it was given, then the command as ``python`` runs
+    it, then the interpreter's exit handlers (a forked child would skip them)."""
+    if new_session:
+        os.setsid()
+    if cwd is not None:
+        os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    _redirect(1, stdout)
+    _redirect(2, stderr)
+    if stderr_to_stdout:
+        os.dup2(1, 2)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), line_buffering=True)
+    for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    flag, target, *rest = argv[1:]
+    try:
+        if flag == "-m":
+            sys.argv = [target, *rest]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        elif flag == "-c":
+            sys.argv = ["-c", *rest]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            sys.argv = [flag, target, *rest]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(flag)))
+            runpy.run_path(flag, run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()
+
+
+class Preloaded:
+    """A command started by :func:`popen`: ``pid``, ``args``, ``stdout``, ``stderr``,
+    ``returncode``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``terminate``, ``kill``,
+    as ``subprocess.Popen`` has them. Thread-safe: an engine client's watcher may poll it while
+    the test waits."""
+
+    def __init__(self, args: list[str], process: Any, stdout: IO[Any] | None, stderr: IO[Any] | None) -> None:
+        self.args = args
+        self.process = process
+        self.stdout = stdout
+        self.stderr = stderr
+        self.pid: int = process.pid
+        self._lock = threading.Lock()  # multiprocessing reads the exit code off a pipe once
+        self._readers: list[threading.Thread] = []
+        self._read: dict[str, Any] = {}
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            multiprocessing.connection.wait([self.process.sentinel], left)
+        return code
+
+    def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
+        """All of stdout and stderr (pipes) once the command has exited; ``TimeoutExpired`` keeps
+        what was read for the next call, as ``Popen.communicate`` does."""
+        if not self._readers:
+            self._readers = [threading.Thread(target=self._read_all, args=(name,), daemon=True)
+                             for name in ("stdout", "stderr") if getattr(self, name) is not None]
+            for reader in self._readers:
+                reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._read.get("stdout"), self._read.get("stderr")
+
+    def _read_all(self, name: str) -> None:
+        stream = getattr(self, name)
+        self._read[name] = stream.read()
+        stream.close()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self) -> Preloaded:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self.wait()
+
+
+def _stream(spec: Any, text: bool) -> tuple[Connection | None, IO[Any] | None]:
+    """(the end the child writes to, the end this process reads when ``spec`` is ``PIPE``)."""
+    if spec is None:
+        return None, None
+    if spec == subprocess.PIPE:
+        read, write = os.pipe()
+        return Connection(write, readable=False), os.fdopen(read, "r" if text else "rb")
+    fd = spec if isinstance(spec, int) else spec.fileno()
+    return Connection(os.dup(fd), readable=False), None
+
+
+def popen(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
+          stdout: Any = None, stderr: Any = None, text: bool = False, start_new_session: bool = False,
+          stdin: Any = None) -> Preloaded:
+    """``subprocess.Popen(args, ...)`` for ``[sys.executable, "-m" | "-c" | script, ...]``, run
+    from the preloaded interpreter (see the module's docstring). The child's stdin is /dev/null."""
+    argv = [str(a) for a in args]
+    if argv[0] != sys.executable or len(argv) < 2 or stdin not in (None, subprocess.DEVNULL):
+        raise ValueError(f"not a command of this interpreter with no stdin: {argv}")
+    out, out_read = _stream(stdout, text)
+    to_stdout = stderr == subprocess.STDOUT
+    err, err_read = (None, None) if to_stdout else _stream(stderr, text)
+    process = CONTEXT.Process(
+        target=_run, args=(argv, dict(os.environ if env is None else env), None if cwd is None else str(cwd),
+                           start_new_session, out, err, to_stdout),
+        daemon=True)  # never outlives the test session
+    try:
+        process.start()
+    finally:
+        for conn in (out, err):
+            if conn is not None:
+                conn.close()
+    return Preloaded(argv, process, out_read, err_read)
+
+
+def run(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float | None = None,
+        check: bool = False) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(args, capture_output=True, text=True, ...)`` from the preloaded interpreter."""
+    process = popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    done = subprocess.CompletedProcess(process.args, process.wait(), out, err)
+    if check:
+        done.check_returncode()
+    return done
