@@ -81,6 +81,12 @@ lint: $(STAMP)
 # overlap; --dist loadscope keeps each module's fixtures (a worker, a server) in one process.
 PYTEST_ARGS ?= -n 2 --dist loadscope
 
+# Where PYTHONDONTWRITEBYTECODE is set (as on this project's machines), every one of the suite's
+# processes would compile mmfront's modules again, and each pytest worker would rewrite the asserts
+# of all ~250 test modules (6 s of CPU each, measured): the suites write their caches, which the
+# second suite then reads. __pycache__ is ignored by git.
+pytest pytest-legacy: export PYTHONDONTWRITEBYTECODE :=
+
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 

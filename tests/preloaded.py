@@ -10,10 +10,12 @@ forkserver (a fresh, single-threaded interpreter that only imports and forks), e
 interpreter would run it (``runpy`` for ``-m`` and script paths, ``exec`` for ``-c``), with the
 environment, working directory, session and streams it was given.
 
-What it does not give: a fresh interpreter. Tests about what importing does (``import mmfront``
-stays light, the torchvision and torchaudio shims, a script without a ``__main__`` guard), about
-a fresh process's memory, and those of commands the product itself starts (``mmfront serve``'s
-engines, the processing lanes) start real interpreters.
+What it does not give is a fresh interpreter, so these start real ones: tests of what importing
+does (``import mmfront`` stays light, the torchvision and torchaudio shims, a script without a
+``__main__`` guard), of a process's life and death (parent-death signals, a writer's SIGTERM),
+and of what the product itself starts (``mmfront serve`` and its engines, the processing lanes).
+A request's peak memory measured in a fork equals the fresh interpreter's within 1% (66.5 against
+67.0 MB for the largest image, 256.3 against 257.8 MB for a long WAV), so those tests fork.
 """
 
 from __future__ import annotations

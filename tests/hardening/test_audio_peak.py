@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import preloaded
 from mmfront.config import MultiModalConfig
 from mmfront.errors import MediaTooLargeError
 from mmfront.media import DecodeBudget, load_audio_bytes, resample_audio, resampled_length
@@ -64,8 +64,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
 
 def _request_peak(samples: int, budget: int) -> tuple[str, int]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(samples), str(budget)], env=env,
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = preloaded.run([sys.executable, "-c", _PEAK_SCRIPT, str(samples), str(budget)], env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return result["outcome"], result["peak"]

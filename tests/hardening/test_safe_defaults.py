@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import sys
 import textwrap
 import zlib
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+import preloaded
 from mmfront import MultiModalConfig
 from mmfront.config import DEFAULT_MAX_PROMPT_CHARS, IMAGE_PEAK_BYTES_PER_PIXEL
 from mmfront.errors import MediaTooLargeError, ValidationError
@@ -104,8 +104,7 @@ _PEAK_SCRIPT = textwrap.dedent("""
 def test_the_largest_image_the_defaults_accept_stays_inside_its_budget(kind: str) -> None:
     budget = 128 * MiB
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(os.path.abspath(p) for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, kind, str(budget)], env=env, capture_output=True,
-                          text=True, timeout=180, check=False)
+    done = preloaded.run([sys.executable, "-c", _PEAK_SCRIPT, kind, str(budget)], env=env, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["peak"] <= budget + SLACK, result
