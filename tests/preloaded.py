@@ -51,14 +51,13 @@ def _redirect(fd: int, target: Connection | None) -> None:
         target.close()
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: str | None, new_session: bool,
+def _run(argv: list[str], env: dict[str, str], cwd: str, new_session: bool,
          stdout: Connection | None, stderr: Connection | None, stderr_to_stdout: bool) -> None:
     """The child: the environment and streams it was given, then the command as ``python`` runs
     it, then the interpreter's exit handlers (a forked child would skip them)."""
     if new_session:
         os.setsid()
-    if cwd is not None:
-        os.chdir(cwd)
+    os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
     _redirect(1, stdout)
@@ -70,18 +69,18 @@ def _run(argv: list[str], env: dict[str, str], cwd: str | None, new_session: boo
     for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    flag, target, *rest = argv[1:]
+    first, *rest = argv[1:]
     try:
-        if flag == "-m":
-            sys.argv = [target, *rest]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        elif flag == "-c":
-            sys.argv = ["-c", *rest]
-            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+        if first == "-m":
+            sys.argv = rest
+            runpy.run_module(rest[0], run_name="__main__", alter_sys=True)
+        elif first == "-c":
+            sys.argv = ["-c", *rest[1:]]
+            exec(compile(rest[0], "<string>", "exec"), {"__name__": "__main__"})
         else:
-            sys.argv = [flag, target, *rest]
-            sys.path.insert(0, os.path.dirname(os.path.abspath(flag)))
-            runpy.run_path(flag, run_name="__main__")
+            sys.argv = [first, *rest]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(first)))
+            runpy.run_path(first, run_name="__main__")
     finally:
         atexit._run_exitfuncs()
 
@@ -177,13 +176,14 @@ def popen(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     """``subprocess.Popen(args, ...)`` for ``[sys.executable, "-m" | "-c" | script, ...]``, run
     from the preloaded interpreter (see the module's docstring). The child's stdin is /dev/null."""
     argv = [str(a) for a in args]
-    if argv[0] != sys.executable or len(argv) < 2 or stdin not in (None, subprocess.DEVNULL):
+    if argv[0] != sys.executable or len(argv) < (3 if argv[1:2] in (["-m"], ["-c"]) else 2) \
+            or stdin not in (None, subprocess.DEVNULL):
         raise ValueError(f"not a command of this interpreter with no stdin: {argv}")
     out, out_read = _stream(stdout, text)
     to_stdout = stderr == subprocess.STDOUT
     err, err_read = (None, None) if to_stdout else _stream(stderr, text)
     process = CONTEXT.Process(
-        target=_run, args=(argv, dict(os.environ if env is None else env), None if cwd is None else str(cwd),
+        target=_run, args=(argv, dict(os.environ if env is None else env), os.getcwd() if cwd is None else str(cwd),
                            start_new_session, out, err, to_stdout),
         daemon=True)  # never outlives the test session
     try:
