@@ -66,6 +66,8 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, new_session: bool,
         os.dup2(1, 2)
     sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), line_buffering=True)
     sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), line_buffering=True)
+    if env.get("OMP_NUM_THREADS", "").isdigit():  # OpenMP read it when the preloaded torch loaded
+        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
     for entry in reversed([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]):
         if entry not in sys.path:
             sys.path.insert(0, entry)

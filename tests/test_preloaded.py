@@ -69,3 +69,9 @@ def test_what_is_not_a_command_of_this_interpreter_is_refused() -> None:
         preloaded.popen(["/bin/true"])
     with pytest.raises(ValueError, match="no stdin"):
         preloaded.popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
+
+
+def test_omp_num_threads_given_to_a_command_is_its_torch_threads() -> None:
+    code = "import torch; print(torch.get_num_threads())"
+    done = preloaded.run([sys.executable, "-c", code], env={"OMP_NUM_THREADS": "1"}, timeout=60)
+    assert done.stdout == "1\n", done.stderr
