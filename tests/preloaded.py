@@ -112,12 +112,10 @@ class Preloaded:
             return self.process.exitcode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (code := self.poll()) is None:
-            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
-            if left <= 0:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0)
-            multiprocessing.connection.wait([self.process.sentinel], left)
+        multiprocessing.connection.wait([self.process.sentinel], timeout)  # readable once it has exited
+        code = self.poll()
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return code
 
     def communicate(self, timeout: float | None = None) -> tuple[Any, Any]:
