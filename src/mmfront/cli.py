@@ -14,9 +14,13 @@ import dataclasses
 import importlib.util
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from mmfront._version import __version__
+from mmfront.config import DEFAULT_RPC_PORT, CacheType, MultiModalConfig
+from mmfront.flags import add_options, flag, port, values
 from mmfront.serve.args import add_serve_parser
 
 DESCRIPTION = (
@@ -27,6 +31,46 @@ DESCRIPTION = (
 )
 
 BENCH_PREFIX = "bench_"
+
+EngineDtype = Literal["float32", "bfloat16", "float16"]
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """``mmfront worker``'s flags: how the reference engine meets its frontends and runs the model.
+    Its cache flags take the defaults of the configuration fields they mirror."""
+
+    model: str = field(metadata=flag(positional=True, metavar="MODEL"))
+    """Model folder (config.json, weights, processor)."""
+    transport: str = field(default="zmq", metadata=flag(metavar="NAME"))
+    """How to reach the frontends, one of mmfront.engine.transports.ENGINE_TRANSPORTS (zmq: vLLM's ZMQ sockets)."""
+    input: list[str] = field(default_factory=list, metadata=flag(repeat=True, metavar="ADDR"))
+    """A frontend's request socket (ipc://... or tcp://HOST:PORT); repeat once per frontend."""
+    output: list[str] = field(default_factory=list, metadata=flag(repeat=True, metavar="ADDR"))
+    """A frontend's output socket; repeat once per frontend, in the order of --input."""
+    data_parallel_address: str | None = field(default=None, metadata=flag(metavar="HOST"))
+    """Meet the frontend through vLLM's start-up handshake at this host, as a headless engine (vLLM's
+    'vllm serve --headless' option)."""
+    data_parallel_rpc_port: int = field(default=DEFAULT_RPC_PORT, metadata=flag(parse=port, metavar="PORT"))
+    """The frontend's handshake port (vLLM's option)."""
+    handshake: list[str] = field(default_factory=list, metadata=flag(repeat=True, metavar="ADDR"))
+    """A frontend's handshake address (ipc://... or tcp://HOST:PORT); repeat once per frontend."""
+    local: bool = field(default=False, metadata=flag())
+    """Greet the --handshake frontends as an engine of their own host, not a headless one."""
+    engine_index: int = field(default=0, metadata=flag(metavar="N"))
+    """This engine's index."""
+    cache: CacheType = field(default=MultiModalConfig.mm_processor_cache_type, metadata=flag())
+    """The frontend's processor cache type, which this engine mirrors."""
+    cache_gb: float = field(default=MultiModalConfig.mm_processor_cache_gb, metadata=flag(metavar="GB"))
+    """Processor cache size; must equal the frontend's (0 turns the cache off)."""
+    shm_name: list[str] | None = field(default=None, metadata=flag(repeat=True, metavar="NAME"))
+    """With --cache shm: a frontend's segment name; repeat once per frontend, in the order of --input."""
+    device: str | None = field(default=None, metadata=flag(metavar="DEVICE"))
+    """torch device (default: cuda when available, else cpu)."""
+    dtype: EngineDtype | None = field(default=None, metadata=flag())
+    """Model dtype (default: the folder's config.json)."""
+    json: bool = field(default=False, metadata=flag())
+    """Print the closing statistics as one JSON line."""
 
 
 def _find_benchmarks(directory: str | None) -> Path:
@@ -132,33 +176,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from mmfront.config import MultiModalConfig
     from mmfront.engine.transports import ENGINE_TRANSPORTS
     from mmfront.engine.worker import run_worker
 
-    handshake = [*args.handshake]
-    if args.data_parallel_address:
-        handshake.append(f"tcp://{args.data_parallel_address}:{args.data_parallel_rpc_port}")
-    if not args.input and not handshake:
+    opts = WorkerOptions(**values(WorkerOptions, args))
+    handshake = [*opts.handshake]
+    if opts.data_parallel_address:
+        handshake.append(f"tcp://{opts.data_parallel_address}:{opts.data_parallel_rpc_port}")
+    if not opts.input and not handshake:
         raise SystemExit("mmfront worker: give a frontend to serve: --data-parallel-address (vLLM's handshake), "
                          "--handshake ADDR, or --input and --output")
-    if len(args.input) != len(args.output):
-        raise SystemExit(f"mmfront worker: {len(args.input)} --input and {len(args.output)} --output addresses; "
+    if len(opts.input) != len(opts.output):
+        raise SystemExit(f"mmfront worker: {len(opts.input)} --input and {len(opts.output)} --output addresses; "
                          "give one --input and one --output per frontend (they pair in order)")
-    shm_names = args.shm_name or []
-    if args.cache == "shm" and args.cache_gb > 0 and len(shm_names) != len(args.input) + len(handshake):
+    shm_names = opts.shm_name or []
+    if opts.cache == "shm" and opts.cache_gb > 0 and len(shm_names) != len(opts.input) + len(handshake):
         raise SystemExit(f"mmfront worker: --cache shm needs one --shm-name per frontend "
-                         f"({len(args.input) + len(handshake)}), "
+                         f"({len(opts.input) + len(handshake)}), "
                          f"got {len(shm_names)}; they pair with the addresses in order")
-    config = MultiModalConfig(mm_processor_cache_gb=args.cache_gb, mm_processor_cache_type=args.cache)
-    connect = ENGINE_TRANSPORTS.get(args.transport)
+    config = MultiModalConfig(mm_processor_cache_gb=opts.cache_gb, mm_processor_cache_type=opts.cache)
+    connect = ENGINE_TRANSPORTS.get(opts.transport)
     if connect is None:
-        raise SystemExit(f"mmfront worker: unknown --transport {args.transport!r}; known: {', '.join(ENGINE_TRANSPORTS)}")
-    frontends = [connect(i, o) for i, o in zip(args.input, args.output)]
-    stats = run_worker(args.model, frontends, config, engine_index=args.engine_index, handshake=handshake,
-                       local=args.local,
-                       shm_name=shm_names if args.cache == "shm" else None, device=args.device, dtype=args.dtype)
-    if args.json:
+        raise SystemExit(f"mmfront worker: unknown --transport {opts.transport!r}; known: {', '.join(ENGINE_TRANSPORTS)}")
+    frontends = [connect(i, o) for i, o in zip(opts.input, opts.output)]
+    stats = run_worker(opts.model, frontends, config, engine_index=opts.engine_index, handshake=handshake,
+                       local=opts.local,
+                       shm_name=shm_names if opts.cache == "shm" else None, device=opts.device, dtype=opts.dtype)
+    if opts.json:
         print(json.dumps(dataclasses.asdict(stats)), flush=True)
     else:
         print(f"mmfront worker: {stats.requests} requests, {stats.tokens} tokens, encoder cache "
@@ -215,35 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "weights), greedy decoding. For several frontends repeat --input and "
                                         "--output (and --shm-name), paired in order; each frontend keeps its own "
                                         "processor cache. Stops on SIGTERM or Ctrl-C.")
-    worker.add_argument("model", metavar="MODEL", help="model folder (config.json, weights, processor)")
-    worker.add_argument("--transport", default="zmq", metavar="NAME",
-                        help="how to reach the frontends, one of mmfront.engine.transports.ENGINE_TRANSPORTS "
-                             "(default zmq: vLLM's ZMQ sockets)")
-    worker.add_argument("--input", default=[], action="append", metavar="ADDR",
-                        help="a frontend's request socket (ipc://... or tcp://HOST:PORT); repeat once per frontend")
-    worker.add_argument("--output", default=[], action="append", metavar="ADDR",
-                        help="a frontend's output socket; repeat once per frontend, in the order of --input")
-    worker.add_argument("--data-parallel-address", metavar="HOST",
-                        help="meet the frontend through vLLM's start-up handshake at this host, as a headless "
-                             "engine (vLLM's 'vllm serve --headless' option)")
-    worker.add_argument("--data-parallel-rpc-port", type=int, default=29550, metavar="PORT",
-                        help="the frontend's handshake port (vLLM's option; default 29550)")
-    worker.add_argument("--handshake", action="append", default=[], metavar="ADDR",
-                        help="a frontend's handshake address (ipc://... or tcp://HOST:PORT); repeat once per frontend")
-    worker.add_argument("--local", action="store_true",
-                        help="greet the --handshake frontends as an engine of their own host, not a headless one")
-    worker.add_argument("--engine-index", type=int, default=0, metavar="N", help="this engine's index (default 0)")
-    worker.add_argument("--cache", choices=["lru", "shm"], default="lru",
-                        help="the frontend's processor cache type, which this engine mirrors (default lru)")
-    worker.add_argument("--cache-gb", type=float, default=4.0, metavar="GB",
-                        help="processor cache size; must equal the frontend's (0 turns the cache off)")
-    worker.add_argument("--shm-name", action="append", metavar="NAME",
-                        help="with --cache shm: a frontend's segment name; repeat once per frontend, in the order "
-                             "of --input")
-    worker.add_argument("--device", metavar="DEVICE", help="torch device (default: cuda when available, else cpu)")
-    worker.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
-                        help="model dtype (default: the folder's config.json)")
-    worker.add_argument("--json", action="store_true", help="print the closing statistics as one JSON line")
+    add_options(worker, WorkerOptions)
     worker.set_defaults(func=cmd_worker)
     models = sub.add_parser("models", help="which HF processors mmfront serves, proven against HF's own output",
                             description="Build a small offline folder for every HF processor class with a "

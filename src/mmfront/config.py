@@ -14,9 +14,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from difflib import get_close_matches
+from pathlib import Path
 from typing import Any, Literal
 
 from mmfront.errors import ConfigError
+from mmfront.flags import count, flag, human_int, port, positive_int
 
 GiB_bytes = 1 << 30
 MiB_bytes = 1 << 20
@@ -70,6 +72,57 @@ def _check_image_formats(formats: frozenset[str]) -> None:
 
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_RPC_PORT = 29550
+"""vLLM's default ``--data-parallel-rpc-port``, where headless engines meet the API server."""
+
+
+def chat_template_text(value: str) -> str:
+    """vLLM's ``--chat-template``: a file's path (its text is read) or the template itself."""
+    path = Path(value).expanduser()
+    try:
+        return path.read_text(encoding="utf-8") if path.is_file() else value
+    except OSError:
+        return value
+
+
+@dataclass(frozen=True)
+class DataParallelConfig:
+    """Where the API server (P0) meets its engines, in vLLM's names: ``data_parallel_size`` ranks,
+    the first ``data_parallel_size_local`` of them on this host; remote (headless) ones reach
+    ``tcp://data_parallel_address:data_parallel_rpc_port``."""
+
+    data_parallel_size: int = field(default=1, metadata=flag(aliases=("-dp",), parse=positive_int, metavar="N"))
+    """Engine ranks."""
+    data_parallel_size_local: int | None = field(default=None, metadata=flag(aliases=("-dpl",), parse=count,
+                                                                             metavar="N", shown_default="all"))
+    """Ranks started on this host (as ``mmfront worker`` processes by ``mmfront serve``); ``None``:
+    every rank; ``0``: none, every engine is headless and connects to the handshake port."""
+    data_parallel_address: str = field(default="127.0.0.1", metadata=flag(aliases=("-dpa",), metavar="HOST"))
+    """Where headless engines reach the API server's handshake and data sockets."""
+    data_parallel_rpc_port: int = field(default=DEFAULT_RPC_PORT, metadata=flag(aliases=("-dpp",), parse=port,
+                                                                                metavar="PORT"))
+    """The handshake port headless engines connect to."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data_parallel_size, bool) or not 1 <= self.data_parallel_size < 1 << 16:
+            raise ConfigError(f"data_parallel_size must be in [1, 65535], got {self.data_parallel_size}.")
+        if self.data_parallel_size_local is None:
+            object.__setattr__(self, "data_parallel_size_local", self.data_parallel_size)
+        if not 0 <= self.local_ranks <= self.data_parallel_size:
+            raise ConfigError(f"data_parallel_size_local must be in [0, data_parallel_size={self.data_parallel_size}], "
+                              f"got {self.data_parallel_size_local}.")
+        if not 0 <= self.data_parallel_rpc_port < 1 << 16:
+            raise ConfigError(f"data_parallel_rpc_port must be a port number, got {self.data_parallel_rpc_port}.")
+
+    @property
+    def local_ranks(self) -> int:
+        """``data_parallel_size_local``, resolved: the ranks on this host."""
+        return self.data_parallel_size if self.data_parallel_size_local is None else self.data_parallel_size_local
+
+    @property
+    def all_local(self) -> bool:
+        return self.local_ranks == self.data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -131,38 +184,46 @@ class MultiModalConfig:
     """Every knob of the frontend. Field names follow vLLM's CLI flags without the dashes."""
 
     # --- processor cache (vLLM: --mm-processor-cache-*) ---
-    mm_processor_cache_gb: float = 4.0
-    """Processor cache size in GiB per P0 process and per P1 engine; 0 disables it."""
-    mm_processor_cache_type: CacheType = "lru"
-    """``lru``: P0 mirrors P1's LRU and sends only misses. ``shm``: items go through a shared-memory ring."""
-    mm_shm_cache_max_object_size_mb: int | None = None
+    mm_processor_cache_gb: float = field(default=4.0, metadata=flag(metavar="GB"))
+    """Processor cache size in GiB, in the API server (P0) and in each engine (P1); 0 turns it off."""
+    mm_processor_cache_type: CacheType = field(default="lru", metadata=flag())
+    """``lru``: the engine mirrors the API server's LRU and only misses are sent. ``shm``: items go
+    through a shared-memory ring (engines on this host only)."""
+    mm_shm_cache_max_object_size_mb: int | None = field(default=None, metadata=flag(parse=positive_int, metavar="MB"))
     """Largest item the shm cache stores (default 128 MiB). Only used by the shm cache: with ``lru`` it
     is ignored (logged at debug level), as in vLLM, whose default always sets it."""
-    mm_hasher_algorithm: HasherAlgorithm = "blake3"
-    """``sha256``/``sha512`` for FIPS deployments; blake3 is several times faster."""
+    mm_hasher_algorithm: HasherAlgorithm = field(default="blake3", metadata=flag())
+    """Content hash of media items: ``sha256``/``sha512`` for FIPS deployments; blake3 is several times faster."""
 
     # --- request limits and processor kwargs ---
-    limit_mm_per_prompt: Mapping[str, Any] = field(default_factory=dict)
-    """Max items per modality per prompt (default 999), e.g. ``{"image": 2}`` or ``{"image": {"count": 2}}``."""
+    limit_mm_per_prompt: Mapping[str, Any] = field(default_factory=dict, metadata=flag(
+        metavar="JSON", example="'{\"image\": 4, \"audio\": 1}'", shown_default="999 each"))
+    """Most items per modality in one prompt, e.g. ``{"image": 2}`` or
+    ``{"image": {"count": 2, "width": 512, "height": 512}}``."""
     limit_per_prompt: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     """vLLM's dataclass name for ``limit_mm_per_prompt`` (its CLI flag is ``--limit-mm-per-prompt``):
     either may be given, not both; it is folded into ``limit_mm_per_prompt``."""
-    mm_processor_kwargs: Mapping[str, Any] | None = None
-    """Deployment-wide HF processor kwargs; request kwargs override them. Not part of the hashes."""
+    mm_processor_kwargs: Mapping[str, Any] | None = field(default=None, metadata=flag(
+        metavar="JSON", example="'{\"do_pan_and_scan\": true}'"))
+    """Deployment-wide HF processor kwargs, a JSON object on the command line; request kwargs
+    override them. Not part of the hashes."""
     model_options: Mapping[str, Any] = field(default_factory=dict)
     """Settings a model module declares for itself (a :class:`ModelOption` each, listed in
     docs/index.md), e.g. ``{"max_pan_and_scan_crops": 4}``. Checked against the installed
     models' declarations when the processor is created."""
-    media_io_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    media_io_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, metadata=flag(
+        metavar="JSON", example="'{\"image\": {\"rgba_background_color\": [0, 0, 0]}}'"))
     """Per-modality media loading options, e.g. ``{"image": {"rgba_background_color": [0, 0, 0]}}``."""
-    enable_mm_embeds: bool = False
-    """Accept precomputed ``{modality}_embeds`` inputs."""
+    enable_mm_embeds: bool = field(default=False, metadata=flag())
+    """Accept precomputed ``{modality}_embeds`` inputs (``image_embeds``, ``audio_embeds``)."""
 
     # --- model-level settings the frontend needs ---
-    dtype: ModelDtype = "auto"
-    """Floating HF outputs are cast to this dtype; ``auto`` reads ``torch_dtype`` from the model folder."""
-    max_model_len: int | None = None
-    """Longest expanded prompt accepted; ``None`` means no limit is checked."""
+    dtype: ModelDtype = field(default="auto", metadata=flag())
+    """Model dtype: floating HF outputs are cast to it, and the engines ``mmfront serve`` starts load
+    the model in it; ``auto`` reads ``torch_dtype`` from the model folder's config.json."""
+    max_model_len: int | None = field(default=None, metadata=flag(parse=human_int, metavar="TOKENS"))
+    """Longest prompt plus output accepted, in tokens (``8192``, ``8k``, ``8K`` on the command line);
+    the engines' own limit still applies, the lower one wins. ``None``: the engines' limit alone."""
     max_prompt_chars: int | None = None
     """Longest prompt string (after the chat template) that is tokenized at all. ``None``: derived
     from ``max_model_len`` as ``max_model_len`` times the longest token string of the vocabulary
@@ -170,48 +231,57 @@ class MultiModalConfig:
     for tokenizers whose normalizer drops characters, which the derived bound does not count."""
     encoder_cache_size: int | None = None
     """Most embedding tokens one item may have; ``None`` means no limit is checked."""
-    enable_prefix_caching: bool = True
-    """With both this and the processor cache off, items get per-request UUIDs instead of content hashes."""
-    enable_tower_connector_lora: bool = False
+    enable_prefix_caching: bool = field(default=True, metadata=flag(negation="--disable-prefix-caching"))
+    """Whether the engines cache prefixes (match the engines' setting): with both this and the
+    processor cache off, items get per-request UUIDs instead of content hashes."""
+    enable_tower_connector_lora: bool = field(default=False, metadata=flag())
     """Prefix ``identifier`` with the LoRA name, separating encoder/prefix caches per LoRA."""
-    transformers_backend: TransformersBackend = "auto"
+    transformers_backend: TransformersBackend = field(default="auto", metadata=flag(vllm=False))
     """Transformers-backend processor: ``auto`` picks Offsets on transformers >= 5.15 (Legacy for a processor
     that reports no offsets), Legacy below."""
 
     # --- chat templates (vLLM: --chat-template, --chat-template-content-format, --trust-request-chat-template) ---
-    chat_template: str | None = None
-    """The deployment's chat template, used instead of the model's (a folder without one needs it)."""
-    chat_template_content_format: ContentFormatSetting = "auto"
+    chat_template: str | None = field(default=None, metadata=flag(parse=chat_template_text, metavar="TEMPLATE"))
+    """The deployment's chat template, used instead of the model's (a folder without one needs it);
+    on the command line, the template or the path of a file holding one."""
+    chat_template_content_format: ContentFormatSetting = field(default="auto", metadata=flag())
     """``auto`` detects whether a template reads content as parts (``openai``) or as text (``string``)."""
-    trust_request_chat_template: bool = False
+    trust_request_chat_template: bool = field(default=False, metadata=flag())
     """Accept a ``chat_template`` sent with a request (bounded in size and render time); refused otherwise."""
 
     # --- processing lanes and threads (docs/processing.md, "Lanes") ---
-    mm_processing_lanes: int | None = 0
+    mm_processing_lanes: int | None = field(default=0, metadata=flag(
+        name="--processing-lanes", vllm=False, parse=count, metavar="N", default=None,
+        shown_default="cores - 1, at least 1"))
     """Worker processes (or Ray actors) that HF-process cache misses, each item of a request on
     its own lane; hashing and the cache commit stay in the calling process. ``None``: one per core
     of the thread budget but one (at least 1). ``0``: in the calling process, on the threads that
     prepare requests."""
-    mm_lane_executor: LaneExecutorKind = "process"
+    mm_lane_executor: LaneExecutorKind = field(default="process", metadata=flag(name="--lane-executor", vllm=False))
     """``process``: local worker processes. ``ray``: Ray actors (``pip install mmfront[ray]``),
     for when one machine's cores are not enough."""
-    mm_thread_budget: int | None = None
+    mm_thread_budget: int | None = field(default=None, metadata=flag(
+        name="--thread-budget", vllm=False, parse=positive_int, metavar="N"))
     """Runnable threads the frontend's processing may use at once (torch threads, image decode
     threads and lanes together); ``None``: the cores this process may run on."""
 
     # --- deployment shape (decides the cache type, vLLM §4.5) ---
     api_process_count: int = 1
+    """API server processes, each with its own processor cache."""
     data_parallel_size: int = 1
+    """Engine ranks; with more than one, the processor cache is the mirrored LRU."""
     data_parallel_external_lb: bool = False
+    """Whether an external load balancer spreads requests over the ranks (vLLM's ``--data-parallel-external-lb``)."""
 
     # --- media loading ---
-    allowed_local_media_path: str | None = None
-    """Local files are readable only below this directory; ``None`` (or ``""``, vLLM's default)
-    refuses every local path."""
-    allowed_media_domains: tuple[str, ...] | None = None
+    allowed_local_media_path: str | None = field(default=None, metadata=flag(metavar="DIR"))
+    """Local (``file://``) media is readable only below this absolute directory; ``None`` (or ``""``,
+    vLLM's default) refuses every local path."""
+    allowed_media_domains: tuple[str, ...] | None = field(default=None, metadata=flag(metavar="HOST"))
     """Hosts http(s) media may come from (exact or ``*.example.com``); ``None`` refuses every URL,
     ``("*",)`` allows any host."""
     allowed_image_formats: frozenset[str] = DEFAULT_IMAGE_FORMATS
+    """Pillow formats tried at all; ICO, ICNS, EPS and Pillow's stubs cannot be added (:data:`UNSAFE_IMAGE_FORMATS`)."""
     max_image_pixels: int | None = None
     """Images with more pixels are refused from their header, before decoding (decompression bombs).
     ``None``: ``max_media_request_decode_bytes // 20`` (:data:`IMAGE_PEAK_BYTES_PER_PIXEL`), 35.8 M
@@ -223,15 +293,20 @@ class MultiModalConfig:
     max_media_bytes: int = 64 * MiB_bytes
     """Largest encoded media payload accepted from any source."""
     image_fetch_timeout: float = 5.0
+    """Seconds an http(s) image may take to fetch."""
     audio_fetch_timeout: float = 10.0
+    """Seconds an http(s) audio clip may take to fetch."""
     video_fetch_timeout: float = 30.0
+    """Seconds an http(s) video may take to fetch."""
     max_video_duration: float = 600.0
     """Longest video accepted, in seconds (from the container header, before decoding): decoding
     runs through every frame up to the last one kept, so the length bounds the decode time."""
     max_video_frames: int = 36_000
     """Most frames a video may have (10 minutes at 60 fps), for the same reason."""
     image_mode: str = "RGB"
+    """The PIL mode images are converted to."""
     rgba_background_color: tuple[int, int, int] = (255, 255, 255)
+    """What transparent pixels become when an image is converted to RGB (white)."""
 
     def __post_init__(self) -> None:
         self._check_number("mm_processor_cache_gb", self.mm_processor_cache_gb, minimum=0)

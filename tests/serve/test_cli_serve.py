@@ -16,9 +16,10 @@ import pytest
 from mmfront.cli import build_parser, main
 from mmfront.config import ModalityLimit
 from mmfront.errors import ConfigError
-from mmfront.serve.args import human_int, plan_from_args
-from mmfront.serve.launcher import LocalEngineOptions, ServePlan, worker_command
-from mmfront.serve.settings import DEFAULT_MAX_BODY_BYTES
+from mmfront.flags import human_int
+from mmfront.serve.args import plan_from_args
+from mmfront.serve.launcher import worker_command
+from mmfront.serve.settings import DEFAULT_MAX_BODY_BYTES, LocalEngineOptions, ServePlan
 from mmfront.serve.vllm_flags import ENGINE_ONLY_FLAGS
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 
@@ -39,9 +40,10 @@ def test_the_defaults_are_vllms(tmp_path: Path) -> None:
     s = p.settings
     assert (s.model, s.host, s.port, s.api_key, s.served_model_name, s.model_names) == (
         tmp_path, "0.0.0.0", 8000, None, (), (str(tmp_path),))
-    assert (s.max_model_len, s.chat_template, s.max_body_bytes, s.uvicorn_log_level, s.api_server_count) == (
-        None, None, DEFAULT_MAX_BODY_BYTES, "info", 1)
+    assert (s.max_body_bytes, s.uvicorn_log_level, s.api_server_count, s.max_logprobs) == (
+        DEFAULT_MAX_BODY_BYTES, "info", 1, 20)
     c = p.config
+    assert (c.max_model_len, c.chat_template, c.dtype, c.enable_prefix_caching) == (None, None, "auto", True)
     assert (c.mm_processor_cache_gb, c.mm_processor_cache_type, c.mm_hasher_algorithm) == (4.0, "lru", "blake3")
     assert (c.limit_mm_per_prompt, c.mm_processor_kwargs, c.allowed_local_media_path, c.allowed_media_domains) == (
         {}, None, None, None)
@@ -53,12 +55,14 @@ def test_the_defaults_are_vllms(tmp_path: Path) -> None:
 
 
 def test_every_http_flag_lands_in_the_serve_settings(tmp_path: Path) -> None:
-    s = plan(tmp_path, "--host", "127.0.0.1", "--port", "9001", "--served-model-name", "gemma", "g3",
+    p = plan(tmp_path, "--host", "127.0.0.1", "--port", "9001", "--served-model-name", "gemma", "g3",
              "--api-key", "sk-1", "--uvicorn-log-level", "warning", "--max-model-len", "2k",
-             "--max-body-bytes", "1024", "--api-server-count", "2").settings
+             "--max-body-bytes", "1024", "--api-server-count", "2", "--max-logprobs", "5")
+    s = p.settings
     assert (s.host, s.port, s.served_model_name, s.model_names, s.api_key) == (
         "127.0.0.1", 9001, ("gemma", "g3"), ("gemma", "g3"), "sk-1")
-    assert (s.uvicorn_log_level, s.max_model_len, s.max_body_bytes, s.api_server_count) == ("warning", 2000, 1024, 2)
+    assert (s.uvicorn_log_level, s.max_body_bytes, s.api_server_count, s.max_logprobs) == ("warning", 1024, 2, 5)
+    assert p.config.max_model_len == 2000  # its one home: the processing configuration
 
 
 def test_every_processing_flag_lands_in_the_multimodal_config(tmp_path: Path) -> None:
@@ -97,7 +101,7 @@ def test_a_chat_template_file_is_read(tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     p = plan(tmp_path, "--chat-template", str(template))
-    assert p.config.chat_template == p.settings.chat_template == template.read_text()
+    assert p.config.chat_template == template.read_text()
 
 
 def test_every_engine_flag_lands_in_the_data_parallel_config_and_the_plan(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """``mmfront serve``'s launcher with one local engine, as ``vllm serve MODEL`` runs: it starts
-``mmfront worker`` itself, meets it through vLLM's handshake, serves chats through the client, caps
-``max_model_len`` at ``--max-model-len``; an engine killed under a request fails that request at
+``mmfront worker`` itself, meets it through vLLM's handshake, serves chats through the client, its
+apps cap ``max_model_len`` at ``--max-model-len`` without changing the shared client; an engine killed under a request fails that request at
 once and marks the client dead; closing leaves no process behind. One worker start for the module."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from mmfront import MultiModalConfig
 from mmfront.errors import EngineDeadError
-from mmfront.serve.launcher import Frontend, ServePlan, start_frontend
-from mmfront.serve.settings import ServeSettings
+from mmfront.serve.launcher import Frontend, start_frontend
+from mmfront.serve.settings import ServePlan, ServeSettings
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
 from mmfront.wire.handshake import EXTRA_HEARTBEAT, EXTRA_MIRROR
@@ -51,7 +52,7 @@ def exits() -> Exits:
 
 @pytest.fixture(scope="module")
 def frontend(gemma3_weights_dir: Path, exits: Exits) -> Iterator[Frontend]:
-    plan = ServePlan(ServeSettings(gemma3_weights_dir, max_model_len=LIMIT),
+    plan = ServePlan(ServeSettings(gemma3_weights_dir),
                      MultiModalConfig(mm_processor_cache_gb=0.02, mm_processing_lanes=0, max_model_len=LIMIT),
                      engine_ready_timeout_s=180)
     started = start_frontend(plan, env={**os.environ, "OMP_NUM_THREADS": "1"}, on_engine_exit=exits)
@@ -76,10 +77,18 @@ def test_the_local_engine_is_met_through_the_handshake(frontend: Frontend) -> No
 def test_max_model_len_is_the_smaller_of_the_flag_and_the_engines(frontend: Frontend, gemma3_weights_dir: Path) -> None:
     from mmfront.serve.app import create_app
 
-    settings = ServeSettings(gemma3_weights_dir, max_model_len=LIMIT)
-    assert frontend.client.max_model_len == frontend.infos[0].max_model_len > LIMIT
-    create_app(frontend.client, settings)  # the app applies --max-model-len to the client
-    assert frontend.client.max_model_len == LIMIT
+    engines = frontend.infos[0].max_model_len
+    assert frontend.client.max_model_len == engines > LIMIT
+    apps = [create_app(frontend.client, ServeSettings(gemma3_weights_dir, served_model_name=(name,)))
+            for name in ("one", "two")]
+
+    async def card(app: Any) -> dict[str, Any]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
+            return (await http.get("/v1/models")).json()["data"][0]
+
+    cards = [asyncio.run(card(app)) for app in apps]
+    assert [(c["id"], c["max_model_len"]) for c in cards] == [("one", LIMIT), ("two", LIMIT)]
+    assert frontend.client.max_model_len == engines  # the apps leave the shared client as it is
 
 
 def test_chats_are_answered_with_the_cache_mirrored(frontend: Frontend) -> None:

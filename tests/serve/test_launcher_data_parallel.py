@@ -18,8 +18,8 @@ import pytest
 from mmfront import MultiModalConfig
 from mmfront.engine.handshake import DataParallelConfig
 from mmfront.errors import EngineDeadError
-from mmfront.serve.launcher import Frontend, ServePlan, start_frontend
-from mmfront.serve.settings import ServeSettings
+from mmfront.serve.launcher import Frontend, start_frontend
+from mmfront.serve.settings import ServePlan, ServeSettings
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
 

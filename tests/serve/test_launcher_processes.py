@@ -19,8 +19,8 @@ import pytest
 
 from mmfront import MultiModalConfig
 from mmfront.errors import HandshakeError
-from mmfront.serve.launcher import EngineProcesses, ServePlan, start_frontend
-from mmfront.serve.settings import ServeSettings
+from mmfront.serve.launcher import EngineProcesses, start_frontend
+from mmfront.serve.settings import ServePlan, ServeSettings
 
 IGNORES_SIGTERM = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                                          "print('ready', flush=True); time.sleep(120)"]

@@ -32,7 +32,8 @@ import zmq
 from mmfront.engine.transports import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
 from mmfront.engine.transports.fd_channel import SECRET_BYTES
 from mmfront.engine.transports.zmq import engine_identity
-from mmfront.errors import ConfigError, HandshakeError
+from mmfront.config import DataParallelConfig
+from mmfront.errors import HandshakeError
 from mmfront.wire.handshake import (
     EXTRA_ADMITTED,
     EXTRA_HEARTBEAT,
@@ -44,8 +45,6 @@ from mmfront.wire.handshake import (
     HandshakeStatus,
 )
 
-DEFAULT_RPC_PORT = 29550
-"""vLLM's default ``data_parallel_rpc_port``."""
 HANDSHAKE_TIMEOUT_S = 300.0
 """How long an engine waits for P0's answer to its ``HELLO`` (vLLM's ``HANDSHAKE_TIMEOUT_MINS``)."""
 _POLL_S = 0.01
@@ -54,31 +53,6 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode_status = msgspec.msgpack.Decoder(HandshakeStatus).decode
 _decode_ready = msgspec.msgpack.Decoder(EngineCoreReadyResponse).decode
 _decode_metadata = msgspec.msgpack.Decoder(EngineHandshakeMetadata).decode
-
-
-@dataclass(frozen=True)
-class DataParallelConfig:
-    """Where P0 meets its engines, in vLLM's names: ``data_parallel_size`` ranks, the first
-    ``data_parallel_size_local`` of them on this host; remote (headless) ones reach
-    ``tcp://data_parallel_address:data_parallel_rpc_port``."""
-
-    data_parallel_size: int = 1
-    data_parallel_size_local: int = 1
-    data_parallel_address: str = "127.0.0.1"
-    data_parallel_rpc_port: int = DEFAULT_RPC_PORT
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.data_parallel_size < 1 << 16:
-            raise ConfigError(f"data_parallel_size must be in [1, 65535], got {self.data_parallel_size}.")
-        if not 0 <= self.data_parallel_size_local <= self.data_parallel_size:
-            raise ConfigError(f"data_parallel_size_local must be in [0, data_parallel_size={self.data_parallel_size}], "
-                              f"got {self.data_parallel_size_local}.")
-        if not 0 <= self.data_parallel_rpc_port < 1 << 16:
-            raise ConfigError(f"data_parallel_rpc_port must be a port number, got {self.data_parallel_rpc_port}.")
-
-    @property
-    def all_local(self) -> bool:
-        return self.data_parallel_size_local == self.data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -185,12 +159,12 @@ class FrontendHandshake:
             status = _decode_status(payload[0] if payload else b"")
         except msgspec.DecodeError as e:
             raise HandshakeError(f"Engine rank {index} sent a malformed handshake message: {e}.") from e
-        expect_local = index < self.parallel.data_parallel_size_local
+        expect_local = index < self.parallel.local_ranks
         if status.local != expect_local or (not status.local and not status.headless):
             raise HandshakeError(
                 f"Engine rank {index} says local={status.local}, headless={status.headless}; expected "
                 f"{'a local engine' if expect_local else 'a remote one started with --headless'} "
-                f"(data_parallel_size_local={self.parallel.data_parallel_size_local}).")
+                f"(data_parallel_size_local={self.parallel.local_ranks}).")
         if status.status == "HELLO":
             rank.hello = status
             secret = _side_secret(status)
@@ -334,7 +308,6 @@ def engine_handshake_all(
 
 
 __all__ = [
-    "DEFAULT_RPC_PORT",
     "DataParallelConfig",
     "EngineInfo",
     "FrontendHandshake",

@@ -33,7 +33,6 @@ from mmfront.errors import HandshakeError
 from mmfront.serve.launcher import (
     STOP_GRACE_S,
     EngineProcesses,
-    ServePlan,
     bind_handshake,
     bind_link,
     client_over,
@@ -43,6 +42,7 @@ from mmfront.serve.launcher import (
     run_app,
     start_engines,
 )
+from mmfront.serve.settings import ServePlan
 
 logger = logging.getLogger(__name__)
 

@@ -138,9 +138,14 @@ class _Server:
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
         self.fingerprint = f"mmfront-{__version__}-{digest}"
         self.metrics = ServerMetrics(self.model_name, self.preprocessor, client)
-        if settings.max_model_len is not None and (client.max_model_len is None
-                                                   or settings.max_model_len < client.max_model_len):
-            client.max_model_len = settings.max_model_len
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context this app serves: the engines' ``max_model_len``, capped by the processing
+        configuration's (``--max-model-len``), which the client is not changed to carry (it may
+        serve other apps)."""
+        limits = [n for n in (self.client.max_model_len, self.preprocessor.config.max_model_len) if n is not None]
+        return min(limits) if limits else None
 
     # --- plain routes ---------------------------------------------------------------------------
 
@@ -152,7 +157,7 @@ class _Server:
 
     async def models(self, request: Request) -> Response:
         root = str(self.settings.model)
-        cards = [protocol.model_card(name, root, self.created, self.client.max_model_len,
+        cards = [protocol.model_card(name, root, self.created, self.max_model_len,
                                      f"modelperm-{secrets.token_hex(8)}") for name in self.settings.model_names]
         return json_response({"object": "list", "data": cards})
 
@@ -271,7 +276,7 @@ class _Server:
 
     def _max_tokens(self, requested: int | None, prompt_tokens: int) -> int | None:
         """vLLM's ``get_max_tokens``: at most what the context leaves after the prompt."""
-        limit = self.client.max_model_len
+        limit = self.max_model_len
         if limit is None:
             return requested
         if requested is not None and requested > limit:
@@ -482,8 +487,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
     """The OpenAI-compatible app of ``vllm serve`` over ``client``.
 
-    The app does not own ``client``: close it when the app is done. ``settings.max_model_len``,
-    when lower than the engine's, becomes the client's ``max_model_len``."""
+    The app does not own ``client``, and leaves it as it is: close it when the app is done. The
+    processing configuration's ``max_model_len``, when lower than the engines', is the app's limit."""
     server = _Server(client, settings)
     routes = [
         Route("/v1/chat/completions", server.chat, methods=["POST"]),

@@ -27,47 +27,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mmfront.cache import ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.handshake import DataParallelConfig, EngineInfo, FrontendHandshake
+from mmfront.engine.handshake import EngineInfo, FrontendHandshake
 from mmfront.engine.transports import ZmqAddresses, ZmqFrontendTransport
 from mmfront.errors import HandshakeError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
-from mmfront.serve.settings import ServeSettings
+from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10.0
 """How long a local engine gets to stop after SIGTERM before it is killed."""
 _WATCH_INTERVAL_S = 0.2
-
-
-@dataclass(frozen=True)
-class LocalEngineOptions:
-    """How the ``mmfront worker`` processes this server starts run the model."""
-
-    device: str | None = None
-    """torch device (``None``: CUDA when available, else the CPU)."""
-    dtype: str | None = None
-    """Model dtype (``None``: the folder's ``config.json``)."""
-
-
-@dataclass(frozen=True)
-class ServePlan:
-    """Everything ``mmfront serve`` was told: HTTP (:class:`ServeSettings`), processing
-    (:class:`MultiModalConfig`), where the engines are (:class:`DataParallelConfig`) and how the
-    local ones run."""
-
-    settings: ServeSettings
-    config: MultiModalConfig
-    parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
-    engine: LocalEngineOptions = field(default_factory=LocalEngineOptions)
-    engine_ready_timeout_s: float = 600.0
-    engine_timeout_s: float = 30.0
 
 
 def worker_command(
@@ -311,12 +287,12 @@ def start_engines(plan: ServePlan, handshake: str, shm_names: Sequence[str | Non
                   env: dict[str, str] | None = None) -> EngineProcesses | None:
     """The ``data_parallel_size_local`` local engines, each greeting ``handshake``;
     ``None`` when every engine is headless."""
-    if not plan.parallel.data_parallel_size_local:
+    if not plan.parallel.local_ranks:
         return None
     names = [name for name in shm_names if name is not None]
     return EngineProcesses([worker_command(plan.settings.model, rank, [handshake], plan.config, plan.engine,
                                            shm_names=names)
-                            for rank in range(plan.parallel.data_parallel_size_local)], env=env)
+                            for rank in range(plan.parallel.local_ranks)], env=env)
 
 
 def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
@@ -377,6 +353,5 @@ def serve(plan: ServePlan) -> int:
     return 0
 
 
-__all__ = ["EngineProcesses", "Frontend", "Link", "LocalEngineOptions", "ServePlan", "bind_handshake", "bind_link",
-           "client_over", "exit_on_sigterm", "log_engine_exit", "meet_engines", "run_app", "serve", "start_engines",
+__all__ = ["EngineProcesses", "Frontend", "Link", "bind_handshake", "bind_link", "client_over", "exit_on_sigterm", "log_engine_exit", "meet_engines", "run_app", "serve", "start_engines",
            "start_frontend", "worker_command"]

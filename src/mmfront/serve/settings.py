@@ -1,42 +1,62 @@
-"""What the HTTP layer of ``mmfront serve`` is configured with, in ``vllm serve``'s terms.
+"""What ``mmfront serve`` is configured with, in ``vllm serve``'s terms: the HTTP side
+(:class:`ServeSettings`), the engines it starts (:class:`LocalEngineOptions`) and the whole plan
+(:class:`ServePlan`, with the processing's :class:`~mmfront.config.MultiModalConfig` and the
+engines' :class:`~mmfront.config.DataParallelConfig`).
 
-The command line (``mmfront serve``'s flags, vLLM's names) fills one :class:`ServeSettings`;
-the app (:func:`mmfront.serve.app.create_app`) and the launcher that starts the engines read it,
-so a flag has one home.
+Each field that is a flag of ``mmfront serve`` says so in its metadata (:func:`mmfront.flags.flag`):
+the command line and docs/serving.md's flag table are generated from these classes, so a flag
+has one home. This module imports nothing heavy: ``mmfront serve --help`` reads it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from mmfront.config import DataParallelConfig, MultiModalConfig
+from mmfront.errors import ConfigError
+from mmfront.flags import flag, port, positive_int, seconds
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 """Request bodies above this are refused before they are read whole (413)."""
 
+UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+
+
+def one_key(keys: Sequence[str]) -> str:
+    """``--api-key`` takes several keys in ``vllm serve``; ``mmfront serve`` checks one."""
+    if len(keys) > 1:
+        raise ConfigError(f"--api-key takes one key in mmfront serve, got {len(keys)}.")
+    return keys[0]
+
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """The HTTP side of one ``mmfront serve`` (engine flags live in ``MultiModalConfig`` and
-    ``DataParallelConfig``)."""
+    """The HTTP side of one ``mmfront serve``."""
 
-    model: Path
-    """The model folder (``vllm serve MODEL``)."""
-    served_model_name: tuple[str, ...] = ()
+    model: Path = field(metadata=flag(positional=True, metavar="MODEL_DIR", collect=Path))
+    """The model folder, config.json, processor and tokenizer, with the weights when mmfront starts
+    its own engines (``vllm serve MODEL``; mmfront downloads nothing)."""
+    served_model_name: tuple[str, ...] = field(default=(), metadata=flag(several=True, metavar="NAME"))
     """Names clients may send as ``model``; the first is the one reported (empty: ``model``'s path,
     as vLLM)."""
-    host: str = "0.0.0.0"
-    port: int = 8000
-    api_key: str | None = None
-    """With a key, every ``/v1`` request needs ``Authorization: Bearer KEY`` (else 401)."""
-    max_model_len: int | None = None
-    """Caps the engines' own ``max_model_len`` (vLLM's ``--max-model-len``)."""
-    max_logprobs: int = 20
-    """Most logprobs a request may ask for per token (vLLM's ``--max-logprobs``; -1: the vocabulary)."""
-    chat_template: str | None = None
-    """A Jinja template (its text, or a file's path) in place of the model's own."""
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    uvicorn_log_level: str = "info"
-    api_server_count: int = 1
+    host: str = field(default="0.0.0.0", metadata=flag())
+    """The address to listen on."""
+    port: int = field(default=8000, metadata=flag(parse=port))
+    """The port to listen on."""
+    api_key: str | None = field(default=None, metadata=flag(several=True, metavar="KEY", collect=one_key))
+    """With a key, every ``/v1`` request needs ``Authorization: Bearer KEY`` (else 401); one key."""
+    max_logprobs: int = field(default=20, metadata=flag(metavar="N"))
+    """Most logprobs a request may ask for per token (-1: the vocabulary); more are refused with 400."""
+    max_body_bytes: int = field(default=DEFAULT_MAX_BODY_BYTES, metadata=flag(
+        vllm=False, parse=positive_int, metavar="BYTES", shown_default="64 MiB"))
+    """Request bodies above this are refused with 413 before they are read whole."""
+    uvicorn_log_level: UvicornLogLevel = field(default="info", metadata=flag())
+    """uvicorn's log level."""
+    api_server_count: int = field(default=1, metadata=flag(aliases=("-asc",), parse=positive_int, metavar="N"))
+    """API server processes sharing the port (docs/serving.md, "Several API servers")."""
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -44,4 +64,32 @@ class ServeSettings:
         return self.served_model_name or (str(self.model),)
 
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "ServeSettings"]
+@dataclass(frozen=True)
+class LocalEngineOptions:
+    """How the ``mmfront worker`` processes this server starts run the model."""
+
+    device: str | None = field(default=None, metadata=flag(name="--worker-device", vllm=False, metavar="DEVICE"))
+    """torch device of the engines ``mmfront serve`` starts (``None``: CUDA when available, else the CPU)."""
+    dtype: str | None = None
+    """Model dtype (``None``: the folder's ``config.json``); ``mmfront serve`` passes ``--dtype``."""
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    """Everything ``mmfront serve`` was told: HTTP (:class:`ServeSettings`), processing
+    (:class:`MultiModalConfig`), where the engines are (:class:`DataParallelConfig`) and how the
+    local ones run."""
+
+    settings: ServeSettings
+    config: MultiModalConfig
+    parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    engine: LocalEngineOptions = field(default_factory=LocalEngineOptions)
+    engine_ready_timeout_s: float = field(default=600.0, metadata=flag(
+        name="--engine-ready-timeout", vllm=False, parse=seconds, metavar="S"))
+    """Seconds to wait for every engine to be ready (vLLM's ``VLLM_ENGINE_READY_TIMEOUT_S``)."""
+    engine_timeout_s: float = field(default=30.0, metadata=flag(
+        name="--engine-timeout", vllm=False, parse=seconds, metavar="S"))
+    """An engine announcing heartbeats that is silent this long while requests wait is dead."""
+
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "LocalEngineOptions", "ServePlan", "ServeSettings", "one_key"]
