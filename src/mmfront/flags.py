@@ -23,7 +23,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -216,8 +216,9 @@ def field_table(cls: type) -> str:
     for f in dataclasses.fields(cls):
         option = flags.get(f.name)
         default = _field_default(f)
-        spec = f.metadata.get("flag")
-        shown = spec.shown_default if spec is not None and spec.shown_default else _python_literal(default)
+        shown = _python_literal(default)
+        if option is not None and option.flag.shown_default and option.flag.default is _FIELD_DEFAULT:
+            shown = option.flag.shown_default  # it describes the field's own default
         rows.append(f"| `{f.name}` | {shown} | {markdown(docs.get(f.name, ''))} | "
                     f"{'`' + option.name + '`' if option is not None else ''} |")
     return "\n".join(rows) + "\n"
@@ -240,7 +241,7 @@ def between(text: str, marker: str) -> str:
 # --- field docstrings ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of ``cls`` and its bases (as vLLM's ``get_attr_docs``
     reads them); a class whose source cannot be read has none."""
@@ -292,13 +293,16 @@ def _field_default(f: dataclasses.Field[Any]) -> Any:
 
 
 def _python_literal(value: Any) -> str:
+    """A default as the configuration reference writes it."""
     if isinstance(value, frozenset):
         return ", ".join(sorted(value))
     if isinstance(value, Mapping) and not value:
         return "`{}`"
-    if value is None or isinstance(value, (bool, int, float, str, tuple)):
-        return f"`{value!r}`"
-    return f"`{value}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 10_000:
+        return f"`{value:_}`"
+    return f"`{value!r}`"
 
 
 def _without_none(annotation: Any) -> Any:
@@ -316,7 +320,7 @@ def _parser_for(annotation: Any, spec: Flag, name: str) -> Callable[[str], Any] 
         return typing.cast(Callable[[str], Any], origin)
     if origin in (tuple, list):
         return None
-    if isinstance(origin, type) and issubclass(origin, Mapping) or origin is Mapping:
+    if isinstance(origin, type) and issubclass(origin, Mapping):
         return json_object(spec.name or "--" + name.replace("_", "-"), spec.example)
     return None
 
@@ -392,12 +396,6 @@ def seconds(text: str) -> float:
     return value
 
 
-def iter_options(classes: Sequence[type]) -> Iterator[Option]:
-    """Every flag of ``classes``, in order."""
-    for cls in classes:
-        yield from options(cls)
-
-
 __all__ = ["Flag", "Option", "add_options", "between", "check_unique", "count", "field_docs", "field_table", "flag",
-           "flag_table", "human_int", "iter_options", "json_object", "markdown", "options", "plain_text", "port",
+           "flag_table", "human_int", "json_object", "markdown", "options", "plain_text", "port",
            "positive_int", "replace_between", "seconds", "values"]

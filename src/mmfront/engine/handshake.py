@@ -29,10 +29,10 @@ from pathlib import Path
 import msgspec
 import zmq
 
+from mmfront.config import DataParallelConfig
 from mmfront.engine.transports import ZmqAddresses, ZmqEngineTransport, ZmqFrontendTransport
 from mmfront.engine.transports.fd_channel import SECRET_BYTES
 from mmfront.engine.transports.zmq import engine_identity
-from mmfront.config import DataParallelConfig
 from mmfront.errors import HandshakeError
 from mmfront.wire.handshake import (
     EXTRA_ADMITTED,
