@@ -71,7 +71,6 @@ def flag(**spec: Any) -> dict[str, Flag]:
 class Option:
     """One field's flag, resolved: what argparse needs and what the docs show."""
 
-    owner: type
     field: dataclasses.Field[Any]
     flag: Flag
     help: str
@@ -112,7 +111,8 @@ class Option:
         return str(value)
 
 
-def options(cls: type) -> list[Option]:
+@functools.cache
+def options(cls: type) -> tuple[Option, ...]:
     """The flags ``cls``'s fields declare, in field order."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
@@ -131,12 +131,12 @@ def options(cls: type) -> list[Option]:
             parse = _parser_for(annotation, spec, f.name)
         collect = spec.collect or (tuple if typing.get_origin(annotation) is tuple else None)
         help_text = docs.get(f.name, "")
-        found.append(Option(cls, f, spec, help_text, default, choices, parse, collect, is_bool, many))
-    return found
+        found.append(Option(f, spec, help_text, default, choices, parse, collect, is_bool, many))
+    return tuple(found)
 
 
 def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, *,
-                mark_own: bool = False) -> list[Option]:
+                mark_own: bool = False) -> tuple[Option, ...]:
     """Add ``cls``'s flags to ``parser`` (help: the field's docstring as plain text, then the
     default; with ``mark_own``, flags ``vllm serve`` lacks say so); the options added are returned."""
     added = options(cls)
