@@ -91,6 +91,8 @@ def test_a_new_flag_is_one_field(tmp_path: Path) -> None:
     assert ("| `--mm-throwaway-knob` | `7` | A knob that exists only in this test: how often to throw away. | "
             "`ConfigWithAThrowawayKnob.mm_throwaway_knob` |") in serve_flag_table(THROWAWAY).splitlines()
     assert "--mm-throwaway-knob" not in serve_flag_table()
+    assert ("| `mm_throwaway_knob` | `7` | A knob that exists only in this test: how often to throw away. | "
+            "`--mm-throwaway-knob` |") in field_table(ConfigWithAThrowawayKnob).splitlines()
     plan = plan_from_args(parser.parse_args(["serve", str(tmp_path), "--mm-throwaway-knob", "3"]), THROWAWAY)
     assert isinstance(plan.config, ConfigWithAThrowawayKnob) and plan.config.mm_throwaway_knob == 3
     default = plan_from_args(parser.parse_args(["serve", str(tmp_path)]), THROWAWAY)

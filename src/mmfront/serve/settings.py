@@ -39,7 +39,7 @@ class ServeSettings:
     model: Path = field(metadata=flag(positional=True, metavar="MODEL_DIR", collect=Path))
     """The model folder, config.json, processor and tokenizer, with the weights when mmfront starts
     its own engines (``vllm serve MODEL``; mmfront downloads nothing)."""
-    served_model_name: tuple[str, ...] = field(default=(), metadata=flag(several=True, metavar="NAME"))
+    served_model_name: tuple[str, ...] = field(default=(), metadata=flag(metavar="NAME"))
     """Names clients may send as ``model``; the first is the one reported (empty: ``model``'s path,
     as vLLM)."""
     host: str = field(default="0.0.0.0", metadata=flag())
