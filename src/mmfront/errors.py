@@ -3,14 +3,17 @@
 Serving code catches :class:`MMFrontError` for "mmfront said no", and :class:`ValidationError`
 for "the request is at fault" (HTTP 4xx): that one root holds every request error and each
 carries ``parameter``, the request field at fault (``None`` where no single field is), like
-vLLM's ``VLLMValidationError``. Each class also carries how an OpenAI API server answers it,
-``http_status`` and ``error_type`` (vLLM's status and error ``type`` for the same situation), set
-where it differs from its base's: an error's answer is found along its class's bases, as
-Python finds any class attribute, and ``mmfront serve`` reads nothing else. The table of them
-is docs/troubleshooting.md, which ``tests/test_errors.py`` checks against the classes. Errors also derive from the builtin a vLLM user would catch for
+vLLM's ``VLLMValidationError``. Errors also derive from the builtin a vLLM user would catch for
 the same situation, drawn in brackets, so code written against vLLM keeps working; a request
 error about a Python type is therefore both a ``ValueError`` and a ``TypeError``. Each message
 says what to do about it. This module imports nothing from mmfront, so every layer may raise.
+
+Each class also carries how an OpenAI API server answers it, ``http_status`` and ``error_type``
+(vLLM's status and error ``type`` for the same situation), set only where it differs from its
+base's: an error's answer is found along its class's bases, as Python finds any class
+attribute, and ``mmfront serve`` reads nothing else, for the request's errors and for those an
+engine reports alike. docs/troubleshooting.md is the table of them; ``tests/test_errors.py``
+checks it against the classes.
 
 The tree (``tests/test_errors.py`` checks it against the classes)::
 

@@ -83,7 +83,7 @@ _AT = re.compile(r" - at `\$(?P<path>[^`]*)`")
 
 BODY_PARAM = "body"
 """The ``param`` of an error in the body's shape (JSON, a missing field, a wrong type), or its
-prefix (``body.messages``): vLLM answers these with type ``Bad Request``."""
+prefix (``body.messages``): a :class:`~mmfront.errors.RequestBodyError`, type ``Bad Request``."""
 
 
 def decode_request(body: bytes, cls: type[Any]) -> Any:
