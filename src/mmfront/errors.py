@@ -38,6 +38,7 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     │       ├── MediaTooLargeError
     │       ├── MediaPathError
     │       └── MediaFetchError
+    │           └── MediaURLNotAllowedError
     ├── ModalityNotFoundError [KeyError]
     ├── MultiModalCacheMissError [RuntimeError]
     ├── CacheError [RuntimeError]
@@ -212,6 +213,15 @@ class MediaFetchError(MediaError):
         self.retryable = retryable
         if retryable:
             self.http_status, self.error_type = MMFrontError.http_status, MMFrontError.error_type
+
+
+class MediaURLNotAllowedError(MediaFetchError):
+    """A media URL mmfront does not fetch: fetching is disabled, its host is not in
+    ``allowed_media_domains``, or its scheme is none mmfront fetches. Refused before any
+    connection, with HTTP 400, as vLLM answers a URL outside its allowed domains or schemes."""
+
+    http_status = ValidationError.http_status
+    error_type = ValidationError.error_type
 
 
 # --- the calling code's lookups ----------------------------------------------------------------
