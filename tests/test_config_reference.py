@@ -18,6 +18,7 @@ import pytest
 
 from mmfront.cli import build_parser, main
 from mmfront.config import MultiModalConfig
+from mmfront.errors import ConfigError
 from mmfront.flags import between, field_table, flag, replace_between
 from mmfront.serve.args import ServeFlags, add_serve_parser, plan_from_args, serve_flag_table
 
@@ -107,7 +108,7 @@ def test_a_flag_name_taken_twice_is_refused_when_the_parser_is_built() -> None:
         host_name: str = field(default="x", metadata=flag(name="--host"))
         """A second --host."""
 
-    with pytest.raises(TypeError, match="'--host' is already a flag of ServeSettings"):
+    with pytest.raises(ConfigError, match="'--host' is already a flag of ServeSettings"):
         add_serve_parser(argparse.ArgumentParser().add_subparsers(), ServeFlags(config=Clash))
 
 

@@ -12,6 +12,7 @@ import pkgutil
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import mmfront
@@ -21,6 +22,8 @@ from mmfront.inputs import MultiModalKwargsItems
 from mmfront.media.base import MediaWithBytes
 from mmfront.parse import MultiModalDataItems
 from mmfront.processing._matching import iter_token_matches
+from mmfront.serve.app import error_response
+from mmfront.serve.errors import ErrorInfo, error_info
 
 PACKAGE_DIR = Path(mmfront.__file__).parent
 
@@ -110,6 +113,9 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "MissingOffsetsError": (ValueError,),
     "FieldConfigError": (ValueError,),
     "ValidationError": (ValueError,),
+    "RequestBodyError": (ValueError,),
+    "BodyTooLargeError": (ValueError,),
+    "ModelNotFoundError": (ValueError,),
     "InputTypeError": (TypeError, ValueError),
     "HashingTypeError": (TypeError, ValueError),
     "UnsupportedModalityError": (ValueError,),
@@ -122,6 +128,7 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "MediaTooLargeError": (ValueError,),
     "MediaPathError": (ValueError,),
     "MediaFetchError": (ValueError,),
+    "MediaURLNotAllowedError": (ValueError,),
     "ModalityNotFoundError": (KeyError,),
     "MultiModalCacheMissError": (RuntimeError,),
     "CacheError": (RuntimeError,),
@@ -135,6 +142,8 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "HandshakeError": (RuntimeError,),
     "UtilityCallError": (RuntimeError,),
     "LaneError": (RuntimeError,),
+    "GenerationError": (RuntimeError,),
+    "RetryableRequestError": (RuntimeError,),
 }
 
 
@@ -156,6 +165,7 @@ REQUEST_ERRORS = sorted(name for name, cls in ERROR_CLASSES.items() if issubclas
 
 def test_request_errors_are_the_validation_error_subtree() -> None:
     assert REQUEST_ERRORS == [
+        "BodyTooLargeError",
         "ChatFormatError",
         "HashingTypeError",
         "InputTypeError",
@@ -165,8 +175,11 @@ def test_request_errors_are_the_validation_error_subtree() -> None:
         "MediaFormatError",
         "MediaPathError",
         "MediaTooLargeError",
+        "MediaURLNotAllowedError",
+        "ModelNotFoundError",
         "ProcessorError",
         "PromptUpdateError",
+        "RequestBodyError",
         "UnsupportedModalityError",
         "ValidationError",
     ]
@@ -386,7 +399,81 @@ def test_every_allow_list_entry_is_still_needed() -> None:
     assert sorted(set(ALLOWED_BUILTIN_RAISES) - used) == []
 
 
+TROUBLESHOOTING = Path(__file__).parents[1] / "docs" / "troubleshooting.md"
+
+
+def _documented_answers() -> dict[str, tuple[int, str]]:
+    """``name -> (status, type)`` from the HTTP column of docs/troubleshooting.md's tables."""
+    page = TROUBLESHOOTING.read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)` \| (\d{3}) ([A-Za-z ]+?)[;|]", page, flags=re.MULTILINE)
+    return {name: (int(status), kind.strip()) for name, status, kind in rows}
+
+
 def test_troubleshooting_page_has_a_row_for_every_error() -> None:
-    page = (Path(__file__).parents[1] / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
-    rows = set(re.findall(r"^\| `(\w+)` \|", page, flags=re.MULTILINE))
+    rows = set(re.findall(r"^\| `(\w+)` \|", TROUBLESHOOTING.read_text(encoding="utf-8"), flags=re.MULTILINE))
     assert rows == set(ERROR_CLASSES) - {"MMFrontError"}
+    assert set(_documented_answers()) == rows
+
+
+# --- how an API server answers each error: the documented table is the classes' ------------------
+
+
+def _an_error(cls: type[errors.MMFrontError]) -> errors.MMFrontError:
+    if issubclass(cls, errors.MultiModalCacheMissError):
+        return cls(["h1", "h2"])
+    return cls("message")
+
+
+@pytest.mark.parametrize("name", sorted(set(ERROR_CLASSES) - {"MMFrontError"}))
+def test_every_error_class_answers_as_troubleshooting_md_documents(name: str) -> None:
+    """The walk of the whole tree: the class's status and type, and what the server answers for
+    an instance of it (no ``parameter``: ``param`` null, the message as it is)."""
+    cls = ERROR_CLASSES[name]
+    assert issubclass(cls, errors.MMFrontError)
+    status, kind = _documented_answers()[name]
+    assert (cls.http_status, cls.error_type) == (status, kind)
+    error = _an_error(cls)
+    assert error_info(error) == ErrorInfo(str(error), kind, None, status)
+
+
+def test_the_root_and_unexpected_exceptions_answer_500() -> None:
+    assert error_info(errors.MMFrontError("boom")) == ErrorInfo("boom", "InternalServerError", None, 500)
+    assert error_info(errors.MMFrontError()) == ErrorInfo("Internal server error", "InternalServerError", None, 500)
+    assert error_info(ZeroDivisionError("division by zero")) == ErrorInfo(
+        "division by zero", "InternalServerError", None, 500)
+
+
+@pytest.mark.parametrize(("error", "answer"), [
+    # the three drifts the issue found, fixed: served as documented, or as vLLM's code answers
+    (errors.ResourceError("out of open files", resource="open files"),
+     ErrorInfo("out of open files", "ServiceUnavailableError", None, 503)),
+    (errors.MediaDecodeError("not an image", parameter="image"),
+     ErrorInfo("not an image (parameter=image)", "BadRequestError", "image", 400)),
+    (errors.ValidationError("Request 'a' is already running; use a new request id.", parameter="request_id"),
+     ErrorInfo("Request 'a' is already running; use a new request id. (parameter=request_id)", "BadRequestError",
+               "request_id", 400)),
+    # vLLM's answers for the same situations
+    (errors.MediaFetchError("HTTP 404", parameter="image_url"),
+     ErrorInfo("HTTP 404 (parameter=image_url)", "UnprocessableEntityError", "image_url", 422)),
+    (errors.MediaFetchError("HTTP 503", parameter="image_url", retryable=True),
+     ErrorInfo("HTTP 503 (parameter=image_url)", "InternalServerError", "image_url", 500)),
+    (errors.MediaURLNotAllowedError("not in allowed_media_domains", parameter="image_url"),
+     ErrorInfo("not in allowed_media_domains (parameter=image_url)", "BadRequestError", "image_url", 400)),
+    (errors.EngineDeadError("The engine link broke."), ErrorInfo("The engine link broke.", "InternalServerError", None, 500)),
+    (errors.TransportError("The client is closed."), ErrorInfo("The client is closed.", "ServiceUnavailableError", None, 503)),
+    # request errors name their parameter and value in the message, as str(VLLMValidationError) does
+    (errors.ValidationError("too long", parameter="max_tokens", value=9),
+     ErrorInfo("too long (parameter=max_tokens, value=9)", "BadRequestError", "max_tokens", 400)),
+    (errors.PromptUpdateError("2 placeholders, 1 found", modality="image"),
+     ErrorInfo("2 placeholders, 1 found (parameter=image)", "BadRequestError", "image", 400)),
+    # except the body's shape and an unknown model, which vLLM words without it
+    (errors.RequestBodyError("missing required field `messages`", parameter="body.messages"),
+     ErrorInfo("missing required field `messages`", "Bad Request", "body.messages", 400)),
+    (errors.ModelNotFoundError("The model `x` does not exist.", parameter="model"),
+     ErrorInfo("The model `x` does not exist.", "NotFoundError", "model", 404)),
+    (errors.BodyTooLargeError("too large"), ErrorInfo("too large", "Request Entity Too Large", None, 413)),
+])
+def test_the_server_answers_each_error_by_its_class(error: errors.MMFrontError, answer: ErrorInfo) -> None:
+    assert error_info(error) == answer
+    assert msgspec.json.decode(error_response(error).body) == {"error": msgspec.structs.asdict(answer)}
+    assert error_response(error).status_code == answer.code

@@ -1,12 +1,19 @@
 """Every error mmfront raises on purpose, as one tree.
 
 Serving code catches :class:`MMFrontError` for "mmfront said no", and :class:`ValidationError`
-for "the request is at fault" (HTTP 400/422): that one root holds every request error and each
+for "the request is at fault" (HTTP 4xx): that one root holds every request error and each
 carries ``parameter``, the request field at fault (``None`` where no single field is), like
 vLLM's ``VLLMValidationError``. Errors also derive from the builtin a vLLM user would catch for
 the same situation, drawn in brackets, so code written against vLLM keeps working; a request
 error about a Python type is therefore both a ``ValueError`` and a ``TypeError``. Each message
 says what to do about it. This module imports nothing from mmfront, so every layer may raise.
+
+Each class also carries how an OpenAI API server answers it, ``http_status`` and ``error_type``
+(vLLM's status and error ``type`` for the same situation), set only where it differs from its
+base's: an error's answer is found along its class's bases, as Python finds any class
+attribute, and ``mmfront serve`` reads nothing else, for the request's errors and for those an
+engine reports alike. docs/troubleshooting.md is the table of them; ``tests/test_errors.py``
+checks it against the classes.
 
 The tree (``tests/test_errors.py`` checks it against the classes)::
 
@@ -16,6 +23,9 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     │   └── MissingOffsetsError
     ├── FieldConfigError [ValueError]
     ├── ValidationError [ValueError]
+    │   ├── RequestBodyError
+    │   │   └── BodyTooLargeError
+    │   ├── ModelNotFoundError
     │   ├── InputTypeError [TypeError]
     │   │   └── HashingTypeError
     │   ├── UnsupportedModalityError
@@ -28,6 +38,7 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     │       ├── MediaTooLargeError
     │       ├── MediaPathError
     │       └── MediaFetchError
+    │           └── MediaURLNotAllowedError
     ├── ModalityNotFoundError [KeyError]
     ├── MultiModalCacheMissError [RuntimeError]
     ├── CacheError [RuntimeError]
@@ -40,12 +51,14 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     │   ├── EngineDeadError
     │   └── HandshakeError
     ├── UtilityCallError [RuntimeError]
-    └── LaneError [RuntimeError]
+    ├── LaneError [RuntimeError]
+    └── GenerationError [RuntimeError]
+        └── RetryableRequestError
 
 Above :class:`ValidationError` sit the deployment's faults (configuration, a model mmfront
 cannot serve, a processor whose outputs break its own layout); below it, the request's; after
-it, a lookup the calling code got wrong, the process running out of a resource, and the cache
-and wire errors between P0 and P1.
+it, a lookup the calling code got wrong, the process running out of a resource, the cache
+and wire errors between P0 and P1, and the failures an engine reports for one request.
 """
 
 from __future__ import annotations
@@ -55,7 +68,15 @@ from collections.abc import Sequence
 
 
 class MMFrontError(Exception):
-    """Base class of every mmfront error."""
+    """Base class of every mmfront error: by default the server's fault, answered 500 as vLLM
+    answers an error it did not expect."""
+
+    http_status: int = 500
+    """The HTTP status an API server answers with (vLLM's for the same situation)."""
+    error_type: str = "InternalServerError"
+    """The OpenAI error ``type`` of that answer."""
+    parameter: str | None = None
+    """The request field at fault (the answer's ``param``); only request errors name one."""
 
 
 # --- the deployment's faults -------------------------------------------------------------------
@@ -85,10 +106,41 @@ class ValidationError(MMFrontError, ValueError):
     field at fault (as vLLM's ``VLLMValidationError`` does), so an API server can point the user
     at it; ``value`` is the offending value where it helps."""
 
+    http_status = 400
+    error_type = "BadRequestError"
+    message_names_parameter: bool = True
+    """Whether an API server's message ends with ``(parameter=..., value=...)``, as
+    ``str(VLLMValidationError)`` does."""
+
     def __init__(self, message: str, *, parameter: str | None = None, value: object = None) -> None:
         super().__init__(message)
         self.parameter = parameter
         self.value = value
+
+
+class RequestBodyError(ValidationError):
+    """The body is not JSON, not sent as ``application/json``, or does not fit the request's
+    schema (a required field missing, a wrong type): what FastAPI's ``RequestValidationError``
+    is in vLLM, answered with type ``Bad Request`` and ``parameter`` ``body`` or
+    ``body.<field>``."""
+
+    error_type = "Bad Request"
+    message_names_parameter = False
+
+
+class BodyTooLargeError(RequestBodyError):
+    """The body is larger than the server's ``max_body_bytes``; refused before it is read whole."""
+
+    http_status = 413
+    error_type = "Request Entity Too Large"
+
+
+class ModelNotFoundError(ValidationError):
+    """The request's ``model`` names no model the server serves (vLLM's ``VLLMNotFoundError``)."""
+
+    http_status = 404
+    error_type = "NotFoundError"
+    message_names_parameter = False
 
 
 class InputTypeError(ValidationError, TypeError):
@@ -125,7 +177,8 @@ class ProcessorError(ValidationError):
 
 
 class MediaError(ValidationError):
-    """Loading a media item failed. The request is at fault (HTTP 422 in an API server)."""
+    """Loading a media item failed. The request is at fault (HTTP 400, as vLLM answers media it
+    cannot load; a failed fetch is 422)."""
 
 
 class MediaDecodeError(MediaError):
@@ -145,13 +198,30 @@ class MediaPathError(MediaError):
 
 
 class MediaFetchError(MediaError):
-    """Fetching media over http(s) failed or is not allowed.
+    """Fetching media over http(s) failed or is not allowed: HTTP 422, vLLM's
+    ``VLLMUnprocessableEntityError`` for a URL it cannot fetch.
 
-    ``retryable`` is true for failures a client may retry (HTTP 5xx, 408, 429, timeouts)."""
+    ``retryable`` is true for failures a client may retry (HTTP 5xx, 408, 429, timeouts); those
+    are answered 500, as vLLM's server answers the transient fetch errors it passes through
+    untyped (and as the ``openai`` client retries)."""
+
+    http_status = 422
+    error_type = "UnprocessableEntityError"
 
     def __init__(self, message: str, *, parameter: str | None = None, retryable: bool = False) -> None:
         super().__init__(message, parameter=parameter)
         self.retryable = retryable
+        if retryable:
+            self.http_status, self.error_type = MMFrontError.http_status, MMFrontError.error_type
+
+
+class MediaURLNotAllowedError(MediaFetchError):
+    """A media URL mmfront does not fetch: fetching is disabled, its host is not in
+    ``allowed_media_domains``, or its scheme is none mmfront fetches. Refused before any
+    connection, with HTTP 400, as vLLM answers a URL outside its allowed domains or schemes."""
+
+    http_status = ValidationError.http_status
+    error_type = ValidationError.error_type
 
 
 # --- the calling code's lookups ----------------------------------------------------------------
@@ -173,7 +243,12 @@ class MultiModalCacheMissError(MMFrontError, RuntimeError):
     """P1 has no entry for items P0 sent without data (P0/P1 cache drift).
 
     Carries *every* missing hash of the request, so P0 can invalidate all of them at once and
-    resend the request with its data."""
+    resend the request with its data. ``retryable`` is true (answered 503, as vLLM answers its
+    retryable cache miss)."""
+
+    retryable = True
+    http_status = 503
+    error_type = "ServiceUnavailableError"
 
     def __init__(self, mm_hashes: Sequence[str], message: str | None = None) -> None:
         self.mm_hashes = list(mm_hashes)
@@ -199,6 +274,8 @@ class ResourceError(MMFrontError, OSError):
     :func:`resource_error` makes one from the ``OSError`` or ``MemoryError`` behind a failure."""
 
     retryable = True
+    http_status = 503
+    error_type = "ServiceUnavailableError"
 
     def __init__(self, message: str, *, resource: str = "", setting: str = "") -> None:
         super().__init__(message)
@@ -266,14 +343,21 @@ class EncodeError(MMFrontError, TypeError):
 
 
 class TransportError(MMFrontError, RuntimeError):
-    """The frontend/engine transport failed (peer gone, timeout)."""
+    """The frontend/engine transport failed (peer gone, timeout): answered 503, the engine may be
+    reachable again."""
+
+    http_status = 503
+    error_type = "ServiceUnavailableError"
 
 
 class EngineDeadError(TransportError):
     """The engine stopped answering, or restarted after the request had produced output: the
-    request cannot finish. ``retryable`` is true: send it again (vLLM's ``EngineDeadError``)."""
+    request cannot finish. ``retryable`` is true: send it again (vLLM's ``EngineDeadError``,
+    which vLLM's server answers 500)."""
 
     retryable = True
+    http_status = 500
+    error_type = "InternalServerError"
 
 
 class HandshakeError(TransportError):
@@ -296,3 +380,22 @@ class LaneError(MMFrontError, RuntimeError):
     so sending the request again processes it."""
 
     retryable = True
+    http_status = 503
+    error_type = "ServiceUnavailableError"
+
+
+# --- what an engine reports for one request ----------------------------------------------------
+
+
+class GenerationError(MMFrontError, RuntimeError):
+    """The engine failed one request for a reason of its own (vLLM's ``GenerationError``): the
+    other requests carry on, and the request is not at fault."""
+
+
+class RetryableRequestError(GenerationError):
+    """The engine failed one request for a transient reason: sending it again may pass (vLLM's
+    ``RetryableRequestError``, answered 503)."""
+
+    retryable = True
+    http_status = 503
+    error_type = "ServiceUnavailableError"

@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mmfront.errors import ConfigError
+
 _FIELD_DEFAULT: Any = object()
 
 
@@ -188,7 +190,7 @@ def check_unique(classes: Sequence[type]) -> None:
         for option in options(cls):
             for key in (option.dest, *option.names):
                 if key in seen:
-                    raise TypeError(f"{cls.__name__}.{option.dest}: {key!r} is already a flag of "
+                    raise ConfigError(f"{cls.__name__}.{option.dest}: {key!r} is already a flag of "
                                     f"{seen[key].__name__}; a command's flags need distinct fields and names")
                 seen[key] = cls
 
@@ -229,7 +231,7 @@ def replace_between(text: str, marker: str, table: str) -> str:
     start, end = f"<!-- {marker} -->\n", f"<!-- /{marker} -->"
     head, found, rest = text.partition(start)
     if not found or end not in rest:
-        raise ValueError(f"no {start.strip()} ... {end} block in the text")
+        raise ConfigError(f"no {start.strip()} ... {end} block in the text")
     return head + start + table + end + rest.split(end, 1)[1]
 
 

@@ -21,7 +21,7 @@ import preloaded
 from mmfront import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient, BlockingEngineClient
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
-from mmfront.errors import EngineDeadError
+from mmfront.errors import EngineDeadError, ValidationError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
@@ -228,3 +228,21 @@ def test_an_engine_that_never_answers_fails_requests_with_a_typed_error(gemma3_d
     client.close_blocking()
     assert isinstance(error, EngineDeadError) and error.retryable
     assert time.monotonic() - started < 30
+
+
+def test_a_request_id_already_running_is_the_requests_fault(gemma3_dir: Path) -> None:
+    """As ``EngineClient`` refuses it: a 400 naming ``request_id``, not a server error."""
+    pre = InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processor_cache_gb=0.02))
+    client = AsyncEngineClient(InputProcessor(pre), ZmqFrontendTransport("ipc"), engine_timeout_s=30)
+
+    async def main() -> None:
+        first = await client.add_request("req-0", messages((0,), 0))  # nobody is there: it stays running
+        try:
+            with pytest.raises(ValidationError, match="'req-0' is already running") as info:
+                await client.add_request("req-0", messages((1,), 0))
+            assert info.value.parameter == "request_id"
+        finally:
+            await first.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+    client.close_blocking()

@@ -252,6 +252,14 @@ ERRORS = [
      "multi_modal_data"),
     ("unknown processor kwarg", {"mm_processor_kwargs": {"do_pan_and_scn": True}}, 400, "BadRequestError",
      "mm_processor_kwargs"),
+    # a URL refused before any connection is a 400 (vLLM: a URL outside its domains); one that cannot be
+    # fetched a 422 (vLLM's VLLMUnprocessableEntityError)
+    ("media URL not allowed", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://images.example.com/cat.png"}}]}]}, 400, "BadRequestError",
+     "multi_modal_data"),
+    ("malformed media URL", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://[::g]/cat.png"}}]}]}, 422, "UnprocessableEntityError",
+     "multi_modal_data"),
 ]
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from mmfront.errors import MMFrontError, ValidationError
+from mmfront.errors import GenerationError, MediaFetchError, PromptUpdateError, RetryableRequestError, ValidationError
 from mmfront.serve.output import ChoiceOutput, IncrementalDetokenizer, WindowDetokenizer, make_detokenizer
-from mmfront.serve.protocol import chat_logprobs, completion_logprobs
+from mmfront.serve.responses import chat_logprobs, completion_logprobs
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason, RequestError
 
@@ -128,15 +128,29 @@ def test_finish_reasons_are_vllms_names(tokenizer: Any, reason: FinishReason, na
     assert (delta.finish_reason, delta.text) == (name, "Hi")
 
 
-def test_engine_errors_are_the_requests_or_the_servers(tokenizer: Any) -> None:
-    bad = EngineCoreOutput("r", [], finish_reason=FinishReason.ERROR,
-                           error=RequestError("PromptUpdateError", "placeholders do not match"))
-    with pytest.raises(ValidationError, match="placeholders do not match"):
-        choice(tokenizer).process(bad)
-    crash = EngineCoreOutput("r", [], finish_reason=FinishReason.ERROR, error=RequestError("RuntimeError", "boom"))
-    with pytest.raises(MMFrontError, match="boom") as info:
-        choice(tokenizer).process(crash)
-    assert not isinstance(info.value, ValidationError)
+def failed(error: RequestError | None) -> EngineCoreOutput:
+    return EngineCoreOutput("r", [], finish_reason=FinishReason.ERROR, error=error)
+
+
+@pytest.mark.parametrize(("error", "raised", "message"), [
+    # a request error mmfront's engine names keeps its class, so it answers as that class
+    (RequestError("PromptUpdateError", "placeholders do not match"), PromptUpdateError, "placeholders do not match"),
+    (RequestError("MediaFetchError", "HTTP 404"), MediaFetchError, "HTTP 404"),
+    # vLLM's engine calls a request it refused a validation_error
+    (RequestError("validation_error", "bad uuid"), ValidationError, "bad uuid"),
+    # anything else is the engine's: retryable when it says so or names a retryable error
+    (RequestError("RuntimeError", "boom"), GenerationError, "The engine failed the request: boom"),
+    (RequestError("engine_paused", "Generation is paused.", retryable=True), RetryableRequestError,
+     "The engine failed the request: Generation is paused."),
+    (RequestError("ResourceError", "out of memory"), RetryableRequestError, "The engine failed the request: out of memory"),
+    (RequestError("DecodeError", "truncated"), GenerationError, "The engine failed the request: truncated"),
+    (None, GenerationError, "The engine failed the request: Internal server error"),
+])
+def test_engine_errors_are_the_requests_or_the_engines(tokenizer: Any, error: RequestError | None, raised: type,
+                                                       message: str) -> None:
+    with pytest.raises(raised) as info:
+        choice(tokenizer).process(failed(error))
+    assert type(info.value) is raised and str(info.value) == message
 
 
 def test_logprobs_in_openai_shapes(tokenizer: Any) -> None:
@@ -152,16 +166,16 @@ def test_logprobs_in_openai_shapes(tokenizer: Any) -> None:
     def decode(t: int) -> str:
         return str(tokenizer.decode([t]))
 
-    content = chat_logprobs(delta.logprobs, 2, decode)["content"]
-    assert [c["token"] for c in content] == [decode(t) for t in ids]
-    assert content[0]["logprob"] == -0.1 and content[1]["logprob"] == -9999.0
-    assert content[0]["bytes"] == list(decode(ids[0]).encode())
-    assert [t["token"] for t in content[0]["top_logprobs"]] == [decode(ids[0]), decode(alt[0])]
-    assert [t["token"] for t in content[1]["top_logprobs"]] == [decode(ids[1]), decode(alt[1])]
+    content = chat_logprobs(delta.logprobs, 2, decode).content
+    assert [c.token for c in content] == [decode(t) for t in ids]
+    assert content[0].logprob == -0.1 and content[1].logprob == -9999.0
+    assert content[0].bytes == list(decode(ids[0]).encode())
+    assert [t.token for t in content[0].top_logprobs] == [decode(ids[0]), decode(alt[0])]
+    assert [t.token for t in content[1].top_logprobs] == [decode(ids[1]), decode(alt[1])]
     legacy = completion_logprobs(delta.logprobs, 1, decode, 0)
-    assert legacy["tokens"] == [decode(t) for t in ids]
-    assert legacy["text_offset"] == [0, len(decode(ids[0]))]
-    assert legacy["token_logprobs"] == [-0.1, -9999.0]
-    assert legacy["top_logprobs"] == [{decode(ids[0]): -0.1}, {decode(ids[1]): -9999.0}]
+    assert legacy.tokens == [decode(t) for t in ids]
+    assert legacy.text_offset == [0, len(decode(ids[0]))]
+    assert legacy.token_logprobs == [-0.1, -9999.0]
+    assert legacy.top_logprobs == [{decode(ids[0]): -0.1}, {decode(ids[1]): -9999.0}]
     plain = choice(tokenizer)  # logprobs not asked for: none reported, even when the engine sends some
     assert plain.process(EngineCoreOutput("r", ids, new_logprobs=[rows, logprobs, None])).logprobs is None

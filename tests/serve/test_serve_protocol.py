@@ -1,6 +1,6 @@
 """Request bodies to typed requests and ``SamplingParams`` with vLLM's defaults and checks; the
 field a malformed body gets wrong is named ``body.<field>``; ``n`` choices get seeds of their
-own; stream chunks carry only the fields vLLM sets."""
+own."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from mmfront.errors import ValidationError
 from mmfront.serve import protocol
-from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest, ResponseHead
+from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.wire import RequestOutputKind, SamplingParams
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -87,19 +87,6 @@ def test_children_get_n_1_and_their_own_seed() -> None:
     assert [(c.n, c.seed) for c in children] == [(1, 7), (1, 8), (1, 9)]
     unseeded = protocol.sampling_params(chat(n=2, temperature=0.8), max_tokens=4)
     assert protocol.child_params(unseeded, 1).seed is None
-
-
-def test_chunks_carry_vllms_fields() -> None:
-    head = ResponseHead("chatcmpl-1", 5, "m", "fp")
-    middle = protocol.chat_chunk(head, 0, "a", logprobs=None, finish_reason=None, stop_reason=None, fingerprint=True)
-    assert middle == {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 5, "model": "m",
-                      "choices": [{"index": 0, "delta": {"content": "a"}, "logprobs": None, "finish_reason": None,
-                                   "token_ids": None}], "kv_transfer_params": None}
-    last = protocol.chat_chunk(head, 0, "b", logprobs=None, finish_reason="stop", stop_reason="x", fingerprint=True)
-    assert last["choices"][0]["stop_reason"] == "x" and last["system_fingerprint"] == "fp"
-    assert list(last) == ["id", "object", "created", "model", "choices", "system_fingerprint", "kv_transfer_params"]
-    assert "system_fingerprint" not in protocol.chat_chunk(head, 0, "b", logprobs=None, finish_reason="stop",
-                                                           stop_reason=None, fingerprint=False)
 
 
 def test_more_logprobs_than_max_logprobs_are_refused_as_vllm_refuses_them() -> None:

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from mmfront.engine.client import EngineClient, RequestFailed, RequestOutput, UtilityReply
 from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
-from mmfront.errors import DecodeError, EngineDeadError, MMFrontError, TransportError, UtilityCallError
+from mmfront.errors import DecodeError, EngineDeadError, TransportError, UtilityCallError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PromptInput, RequestOptions
 from mmfront.wire import SamplingParams
@@ -186,7 +186,8 @@ class AsyncEngineClient:
         with self._lock:
             named = self._named.get(request_id)
             if named is not None and not named.abandoned:
-                raise MMFrontError(f"Request {request_id!r} is already running; use a new request id.")
+                raise ValidationError(f"Request {request_id!r} is already running; use a new request id.",
+                                      parameter="request_id")
             self._named[request_id] = stream
             self._streams[stream.engine_id] = stream
         try:

@@ -30,9 +30,9 @@ from mmfront.errors import (
     ConfigError,
     InputTypeError,
     MediaDecodeError,
-    MediaFetchError,
     MediaPathError,
     MediaTooLargeError,
+    MediaURLNotAllowedError,
     ValidationError,
     resource_error,
 )
@@ -216,8 +216,9 @@ class MediaConnector:
                 return self._http.fetch(source, timeout=timeout)
             if scheme == "file":
                 return self._read_local(_file_url_path(source), shown=describe_url(source))
-            raise MediaFetchError(f"Media URL {describe_url(source)} uses the unsupported scheme {scheme!r}; use "
-                                  "http(s)://, file://, a data: URL or base64.", parameter="multi_modal_data")
+            raise MediaURLNotAllowedError(f"Media URL {describe_url(source)} uses the unsupported scheme "
+                                          f"{scheme!r}; use http(s)://, file://, a data: URL or base64.",
+                                          parameter="multi_modal_data")
         # base64 has no '.', so a name with an extension is a path; a leading '/' is ambiguous
         # (a JPEG's base64 starts with "/9j/") and counts as a path only when it is not base64.
         if "." not in source:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, cast
 from urllib.parse import quote, urlsplit
 
-from mmfront.errors import MediaFetchError, MediaTooLargeError, MMFrontError, resource_error
+from mmfront.errors import MediaFetchError, MediaTooLargeError, MediaURLNotAllowedError, MMFrontError, resource_error
 
 _CHUNK_BYTES = 1 << 16
 _RETRYABLE_4XX = frozenset({408, 429})
@@ -73,14 +73,14 @@ def check_url_allowed(url: str, allowed: Sequence[str] | None) -> str:
     fragment). The host is matched in its ASCII (IDNA) form, the name actually resolved."""
     scheme, host, port, target = _split_url(url)
     if allowed is None:
-        raise MediaFetchError(
+        raise MediaURLNotAllowedError(
             f"Fetching media from URLs is disabled, so {describe_url(url)} cannot be loaded. Set "
             "allowed_media_domains to the hosts media may come from (e.g. ['images.example.com'], or ['*'] for any), "
             "or send the media inline as a data: URL.",
             parameter="multi_modal_data",
         )
     if not is_domain_allowed(host.strip("[]"), _ascii_patterns(tuple(allowed))):
-        raise MediaFetchError(
+        raise MediaURLNotAllowedError(
             f"The host {host!r} of media URL {describe_url(url)} is not in allowed_media_domains. Host the media on "
             "an allowed domain, send it inline as a data: URL, or add the host to allowed_media_domains.",
             parameter="multi_modal_data",
@@ -103,8 +103,8 @@ def _split_url(url: str) -> tuple[str, str, int | None, str]:
     except ValueError as exc:  # a bad IPv6 literal, a port that is not a number in 0..65535
         raise bad(str(exc)) from None
     if parts.scheme not in ("http", "https"):
-        raise MediaFetchError(f"Media URL {shown} uses the unsupported scheme {parts.scheme!r}; use "
-                              "http(s)://, file://, a data: URL or base64.", parameter="multi_modal_data")
+        raise MediaURLNotAllowedError(f"Media URL {shown} uses the unsupported scheme {parts.scheme!r}; use "
+                                      "http(s)://, file://, a data: URL or base64.", parameter="multi_modal_data")
     if "@" in parts.netloc:
         raise bad("it carries credentials (user@host), which media URLs may not; remove them")
     host = parts.hostname

@@ -16,13 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from http import HTTPStatus
-from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -35,60 +32,34 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.errors import EngineDeadError, LaneError, MMFrontError, TransportError, ValidationError
+from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
-from mmfront.serve import protocol
+from mmfront.serve import protocol, responses
+from mmfront.serve.errors import error_body
 from mmfront.serve.output import ChoiceOutput, Delta, make_detokenizer
-from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest, ResponseHead
+from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
+from mmfront.serve.responses import ENCODER, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput
 
-logger = logging.getLogger(__name__)
-
-_ENCODER = msgspec.json.Encoder()
 _DONE = b"data: [DONE]\n\n"
 
 
-class _BodyTooLarge(MMFrontError):
-    """Internal signal: the body passed ``max_body_bytes`` (answered 413)."""
-
-
-class _ModelNotFound(MMFrontError):
-    """Internal signal: ``model`` names no served model (answered 404, param ``model``)."""
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(_ENCODER.encode(body), status, headers, media_type="application/json")
+def json_response(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(ENCODER.encode(body), status, headers, media_type="application/json")
 
 
 def error_response(exc: BaseException) -> Response:
-    """``exc`` as vLLM answers it: ``{"error": {message, type, param, code}}`` with vLLM's status."""
-    param: str | None = None
-    if isinstance(exc, _ModelNotFound):
-        status, kind, message, param = 404, "NotFoundError", str(exc), "model"
-    elif isinstance(exc, _BodyTooLarge):
-        status, kind, message = 413, HTTPStatus(413).phrase, str(exc)
-    elif isinstance(exc, ValidationError):
-        status, param = 400, exc.parameter
-        shape = param is not None and (param == protocol.BODY_PARAM or param.startswith(protocol.BODY_PARAM + "."))
-        kind = "Bad Request" if shape else "BadRequestError"
-        message = str(exc)
-        if param is not None and not shape:
-            message += f" (parameter={param})" if exc.value is None else f" (parameter={param}, value={exc.value})"
-    elif isinstance(exc, (EngineDeadError, LaneError, TransportError)):
-        status, kind, message = 503, "ServiceUnavailableError", str(exc)
-    else:
-        if not isinstance(exc, MMFrontError):
-            logger.exception("Unexpected error while serving a request", exc_info=exc)
-        status, kind, message = 500, "InternalServerError", str(exc) or "Internal server error"
-    return json_response(protocol.error_body(message, kind, param, status), status)
+    """``exc`` as vLLM answers it, with the status of its class (:mod:`mmfront.serve.errors`)."""
+    body = error_body(exc)
+    return json_response(body, body.error.code)
 
 
-def _sse(chunk: Any) -> bytes:
-    return b"data: " + _ENCODER.encode(chunk) + b"\n\n"
+def _sse(chunk: msgspec.Struct) -> bytes:
+    return b"data: " + ENCODER.encode(chunk) + b"\n\n"
 
 
 class _Generation:
@@ -153,13 +124,13 @@ class _Server:
         return Response(status_code=503 if self.client.errored else 200)
 
     async def version(self, request: Request) -> Response:
-        return json_response({"version": __version__})
+        return json_response(responses.VersionResponse(__version__))
 
     async def models(self, request: Request) -> Response:
         root = str(self.settings.model)
-        cards = [protocol.model_card(name, root, self.created, self.max_model_len,
-                                     f"modelperm-{secrets.token_hex(8)}") for name in self.settings.model_names]
-        return json_response({"object": "list", "data": cards})
+        cards = [responses.model_card(name, root, self.created, self.max_model_len,
+                                      f"modelperm-{secrets.token_hex(8)}") for name in self.settings.model_names]
+        return json_response(responses.ModelList(data=cards))
 
     async def metrics_route(self, request: Request) -> Response:
         body, content_type = self.metrics.render()
@@ -180,8 +151,8 @@ class _Server:
         receives is the body."""
         media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":  # vLLM's check, before anything is read
-            return error_response(ValidationError("Unsupported Media Type: Only 'application/json' is allowed",
-                                                  parameter=protocol.BODY_PARAM))
+            return error_response(RequestBodyError("Unsupported Media Type: Only 'application/json' is allowed",
+                                                   parameter=protocol.BODY_PARAM))
         try:
             body = await _read_body(request, self.settings.max_body_bytes)
         except ClientDisconnect:
@@ -229,11 +200,11 @@ class _Server:
         finally:
             await gen.close()
         top = req.top_logprobs or 0
-        body_choices = [protocol.chat_choice(
-            i, c.text, protocol.chat_logprobs(c.logprobs, top, self._decode_token) if req.logprobs else None,
+        body_choices = [responses.chat_choice(
+            i, c.text, responses.chat_logprobs(c.logprobs, top, self._decode_token) if req.logprobs else None,
             c.finish_reason, c.stop_reason) for i, c in enumerate(choices)]
-        usage = protocol.usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
-        return json_response(protocol.chat_response(head, body_choices, usage), headers=headers)
+        usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
+        return json_response(responses.chat_response(head, body_choices, usage), headers=headers)
 
     async def _completions(self, request: Request, body: bytes) -> Response:
         req: CompletionRequest = protocol.decode_request(body, CompletionRequest)
@@ -257,12 +228,12 @@ class _Server:
         finally:
             await gen.close()
         top = req.logprobs or 0
-        body_choices = [protocol.completion_choice(
+        body_choices = [responses.completion_choice(
             i, c.text,
-            protocol.completion_logprobs(c.logprobs, top, self._decode_token, 0) if req.logprobs is not None else None,
+            responses.completion_logprobs(c.logprobs, top, self._decode_token, 0) if req.logprobs is not None else None,
             c.finish_reason, c.stop_reason) for i, c in enumerate(choices)]
-        usage = protocol.usage(sum(lengths), sum(len(c.token_ids) for c in choices))
-        return json_response(protocol.completion_response(head, body_choices, usage), headers=headers)
+        usage = responses.usage(sum(lengths), sum(len(c.token_ids) for c in choices))
+        return json_response(responses.completion_response(head, body_choices, usage), headers=headers)
 
     # --- the pieces -----------------------------------------------------------------------------
 
@@ -271,8 +242,8 @@ class _Server:
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model not in self.settings.model_names:
-            raise _ModelNotFound(f"The model `{model}` does not exist. Valid aliases: "
-                                f"{', '.join(self.settings.model_names)}.")
+            raise ModelNotFoundError(f"The model `{model}` does not exist. Valid aliases: "
+                                     f"{', '.join(self.settings.model_names)}.", parameter="model")
 
     def _max_tokens(self, requested: int | None, prompt_tokens: int) -> int | None:
         """vLLM's ``get_max_tokens``: at most what the context leaves after the prompt."""
@@ -369,24 +340,24 @@ class _Server:
                            req: ChatCompletionRequest, prompt_tokens: int) -> AsyncIterator[bytes]:
         with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
 
-        def so_far(tokens: int) -> dict[str, Any] | None:
-            return protocol.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
+        def so_far(tokens: int) -> UsageInfo | None:
+            return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
 
         try:
             for i in range(len(choices)):
-                yield _sse(protocol.chat_role_chunk(head, i, so_far(0)))
+                yield _sse(responses.chat_role_chunk(head, i, so_far(0)))
             async for i, delta in self._deltas(gen, choices):
-                logprobs = (protocol.chat_logprobs(delta.logprobs or [], req.top_logprobs or 0, self._decode_token)
+                logprobs = (responses.chat_logprobs(delta.logprobs or [], req.top_logprobs or 0, self._decode_token)
                             if req.logprobs else None)
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
-                yield _sse(protocol.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
-                                               stop_reason=delta.stop_reason, fingerprint=not with_usage,
-                                               usage_info=so_far(len(choices[i].token_ids))))
+                yield _sse(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
+                                                stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                                                usage_info=so_far(len(choices[i].token_ids))))
             if with_usage:
-                usage = protocol.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
-                yield _sse(protocol.usage_chunk(head, "chat.completion.chunk", usage))
+                usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
+                yield _sse(responses.chat_usage_chunk(head, usage))
         except Exception as e:
-            yield _sse(msgspec.json.decode(error_response(e).body))
+            yield _sse(error_body(e))
         finally:
             await gen.close()
         yield _DONE
@@ -400,20 +371,20 @@ class _Server:
             async for i, delta in self._deltas(gen, choices):
                 logprobs = None
                 if req.logprobs is not None:
-                    logprobs = protocol.completion_logprobs(delta.logprobs or [], req.logprobs, self._decode_token,
-                                                            offsets[i])
-                    offsets[i] += sum(len(t) for t in logprobs["tokens"])
-                so_far = (protocol.usage(prompt_lengths[i], len(choices[i].token_ids), details=False) if running
+                    logprobs = responses.completion_logprobs(delta.logprobs or [], req.logprobs, self._decode_token,
+                                                             offsets[i])
+                    offsets[i] += sum(len(t) for t in logprobs.tokens)
+                so_far = (responses.usage(prompt_lengths[i], len(choices[i].token_ids), details=False) if running
                           else None)
-                yield _sse(protocol.completion_chunk(
+                yield _sse(responses.completion_chunk(
                     head, i, delta.text, logprobs=logprobs, finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far))
             if with_usage:
-                usage = protocol.usage(sum(prompt_lengths[::max(req.n or 1, 1)]),
-                                       sum(len(c.token_ids) for c in choices), details=False)
-                yield _sse(protocol.usage_chunk(head, "text_completion", usage))
+                usage = responses.usage(sum(prompt_lengths[::max(req.n or 1, 1)]),
+                                        sum(len(c.token_ids) for c in choices), details=False)
+                yield _sse(responses.completion_usage_chunk(head, usage))
         except Exception as e:
-            yield _sse(msgspec.json.decode(error_response(e).body))
+            yield _sse(error_body(e))
         finally:
             await gen.close()
         yield _DONE
@@ -427,13 +398,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
     before anything is read, a chunked body as it arrives."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _BodyTooLarge(f"The request body ({declared} bytes) is larger than the server's limit of {limit} bytes.")
+        raise BodyTooLargeError(f"The request body ({declared} bytes) is larger than the server's limit of {limit} bytes.")
     parts: list[bytes] = []
     size = 0
     async for part in request.stream():
         size += len(part)
         if size > limit:
-            raise _BodyTooLarge(f"The request body is larger than the server's limit of {limit} bytes.")
+            raise BodyTooLargeError(f"The request body is larger than the server's limit of {limit} bytes.")
         parts.append(part)
     return b"".join(parts)
 
@@ -467,7 +438,7 @@ class _ApiKey:
         if scope["type"] == "http" and scope.get("method") != "OPTIONS":
             path = scope["path"].removeprefix(scope.get("root_path", ""))
             if path.startswith("/v1") and not self._valid(scope):
-                await json_response({"error": "Unauthorized"}, 401)(scope, receive, send)
+                await json_response(responses.UnauthorizedResponse(), 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -481,7 +452,7 @@ class _ApiKey:
 async def _http_error(request: Request, exc: Exception) -> Response:
     """Unknown routes and methods answer as FastAPI does (``{"detail": ...}``), as vLLM's do."""
     assert isinstance(exc, HTTPException)
-    return json_response({"detail": exc.detail}, exc.status_code, dict(exc.headers or {}))
+    return json_response(responses.HTTPErrorResponse(exc.detail), exc.status_code, dict(exc.headers or {}))
 
 
 def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:

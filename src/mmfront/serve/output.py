@@ -28,7 +28,7 @@ from typing import Any
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
-from mmfront.errors import MMFrontError, ValidationError
+from mmfront.serve.errors import engine_error
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
@@ -229,30 +229,6 @@ class ChoiceOutput:
         return delta
 
 
-_VALIDATION_ERRORS: dict[str, type[ValidationError]] = {}
-
-
-def _validation_error_names() -> dict[str, type[ValidationError]]:
-    if not _VALIDATION_ERRORS:
-        pending: list[type[ValidationError]] = [ValidationError]
-        while pending:
-            cls = pending.pop()
-            _VALIDATION_ERRORS[cls.__name__] = cls
-            pending.extend(cls.__subclasses__())
-    return _VALIDATION_ERRORS
-
-
-def engine_error(output: EngineCoreOutput) -> MMFrontError:
-    """The error an engine's ``FinishReason.ERROR`` output stands for: a request error it names
-    (mmfront's engine reports the class of what it raised) is the request's fault; anything
-    else, the server's (vLLM answers both with 500 "Internal server error")."""
-    error = output.error
-    if error is not None and error.code in _validation_error_names():
-        return ValidationError(error.message)
-    message = error.message if error is not None else "Internal server error"
-    return MMFrontError(f"The engine failed the request: {message}")
-
-
 __all__ = [
     "LOGPROB_FLOOR",
     "PROMPT_PRIMING_TOKENS",
@@ -261,7 +237,6 @@ __all__ = [
     "IncrementalDetokenizer",
     "TokenLogprob",
     "WindowDetokenizer",
-    "engine_error",
     "make_detokenizer",
     "token_logprobs",
 ]

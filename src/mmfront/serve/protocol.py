@@ -1,26 +1,20 @@
-"""The OpenAI request bodies ``vllm serve`` takes, decoded with msgspec, and the responses it
-writes, field for field.
+"""The OpenAI request bodies ``vllm serve`` takes, decoded with msgspec, and the engine's
+``SamplingParams`` made from them (the responses: :mod:`mmfront.serve.responses`).
 
 Bodies are decoded straight into typed structs (msgspec: one pass, no intermediate dicts);
 fields a client sends that vLLM does not know are ignored, as vLLM ignores them. A body that
-does not fit raises :class:`~mmfront.errors.ValidationError` naming ``body.<field>`` (vLLM's
-``param`` for request-shape errors). Responses are plain dicts in vLLM's key order with the
-keys vLLM's pydantic models write: the whole model for a response (``null`` included), only the
-fields it sets for a stream chunk, so a client that compares them with ``vllm serve``'s sees
-the same fields.
+does not fit raises :class:`~mmfront.errors.RequestBodyError` naming ``body.<field>`` (vLLM's
+``param`` for request-shape errors).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from mmfront.errors import ValidationError
-from mmfront.serve.output import LOGPROB_FLOOR, TokenLogprob
+from mmfront.errors import RequestBodyError, ValidationError
 from mmfront.wire import RequestOutputKind, SamplingParams
 
 
@@ -89,12 +83,12 @@ _AT = re.compile(r" - at `\$(?P<path>[^`]*)`")
 
 BODY_PARAM = "body"
 """The ``param`` of an error in the body's shape (JSON, a missing field, a wrong type), or its
-prefix (``body.messages``): vLLM answers these with type ``Bad Request``."""
+prefix (``body.messages``): a :class:`~mmfront.errors.RequestBodyError`, type ``Bad Request``."""
 
 
 def decode_request(body: bytes, cls: type[Any]) -> Any:
     """``body`` as a ``cls`` request; a body that does not fit raises
-    :class:`~mmfront.errors.ValidationError` whose ``parameter`` is :data:`BODY_PARAM` or
+    :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
     ``body.<field>``."""
     try:
         request = _DECODERS[cls].decode(body)
@@ -107,9 +101,9 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
             param = BODY_PARAM + re.sub(r"\[(\d+)\]", r".\1", at["path"])
         else:
             param = BODY_PARAM
-        raise ValidationError(message, parameter=param) from e
+        raise RequestBodyError(message, parameter=param) from e
     except msgspec.DecodeError as e:
-        raise ValidationError(f"JSON decode error: {e}", parameter=BODY_PARAM) from e
+        raise RequestBodyError(f"JSON decode error: {e}", parameter=BODY_PARAM) from e
     if request.stream_options is not None and not request.stream:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
     if isinstance(request, CompletionRequest):
@@ -226,181 +220,16 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
     return msgspec.structs.replace(params, n=1, seed=seed)
 
 
-# --- responses ------------------------------------------------------------------------------------
-
-
-def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True, completion_details: bool = False,
-          ) -> dict[str, Any]:
-    """vLLM's ``UsageInfo`` as its responses write it: ``details`` (a whole response) adds both
-    ``*_details`` as ``null``; ``completion_details`` (a chat chunk's running usage) only the one
-    vLLM sets."""
-    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                           "completion_tokens": completion_tokens}
-    if details:
-        out.update(prompt_tokens_details=None, completion_tokens_details=None)
-    elif completion_details:
-        out["completion_tokens_details"] = None
-    return out
-
-
-def chat_logprobs(entries: Sequence[TokenLogprob], top_logprobs: int, decode: Any) -> dict[str, Any]:
-    """OpenAI's chat ``logprobs``: per token its text, logprob, UTF-8 bytes and the top ones."""
-
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        token = decode(token_id)
-        return {"token": token, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": list(token.encode("utf-8", "replace"))}
-
-    limit = max(top_logprobs, 0)
-    return {"content": [{**entry(e.token_id, e.logprob), "top_logprobs": [entry(t, lp) for t, lp in e.top[:limit]]}
-                        for e in entries]}
-
-
-def completion_logprobs(entries: Sequence[TokenLogprob], top_logprobs: int, decode: Any,
-                        text_offset: int) -> dict[str, Any]:
-    """OpenAI's legacy completion ``logprobs`` (tokens, token_logprobs, top_logprobs, text_offset)."""
-    tokens, offsets = [], []
-    for e in entries:
-        offsets.append(text_offset)
-        token = decode(e.token_id)
-        tokens.append(token)
-        text_offset += len(token)
-    return {"text_offset": offsets, "token_logprobs": [max(e.logprob, LOGPROB_FLOOR) for e in entries],
-            "tokens": tokens,
-            "top_logprobs": [{decode(t): max(lp, LOGPROB_FLOOR) for t, lp in e.top[:max(top_logprobs, 0)]}
-                             for e in entries]}
-
-
-def chat_choice(index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None,
-                stop_reason: int | str | None) -> dict[str, Any]:
-    return {"index": index,
-            "message": {"role": "assistant", "content": text, "refusal": None, "annotations": None, "audio": None,
-                        "function_call": None, "reasoning": None},
-            "logprobs": logprobs, "finish_reason": finish_reason, "stop_reason": stop_reason, "token_ids": None,
-            "routed_experts": None, "weight_versions": None}
-
-
-def completion_choice(index: int, text: str, logprobs: dict[str, Any] | None, finish_reason: str | None,
-                      stop_reason: int | str | None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-            "stop_reason": stop_reason, "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None,
-            "routed_experts": None, "weight_versions": None}
-
-
-@dataclass(frozen=True)
-class ResponseHead:
-    """What every response and chunk of one request starts with."""
-
-    id: str
-    created: int
-    model: str
-    fingerprint: str
-
-
-def chat_response(head: ResponseHead, choices: list[dict[str, Any]], usage_info: dict[str, Any]) -> dict[str, Any]:
-    return {"id": head.id, "object": "chat.completion", "created": head.created, "model": head.model,
-            "choices": choices, "service_tier": None, "system_fingerprint": head.fingerprint, "usage": usage_info,
-            "prompt_logprobs": None, "prompt_token_ids": None, "prompt_text": None, "kv_transfer_params": None,
-            "ec_transfer_params": None, "metrics": None}
-
-
-def completion_response(head: ResponseHead, choices: list[dict[str, Any]], usage_info: dict[str, Any],
-                        ) -> dict[str, Any]:
-    return {"id": head.id, "object": "text_completion", "created": head.created, "model": head.model,
-            "choices": choices, "service_tier": None, "system_fingerprint": head.fingerprint, "usage": usage_info,
-            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
-
-
-def chat_role_chunk(head: ResponseHead, index: int, usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A stream's first chunk per choice: the role, and empty content."""
-    chunk = {"id": head.id, "object": "chat.completion.chunk", "created": head.created, "model": head.model,
-             "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}]}
-    if usage_info is not None:
-        chunk["usage"] = usage_info
-    return {**chunk, "prompt_token_ids": None, "prompt_text": None}
-
-
-def _chunk_end(chunk: dict[str, Any], head: ResponseHead, finish_reason: str | None, fingerprint: bool,
-               usage_info: dict[str, Any] | None) -> dict[str, Any]:
-    if usage_info is not None:
-        chunk["usage"] = usage_info
-    if fingerprint and finish_reason is not None:
-        chunk["system_fingerprint"] = head.fingerprint
-    chunk["kv_transfer_params"] = None
-    return chunk
-
-
-def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: dict[str, Any] | None,
-               finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
-               usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A content chunk; the finishing one carries ``finish_reason`` and ``stop_reason`` (and, with
-    ``fingerprint``, when no usage chunk follows, the fingerprint). ``text`` None: a choice that
-    ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``)."""
-    choice: dict[str, Any] = {"index": index, "delta": {} if text is None else {"content": text},
-                              "logprobs": logprobs, "finish_reason": finish_reason}
-    if finish_reason is None:
-        choice["token_ids"] = None
-    else:
-        choice.update(stop_reason=stop_reason, token_ids=None, weight_versions=None)
-    chunk = {"id": head.id, "object": "chat.completion.chunk", "created": head.created, "model": head.model,
-             "choices": [choice]}
-    return _chunk_end(chunk, head, finish_reason, fingerprint, usage_info)
-
-
-def completion_chunk(head: ResponseHead, index: int, text: str, *, logprobs: dict[str, Any] | None,
-                     finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
-                     usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
-    chunk = {"id": head.id, "object": "text_completion", "created": head.created, "model": head.model,
-             "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                          "stop_reason": stop_reason, "prompt_token_ids": None, "token_ids": None,
-                          "weight_versions": None}]}
-    return _chunk_end(chunk, head, finish_reason, fingerprint, usage_info)
-
-
-def usage_chunk(head: ResponseHead, obj: str, usage_info: dict[str, Any]) -> dict[str, Any]:
-    """The last chunk with ``stream_options.include_usage``: no choices, the usage."""
-    return {"id": head.id, "object": obj, "created": head.created, "model": head.model, "choices": [],
-            "usage": usage_info, "system_fingerprint": head.fingerprint}
-
-
-def model_card(name: str, root: str, created: int, max_model_len: int | None, permission_id: str) -> dict[str, Any]:
-    """One ``/v1/models`` entry, as vLLM lists it."""
-    return {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": root, "parent": None,
-            "max_model_len": max_model_len,
-            "permission": [{"id": permission_id, "object": "model_permission", "created": created,
-                            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                            "organization": "*", "group": None, "is_blocking": False}]}
-
-
-def error_body(message: str, error_type: str, param: str | None, code: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-
-
 __all__ = [
     "BODY_PARAM",
     "ChatCompletionRequest",
     "CompletionRequest",
-    "ResponseHead",
     "StreamOptions",
-    "chat_choice",
-    "chat_chunk",
-    "chat_logprobs",
-    "chat_response",
-    "chat_role_chunk",
     "check_logprobs",
     "child_params",
-    "completion_choice",
-    "completion_chunk",
-    "completion_logprobs",
-    "completion_response",
     "continuous_usage",
     "decode_request",
-    "error_body",
     "include_usage",
-    "model_card",
     "prompts",
     "sampling_params",
-    "usage",
-    "usage_chunk",
 ]

@@ -1,0 +1,78 @@
+"""Errors as ``vllm serve`` answers them: ``{"error": {message, type, param, code}}``.
+
+An error's status and ``type`` are its class's (``http_status`` and ``error_type`` in
+:mod:`mmfront.errors`, found along the class's bases); ``param`` is its ``parameter``. The same
+classes answer the errors an engine reports for one request (:func:`engine_error`), so a status
+has one home whichever side raised. An exception that is no :class:`~mmfront.errors.MMFrontError`
+is a bug: it is logged and answered 500, as vLLM answers what it did not expect.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from mmfront.errors import GenerationError, MMFrontError, RetryableRequestError, ValidationError
+from mmfront.wire.structs import EngineCoreOutput
+
+logger = logging.getLogger(__name__)
+
+
+class ErrorInfo(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorResponse(msgspec.Struct):
+    """vLLM's error body."""
+
+    error: ErrorInfo
+
+VLLM_VALIDATION_CODE = "validation_error"
+"""The ``code`` vLLM's engine gives a request it refused as invalid (``RequestError``)."""
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """``exc`` as vLLM's ``ErrorInfo``: the status and ``type`` of its class, its ``parameter``."""
+    if not isinstance(exc, MMFrontError):
+        logger.exception("Unexpected error while serving a request", exc_info=exc)
+        return ErrorInfo(str(exc) or "Internal server error", MMFrontError.error_type, None, MMFrontError.http_status)
+    message = str(exc) or "Internal server error"
+    if isinstance(exc, ValidationError) and exc.message_names_parameter and exc.parameter is not None:
+        message += (f" (parameter={exc.parameter})" if exc.value is None
+                    else f" (parameter={exc.parameter}, value={exc.value})")
+    return ErrorInfo(message, exc.error_type, exc.parameter, exc.http_status)
+
+
+def error_body(exc: BaseException) -> ErrorResponse:
+    return ErrorResponse(error_info(exc))
+
+
+def _error_classes(root: type[MMFrontError] = MMFrontError) -> dict[str, type[MMFrontError]]:
+    found = {root.__name__: root}
+    for sub in root.__subclasses__():
+        found.update(_error_classes(sub))
+    return found
+
+
+def engine_error(output: EngineCoreOutput) -> MMFrontError:
+    """The error an engine's ``FinishReason.ERROR`` output stands for. mmfront's engine names the
+    class of what it raised and vLLM's names ``validation_error`` for an invalid request: those
+    are the request's fault, raised as that class. Anything else is the engine's: a
+    :class:`~mmfront.errors.RetryableRequestError` where the engine says a retry may pass (or
+    names a retryable class), else a :class:`~mmfront.errors.GenerationError`, as vLLM's
+    ``RequestError.to_exception`` does."""
+    error = output.error
+    if error is None:
+        return GenerationError("The engine failed the request: Internal server error")
+    named = ValidationError if error.code == VLLM_VALIDATION_CODE else _error_classes().get(error.code)
+    if named is not None and issubclass(named, ValidationError):
+        return named(error.message)
+    retryable = error.retryable or bool(getattr(named, "retryable", False))
+    return (RetryableRequestError if retryable else GenerationError)(f"The engine failed the request: {error.message}")
+
+
+__all__ = ["VLLM_VALIDATION_CODE", "ErrorInfo", "ErrorResponse", "engine_error", "error_body", "error_info"]
