@@ -34,7 +34,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from mmfront.demo import DemoRequest, generate_workload
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
+from mmfront.network import get_open_port
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 from mmfront.wire import SamplingParams
@@ -100,12 +100,6 @@ def _expected_tokens(request: DemoRequest) -> list[int]:
     images = sum(1 for message in request.messages if isinstance(message["content"], list)
                  for part in message["content"] if part.get("type") == "image_url")
     return [1000 + 10 * images + k for k in range(request.max_tokens)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _launch_engine(python: Path, model: Path, address: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -159,7 +153,7 @@ def _run_mmfront(python: Path, model: Path, work: Workload, folder: Path) -> Sid
     with log_path.open("wb") as log:
         started = time.time()
         transport = ZmqFrontendTransport("tcp")
-        handshake = FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", _free_port()))
+        handshake = FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", get_open_port()))
         engine = _launch_engine(python, model, handshake.address, log)
         preprocessor: InputPreprocessor | None = None
         client: AsyncEngineClient | None = None
@@ -208,7 +202,7 @@ def _watch(peer: subprocess.Popen[str], engine: subprocess.Popen[bytes], done: t
 
 
 def _run_vllm(python: Path, model: Path, work: Workload, folder: Path) -> Side:
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{get_open_port()}"
     peer_log, engine_log = folder / "peer-vllm.log", folder / "engine-vllm.log"
     with peer_log.open("wb") as peer_err, engine_log.open("wb") as log:
         peer = subprocess.Popen([str(python), str(REPO / "benchmarks" / "peer" / "vllm_link.py"), str(model), address],

@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,7 @@ from mmfront.engine.client import EngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
 from mmfront.engine.transports import BaseTransport
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
+from mmfront.network import get_open_port, get_open_ports_list
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
@@ -85,17 +85,6 @@ class Pass(NamedTuple):
 class Served(NamedTuple):
     new: Pass
     repeated: Pass
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _launch_engine(python: Path, model: Path, address: str, log: IO[bytes]) -> subprocess.Popen[bytes]:
@@ -186,7 +175,7 @@ def _bench_serve(python: Path, model: Path, base: str, seed: int, prompts: int, 
 
 
 def _run_server(side: str, python: Path, model: Path, seed: int, prompts: int, folder: Path) -> Served:
-    rpc, port = _free_ports(2)
+    rpc, port = get_open_ports_list(2)
     base = f"http://127.0.0.1:{port}"
     tag = side.replace(" ", "-").replace(",", "")
     engine_log, server_log, bench_log = (folder / f"{tag}-{seed}-{name}.log" for name in ("engine", "server", "bench"))
@@ -255,7 +244,7 @@ def _pump(transport: ZmqFrontendTransport, requests: list[tuple[str, list[Any]]]
 def _run_ceiling(python: Path, model: Path, seed: int, prompts: int, folder: Path) -> tuple[float, float]:
     log_path = folder / f"ceiling-{seed}-engine.log"
     transport = ZmqFrontendTransport("tcp")
-    handshake = FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", _free_ports(1)[0]))
+    handshake = FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", get_open_port()))
     with log_path.open("wb") as log:
         engine = _launch_engine(python, model, handshake.address, log)
         preprocessor: InputPreprocessor | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from _harness import Report, median_time
 from mmfront.errors import PromptUpdateError
-from mmfront.models.gemma3 import make_gemma3_tokenizer
+from mmfront.fixtures.models.gemma3 import make_gemma3_tokenizer
 from mmfront.processing._matching import apply_prompt_updates, apply_token_matches, find_mm_placeholders
 from mmfront.processing.updates import PromptReplacement, PromptUpdateDetails
 

@@ -1,5 +1,5 @@
-"""What several test modules start inside a test: a loopback HTTP server, and a fresh interpreter
-that measures one image decode's peak memory."""
+"""What several test modules start inside a test: a loopback HTTP server, a fresh interpreter that
+measures one image decode's peak memory, a worker, and an in-memory transport end (:class:`Inbox`)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mmfront.engine.transports import BaseTransport
 from preloaded import Preloaded, popen
 
 
@@ -116,17 +118,15 @@ def caller_id(engine_id: str) -> str:
     return caller
 
 
-class Inbox:
+class Inbox(BaseTransport):
     """An in-memory transport end: hands out the messages it was given, in order, and records
-    what is sent (tests that drive a receiver message by message)."""
+    what is sent (tests that drive a receiver or a client message by message)."""
 
     def __init__(self, *messages: list[Any]) -> None:
-        from collections import deque
-
         self.inbox = deque(messages)
         self.sent: list[list[Any]] = []
 
-    def send(self, frames: Any) -> None:
+    def send(self, frames: Sequence[Any]) -> None:
         self.sent.append(list(frames))
 
     def recv(self, timeout: float | None = None) -> list[Any] | None:

@@ -38,7 +38,7 @@ from typing import IO, Any
 _PRELOAD = [  # mmfront first: its torchvision and torchaudio shims must be in place before either imports
     "mmfront", "torch", "transformers", "transformers.processing_utils", "transformers.image_processing_utils",
     "mmfront.cli", "mmfront.preprocess", "mmfront.engine.worker", "mmfront.engine.receiver",
-    "mmfront.engine.runner", "mmfront.models.gemma3",
+    "mmfront.engine.runner", "mmfront.models.gemma3", "mmfront.fixtures.models.gemma3",
 ]
 CONTEXT = multiprocessing.get_context("forkserver")
 """Also for tests that start their own ``multiprocessing`` children: the same preloaded forks."""

@@ -6,6 +6,12 @@
 * No private name crosses a package: a module whose name starts with ``_`` is imported only from
   its own package, and a ``_name`` is imported only from a module of the same package. What
   another package needs is public, in one home.
+* Product code imports no test code: outside ``mmfront.testing`` and ``mmfront.fixtures``, the
+  only import of either is the public fixtures API (``mmfront.testing.api``), by the two commands
+  that run on fixtures (``mmfront demo``, ``mmfront models``); and the text ``mmfront.testing``
+  appears nowhere else in ``src/mmfront``. The layer contract in ``pyproject.toml`` puts the two
+  packages above every product layer but ``cli`` and ``demo``; this says which of their names
+  those two may use.
 
 The import graph is read from the source (``ast``), so nothing is imported to check it.
 """
@@ -151,12 +157,94 @@ def private_imports() -> list[str]:
     return list(dict.fromkeys(out))
 
 
+TEST_CODE = ("mmfront.testing", "mmfront.fixtures")
+PUBLIC_FIXTURES_API = "mmfront.testing.api"
+FIXTURE_USERS = ("mmfront.cli", "mmfront.demo")
+"""The product modules that run on fixtures by design, through :data:`PUBLIC_FIXTURES_API`."""
+
+
+def imports_of_test_code() -> list[str]:
+    """Each import of test code by a product module, but the fixture users' imports of the public
+    fixtures API, as ``importer:line imports module``."""
+    modules = _modules()
+    out: list[str] = []
+    for imp in _imports(modules):
+        if any(_inside(imp.importer, package) for package in TEST_CODE):
+            continue
+        if not any(_inside(imp.module, package) for package in TEST_CODE):
+            continue
+        if imp.module == PUBLIC_FIXTURES_API and imp.importer in FIXTURE_USERS:
+            continue
+        out.append(f"{imp.importer}:{imp.line} imports {imp.module}")
+    return list(dict.fromkeys(out))
+
+
+def mentions_of_mmfront_testing() -> list[str]:
+    """Each line of ``src/mmfront`` outside ``testing/`` naming ``mmfront.testing`` (what
+    ``grep -rn mmfront.testing src/mmfront`` finds), but the fixture users' imports of the public
+    fixtures API, as ``path:line``."""
+    root = SRC / ROOT
+    allowed = {f"{user.rpartition('.')[2]}.py" for user in FIXTURE_USERS}
+    out: list[str] = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "testing" not in p.relative_to(root).parts[:1]):
+        for n, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), 1):
+            if "mmfront.testing" not in line:
+                continue
+            if path.parent == root and path.name in allowed and f"from {PUBLIC_FIXTURES_API} import " in line:
+                continue
+            out.append(f"{path.relative_to(root)}:{n}")
+    return out
+
+
 def test_there_is_no_import_cycle_not_even_a_lazy_or_type_only_one() -> None:
     assert import_cycles() == []
 
 
 def test_no_private_module_or_name_is_imported_across_packages() -> None:
     assert private_imports() == []
+
+
+def test_product_code_imports_no_test_code_but_the_public_fixtures_api() -> None:
+    assert imports_of_test_code() == []
+
+
+def test_product_code_names_mmfront_testing_only_in_the_public_fixtures_api_imports() -> None:
+    assert mentions_of_mmfront_testing() == []
+
+
+@pytest.mark.parametrize(("importer", "source", "expected"), [
+    ("engine/x.py", "from mmfront.fixtures.bpe import make_tokenizer\n",
+     ["mmfront.engine.x:1 imports mmfront.fixtures.bpe"]),
+    ("engine/x.py", "def f():\n    from mmfront.testing.api import make_image\n",
+     ["mmfront.engine.x:2 imports mmfront.testing.api"]),
+    ("demo.py", "from mmfront.testing.media import make_image\n", ["mmfront.demo:1 imports mmfront.testing.media"]),
+    ("demo.py", "from mmfront.testing.api import make_image\n", []),
+    ("testing/other.py", "from mmfront.fixtures.bpe import make_tokenizer\n", []),
+])
+def test_the_test_code_check_sees_a_product_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, importer: str,
+                                                  source: str, expected: list[str]) -> None:
+    tree = tmp_path / ROOT
+    for package in ("", "engine", "testing", "fixtures"):
+        (tree / package).mkdir(parents=True, exist_ok=True)
+        (tree / package / "__init__.py").write_text("")
+    for module in ("testing/api.py", "testing/media.py", "fixtures/bpe.py"):
+        (tree / module).write_text("def make_image(): ...\n")
+    (tree / importer).write_text(source)
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    assert imports_of_test_code() == expected
+
+
+def test_the_mention_check_sees_a_product_line_naming_mmfront_testing(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / ROOT
+    (tree / "engine").mkdir(parents=True)
+    (tree / "testing").mkdir()
+    (tree / "testing" / "models.py").write_text('"""mmfront.testing.models"""\n')
+    (tree / "demo.py").write_text("from mmfront.testing.api import make_image\n# mmfront.testing.media\n")
+    (tree / "cli.py").write_text("def f():\n    from mmfront.testing.api import survey_all\n")
+    (tree / "engine" / "runner.py").write_text('MESSAGE = "build it with mmfront.testing"\n')
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    assert mentions_of_mmfront_testing() == ["demo.py:2", "engine/runner.py:1"]
 
 
 @pytest.mark.parametrize(("source", "expected"), [

@@ -16,8 +16,8 @@ from mmfront.chat import parse_chat_messages
 from mmfront.engine.client import EngineClient
 from mmfront.engine.transports import BaseTransport
 from mmfront.errors import ChatFormatError, ValidationError
+from mmfront.fixtures.models.glmasr import GLMASR_CHAT_TEMPLATE
 from mmfront.media import DecodeBudget, MediaConnector
-from mmfront.models.glmasr import GLMASR_CHAT_TEMPLATE
 from mmfront.models.registry import create_processor
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, wav_bytes

@@ -1,5 +1,6 @@
-"""mmfront.testing: offline model folders round-trip through AutoProcessor, and the exact
-tokenization and expansion facts other tests build on. Runs under transformers 5.24 and 5.14.1."""
+"""mmfront.testing and mmfront.fixtures: the fixture catalog finds every kind, offline model folders
+round-trip through AutoProcessor, and the exact tokenization and expansion facts other tests build
+on. Runs under transformers 5.24 and 5.14.1."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import threading
 import wave
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,11 @@ from PIL import Image
 from transformers import AutoProcessor, ProcessorMixin
 
 from mmfront.errors import ConfigError, InputTypeError, ValidationError
-from mmfront.models.emu3 import make_emu3_processor, make_emu3_tokenizer
-from mmfront.models.gemma3 import (
+from mmfront.fixtures import catalog as fixture_catalog
+from mmfront.fixtures.catalog import fixture_kinds, register_fixtures
+from mmfront.fixtures.models.emu3 import make_emu3_processor, make_emu3_tokenizer
+from mmfront.fixtures.models.gemma3 import (
+    GEMMA3_FIXTURES,
     GEMMA3_PREPROCESSOR,
     GEMMA3_REAL_IDS,
     GEMMA3_VOCAB_SIZE,
@@ -35,9 +40,9 @@ from mmfront.models.gemma3 import (
     make_gemma3_processor,
     make_gemma3_tokenizer,
 )
-from mmfront.models.glmasr import make_glmasr_processor, make_glmasr_tokenizer
-from mmfront.models.idefics3 import make_idefics3_processor, make_idefics3_tokenizer
-from mmfront.models.qwen2_audio import make_qwen2_audio_processor, make_qwen2_audio_tokenizer
+from mmfront.fixtures.models.glmasr import make_glmasr_processor, make_glmasr_tokenizer
+from mmfront.fixtures.models.idefics3 import make_idefics3_processor, make_idefics3_tokenizer
+from mmfront.fixtures.models.qwen2_audio import make_qwen2_audio_processor, make_qwen2_audio_tokenizer
 from mmfront.testing import models
 from mmfront.testing.media import image_data_url, make_audio, make_image, make_raw_image, wav_bytes
 from mmfront.testing.models import (
@@ -187,6 +192,29 @@ def test_unknown_kind_and_size_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"'emu3' takes no size \['image_size'\]"):
         build_model_folder("emu3", tmp_path, image_size=32)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_fixture_catalog_finds_every_fixture_module_by_scanning_the_package() -> None:
+    kinds = fixture_kinds()
+    assert sorted(kinds) == ["emu3", "gemma3", "gemma3-896", "glmasr", "idefics3", "llava_onevision", "qwen2_5_vl",
+                             "qwen2_audio"]
+    assert kinds["gemma3-896"] is GEMMA3_FIXTURES["gemma3-896"]
+    assert kinds["gemma3-896"].build is make_gemma3_896_processor
+
+
+def test_register_fixtures_refuses_a_kind_declared_twice_or_not_a_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_kinds()
+    monkeypatch.setattr(fixture_catalog, "_KINDS", dict(fixture_kinds()))
+    new = replace(GEMMA3_FIXTURES["gemma3"], sizes=())
+    with pytest.raises(ConfigError, match=r"fixture kind 'gemma3' already declared by another module \(declared "
+                                          r"kinds: \['emu3', 'gemma3', "):
+        register_fixtures({"new": new, "gemma3": new})
+    with pytest.raises(InputTypeError, match=r"register_fixtures takes a ModelKind for each kind name, got "
+                                             r"'gemma3' for 'new'"):
+        register_fixtures({"new": "gemma3"})  # type: ignore[dict-item]
+    assert "new" not in fixture_kinds()
+    assert register_fixtures({"new": new}) == {"new": new}
+    assert fixture_kinds()["new"] is new
 
 
 # --------------------------------------------------------------------------------------------------

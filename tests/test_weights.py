@@ -12,7 +12,7 @@ import transformers
 from safetensors.torch import load_file
 
 from mmfront.errors import ConfigError
-from mmfront.models.catalog import fixture_kinds
+from mmfront.fixtures.catalog import fixture_kinds
 from mmfront.testing import models
 from mmfront.testing.media import make_audio, make_image
 from mmfront.testing.models import build_model_folder, cached_model_dir, load_processor
@@ -139,7 +139,7 @@ def test_cached_folders_with_weights_are_built_once_apart_from_the_processor_onl
 
 def test_write_weights_takes_a_dtype_and_a_seed(gemma3_weights_dir: Path, tmp_path: Path) -> None:
     from mmfront.engine.runner import ModelRunner
-    from mmfront.models.gemma3 import make_gemma3_processor
+    from mmfront.fixtures.models.gemma3 import make_gemma3_processor
     from mmfront.testing.weights import write_weights
 
     processor = make_gemma3_processor()

@@ -134,7 +134,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     import tempfile
 
-    from mmfront.testing.coverage import HOOKED_PROCESSORS, render_table, replace_table, survey_all
+    from mmfront.testing.api import HOOKED_PROCESSORS, render_table, replace_table, survey_all
 
     names = args.only or list(HOOKED_PROCESSORS)
     unknown = sorted(set(names) - set(HOOKED_PROCESSORS))

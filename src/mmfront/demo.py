@@ -22,7 +22,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,9 +35,9 @@ from typing import Any
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import ConfigError
+from mmfront.network import get_open_port
 from mmfront.preprocess import InputPreprocessor
-from mmfront.testing.media import image_data_url, make_image
-from mmfront.testing.models import DEFAULT_MODEL_KIND, cached_model_dir
+from mmfront.testing.api import DEFAULT_MODEL_KIND, cached_model_dir, image_data_url, make_image
 from mmfront.timing import STAGES
 
 IN_FLIGHT = 8
@@ -113,12 +112,6 @@ def read_workload(path: Path) -> list[DemoRequest]:
 # --- the server ---------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
     """``mmfront serve`` in a child process; its output goes to a file, read when it stops."""
@@ -176,7 +169,7 @@ class Server:
 
 def start_server(model_dir: Path, cache: str, lanes: int | None, engine: str | None) -> Server:
     """``mmfront serve`` on a free loopback port, as a user starts it."""
-    port = _free_port()
+    port = get_open_port()
     command = [sys.executable, "-m", "mmfront.cli", "serve", str(model_dir), "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", MODEL_NAME, "--uvicorn-log-level", "warning",
                "--mm-processor-cache-gb", "0" if cache == "none" else "1"]

@@ -21,7 +21,7 @@ import transformers
 
 from mmfront import InputPreprocessor, InputProcessor
 from mmfront.engine.runner import ModelRunner
-from mmfront.models.catalog import fixture_kinds
+from mmfront.fixtures.catalog import fixture_kinds
 from mmfront.testing.media import image_data_url, make_audio, make_image, wav_bytes
 from mmfront.testing.models import load_processor
 from mmfront.wire import EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, SamplingParams

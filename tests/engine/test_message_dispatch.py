@@ -5,18 +5,19 @@ kind sent the wrong way is refused by name."""
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import mmfront.engine.client as client_module
 import mmfront.engine.receiver as receiver_module
+from local_services import Inbox
 from mmfront import MultiModalConfig
 from mmfront.engine.client import EngineClient
 from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver
-from mmfront.engine.transports import BaseTransport, ZmqEngineTransport, ZmqFrontendTransport
+from mmfront.engine.transports import ZmqEngineTransport, ZmqFrontendTransport
 from mmfront.errors import DecodeError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
 from mmfront.preprocess import InputPreprocessor, InputProcessor
@@ -99,23 +100,8 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     yield calls
 
 
-class Inbox(BaseTransport):
-    def __init__(self, messages: Sequence[list[Any]]) -> None:
-        self.inbox = deque(messages)
-        self.sent: list[list[Any]] = []
-
-    def send(self, frames: Sequence[Any]) -> None:
-        self.sent.append(list(frames))
-
-    def recv(self, timeout: float | None = None) -> list[Any] | None:
-        return self.inbox.popleft() if self.inbox else None
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_engine_receiver_decodes_each_envelope_once(decodes: Counter[str]) -> None:
-    transport = Inbox(TO_ENGINE)
+    transport = Inbox(*TO_ENGINE)
     receiver = EngineCoreReceiver(transport, None)
     assert [r.request_id for r in receiver.poll()] == ["r"]
     assert receiver.decode_errors == 0 and receiver.take_aborted() == ["r"]
@@ -127,7 +113,7 @@ def test_the_engine_receiver_decodes_each_envelope_once(decodes: Counter[str]) -
 
 
 def test_the_engine_refuses_every_reply_kind_by_name() -> None:
-    transport = Inbox(TO_FRONTEND)
+    transport = Inbox(*TO_FRONTEND)
     receiver = EngineCoreReceiver(transport, None)
     assert receiver.poll() == [] and receiver.decode_errors == len(TO_FRONTEND)
     refusals = [MsgpackDecoder(EngineCoreOutputs).decode(frames[2:]).utility_output for frames in transport.sent[1:]]
@@ -139,7 +125,7 @@ def test_the_engine_refuses_every_reply_kind_by_name() -> None:
 
 def test_the_client_decodes_each_reply_once_and_handles_every_kind(decodes: Counter[str]) -> None:
     config = MultiModalConfig(mm_processor_cache_gb=64 / 2**30)
-    client = EngineClient(InputProcessor(InputPreprocessor("toy", config, processor=toy(config))), Inbox([]))
+    client = EngineClient(InputProcessor(InputPreprocessor("toy", config, processor=toy(config))), Inbox())
     for frames in TO_FRONTEND:
         assert client.handle_reply(frames) == []  # nothing in flight: every reply is for no one
     assert client.ranks[0].epoch == 1

@@ -244,7 +244,7 @@ def test_a_feature_without_data_the_encoder_never_saw_fails_its_request(runner: 
 
 
 def test_a_folder_without_weights_is_refused_with_the_fix(gemma3_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="with_weights=True"):
+    with pytest.raises(ConfigError, match=r"needs the model's weights \(model\.safetensors\) beside its config\.json"):
         ModelRunner(gemma3_dir)
 
 

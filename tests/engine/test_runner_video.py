@@ -17,8 +17,8 @@ from runner_cases import DEVICE, run, wire_round_trip
 from markers import NEEDS_TORCHVISION, VIDEO_SERVED
 from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.runner import ModelRunner
+from mmfront.fixtures.catalog import fixture_kinds
 from mmfront.media import DecodeBudget, load_video_bytes
-from mmfront.models.catalog import fixture_kinds
 from mmfront.testing.media import image_data_url, make_image, make_video
 from mmfront.testing.models import build_model_folder, load_processor
 from mmfront.wire import SamplingParams

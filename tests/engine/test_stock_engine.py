@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.errors import EngineDeadError
+from mmfront.network import get_open_port
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 from mmfront.wire import SamplingParams
@@ -51,12 +51,6 @@ pytestmark = [pytest.mark.slow,
 
 POOL = [image_data_url(make_image(40 + 8 * i, 32 + 4 * i, seed=i)) for i in range(5)]
 STARTUP_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def chat(images: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -82,7 +76,7 @@ def start_stock(tmp_path: Path, ranks: int = 1, **env: str) -> Stock:
     the handshake."""
     assert PEER is not None and MODEL is not None
     pre = InputPreprocessor(MODEL, MultiModalConfig())
-    port = free_port()
+    port = get_open_port()
     transport = ZmqFrontendTransport("tcp")
     trace = tmp_path / "trace.jsonl"
     handshake = FrontendHandshake(transport, DataParallelConfig(ranks, 0, "127.0.0.1", port))

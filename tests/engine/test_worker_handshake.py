@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from mmfront.engine.runner import ModelRunner
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
 from mmfront.engine.worker import run_worker
 from mmfront.errors import EngineDeadError
+from mmfront.network import get_open_port
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.wire import SamplingParams
 from mmfront.wire.handshake import EXTRA_ADMITTED, EXTRA_HEARTBEAT, EXTRA_MIRROR
@@ -88,9 +88,7 @@ def _start_worker(model_dir: Path, port: int) -> preloaded.Preloaded:
 def _meet(model_dir: Path) -> tuple[AsyncEngineClient, preloaded.Preloaded, InputPreprocessor]:
     pre = InputPreprocessor(model_dir, MultiModalConfig(mm_processor_cache_gb=0.02))
     transport = ZmqFrontendTransport("tcp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = get_open_port()
     with FrontendHandshake(transport, DataParallelConfig(1, 0, "127.0.0.1", port)) as handshake:
         worker = _start_worker(model_dir, port)
         [info] = handshake.wait(120)

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 
-import local_services
+from local_services import Inbox
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.transports import BaseTransport, fd_channel
 from mmfront.engine.transports.zmq import ZmqEngineTransport, ZmqFrontendTransport
@@ -49,10 +49,6 @@ class Flood(BaseTransport):
 
     def close(self) -> None:
         pass
-
-
-class Inbox(local_services.Inbox, BaseTransport):
-    pass
 
 
 def test_a_flooding_frontend_does_not_hold_back_another_frontends_request() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from multiprocessing import Pipe
 from typing import Any
 
@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 
+from local_services import Inbox
 from mmfront import MultiModalConfig
 from mmfront.cache.mirror import MirrorDelivery, MirroredReceiverCache, chain_digest, initial_digest
 from mmfront.engine.client import EngineClient
 from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver, serve_pipe
-from mmfront.engine.transports import BaseTransport, PipeTransport
+from mmfront.engine.transports import PipeTransport
 from mmfront.errors import DecodeError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
 from mmfront.preprocess import InputPreprocessor, InputProcessor
@@ -66,23 +67,6 @@ def text_request(request_id: str, *features: MultiModalFeatureSpec) -> EngineCor
 
 def forged(kind: bytes, raw_stamp: bytes, body: Any) -> list[Any]:
     return [kind, raw_stamp, *ENC.encode(body)]
-
-
-class Inbox(BaseTransport):
-    """Messages for an engine, queued by the test; what the engine sends is kept."""
-
-    def __init__(self, *messages: list[Any]) -> None:
-        self.inbox = deque(messages)
-        self.sent: list[list[Any]] = []
-
-    def send(self, frames: Sequence[Any]) -> None:
-        self.sent.append(list(frames))
-
-    def recv(self, timeout: float | None = None) -> list[Any] | None:
-        return self.inbox.popleft() if self.inbox else None
-
-    def close(self) -> None:
-        self.inbox.clear()
 
 
 # --- every field checked ------------------------------------------------------------------------

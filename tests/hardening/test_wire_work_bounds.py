@@ -17,7 +17,6 @@ import local_services
 from mmfront import MultiModalConfig
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.engine.receiver import DEFAULT_MAX_MM_FEATURES, EngineCoreReceiver, EngineReceiver, mm_feature_limit
-from mmfront.engine.transports import BaseTransport
 from mmfront.errors import ConfigError, DecodeError
 from mmfront.inputs import MultiModalFeatureSpec, MultiModalKwargsItem, PlaceholderRange
 from mmfront.wire import Frame
@@ -46,7 +45,9 @@ def one_tensor_everywhere(request_id: str, count: int, stamp: MirrorStamp | None
     return encode_envelope(REQUEST, [msgspec.msgpack.encode(body), *frames[1:]], stamp)
 
 
-class Inbox(local_services.Inbox, BaseTransport):
+class Inbox(local_services.Inbox):
+    """What the engine answered: each utility call's failure message."""
+
     def failures(self) -> list[str]:
         out = []
         for frames in self.sent:

@@ -1,6 +1,7 @@
-"""Adding a model is one module: a throwaway model, written into a folder that joins
-``mmfront.models``' search path, is found by the catalog's scan with everything it declares
-(processor and info, a config option, its offline fixture, its reference encoder), and serves a
+"""Adding a model is one module, and its fixture one more: a throwaway model, written into a folder
+that joins ``mmfront.models``' search path, is found by the catalog's scan with everything it
+declares (processor and info, a config option, its reference encoder), its fixture module, written
+into a folder on ``mmfront.fixtures.models``' path, by the fixture catalog's scan; and it serves a
 request through ``InputPreprocessor`` from the folder its own fixture builder made. Nothing else
 in mmfront names it (CONTRIBUTING.md, "Adding a model")."""
 
@@ -15,6 +16,7 @@ import pytest
 
 from mmfront import InputPreprocessor, MultiModalConfig
 from mmfront.errors import ConfigError
+from mmfront.fixtures import catalog as fixture_catalog
 from mmfront.models import catalog
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import make_image
@@ -29,9 +31,6 @@ from typing import Any
 import torch
 
 from mmfront.config import ModelOption
-from mmfront.fixtures.bpe import make_tokenizer
-from mmfront.fixtures.kinds import ModelKind
-from mmfront.fixtures.processors import image_processor_class
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel
@@ -69,16 +68,6 @@ class ThrowawayProcessor(BaseMultiModalProcessor):
         return [PromptReplacement("image", [image], [image] * count)]
 
 
-def make_throwaway_processor(image_size: int = 16) -> Any:
-    from transformers import LlavaNextProcessor
-
-    tokenizer = make_tokenizer(["<image>"], bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    image_processor = image_processor_class("clip", "CLIPImageProcessor")(
-        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
-    return LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
-                          vision_feature_select_strategy="default", image_token="<image>")
-
-
 def encode_images(model: Any, modality: str, kwargs: Any, features: Sequence[Any]) -> list[torch.Tensor]:
     return [torch.zeros(4, 8) for _ in features]
 
@@ -89,35 +78,66 @@ THROWAWAY = register_model(ModelSpec(
     processor=ThrowawayProcessor,
     info=ThrowawayInfo,
     options=(TOKENS_PER_IMAGE,),
-    fixtures={"throwaway": ModelKind("llava_next", "LlavaNextForConditionalGeneration", "float32",
-                                     make_throwaway_processor, ("image_size",))},
     reference=ReferenceModel(encode_images),
 ))
 '''
 
+FIXTURE_MODULE = '''
+"""The throwaway model's offline fixture: a tiny LLaVA-NeXT processor."""
+
+from typing import Any
+
+from mmfront.fixtures.bpe import make_tokenizer
+from mmfront.fixtures.catalog import register_fixtures
+from mmfront.fixtures.kinds import ModelKind
+from mmfront.fixtures.processors import image_processor_class
+
+
+def make_throwaway_processor(image_size: int = 16) -> Any:
+    from transformers import LlavaNextProcessor
+
+    tokenizer = make_tokenizer(["<image>"], bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    image_processor = image_processor_class("clip", "CLIPImageProcessor")(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+    return LlavaNextProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
+                          vision_feature_select_strategy="default", image_token="<image>")
+
+
+THROWAWAY_FIXTURES = register_fixtures({
+    "throwaway": ModelKind("llava_next", "LlavaNextForConditionalGeneration", "float32", make_throwaway_processor,
+                           ("image_size",)),
+})
+'''
+
 NAME = "mmfront.models.throwaway"
+FIXTURE_NAME = "mmfront.fixtures.models.throwaway"
 
 
 @pytest.fixture
 def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    """The module written into its own folder on ``mmfront.models.__path__``; the catalog's
-    tables and the path are restored afterwards."""
+    """The model module written into its own folder on ``mmfront.models.__path__``, its fixture
+    module into one on ``mmfront.fixtures.models.__path__``; the catalogs' tables and the paths are
+    restored afterwards."""
     catalog.model_specs()  # the built-in modules first, so the copies below hold them
+    fixture_catalog.fixture_kinds()
     for table in ("_NATIVE", "_NATIVE_BY_MODEL_TYPE", "_MODELS"):
         monkeypatch.setattr(catalog, table, dict(getattr(catalog, table)))
-    folder = tmp_path / "models"
-    folder.mkdir()
-    (folder / "throwaway.py").write_text(MODULE, encoding="utf-8")
+    monkeypatch.setattr(fixture_catalog, "_KINDS", dict(fixture_catalog._KINDS))
+    import mmfront.fixtures.models
     import mmfront.models
 
-    monkeypatch.setattr(mmfront.models, "__path__", [*mmfront.models.__path__, str(folder)])
-    assert "llava_next" in catalog.model_specs()  # found by the scan, nothing else told
+    for package, source in ((mmfront.models, MODULE), (mmfront.fixtures.models, FIXTURE_MODULE)):
+        folder = tmp_path / package.__name__
+        folder.mkdir()
+        (folder / "throwaway.py").write_text(source, encoding="utf-8")
+        monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
+    assert "llava_next" in catalog.model_specs()  # found by the scans, nothing else told
+    assert "throwaway" in fixture_catalog.fixture_kinds()
     yield sys.modules[NAME]
-    del sys.modules[NAME]
+    del sys.modules[NAME], sys.modules[FIXTURE_NAME]
 
 
 def test_one_module_declares_and_serves_a_model(throwaway: ModuleType, tmp_path: Path) -> None:
-    assert "throwaway" in catalog.fixture_kinds()
     folder = build_model_folder("throwaway", tmp_path / "folder")  # the module's own fixture builder
     pre = InputPreprocessor(folder)
     assert type(pre.processor) is throwaway.ThrowawayProcessor
@@ -145,7 +165,8 @@ def test_an_option_no_model_declares_is_refused(gemma3_dir: Path) -> None:
 
 
 def test_a_name_declared_twice_is_refused(throwaway: ModuleType) -> None:
-    spec = throwaway.THROWAWAY
-    with pytest.raises(ConfigError, match=r"model type 'llava_next', option 'throwaway_tokens_per_image', fixture kind "
-                                          r"'throwaway' of 'llava_next' already declared"):
-        catalog.register_model(spec)
+    with pytest.raises(ConfigError, match=r"model type 'llava_next', option 'throwaway_tokens_per_image' of "
+                                          r"'llava_next' already declared"):
+        catalog.register_model(throwaway.THROWAWAY)
+    with pytest.raises(ConfigError, match=r"fixture kind 'throwaway' already declared by another module"):
+        fixture_catalog.register_fixtures(sys.modules[FIXTURE_NAME].THROWAWAY_FIXTURES)

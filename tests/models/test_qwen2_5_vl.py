@@ -14,7 +14,7 @@ from vision_cases import check_placeholders, hf_call, images, item, prompt
 
 from markers import NEEDS_TORCHVISION
 from mmfront import MultiModalConfig, create_processor
-from mmfront.models.qwen2_5_vl import QWEN2_VL_CHAT_TEMPLATE
+from mmfront.fixtures.models.qwen2_5_vl import QWEN2_VL_CHAT_TEMPLATE
 from mmfront.testing.models import build_model_folder, load_processor
 
 pytestmark = [pytest.mark.backend, NEEDS_TORCHVISION]
@@ -83,7 +83,7 @@ def test_chat_prompt_equals_hf_chat_template(folder: Path, hf: Any) -> None:
 
 
 def test_weights_config_is_the_real_architecture_at_tiny_sizes(hf: Any) -> None:
-    from mmfront.models.catalog import fixture_kinds
+    from mmfront.fixtures.catalog import fixture_kinds
 
     kind = fixture_kinds()["qwen2_5_vl"]
     assert kind.weights_config is not None

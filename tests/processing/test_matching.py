@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfront.errors import PromptUpdateError
-from mmfront.models.gemma3 import make_gemma3_tokenizer
+from mmfront.fixtures.models.gemma3 import make_gemma3_tokenizer
 from mmfront.processing._matching import (
     PromptTargetMatch,
     apply_prompt_updates,

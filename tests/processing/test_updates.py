@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mmfront.errors import ConfigError, InputTypeError
+from mmfront.fixtures.models.gemma3 import make_gemma3_tokenizer
 from mmfront.inputs import PlaceholderRange
-from mmfront.models.gemma3 import make_gemma3_tokenizer
 from mmfront.processing import updates as updates_mod
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,

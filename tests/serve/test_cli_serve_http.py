@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from mmfront.network import get_open_port
 from mmfront.testing.media import image_data_url, make_image
 
 openai = pytest.importorskip("openai")
@@ -55,15 +55,9 @@ class Running:
         return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(gemma3_weights_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    port = free_port()
+    port = get_open_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with log.open("wb") as out:
         process = subprocess.Popen(

@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from mmfront.network import get_open_port
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
@@ -32,12 +32,6 @@ PEER_DIR = Path(__file__).resolve().parents[3] / "shared" / "peer"
 NO_PEER = PEER is None or PEER_MODEL is None or not PEER_DIR.is_dir()
 REQUESTS = 15
 """Odd, so the two servers' counts differ and each shows as its own value."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def descendants(pid: int) -> list[int]:
@@ -69,7 +63,7 @@ def per_server(url: str, name: str, connections: int = 40) -> set[float]:
 @pytest.mark.parametrize("engine", ["local mmfront worker", pytest.param("headless vllm engine", marks=[
     pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)])])
 def test_two_api_servers_share_the_port_and_the_engine(gemma3_weights_dir: Path, tmp_path: Path, engine: str) -> None:
-    port = free_port()
+    port = get_open_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
     model = gemma3_weights_dir if engine == "local mmfront worker" else PEER_MODEL
@@ -77,7 +71,7 @@ def test_two_api_servers_share_the_port_and_the_engine(gemma3_weights_dir: Path,
     flags = []
     headless: subprocess.Popen[bytes] | None = None
     if engine == "headless vllm engine":
-        rpc_port = free_port()
+        rpc_port = get_open_port()
         flags = ["--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port",
                  str(rpc_port)]
         assert PEER is not None

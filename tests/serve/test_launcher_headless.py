@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import pytest
 
 from mmfront import MultiModalConfig
 from mmfront.engine.handshake import DataParallelConfig
+from mmfront.network import get_open_port
 from mmfront.serve.launcher import Frontend, start_frontend
 from mmfront.serve.settings import ServePlan, ServeSettings
 from mmfront.testing.media import image_data_url, make_image
@@ -39,12 +39,6 @@ CHAT: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "image_url",
                                                            {"type": "text", "text": "What is this?"}]}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def engine_command(kind: str, model: Path, port: int) -> tuple[list[str], Path | None]:
     if kind == "mmfront worker":
         return [sys.executable, "-m", "mmfront.cli", "worker", str(model), "--data-parallel-address", "127.0.0.1",
@@ -58,7 +52,7 @@ def engine_command(kind: str, model: Path, port: int) -> tuple[list[str], Path |
 def test_with_no_local_engine_it_waits_for_a_headless_one(gemma3_weights_dir: Path, kind: str) -> None:
     model = gemma3_weights_dir if kind == "mmfront worker" else PEER_MODEL
     assert model is not None
-    port = free_port()
+    port = get_open_port()
     plan = ServePlan(ServeSettings(model), MultiModalConfig(mm_processor_cache_gb=0.02, mm_processing_lanes=0),
                      DataParallelConfig(1, 0, "127.0.0.1", port), engine_ready_timeout_s=280)
     started: list[Frontend | BaseException] = []

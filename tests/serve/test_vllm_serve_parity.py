@@ -52,7 +52,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -64,6 +63,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mmfront.network import get_open_ports_list
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
@@ -122,19 +122,11 @@ class Side:
             process.wait(30)
 
 
-def free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-
-
 def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path) -> Side:
     """A stock engine (headless, tcp handshake) and ``server`` (an argv prefix taking the shared
     serve flags) pointed at each other through a free rpc port."""
     assert PEER is not None and MODEL is not None
-    rpc, port = free_ports(2)
+    rpc, port = get_open_ports_list(2)
     side = Side(name, f"http://127.0.0.1:{port}", {"engine": folder / f"{name}.engine.log",
                                                     "server": folder / f"{name}.server.log"})
     vllm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -157,8 +157,9 @@ class ModelRunner:
         try:
             model = model_class.from_pretrained(str(model_dir), dtype=load_dtype, local_files_only=True)
         except OSError as exc:
-            raise ConfigError(f"Could not load weights from {str(model_dir)!r} ({exc}); a folder of "
-                              "mmfront.testing needs build_model_folder(..., with_weights=True).") from exc
+            raise ConfigError(f"Could not load weights from {str(model_dir)!r} ({exc}); the reference engine needs "
+                              "the model's weights (model.safetensors) beside its config.json, as a checkpoint "
+                              "ships them.") from exc
         self.model = model.to(self.device).eval()
         self.dtype: torch.dtype = self.model.dtype
         text_config = config.get_text_config()

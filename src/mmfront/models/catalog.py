@@ -21,7 +21,6 @@ from typing import TypeVar
 
 from mmfront.config import ModelOption
 from mmfront.errors import ConfigError, InputTypeError
-from mmfront.fixtures.kinds import ModelKind
 from mmfront.models.spec import ModelSpec, PromptLayout, PromptOutput, ReferenceModel
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
@@ -140,8 +139,8 @@ def register_model(spec: ModelSpec) -> ModelSpec:
     """Register everything ``spec`` declares; a model module calls it once, when imported.
 
     Its processor (if any) serves its HF processor class and model type, as with
-    :func:`register_processor`; its options, fixture kinds and reference encoder become what
-    :func:`model_options`, :func:`fixture_kinds` and :func:`reference_model` find. A name
+    :func:`register_processor`; its options and reference encoder become what
+    :func:`model_options` and :func:`reference_model` find. A name
     another model already declared raises :class:`ConfigError`, before anything is registered."""
     if not isinstance(spec, ModelSpec):
         raise InputTypeError(f"register_model takes a ModelSpec, got {spec!r}.")
@@ -153,7 +152,6 @@ def register_model(spec: ModelSpec) -> ModelSpec:
         raise InputTypeError(f"ModelSpec.info takes a BaseProcessingInfo subclass, got {spec.info!r}.")
     clashes = [f"model type {spec.model_type!r}"] if spec.model_type in _MODELS else []
     clashes += [f"option {o.name!r}" for o in spec.options if o.name in _options_of(_MODELS)]
-    clashes += [f"fixture kind {k!r}" for k in spec.fixtures if k in _kinds_of(_MODELS)]
     if clashes:
         raise ConfigError(f"register_model: {', '.join(clashes)} of {spec.model_type!r} already declared by another "
                           f"model (declared model types: {sorted(_MODELS)}); declare each name once.")
@@ -202,18 +200,9 @@ def _options_of(specs: Mapping[str, ModelSpec]) -> dict[str, ModelOption]:
     return {o.name: o for spec in specs.values() for o in spec.options}
 
 
-def _kinds_of(specs: Mapping[str, ModelSpec]) -> dict[str, ModelKind]:
-    return {name: kind for spec in specs.values() for name, kind in spec.fixtures.items()}
-
-
 def model_options() -> dict[str, ModelOption]:
     """Every ``MultiModalConfig.model_options`` key a model declares, by name."""
     return _options_of(model_specs())
-
-
-def fixture_kinds() -> dict[str, ModelKind]:
-    """Every offline folder kind a model module declares, by kind name."""
-    return _kinds_of(model_specs())
 
 
 def reference_model(model_type: str) -> ReferenceModel | None:

@@ -19,9 +19,8 @@ covers exactly the merged tokens holding its item. When two images are back to b
 gives both ranges that token, so they overlap by one).
 
 The module also declares the rest of what mmfront needs of Gemma 3 (:data:`GEMMA3`): the
-``max_pan_and_scan_crops`` deployment option, the offline ``gemma3`` and ``gemma3-896`` fixtures
-(tokenizer, processor, ``config.json`` keys and random-weight config) and the reference engine's
-image encoder.
+``max_pan_and_scan_crops`` deployment option and the reference engine's image encoder. Its offline
+``gemma3`` and ``gemma3-896`` fixtures are :mod:`mmfront.fixtures.models.gemma3`'s.
 """
 
 from __future__ import annotations
@@ -35,10 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from mmfront.config import ModelOption
-from mmfront.errors import ConfigError, ValidationError
-from mmfront.fixtures.bpe import BPEModel, byte_bpe_model, byte_token, make_tokenizer
-from mmfront.fixtures.kinds import TEXT_TOWER, VISION_TOWER, ModelKind, special_token_ids
-from mmfront.fixtures.processors import ImageBackend, image_processor_class
+from mmfront.errors import ValidationError
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
@@ -57,7 +53,7 @@ from mmfront.processing.updates import (
 )
 
 if TYPE_CHECKING:
-    from transformers import Gemma3Config, Gemma3Processor, PreTrainedTokenizerFast
+    pass
 
 _BILINEAR = 2
 _IMAGE_KWARGS_MEMO = 64
@@ -379,184 +375,6 @@ def _plan_newline_merges(
     return merges
 
 
-# --- offline fixtures (mmfront.testing builds and caches the folders) ---------------------------
-
-GEMMA3_CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
-    "<start_of_turn>{{ role }}\n"
-    "{% if message['content'] is string %}{{ message['content'] | trim }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'image' %}<start_of_image>"
-    "{% elif item['type'] == 'text' %}{{ item['text'] | trim }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "<end_of_turn>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
-
-#: special tokens of every Gemma3 tokenizer here, and the attributes they back
-GEMMA3_SPECIAL_TOKENS = ("<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>")
-GEMMA3_EXTRA_SPECIAL_TOKENS = {
-    "image_token": "<image_soft_token>",
-    "boi_token": "<start_of_image>",
-    "eoi_token": "<end_of_image>",
-}
-
-#: Gemma 3's real ids for its special and newline tokens (``<mask>`` fills id 4 as in Gemma 3).
-GEMMA3_REAL_IDS = {
-    "<pad>": 0,
-    "<eos>": 1,
-    "<bos>": 2,
-    "<unk>": 3,
-    "<mask>": 4,
-    "<start_of_turn>": 105,
-    "<end_of_turn>": 106,
-    "\n": 107,
-    "\n\n": 108,
-    "\n\n\n": 109,
-    "\n\n\n\n": 110,
-    "<start_of_image>": 255999,
-    "<end_of_image>": 256000,
-    "<image_soft_token>": 262144,
-}
-#: Gemma 3's vocabulary size (262144 text tokens + ``<image_soft_token>``).
-GEMMA3_VOCAB_SIZE = 262145
-
-#: Gemma 3's real ``preprocessor_config.json`` values (``size`` aside, which is the builder's).
-GEMMA3_PREPROCESSOR: dict[str, Any] = {
-    "do_convert_rgb": True,
-    "do_resize": True,
-    "resample": 2,
-    "do_rescale": True,
-    "rescale_factor": 1 / 255,
-    "do_normalize": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "do_pan_and_scan": False,
-    "pan_and_scan_min_crop_size": 256,
-    "pan_and_scan_max_num_crops": 4,
-    "pan_and_scan_min_ratio_to_activate": 1.2,
-}
-
-
-def gemma3_real_bpe() -> BPEModel:
-    """The vocabulary of :func:`~mmfront.fixtures.bpe.byte_bpe_model` with every
-    :data:`GEMMA3_REAL_IDS` token at its real id, padded with ``<unusedN>`` to
-    :data:`GEMMA3_VOCAB_SIZE` so vocab-size costs (``get_vocab``, id validation, tokenizer load)
-    are realistic. The other tokens fill the free ids from 0 up in their ``byte_bpe_model`` order."""
-    base = byte_bpe_model(newline_runs=True)
-    vocab = {byte_token(t) if t.startswith("\n") else t: i for t, i in GEMMA3_REAL_IDS.items()}
-    taken = set(vocab.values())
-    free = (i for i in range(GEMMA3_VOCAB_SIZE) if i not in taken)
-    for token in sorted(base.vocab, key=base.vocab.__getitem__):
-        if token not in vocab:
-            vocab[token] = next(free)
-    vocab.update({f"<unused{n}>": i for n, i in enumerate(free)})
-    return BPEModel(vocab, base.merges)
-
-
-def make_gemma3_tokenizer(bpe: BPEModel | None = None) -> PreTrainedTokenizerFast:
-    """Gemma-style tokenizer: prepends ``<bos>``, and runs of 2, 3 and 4 newlines are single
-    tokens. ``bpe`` swaps in another vocabulary (the real-id one of the ``gemma3-896`` fixture)."""
-    return make_tokenizer(
-        list(GEMMA3_SPECIAL_TOKENS),
-        bos_token="<bos>",
-        eos_token="<eos>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        extra_special_tokens=GEMMA3_EXTRA_SPECIAL_TOKENS,
-        add_bos=True,
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        newline_runs=True,
-        bpe=bpe,
-    )
-
-
-def make_gemma3_processor(
-    image_size: int = 32,
-    image_seq_length: int = 16,
-    backend: ImageBackend = "auto",
-    *,
-    tokenizer: PreTrainedTokenizerFast | None = None,
-    image_processor_kwargs: dict[str, Any] | None = None,
-) -> Gemma3Processor:
-    """Gemma3Processor: real values are 896x896 images and image_seq_length=256.
-
-    The text placeholder is ``<start_of_image>`` (boi); each image expands to
-    ``"\\n\\n<start_of_image>" + "<image_soft_token>" * image_seq_length + "<end_of_image>\\n\\n"``.
-    Pan-and-scan crops are enabled per call with ``do_pan_and_scan=True`` (and, for
-    tiny images, a small ``pan_and_scan_min_crop_size``).
-    """
-    from transformers import Gemma3Processor
-
-    cls = image_processor_class("gemma3", "Gemma3ImageProcessor", backend)
-    image_processor = cls(size={"height": image_size, "width": image_size}, **(image_processor_kwargs or {}))
-    return Gemma3Processor(
-        image_processor=image_processor,
-        tokenizer=tokenizer or make_gemma3_tokenizer(),
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        image_seq_length=image_seq_length,
-    )
-
-
-def make_gemma3_896_processor(image_size: int = 896, image_seq_length: int = 256) -> Gemma3Processor:
-    """Gemma3Processor at Gemma 3's real sizes, preprocessor values and token ids (vocabulary of
-    262145 from :func:`gemma3_real_bpe`): the benchmarks' and demo's model."""
-    return make_gemma3_processor(
-        image_size,
-        image_seq_length,
-        tokenizer=make_gemma3_tokenizer(gemma3_real_bpe()),
-        image_processor_kwargs=GEMMA3_PREPROCESSOR,
-    )
-
-
-def _config_keys(processor: Any) -> Mapping[str, Any]:
-    """The token indices and image size vLLM's Gemma3 model reads from ``config.json``."""
-    tok = processor.tokenizer
-    return {
-        "boi_token_index": tok.boi_token_id,
-        "eoi_token_index": tok.eoi_token_id,
-        "image_token_index": tok.image_token_id,
-        "mm_tokens_per_image": processor.image_seq_length,
-        "vision_config": {"image_size": processor.image_processor.size["height"]},
-    }
-
-
-def _weights_config(processor: Any, *, tie: bool) -> Gemma3Config:
-    """A sliding-window layer (window 16, shorter than a prompt) and a global one; SigLIP patches
-    pooled 2x2 by the projector into ``image_seq_length`` tokens, as the real model pools 64x64
-    patches into 256. ``gemma3-896`` ties its embeddings: its 262145-token vocabulary is what
-    makes that model large."""
-    from transformers import Gemma3Config
-
-    tok = processor.tokenizer
-    image_size = processor.image_processor.size["height"]
-    side = math.isqrt(processor.image_seq_length)
-    if side * side != processor.image_seq_length or image_size % (2 * side):
-        raise ConfigError(
-            f"Gemma 3 weights need image_seq_length a square number (got {processor.image_seq_length}) and "
-            f"image_size divisible by twice its root (got {image_size}): the projector pools 2x2 patches.")
-    return Gemma3Config(
-        text_config={**TEXT_TOWER, **special_token_ids(tok), "vocab_size": len(tok), "sliding_window": 16,
-                     "layer_types": ["sliding_attention", "full_attention"], "tie_word_embeddings": tie},
-        vision_config={**VISION_TOWER, "image_size": image_size, "patch_size": image_size // (2 * side)},
-        mm_tokens_per_image=processor.image_seq_length,
-        boi_token_index=tok.boi_token_id,
-        eoi_token_index=tok.eoi_token_id,
-        image_token_index=tok.image_token_id,
-        tie_word_embeddings=tie,
-    )
-
-
-def _fixture(build: Any, *, tie: bool) -> ModelKind:
-    """bfloat16 in ``config.json`` like the real checkpoint, so loaders exercise the cast."""
-    return ModelKind("gemma3", "Gemma3ForConditionalGeneration", "bfloat16", build, ("image_size", "image_seq_length"),
-                     config_keys=_config_keys, weights_config=lambda p: _weights_config(p, tie=tie),
-                     stop_tokens=("<end_of_turn>",))
-
-
 # --- the reference engine's encoder ------------------------------------------------------------
 
 
@@ -577,8 +395,6 @@ GEMMA3 = register_model(ModelSpec(
     processor=Gemma3MultiModalProcessor,
     info=Gemma3ProcessingInfo,
     options=(MAX_PAN_AND_SCAN_CROPS,),
-    fixtures={"gemma3": _fixture(make_gemma3_processor, tie=False),
-              "gemma3-896": _fixture(make_gemma3_896_processor, tie=True)},
     reference=ReferenceModel(encode_gemma3_images, marks_token_types=True),
     # transformers < 5.15 names the soft token ``processor.image_token``; the prompt's is boi
     backend_placeholders={"image": "boi_token"},

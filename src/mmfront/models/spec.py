@@ -1,9 +1,10 @@
 """What a model module declares: one :class:`ModelSpec`, registered with
-:func:`~mmfront.models.registry.register_model`.
+:func:`~mmfront.models.catalog.register_model`.
 
 Everything mmfront needs of a model lives in its module (CONTRIBUTING.md, "Adding a model"):
-the native processor and info classes, its deployment options, its offline fixtures, and the
-encoder the reference engine runs. Generic code reads these declarations and names no model.
+the native processor and info classes, its deployment options, and the encoder the reference
+engine runs. Generic code reads these declarations and names no model. Its offline fixtures are
+test code, in its module of ``mmfront.fixtures.models``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import torch
 
 from mmfront.config import ModelOption
 from mmfront.errors import PromptUpdateError
-from mmfront.fixtures.kinds import ModelKind
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, PlaceholderRange
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
@@ -73,8 +73,6 @@ class ModelSpec:
     info: type[BaseProcessingInfo] | None = None
     options: Sequence[ModelOption] = ()
     """Its keys of ``MultiModalConfig.model_options``."""
-    fixtures: Mapping[str, ModelKind] = field(default_factory=dict)
-    """Offline folders ``mmfront.testing.models.build_model_folder`` builds, by kind name."""
     reference: ReferenceModel | None = None
     backend_placeholders: Mapping[str, str] = field(default_factory=dict)
     video_needs_metadata: bool = False

@@ -7,8 +7,8 @@ loader can learn the model type and dtype from the folder alone. It loads back w
 ``transformers.AutoProcessor.from_pretrained``, exactly as users load a downloaded model;
 :func:`load_processor` does that and also works around one transformers 5.14.1 bug.
 
-Each model module declares its kinds (``ModelSpec.fixtures``: ``gemma3`` and ``gemma3-896`` in
-``mmfront.models.gemma3``); :func:`~mmfront.models.registry.fixture_kinds` finds them all.
+Each model's fixture module declares its kinds (``gemma3`` and ``gemma3-896`` in
+``mmfront.fixtures.models.gemma3``); :func:`~mmfront.fixtures.catalog.fixture_kinds` finds them all.
 
 Importing this module does not import transformers: :func:`default_model_dir` on a warm cache
 costs a few ``stat`` calls.
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmfront.errors import ConfigError
+from mmfront.fixtures.catalog import fixture_kinds
 from mmfront.fixtures.kinds import ModelKind
-from mmfront.models.catalog import fixture_kinds
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin
@@ -65,7 +65,7 @@ def build_model_folder(kind: str, folder: Path, *, with_weights: bool = False, *
     """Save the ``kind`` processor (with its tokenizer) and a minimal ``config.json`` into ``folder``.
 
     ``sizes`` override the builder's defaults (e.g. ``image_size=224, image_seq_length=64`` for
-    ``"gemma3-896"``); see :func:`~mmfront.models.registry.fixture_kinds` for which each kind takes. ``with_weights`` adds a
+    ``"gemma3-896"``); see :func:`~mmfront.fixtures.catalog.fixture_kinds` for which each kind takes. ``with_weights`` adds a
     random-weight float32 model of the real architecture and its full ``config.json``
     (:func:`mmfront.testing.weights.write_weights`). Returns ``folder``.
     """
@@ -129,7 +129,7 @@ def cached_model_dir(kind: str, *, with_weights: bool = False) -> Path:
     root = mmfront_home() / "models"
     weights = f"-weights{WEIGHTS_VERSION}" if with_weights else ""
     final = root / f"{kind}{weights}-v{FIXTURE_VERSION}-transformers{importlib.metadata.version('transformers')}"
-    if final.is_dir():  # before looking the kind up, which imports the model modules
+    if final.is_dir():  # before looking the kind up, which imports the fixture modules
         return final
     kinds = fixture_kinds()
     if kind not in kinds:

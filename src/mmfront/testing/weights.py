@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmfront.errors import ConfigError
-from mmfront.models.catalog import fixture_kinds
+from mmfront.fixtures.catalog import fixture_kinds
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, ProcessorMixin

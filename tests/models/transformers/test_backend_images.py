@@ -17,7 +17,7 @@ from backend_cases import BACKENDS, BACKENDS_ANY_VERSION, build, encode, token_i
 from mmfront import MultiModalConfig
 from mmfront.cache.factory import processor_only_cache_from_config
 from mmfront.errors import ProcessorError, PromptUpdateError, ValidationError
-from mmfront.models.idefics3 import make_idefics3_processor
+from mmfront.fixtures.models.idefics3 import make_idefics3_processor
 from mmfront.models.transformers import LegacyMultiModalProcessor, OffsetsMultiModalProcessor
 from mmfront.testing.media import make_image
 from mmfront.testing.processors import TF_VERSION

@@ -19,8 +19,8 @@ from transformers import Idefics2Processor, MllamaProcessor, WhisperProcessor
 from mmfront import MultiModalConfig
 from mmfront.errors import InputTypeError, MissingOffsetsError, UnsupportedModelError, ValidationError
 from mmfront.fixtures.bpe import make_tokenizer
+from mmfront.fixtures.models.glmasr import make_glmasr_processor
 from mmfront.fixtures.processors import image_processor_class
-from mmfront.models.glmasr import make_glmasr_processor
 from mmfront.models.registry import create_processor, resolve_factory
 from mmfront.models.transformers import (
     LegacyMultiModalProcessor,

@@ -5,8 +5,8 @@ The backend serves any HF processor mmfront has no native processor for, so noth
 model by name: where a model's text placeholder is not ``{modality}_token``, its model module says
 so (``ModelSpec.backend_placeholders``, see :meth:`TransformersProcessingInfo.placeholder`).
 Everything is read from the processor: which modalities it has (its sub-processors), which key
-belongs to which modality (the sub-processor's ``model_input_names``), and how many data rows each
-item owns (``image_grid_thw``, ``_get_num_multimodal_tokens`` or the replacement text).
+belongs to which modality (each modality's items go to HF in a call of their own), and how many
+data rows each item owns (``image_grid_thw``, ``_get_num_multimodal_tokens`` or the replacement text).
 
 An item's data must not depend on the other items of its request, or a cached item would differ
 from the same item processed alone. Two HF behaviours break that and are undone here: a batch of
@@ -17,7 +17,6 @@ padded to the longest audio of the call (each audio is then processed alone).
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -55,8 +54,6 @@ from mmfront.processing.hf import SCOPES, call_hf
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
-logger = logging.getLogger(__name__)
-
 MM_TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
 """The values ``mm_token_type_ids`` marks each modality's tokens with."""
 
@@ -78,7 +75,6 @@ _WRAPPER_ATTRS = {
     "video": (("video_start_token",), ("video_end_token",)),
 }
 _STRUCTURE_ATTRS = ("global_image_tag", "image_wrapper_token")
-_warned_dropped: set[tuple[str, str]] = set()
 
 
 class TransformersProcessingInfo(BaseProcessingInfo):
@@ -211,33 +207,6 @@ class TransformersProcessingInfo(BaseProcessingInfo):
                 out.update(t for t in (self._token_attr(a) for a in attrs) if t is not None)
         out.update(t for t in (self._token_attr(a) for a in _STRUCTURE_ATTRS) if t is not None)
         return out
-
-
-def attribute_keys(info: TransformersProcessingInfo, modalities: Sequence[str], keys: Sequence[str]
-                   ) -> dict[str, list[str]]:
-    """Which modality owns each data key: the one whose sub-processor declares it in
-    ``model_input_names`` (with its ``_mask`` variant and ``{modality}_embeds``), else the one it
-    is named after (Phi-4's ``audio_attention_mask``). With one modality it owns everything; a key
-    nobody declares is dropped, with a warning the first time."""
-    if len(modalities) == 1:
-        return {modalities[0]: list(keys)}
-    declared: dict[str, str] = {}
-    for modality in modalities:
-        names = list(getattr(info.subprocessor(modality), "model_input_names", None) or ())
-        for name in [*names, *(f"{n}_mask" for n in names), f"{modality}_embeds"]:
-            declared.setdefault(name, modality)
-    out: dict[str, list[str]] = {m: [] for m in modalities}
-    for key in keys:
-        owner = declared.get(key) or next((m for m in modalities if key.startswith(f"{m}_")), None)
-        if owner is None:
-            warned = (type(info.hf_processor).__name__, key)
-            if warned not in _warned_dropped:
-                _warned_dropped.add(warned)
-                logger.warning("%s output %r is declared by no sub-processor's model_input_names; it is dropped.",
-                               *warned)
-            continue
-        out[owner].append(key)
-    return out
 
 
 class _MultiModalProcessorBase(BaseMultiModalProcessor):
