@@ -357,26 +357,23 @@ def human_int(text: str) -> int:
     return int(value)
 
 
-def positive_int(text: str) -> int:
-    """A whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+def whole_number_at_least(minimum: int) -> Callable[[str], int]:
+    """A parser of whole numbers >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+        return value
+
+    return parse
 
 
-def count(text: str) -> int:
-    """A whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+positive_int = whole_number_at_least(1)
+count = whole_number_at_least(0)
 
 
 def port(text: str) -> int:
