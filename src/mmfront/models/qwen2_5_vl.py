@@ -10,7 +10,7 @@ Videos go to HF with their metadata (``video_needs_metadata``: the processor der
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,9 +19,11 @@ from mmfront.errors import ConfigError, FieldConfigError
 from mmfront.fixtures.bpe import make_tokenizer
 from mmfront.fixtures.kinds import TEXT_TOWER, VISION_TOWER, ModelKind, special_token_ids
 from mmfront.fixtures.processors import image_processor_class
-from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig
 from mmfront.models.catalog import register_model
+from mmfront.models.qwen2_vl import qwen2_vl_fields
 from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
+from mmfront.processing.native import NativeInputs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLProcessor
@@ -155,6 +157,17 @@ def qwen2_5_vl_positions(model: Any, prompt: Sequence[int],
     return position_ids, int(deltas.reshape(-1)[0])
 
 
+def qwen2_5_vl_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, MultiModalFieldConfig]:
+    """vLLM's ``Qwen2_5_VLMultiModalProcessor._get_mm_fields_config``: Qwen2-VL's and each video's
+    ``second_per_grid_ts``."""
+    return {**qwen2_vl_fields(hf_out, hf_processor),
+            "second_per_grid_ts": MultiModalFieldConfig.batched("video", keep_on_cpu=True)}
+
+
+QWEN2_5_VL_NATIVE = NativeInputs(("Qwen2_5_VLForConditionalGeneration",), qwen2_5_vl_fields, device_normalize=True,
+                                 whole_range_embeds=True)
+
+
 QWEN2_5_VL = register_model(ModelSpec(
     model_type="qwen2_5_vl",
     hf_processor_class="Qwen2_5_VLProcessor",
@@ -163,4 +176,5 @@ QWEN2_5_VL = register_model(ModelSpec(
                                       weights_config=_weights_config)},
     reference=ReferenceModel(encode_qwen2_5_vl, positions=qwen2_5_vl_positions),
     video_needs_metadata=True,
+    native=QWEN2_5_VL_NATIVE,
 ))

@@ -411,6 +411,11 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         """Record each item's expansion as ``{modality}_replacement_ids`` (sizes in
         ``layout.replacement_sizes``) where it is learned from the dummy call's token ids (Legacy)."""
 
+    def is_consumed_key(self, key: str) -> bool:
+        """Each item's recorded expansion (``{modality}_replacement_ids``), taken out by
+        :meth:`_replacement_updates`."""
+        return key.endswith("_replacement_ids")
+
     def _replacement_updates(
         self, mm_items: MultiModalDataItems, out_mm_kwargs: MultiModalKwargsItems,
         details: Callable[[str, list[int]], PromptUpdateDetails[list[int]]],
