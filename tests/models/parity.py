@@ -65,10 +65,29 @@ def default_cases(modalities: Sequence[str]) -> list[Case]:
         images = [make_image(w, h, seed=i) for i, (w, h) in enumerate(IMAGE_SIZES)]
         cases += [Case("image_one", "image", images[:1]), Case("image_tall", "image", images[2:3]),
                   Case("image_two", "image", images[:2]), Case("image_same_twice", "image", [images[1], images[1]])]
+    if "video" in modalities:
+        cases += [Case("video_all_frames", "video", [video_clip(8, 2.0, range(8))]),
+                  Case("video_sampled", "video", [video_clip(8, 2.0, range(0, 16, 2), total=16)]),
+                  Case("video_two", "video", [video_clip(8, 2.0, range(8)), video_clip(4, 2.0, range(4), seed=1)])]
     if "audio" in modalities:
         clips = [(make_audio(s, 16000, seed=i), 16000) for i, s in enumerate(AUDIO_SECONDS)]
         cases += [Case("audio_one", "audio", clips[:1]), Case("audio_two", "audio", clips)]
     return cases
+
+
+def video_clip(frames: int, fps: float, indices: Sequence[int] | range, *, total: int | None = None,
+               seed: int = 0, size: tuple[int, int] = (56, 56)) -> tuple[Any, dict[str, Any]]:
+    """Decoded frames with the metadata vLLM's OpenCV loader gives them: ``indices`` of ``total``
+    source frames kept (all of them: ``do_sample_frames`` true, the short-clip case)."""
+    import numpy as np
+
+    total = total or frames
+    kept = list(indices)
+    rng = np.random.default_rng(seed)
+    array = rng.integers(0, 256, (len(kept), size[1], size[0], 3), dtype=np.uint8)
+    metadata = {"total_num_frames": total, "fps": fps, "duration": total / fps, "video_backend": "opencv",
+                "frames_indices": kept, "do_sample_frames": len(kept) == total}
+    return array, metadata
 
 
 def prompt_for(placeholder: str, count: int) -> str:

@@ -165,7 +165,7 @@ def qwen2_5_vl_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str,
 
 
 QWEN2_5_VL_NATIVE = NativeInputs(("Qwen2_5_VLForConditionalGeneration",), qwen2_5_vl_fields, device_normalize=True,
-                                 whole_range_embeds=True)
+                                 whole_range_embeds=True, hf_samples_frames=False)
 
 
 QWEN2_5_VL = register_model(ModelSpec(

@@ -44,7 +44,7 @@ def qwen2_vl_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, M
 
 
 QWEN2_VL_NATIVE = NativeInputs(("Qwen2VLForConditionalGeneration",), qwen2_vl_fields, device_normalize=True,
-                               whole_range_embeds=True)
+                               whole_range_embeds=True, hf_samples_frames=False)
 
 QWEN2_VL = register_model(ModelSpec(model_type="qwen2_vl", hf_processor_class="Qwen2VLProcessor",
                                     native=QWEN2_VL_NATIVE))

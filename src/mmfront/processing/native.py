@@ -35,6 +35,10 @@ class NativeInputs:
     device_normalize: bool = False
     """vLLM's ``supports_mm_device_do_normalize`` for the class: the default of
     ``mm_device_do_normalize`` (raw uint8 pixels: the HF call gets :data:`DEVICE_NORMALIZE_KWARGS`)."""
+    hf_samples_frames: bool = True
+    """A loaded video's ``do_sample_frames`` (true where every frame was kept) reaches the HF call, as
+    vLLM's transformers backend passes it. False: vLLM's native processor strips it from the metadata
+    and HF keeps the frames it gets (Qwen2.5-VL: HF's own sampling of a short clip fails)."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""

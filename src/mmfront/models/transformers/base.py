@@ -370,7 +370,9 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         extra: dict[str, Any] = {**self._dummy_call_kwargs(), "do_sample_frames": False}
         if isinstance(video, tuple):
             video, metadata = video
-            extra["do_sample_frames"] = bool(metadata.get("do_sample_frames", False))
+            native = self.info.native
+            if native is None or native.hf_samples_frames:
+                extra["do_sample_frames"] = bool(metadata.get("do_sample_frames", False))
             extra["video_metadata"] = [{k: v for k, v in metadata.items() if k != "do_sample_frames"}]
         return self.run_hf([self.info.placeholder("video")], {"video": [video]}, hf_kwargs, **extra)
 
