@@ -33,7 +33,7 @@ import msgspec
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "1"
+VERSION = "2"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
@@ -146,6 +146,24 @@ def _align_token_ids(section: dict[str, Any], tokenizer: Any, processor: Any) ->
             section[key] = token
 
 
+def _align_image_size(vision: Any, image_processor: Any) -> None:
+    """The vision tower's ``image_size`` is the folder's image size (a small test size): vLLM counts
+    an image's tokens from the config, HF from the image processor; real checkpoints agree."""
+    if not isinstance(vision, dict) or not isinstance(vision.get("image_size"), int) or image_processor is None:
+        return
+    crop = getattr(image_processor, "crop_size", None) if getattr(image_processor, "do_center_crop", False) else None
+    size = getattr(image_processor, "size", None)
+    for box in (crop, size):
+        side = _get(box, "height")
+        if isinstance(side, int) and side == _get(box, "width"):
+            vision["image_size"] = side
+            return
+
+
+def _get(box: Any, key: str) -> Any:
+    return box.get(key) if isinstance(box, dict) else getattr(box, key, None)
+
+
 def model_config(processor: Any, model_type: str, architecture: str) -> dict[str, Any]:
     """The config vLLM loads: the model type's default, the folder's architecture and token ids."""
     from transformers import AutoConfig
@@ -158,6 +176,7 @@ def model_config(processor: Any, model_type: str, architecture: str) -> dict[str
         if isinstance(config.get(sub), dict):
             _align_token_ids(config[sub], tokenizer, processor)
             config[sub]["vocab_size"] = max(int(config[sub].get("vocab_size") or 0), len(tokenizer))
+    _align_image_size(config.get("vision_config"), getattr(processor, "image_processor", None))
     if "vocab_size" in config:
         config["vocab_size"] = max(int(config.get("vocab_size") or 0), len(tokenizer))
     return config
