@@ -8,7 +8,7 @@ files of mmfront's encoded items. For each case the script runs
 prompt ids, the placeholder ranges with ``is_embed``, the hashes and every item's fields after
 vLLM's ``MsgpackEncoder``/``MsgpackDecoder`` round trip; and it decodes mmfront's frames with the
 same decoder and describes them the same way, so the two sides compare as plain JSON
-(``tests/models/parity.py``). Imports nothing of mmfront: it describes what vLLM decoded.
+(``tests/models/vllm_parity.py``). Imports nothing of mmfront: it describes what vLLM decoded.
 """
 
 from __future__ import annotations

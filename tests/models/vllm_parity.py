@@ -11,7 +11,7 @@ are described the same way (field class and its slices, dtype, shape, a hash of 
 :func:`compare` says exactly which of ids / ranges / is_embed / hashes / keys / field / dtype /
 uint8 / shape / bytes differ.
 
-``python tests/models/parity.py [Processor ...] --out FILE`` runs the families (default: every
+``python tests/models/vllm_parity.py [Processor ...] --out FILE`` runs the families (default: every
 served family whose architecture vLLM 0.33 serves natively) and writes the table as markdown.
 """
 
