@@ -252,6 +252,7 @@ def run_family(processor_class: str, root: Path, *, dtype: str | None = None, mo
                cases: Sequence[Case] | None = None, config_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Both sides of every case for one family: ``{"vllm": ..., "mmfront": ..., "diff": ...}``."""
     from mmfront import MultiModalConfig
+    from mmfront.errors import UnsupportedModelError
     from mmfront.models.registry import create_processor
     from mmfront.wire.codec import MsgpackEncoder
 
@@ -263,10 +264,18 @@ def run_family(processor_class: str, root: Path, *, dtype: str | None = None, mo
     dtype = dtype or GPU_DTYPE.get(config_dtype, config_dtype)
     result: dict[str, Any] = {"processor": processor_class, "architecture": architecture, "dtype": dtype}
     mmfront_side: dict[str, Any] = {}
+    proc = None
     try:
         proc = create_processor(folder, MultiModalConfig(**(config_kwargs or {})))
+        result["mmfront_impl"] = "native" if proc.info.native is not None else "transformers"
+    except UnsupportedModelError as exc:  # refused for --model-impl auto: compare what the backend would send
+        result["refused"] = str(exc)[:300]
+        try:
+            proc = create_processor(folder, MultiModalConfig(**{**(config_kwargs or {}), "model_impl": "transformers"}))
+            result["mmfront_impl"] = "transformers (auto refused)"
+        except Exception as inner:
+            result["mmfront_error"] = f"{type(inner).__name__}: {inner}"[:500]
     except Exception as exc:
-        proc = None
         result["mmfront_error"] = f"{type(exc).__name__}: {exc}"[:500]
     modalities = [m for m in ("image", "audio", "video") if proc is not None and _takes(proc, m)]
     cases = list(cases) if cases is not None else default_cases(modalities)
@@ -411,11 +420,12 @@ def summary(result: Mapping[str, Any]) -> str:
 
 
 def render(results: Sequence[Mapping[str, Any]]) -> str:
-    rows = ["| processor | architecture | vLLM processor | dtype | device normalise | differs |", "|---|---|---|---|---|---|"]
+    rows = ["| processor | architecture | vLLM processor | dtype | device normalise | mmfront sends | differs |",
+            "|---|---|---|---|---|---|---|"]
     for r in results:
         resolved = (r.get("vllm") or {}).get("resolved") or {}
         rows.append(f"| `{r['processor']}` | `{r.get('architecture')}` | {resolved.get('processor', '')} | {r.get('dtype')} "
-                    f"| {resolved.get('mm_device_do_normalize', '')} | {summary(r)} |")
+                    f"| {resolved.get('mm_device_do_normalize', '')} | {r.get('mmfront_impl', '')} | {summary(r)} |")
     return "\n".join(rows) + "\n"
 
 

@@ -266,6 +266,8 @@ def resolve_model_dtype(setting: str, model_dir: str | Path | None) -> torch.dty
     so what its frontend sends for a float32 checkpoint is bfloat16.)"""
     if setting != "auto":
         return _DTYPES[setting]
+    if model_dir is None:  # a ready HF processor: no checkpoint says a dtype, and no engine loads one
+        return torch.float32
     dtype = folder_dtype(model_dir)
     return torch.bfloat16 if dtype == torch.float32 else dtype
 

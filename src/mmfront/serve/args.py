@@ -168,7 +168,14 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
                        help="prefix items' cache keys with the LoRA name")
     front.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                        help="model dtype: floating processor outputs are cast to it, and mmfront's own engines load "
-                            "the model in it (default auto: the folder's config.json)")
+                            "the model in it (default auto: the folder's config.json, a float32 checkpoint as "
+                            "bfloat16, as vLLM resolves it for a GPU engine)")
+    front.add_argument("--model-impl", choices=["auto", "vllm", "transformers"], default="auto",
+                       help="the implementation the vLLM engine runs, which decides what it is sent (default auto: "
+                            "vLLM's native class where it has one, else its transformers backend)")
+    front.add_argument("--mm-device-do-normalize", action=argparse.BooleanOptionalAction, default=None,
+                       help="send raw uint8 pixels for the engine to normalise (default: vLLM's default for the "
+                            "model class)")
     front.add_argument("--chat-template", metavar="TEMPLATE",
                        help="a Jinja chat template, or the path of a file holding one, in place of the model's")
     front.add_argument("--chat-template-content-format", choices=["auto", "string", "openai"], default="auto",
@@ -265,6 +272,8 @@ def plan_from_args(args: argparse.Namespace) -> ServePlan:
         enable_prefix_caching=args.enable_prefix_caching,
         enable_tower_connector_lora=args.enable_tower_connector_lora,
         transformers_backend=args.transformers_backend,
+        model_impl=args.model_impl,
+        mm_device_do_normalize=args.mm_device_do_normalize,
         chat_template=chat_template,
         chat_template_content_format=args.chat_template_content_format,
         trust_request_chat_template=args.trust_request_chat_template,
