@@ -33,7 +33,7 @@ from mmfront.wire.codec import MsgpackEncoder
 PEER = vllm_peer_python()
 needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
 
-PROVEN = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "LlavaProcessor")
+PROVEN = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Exaone4_5_Processor", "LlavaProcessor")
 """Families whose native inputs are declared (``ModelSpec.native``) and proven here."""
 
 
@@ -55,7 +55,7 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     for name, diff in result["diff"].items():
         assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
     cases = result["vllm"]["cases"]
-    if processor_class.startswith("Qwen2"):
+    if processor_class != "LlavaProcessor":  # the Qwen2-VL layout
         (item,) = cases["image_one"]["mm_kwargs"]["image"]
         assert item["pixel_values"]["data"][1] == "uint8"  # the engine normalises (mm_device_do_normalize)
         assert item["image_grid_thw"]["field"] == ["batched", {"keep_on_cpu": True}]
