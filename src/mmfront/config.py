@@ -53,6 +53,7 @@ HasherAlgorithm = Literal["blake3", "sha256", "sha512"]
 CacheType = Literal["lru", "shm"]
 TransformersBackend = Literal["auto", "legacy", "offsets"]
 ModelDtype = Literal["auto", "float32", "bfloat16", "float16"]
+ModelImpl = Literal["auto", "vllm", "transformers"]
 ContentFormatSetting = Literal["auto", "string", "openai"]
 LaneExecutorKind = Literal["process", "ray"]
 
@@ -219,8 +220,19 @@ class MultiModalConfig:
 
     # --- model-level settings the frontend needs ---
     dtype: ModelDtype = field(default="auto", metadata=flag())
-    """Model dtype: floating HF outputs are cast to it, and the engines ``mmfront serve`` starts load
-    the model in it; ``auto`` reads ``torch_dtype`` from the model folder's config.json."""
+    """Model dtype (vLLM's ``--dtype``): floating processor outputs are cast to it, and the engines
+    ``mmfront serve`` starts load the model in it. ``auto`` is what vLLM resolves for a GPU engine:
+    the folder's ``torch_dtype``, a float32 checkpoint served as bfloat16."""
+    model_impl: ModelImpl = field(default="auto", metadata=flag())
+    """The implementation vLLM's engine runs (vLLM's ``--model-impl``), which decides what it must
+    receive. ``auto``: vLLM 0.33's native class where it has one for the folder's architecture, else its
+    transformers backend; ``vllm``: the native class (refused where there is none); ``transformers``:
+    its transformers backend. A family whose native inputs mmfront has not proven equal to vLLM's is
+    refused for ``auto``/``vllm`` (docs/models.md)."""
+    mm_device_do_normalize: bool | None = field(default=None, metadata=flag(negation="--no-mm-device-do-normalize"))
+    """vLLM's ``--mm-device-do-normalize``: send raw uint8 pixels and let the engine normalise them on
+    the GPU. Unset: vLLM's default for the native class (on for Qwen2-VL, Qwen2.5-VL, Qwen3-VL,
+    GLM-4.1V, Mistral 3, ...); where the class cannot, it is turned off, as vLLM does."""
     max_model_len: int | None = field(default=None, metadata=flag(parse=human_int, metavar="TOKENS"))
     """Longest prompt plus output accepted, in tokens (``8192``, ``8k``, ``8K`` on the command line);
     the engines' own limit still applies, the lower one wins. ``None``: the engines' limit alone."""
@@ -326,6 +338,9 @@ class MultiModalConfig:
         self._check_choice("mm_hasher_algorithm", self.mm_hasher_algorithm, ("blake3", "sha256", "sha512"))
         self._check_choice("dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         self._check_choice("transformers_backend", self.transformers_backend, ("auto", "legacy", "offsets"))
+        self._check_choice("model_impl", self.model_impl, ("auto", "vllm", "transformers"))
+        if self.mm_device_do_normalize is not None and not isinstance(self.mm_device_do_normalize, bool):
+            raise ConfigError(f"mm_device_do_normalize must be true, false or unset, got {self.mm_device_do_normalize!r}")
         self._check_choice("chat_template_content_format", self.chat_template_content_format,
                            ("auto", "string", "openai"))
         if self.chat_template is not None and (not isinstance(self.chat_template, str) or not self.chat_template.strip()):

@@ -139,7 +139,7 @@ def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Modul
 
 def test_one_module_declares_and_serves_a_model(throwaway: ModuleType, tmp_path: Path) -> None:
     folder = build_model_folder("throwaway", tmp_path / "folder")  # the module's own fixture builder
-    pre = InputPreprocessor(folder)
+    pre = InputPreprocessor(folder, MultiModalConfig(model_impl="transformers"))
     assert type(pre.processor) is throwaway.ThrowawayProcessor
     out = pre.preprocess("<image> hello", {"image": [make_image(40, 30)]})
     image = pre.processor.info.tokenizer.convert_tokens_to_ids("<image>")
@@ -151,11 +151,11 @@ def test_one_module_declares_and_serves_a_model(throwaway: ModuleType, tmp_path:
 
 def test_the_module_declares_its_own_config_option(throwaway: ModuleType, tmp_path: Path) -> None:
     folder = build_model_folder("throwaway", tmp_path / "folder", image_size=8)
-    pre = InputPreprocessor(folder, MultiModalConfig(model_options={"throwaway_tokens_per_image": 2}))
+    pre = InputPreprocessor(folder, MultiModalConfig(model_options={"throwaway_tokens_per_image": 2}, model_impl="transformers"))
     out = pre.preprocess("<image>", {"image": [make_image(40, 30)]})
     assert out["mm_placeholders"]["image"][0].length == 2
     with pytest.raises(ConfigError, match=r"model_options.throwaway_tokens_per_image must be an integer >= 1, got 0"):
-        create_processor(folder, MultiModalConfig(model_options={"throwaway_tokens_per_image": 0}))
+        create_processor(folder, MultiModalConfig(model_options={"throwaway_tokens_per_image": 0}, model_impl="transformers"))
 
 
 def test_an_option_no_model_declares_is_refused(gemma3_dir: Path) -> None:

@@ -34,7 +34,7 @@ def hf(folder: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def processor(folder: Path) -> Any:
-    return create_processor(folder, MultiModalConfig(dtype="float32"))
+    return create_processor(folder, MultiModalConfig(dtype="float32", model_impl="transformers"))
 
 
 def test_the_folder_loads_as_qwen2_5_vl_with_a_video_processor(folder: Path, hf: Any) -> None:
@@ -75,7 +75,7 @@ def test_chat_prompt_equals_hf_chat_template(folder: Path, hf: Any) -> None:
     question = {"type": "text", "text": "What is this?"}
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(image)}},
                                              question]}]
-    request = InputProcessor(InputPreprocessor(folder)).process_inputs("r", messages, SamplingParams(max_tokens=1))
+    request = InputProcessor(InputPreprocessor(folder, MultiModalConfig(model_impl="transformers"))).process_inputs("r", messages, SamplingParams(max_tokens=1))
     text = hf.apply_chat_template([{"role": "user", "content": [{"type": "image"}, question]}],
                                   add_generation_prompt=True, tokenize=False)
     assert text.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")

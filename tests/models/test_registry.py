@@ -53,7 +53,7 @@ def test_registered_processor_serves_its_class_and_model_type(tables: Any, idefi
         pass
 
     assert MyProcessor.__name__ == "MyProcessor"  # the decorator returns the class itself
-    proc = create_processor(idefics3_dir)
+    proc = create_processor(idefics3_dir, MultiModalConfig(model_impl="transformers"))
     assert type(proc) is MyProcessor and type(proc.info) is MyInfo
     assert proc.info.get_hf_config().model_type == "idefics3"
     by_type = resolve_factory(object(), MultiModalConfig(), model_type="idefics3")
@@ -151,7 +151,7 @@ def test_the_catalog_finds_every_model_module_by_scanning_the_package() -> None:
 def test_importing_mmfront_imports_no_model_module() -> None:
     code = ("import sys, mmfront, mmfront.testing.models; "
             "print(sorted(m for m in sys.modules if m.startswith('mmfront.models.') and m not in "
-            "('mmfront.models.catalog', 'mmfront.models.registry', 'mmfront.models.spec')))")
+            "('mmfront.models.catalog', 'mmfront.models.native', 'mmfront.models.registry', 'mmfront.models.spec')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 
@@ -167,7 +167,7 @@ def test_every_model_option_is_in_the_configuration_reference() -> None:
 
 def test_a_model_spec_needs_both_processor_and_info(tables: Any) -> None:
     with pytest.raises(ConfigError, match="gives a processor without info or info without a processor"):
-        catalog.register_model(ModelSpec("llava", "LlavaProcessor", processor=MultiModalProcessor))
+        catalog.register_model(ModelSpec("aya_vision", "AyaVisionProcessor", processor=MultiModalProcessor))
     with pytest.raises(InputTypeError, match="register_model takes a ModelSpec"):
-        catalog.register_model("llava")  # type: ignore[arg-type]
-    assert "llava" not in catalog._MODELS
+        catalog.register_model("aya_vision")  # type: ignore[arg-type]
+    assert "aya_vision" not in catalog._MODELS

@@ -76,7 +76,7 @@ def processor(family: tuple[Family, Path], request: pytest.FixtureRequest) -> An
     (which locates each video's expansion in HF's ids)."""
     if family[0].kind == "qwen3_vl" and request.param == "legacy":
         pytest.skip(QWEN3_VL_LEGACY)
-    return create_processor(family[1], MultiModalConfig(dtype="float32", transformers_backend=request.param))
+    return create_processor(family[1], MultiModalConfig(dtype="float32", transformers_backend=request.param, model_impl="transformers"))
 
 
 QWEN3_VL_LEGACY = ("Qwen3-VL writes a timestamp before each group of a video's frames, so one video's tokens come in "
@@ -90,7 +90,7 @@ def clips() -> list[bytes]:
 
 
 def load(hf: Any, clip: bytes, media_io_kwargs: dict[str, Any] | None = None) -> MediaWithBytes[Any]:
-    config = MultiModalConfig()
+    config = MultiModalConfig(model_impl="transformers")
     return load_video_bytes(clip, config=config, budget=DecodeBudget.from_config(config),
                             media_io_kwargs=media_io_kwargs, video_processor=type(hf.video_processor).__name__)
 
@@ -212,7 +212,7 @@ def test_llava_next_video_is_refused_video_with_the_reason(tmp_path: Path) -> No
     transformers backend (like vLLM 0.33's) cannot place its videos: images only, and a video is
     refused with what to do."""
     folder = build_processor_folder("LlavaNextVideoProcessor", tmp_path / "llava_next_video")
-    processor = create_processor(folder, MultiModalConfig())
+    processor = create_processor(folder, MultiModalConfig(model_impl="transformers"))
     assert list(processor.info.get_supported_mm_limits()) == ["image"]
     hf = load_processor(folder)
     video = load(hf, make_video(1.0, fps=8))
@@ -224,7 +224,7 @@ def test_llava_next_video_is_refused_video_with_the_reason(tmp_path: Path) -> No
 @VIDEO_SERVED
 def test_legacy_refuses_qwen3_vl_videos(tmp_path: Path, clips: list[bytes]) -> None:
     folder = build_processor_folder("Qwen3VLProcessor", tmp_path / "qwen3_vl")
-    processor = create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
+    processor = create_processor(folder, MultiModalConfig(transformers_backend="legacy", model_impl="transformers"))
     video = load(load_processor(folder), clips[1])
     with pytest.raises(ProcessorError, match=r"Could not locate 1 video item\(s\) in Qwen3VLProcessor's expansion"):
         processor.apply("Watch <video> now", {"video": [video]})

@@ -41,7 +41,7 @@ def test_options_shrink_but_never_grow(gemma3_dir: Path, caplog: pytest.LogCaptu
 
 
 def test_audio_dummy_is_one_window(glmasr_dir: Path) -> None:
-    processor = create_processor(glmasr_dir)
+    processor = create_processor(glmasr_dir, MultiModalConfig(model_impl="transformers"))
     data = BaseDummyInputsBuilder(processor).get_dummy_mm_data({"audio": 1})
     assert data["audio"][0].shape == (2 * 16000,) and not np.any(data["audio"][0])
 

@@ -50,7 +50,7 @@ def test_native_gemma3(gemma3_dir: Path) -> None:
 @pytest.mark.parametrize("kind", BACKEND_KINDS)
 def test_transformers_backend_as_selected_by_version(kind: str, request: pytest.FixtureRequest) -> None:
     folder = request.getfixturevalue(SUITE[kind][0])
-    proc = create_processor(folder)
+    proc = create_processor(folder, MultiModalConfig(model_impl="transformers"))
     assert type(proc) is MultiModalProcessor
     check_accessors(proc, folder, kind)
 
@@ -58,17 +58,17 @@ def test_transformers_backend_as_selected_by_version(kind: str, request: pytest.
 @pytest.mark.parametrize("kind", BACKEND_KINDS)
 def test_transformers_backend_legacy_forced(kind: str, request: pytest.FixtureRequest) -> None:
     folder = request.getfixturevalue(SUITE[kind][0])
-    proc = create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
+    proc = create_processor(folder, MultiModalConfig(transformers_backend="legacy", model_impl="transformers"))
     assert type(proc) is LegacyMultiModalProcessor
     check_accessors(proc, folder, kind)
 
 
 def test_model_id_is_the_one_given(idefics3_dir: Path) -> None:
-    assert create_processor(idefics3_dir, model_id="HuggingFaceTB/SmolVLM").info.model_id == "HuggingFaceTB/SmolVLM"
+    assert create_processor(idefics3_dir, MultiModalConfig(model_impl="transformers"), model_id="HuggingFaceTB/SmolVLM").info.model_id == "HuggingFaceTB/SmolVLM"
 
 
 def test_hf_processor_with_overrides_is_loaded_from_the_folder_and_kept(idefics3_dir: Path) -> None:
-    info = create_processor(idefics3_dir).info
+    info = create_processor(idefics3_dir, MultiModalConfig(model_impl="transformers")).info
     variant = info.get_hf_processor(image_seq_len=9)
     assert variant is not info.hf_processor and variant.image_seq_len == 9
     assert info.hf_processor.image_seq_len == 4  # the serving processor is untouched
@@ -85,7 +85,7 @@ def test_gemma3_processor_override(gemma3_dir: Path) -> None:
 
 
 def test_processor_variants_are_bounded(idefics3_dir: Path) -> None:
-    info = create_processor(idefics3_dir).info
+    info = create_processor(idefics3_dir, MultiModalConfig(model_impl="transformers")).info
     first = info.get_hf_processor(image_seq_len=1)
     last = None
     for n in range(2, 10):  # eight more: the oldest (the first) is dropped

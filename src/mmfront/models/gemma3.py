@@ -41,6 +41,7 @@ from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_ro
 from mmfront.parse import EmbeddingItems, MultiModalDataItems
 from mmfront.pixels import pixel_rows, to_hwc_uint8
 from mmfront.processing.hf import ProcessorKwargSpec, call_hf, resolve_hf_kwargs
+from mmfront.processing.native import NativeInputs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.threads import map_items
 from mmfront.processing.updates import (
@@ -398,4 +399,6 @@ GEMMA3 = register_model(ModelSpec(
     reference=ReferenceModel(encode_gemma3_images, marks_token_types=True),
     # transformers < 5.15 names the soft token ``processor.image_token``; the prompt's is boi
     backend_placeholders={"image": "boi_token"},
+    # the native processor sends what vLLM's Gemma3MultiModalProcessor sends (tests/models/test_gemma3_pixels.py)
+    native=NativeInputs(("Gemma3ForConditionalGeneration",)),
 ))

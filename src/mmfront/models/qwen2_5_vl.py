@@ -9,15 +9,17 @@ Videos go to HF with their metadata (``video_needs_metadata``: the processor der
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from mmfront.errors import FieldConfigError
-from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig
 from mmfront.models.catalog import register_model
+from mmfront.models.qwen2_vl import qwen2_vl_fields
 from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
+from mmfront.processing.native import NativeInputs
 
 
 def encode_qwen2_5_vl(model: Any, modality: str, kwargs: BatchedTensorInputs,
@@ -66,9 +68,21 @@ def qwen2_5_vl_positions(model: Any, prompt: Sequence[int],
     return position_ids, int(deltas.reshape(-1)[0])
 
 
+def qwen2_5_vl_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, MultiModalFieldConfig]:
+    """vLLM's ``Qwen2_5_VLMultiModalProcessor._get_mm_fields_config``: Qwen2-VL's and each video's
+    ``second_per_grid_ts``."""
+    return {**qwen2_vl_fields(hf_out, hf_processor),
+            "second_per_grid_ts": MultiModalFieldConfig.batched("video", keep_on_cpu=True)}
+
+
+QWEN2_5_VL_NATIVE = NativeInputs(("Qwen2_5_VLForConditionalGeneration",), qwen2_5_vl_fields, device_normalize=True,
+                                 whole_range_embeds=True, hf_samples_frames=False)
+
+
 QWEN2_5_VL = register_model(ModelSpec(
     model_type="qwen2_5_vl",
     hf_processor_class="Qwen2_5_VLProcessor",
     reference=ReferenceModel(encode_qwen2_5_vl, positions=qwen2_5_vl_positions),
     video_needs_metadata=True,
+    native=QWEN2_5_VL_NATIVE,
 ))

@@ -15,7 +15,14 @@ from typing import Any
 
 from mmfront.config import MultiModalConfig
 from mmfront.errors import UnsupportedModelError
-from mmfront.models.catalog import ProcessorFactory, model_options, native_factory, native_processor_classes
+from mmfront.models.catalog import (
+    ProcessorFactory,
+    model_options,
+    model_specs,
+    native_factory,
+    native_processor_classes,
+)
+from mmfront.models.native import folder_architectures, resolve_model_impl
 from mmfront.processing.hf import load_hf_processor
 from mmfront.processing.processor import BaseMultiModalProcessor
 
@@ -69,6 +76,11 @@ def create_processor(
         model_dir = None
         default_id = getattr(hf_processor, "name_or_path", None) or type(hf_processor).__name__
     config.check_model_options(model_options())
-    factory = resolve_factory(hf_processor, config, model_type_of(model_dir))
+    model_type = model_type_of(model_dir)
+    factory = resolve_factory(hf_processor, config, model_type)
     info = factory.info_cls(hf_processor, model_id=model_id or default_id, config=config, model_dir=model_dir)
+    spec = model_specs().get(model_type) if model_type else None
+    resolved = resolve_model_impl(config.model_impl, folder_architectures(model_dir), spec.native if spec else None,
+                                  config.mm_device_do_normalize, processor=type(hf_processor).__name__)
+    info.native, info.device_normalize = resolved.native, resolved.device_normalize
     return factory.processor_cls(info)

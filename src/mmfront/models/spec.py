@@ -18,6 +18,7 @@ import torch
 from mmfront.config import ModelOption
 from mmfront.errors import PromptUpdateError
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, PlaceholderRange
+from mmfront.processing.native import NativeInputs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 __all__ = [
@@ -88,6 +89,10 @@ class ModelSpec:
     Legacy transformers backend (``auto`` picks it where HF reports no offsets, as Mllama's
     ``__call__`` never reaches ``replace_image_token``) takes the placeholder itself as each item's
     expansion, since adjacent items' tokens could not be told apart in HF's ids."""
+    native: NativeInputs | None = None
+    """What vLLM 0.33's native class for the model reads, once the parity suite proves mmfront sends
+    exactly that (``tests/models/test_vllm_parity.py``). Without it, a folder whose architecture vLLM
+    serves natively is refused for ``--model-impl auto``/``vllm`` (:mod:`mmfront.models.native`)."""
     prompt_outputs: Mapping[str, PromptOutput] = field(default_factory=dict)
     """HF outputs laid out along the prompt's tokens that the model's engine rebuilds, by key, with
     how (Mllama's ``cross_attention_mask``: which images each token attends to). They belong to the

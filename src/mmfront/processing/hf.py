@@ -242,11 +242,9 @@ def call_hf(fn: Any, *, what: str, data_desc: str, **kwargs: Any) -> Any:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_model_dtype(setting: str, model_dir: str | Path | None) -> torch.dtype:
-    """``auto`` reads ``torch_dtype``/``dtype`` from the model folder's config.json (text config
-    first, as vLLM does), falling back to float32 when there is none."""
-    if setting != "auto":
-        return _DTYPES[setting]
+def folder_dtype(model_dir: str | Path | None) -> torch.dtype:
+    """``torch_dtype``/``dtype`` of the model folder's config.json (text config first, as vLLM
+    reads it); float32 where there is none."""
     if model_dir is None:
         return torch.float32
     path = Path(model_dir) / "config.json"
@@ -259,6 +257,19 @@ def resolve_model_dtype(setting: str, model_dir: str | Path | None) -> torch.dty
         if isinstance(value, str) and value.removeprefix("torch.") in _DTYPES:
             return _DTYPES[value.removeprefix("torch.")]
     return torch.float32
+
+
+def resolve_model_dtype(setting: str, model_dir: str | Path | None) -> torch.dtype:
+    """vLLM's ``--dtype`` for a GPU engine (``config/model.py`` ``_get_and_verify_dtype``): ``auto``
+    is the folder's dtype, a float32 checkpoint downcast to the first dtype a compute-capability
+    >= 8.0 GPU supports, bfloat16. (vLLM resolves ``auto`` on the machine it runs; the engine is a GPU,
+    so what its frontend sends for a float32 checkpoint is bfloat16.)"""
+    if setting != "auto":
+        return _DTYPES[setting]
+    if model_dir is None:  # a ready HF processor: no checkpoint says a dtype, and no engine loads one
+        return torch.float32
+    dtype = folder_dtype(model_dir)
+    return torch.bfloat16 if dtype == torch.float32 else dtype
 
 
 def cast_floating(data: Any, dtype: torch.dtype) -> Any:

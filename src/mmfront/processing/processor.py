@@ -56,6 +56,7 @@ from mmfront.processing.hf import (
     resolve_model_dtype,
     valid_hf_kwargs,
 )
+from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS, NativeInputs, engine_range
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
@@ -93,6 +94,11 @@ class BaseProcessingInfo:
         self.config = config or MultiModalConfig()
         self.model_dir = model_dir
         self.model_dtype: torch.dtype = resolve_model_dtype(self.config.dtype, model_dir)
+        self.native: NativeInputs | None = None
+        """What the engine's native class reads, where it runs one (``create_processor`` sets it from
+        ``--model-impl``); ``None``: the processor's own layout (the transformers backend's)."""
+        self.device_normalize = False
+        """Send raw uint8 pixels: the engine normalises them (``mm_device_do_normalize``)."""
         self._processor_variants: dict[str, Any] = {}
 
     def get_tokenizer(self) -> Any:
@@ -462,7 +468,7 @@ class BaseMultiModalProcessor(ABC):
                                         executor=executor)
             return items[hashes[modality][index]]
 
-        mm_placeholders = {m: [p.to_range() for p in sorted(ps, key=lambda p: p.item_idx)]
+        mm_placeholders = {m: [engine_range(p.to_range(), self.info.native) for p in sorted(ps, key=lambda p: p.item_idx)]
                            for m, ps in placeholders.items()}
         order = placeholders_in_prompt_order(mm_placeholders)
         out = mm_inputs(new_ids, MultiModalKwargsItems(kwargs), {m: list(hashes[m]) for m in counts},
@@ -477,7 +483,8 @@ class BaseMultiModalProcessor(ABC):
         """Process the selected items in one job; record their updates; return items by hash.
 
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, hf_processor_mm_kwargs)
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, hf_processor_mm_kwargs,
+                                      DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
         kw_items, resolved = self.process_subset(mm_items.subset(selection), hf_kwargs, executor)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():
@@ -503,7 +510,12 @@ class BaseMultiModalProcessor(ABC):
         for items in mm_items.values():
             hf_out.update(items.get_passthrough_data())
         hf_out = {k: cast_floating(v, self.info.model_dtype) for k, v in hf_out.items()}
-        kw_items = MultiModalKwargsItems.from_hf_inputs(hf_out, self._get_mm_fields_config(hf_out, hf_kwargs))
+        fields = self._get_mm_fields_config(hf_out, hf_kwargs)
+        native = self.info.native
+        if native is not None and native.fields is not None:
+            own = {k: f for k, f in fields.items() if self.is_consumed_key(k)}
+            fields = {**native.fields(hf_out, self.info.hf_processor), **own}
+        kw_items = MultiModalKwargsItems.from_hf_inputs(hf_out, fields)
         counts = mm_items.get_all_counts()
         for modality, count in counts.items():
             if kw_items.get_count(modality) != count:
@@ -513,6 +525,11 @@ class BaseMultiModalProcessor(ABC):
                     "disagree."
                 )
         return kw_items
+
+    def is_consumed_key(self, key: str) -> bool:
+        """Whether ``key`` is an item entry this processor reads back out of its items (and removes)
+        before they are sent: it stays with the items whatever the engine's class reads."""
+        return False
 
     def resolve_prompt_updates(
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], kw_items: MultiModalKwargsItems,

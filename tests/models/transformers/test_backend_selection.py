@@ -77,11 +77,11 @@ def test_config_overrides_the_version_rule(setting: str, cls: type) -> None:
 
 
 def test_registry_sends_non_native_processors_to_the_backend(glmasr_dir: Path) -> None:
-    proc = create_processor(glmasr_dir, MultiModalConfig(dtype="float32"))
+    proc = create_processor(glmasr_dir, MultiModalConfig(dtype="float32", model_impl="transformers"))
     assert type(proc) is MultiModalProcessor
     out = proc.apply("<|user|><|pad|>", {"audio": [make_audio(1.0)]})
     assert [(p.offset, p.length) for p in out["mm_placeholders"]["audio"]] == [(1, 12)]
-    legacy = create_processor(glmasr_dir, MultiModalConfig(transformers_backend="legacy"))
+    legacy = create_processor(glmasr_dir, MultiModalConfig(transformers_backend="legacy", model_impl="transformers"))
     assert type(legacy) is LegacyMultiModalProcessor
 
 

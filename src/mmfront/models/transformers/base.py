@@ -339,7 +339,9 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         extra: dict[str, Any] = {**self._dummy_call_kwargs(), "do_sample_frames": False}
         if isinstance(video, tuple):
             video, metadata = video
-            extra["do_sample_frames"] = bool(metadata.get("do_sample_frames", False))
+            native = self.info.native
+            if native is None or native.hf_samples_frames:
+                extra["do_sample_frames"] = bool(metadata.get("do_sample_frames", False))
             extra["video_metadata"] = [{k: v for k, v in metadata.items() if k != "do_sample_frames"}]
         return self.run_hf([self.info.placeholder("video")], {"video": [video]}, hf_kwargs, **extra)
 
@@ -379,6 +381,11 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
                         data: dict[str, Any], layout: ModalityLayout, hf_kwargs: Mapping[str, Any]) -> None:
         """Record each item's expansion as ``{modality}_replacement_ids`` (sizes in
         ``layout.replacement_sizes``) where it is learned from the dummy call's token ids (Legacy)."""
+
+    def is_consumed_key(self, key: str) -> bool:
+        """Each item's recorded expansion (``{modality}_replacement_ids``), taken out by
+        :meth:`_replacement_updates`."""
+        return key.endswith("_replacement_ids")
 
     def _replacement_updates(
         self, mm_items: MultiModalDataItems, out_mm_kwargs: MultiModalKwargsItems,

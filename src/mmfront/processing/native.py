@@ -1,0 +1,52 @@
+"""What the engine's model class reads, as a processor applies it: the field configs of vLLM's
+native class, raw pixels where the engine normalises, ranges without a mask where the whole range is
+embedded. A model module declares one :class:`NativeInputs` per family
+(:attr:`mmfront.models.spec.ModelSpec.native`); :mod:`mmfront.models.native` decides whether the
+engine runs that class (``--model-impl``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
+
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "NativeInputs", "engine_range"]
+
+EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
+"""``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
+``_get_mm_fields_config`` for the family. Keys it leaves out are not sent."""
+
+DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
+"""What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
+they win over the deployment's and the request's kwargs, as there."""
+
+
+@dataclass(frozen=True)
+class NativeInputs:
+    """What vLLM 0.33's native class for a family receives, proven equal by the parity suite
+    (``tests/models/test_vllm_parity.py``)."""
+
+    architectures: tuple[str, ...]
+    """``config.json`` architectures this declaration covers."""
+    fields: EngineFields | None = None
+    """The family's field configs; ``None``: the module's native processor already sends vLLM's."""
+    device_normalize: bool = False
+    """vLLM's ``supports_mm_device_do_normalize`` for the class: the default of
+    ``mm_device_do_normalize`` (raw uint8 pixels: the HF call gets :data:`DEVICE_NORMALIZE_KWARGS`)."""
+    hf_samples_frames: bool = True
+    """A loaded video's ``do_sample_frames`` (true where every frame was kept) reaches the HF call, as
+    vLLM's transformers backend passes it. False: vLLM's native processor strips it from the metadata
+    and HF keeps the frames it gets (Qwen2.5-VL: HF's own sampling of a short clip fails)."""
+    whole_range_embeds: bool = False
+    """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
+    range whose every token is embedded carries no ``is_embed`` mask."""
+
+
+def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> PlaceholderRange:
+    """``placeholder`` as the engine's class gets it (without an all-true mask where vLLM sends none)."""
+    mask = placeholder.is_embed
+    if native is not None and native.whole_range_embeds and mask is not None and bool(mask.all()):
+        return PlaceholderRange(offset=placeholder.offset, length=placeholder.length, is_embed=None)
+    return placeholder
