@@ -36,7 +36,7 @@ from mmfront.inputs import (
     mm_inputs,
 )
 from mmfront.parse import EmbeddingItems, MultiModalDataItems, MultiModalDataParser
-from mmfront.processing._matching import apply_prompt_updates
+from mmfront.processing._splicing import apply_prompt_updates
 from mmfront.processing._stray import refuse_stray_tokens, single_token_ids
 from mmfront.processing.commit import (
     NOTHING_TO_COMMIT,
