@@ -14,11 +14,11 @@ from typing import Any
 
 from mmfront.cache.base import NULL_SENDER_MIRROR, BaseMultiModalProcessorCache, SenderMirror
 from mmfront.errors import InputTypeError, ValidationError
-from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs
+from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs, placeholders_in_prompt_order
 from mmfront.preprocess.context_length import check_context_length
 from mmfront.preprocess.options import PromptInput, RequestOptions
 from mmfront.preprocess.preprocessor import InputPreprocessor
-from mmfront.processing.commit import commit, placeholders_in_prompt_order
+from mmfront.processing.commit import commit
 from mmfront.wire import EngineCoreRequest, LoRARequest, SamplingParams
 from mmfront.wire.messages import MirrorOnly, MirrorStamp
 
@@ -148,7 +148,7 @@ class InputProcessor:
     def build_mm_features(
         self, inputs: MultiModalInputs, lora_request: LoRARequest | None = None,
     ) -> list[MultiModalFeatureSpec]:
-        """One feature per item, in prompt order (:func:`~mmfront.processing.commit.placeholders_in_prompt_order`)."""
+        """One feature per item, in prompt order (:func:`~mmfront.inputs.placeholders_in_prompt_order`)."""
         hashes = inputs["mm_hashes"]
         for modality, values in hashes.items():
             if not all(isinstance(h, str) for h in values):

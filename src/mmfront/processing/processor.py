@@ -34,6 +34,7 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     MultiModalKwargsItems,
     mm_inputs,
+    placeholders_in_prompt_order,
 )
 from mmfront.parse import EmbeddingItems, MultiModalDataItems, MultiModalDataParser
 from mmfront.processing._splicing import apply_prompt_updates
@@ -43,7 +44,6 @@ from mmfront.processing.commit import (
     PendingCommit,
     PreparedInputs,
     commit,
-    placeholders_in_prompt_order,
 )
 from mmfront.processing.executors.base import ItemExecutor, ItemJob
 from mmfront.processing.executors.inplace import InPlaceExecutor
