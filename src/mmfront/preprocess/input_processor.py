@@ -53,7 +53,7 @@ class InputProcessor:
 
     def for_another_engine(self) -> InputProcessor:
         """A processor for one more data-parallel rank: the same model and processing, its own
-        P0 mirror (see :meth:`ModelPipeline.engine_cache`)."""
+        P0 mirror (see :meth:`~mmfront.preprocess.pipeline.ModelPipeline.engine_cache`)."""
         return InputProcessor(self.preprocessor, cache=self.pipeline.engine_cache())
 
     def prepare(

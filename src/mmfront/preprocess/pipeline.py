@@ -40,9 +40,10 @@ from mmfront.timing import stage
 
 class ModelPipeline:
     """The frontend's multimodal path for one model: owns the processor, the P0 caches, the media
-    connector, the cache statistics and the item executor (the processing lanes), and is the one place requests are
-    prepared and committed. :class:`InputPreprocessor` and :class:`InputProcessor` are vLLM's
-    faces of it."""
+    connector, the cache statistics and the item executor (the processing lanes), and is the one
+    place requests are prepared and committed.
+    :class:`~mmfront.preprocess.preprocessor.InputPreprocessor` and
+    :class:`~mmfront.preprocess.input_processor.InputProcessor` are vLLM's faces of it."""
 
     def __init__(
         self, model: str | Path | Any, config: MultiModalConfig | None = None, *, model_id: str | None = None,
