@@ -12,7 +12,8 @@ from __future__ import annotations
 from _harness import Report, median_time
 from mmfront.errors import PromptUpdateError
 from mmfront.fixtures.models.gemma3 import make_gemma3_tokenizer
-from mmfront.processing._matching import apply_prompt_updates, apply_token_matches, find_mm_placeholders
+from mmfront.processing._placeholders import find_mm_placeholders
+from mmfront.processing._splicing import apply_prompt_updates, apply_token_matches
 from mmfront.processing.updates import PromptReplacement, PromptUpdateDetails
 
 GROUP = "updates"

@@ -12,6 +12,7 @@ from mmfront.errors import InputTypeError, ValidationError
 from mmfront.media import image as media_image
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import image_data_url, make_image
+from mmfront.wire import SamplingParams
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.structs import EngineCoreRequest, LoRARequest
 
@@ -115,11 +116,17 @@ def test_request_checks(gemma3_dir: Path) -> None:
     processor = InputProcessor(pre)
     with pytest.raises(ValidationError, match="The decoder prompt cannot be empty"):
         processor.process_inputs("a", [])
-    with pytest.raises(ValidationError, match=r"The decoder prompt \(length 31\) is longer than the maximum model "
-                                              r"length of 30"):
+    with pytest.raises(ValidationError, match=r"^This model's maximum context length is 30 tokens. However, your "
+                                              r"prompt contains 31 input tokens") as over:
         processor.process_inputs("b", [1] * 31)
-    with pytest.raises(ValidationError, match="leaving no room for an output token"):
+    assert (over.value.parameter, over.value.value) == ("input_tokens", 31)
+    with pytest.raises(ValidationError, match=r"^max_tokens must be at least 1, got 0.$") as full:
         processor.process_inputs("c", [1] * 30)
+    assert (full.value.parameter, full.value.value) == ("max_tokens", 0)
+    with pytest.raises(ValidationError, match=r"^max_tokens=31 cannot be greater than max_model_len=30") as asked:
+        processor.process_inputs("c", [1] * 3, SamplingParams(max_tokens=31))
+    assert asked.value.parameter == "max_tokens"
+    assert processor.process_inputs("c", [1] * 3, SamplingParams(max_tokens=30)).sampling_params.max_tokens == 30
     with pytest.raises(ValidationError, match="Token id 999999 is out of vocabulary"):
         processor.process_inputs("d", [1, 999999])
     with pytest.raises(ValidationError, match="Token id -1 is out of vocabulary"):

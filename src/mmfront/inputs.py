@@ -505,6 +505,17 @@ def group_and_batch_mm_items(
 # --- features and processor outputs -----------------------------------------------------------
 
 
+def placeholders_in_prompt_order(
+    mm_placeholders: Mapping[str, Sequence[PlaceholderRange]],
+) -> list[tuple[int, str, int]]:
+    """Every placeholder as ``(offset, modality, item index)``, in prompt order: the order a
+    request's features are sent in, so the order P0 commits and P1 walks them (stable: ties keep
+    modality, then item order)."""
+    flat = [(r.offset, m, i) for m, ranges in mm_placeholders.items() for i, r in enumerate(ranges)]
+    flat.sort(key=lambda x: x[0])
+    return flat
+
+
 @dataclass
 class MultiModalFeatureSpec:
     """One multimodal item as it travels to the engine.
@@ -536,6 +547,32 @@ class MultiModalFeatureSpec:
                 if key in feature.data:
                     out[key].append(feature.data[key].data)
         return out
+
+
+def group_mm_kwargs_by_modality(
+    features: Sequence[MultiModalFeatureSpec], *, device: torch.device | str | None = None, pin_memory: bool = False,
+) -> list[tuple[str, list[MultiModalFeatureSpec], BatchedTensorInputs]]:
+    """A batch's features as encoder calls (vLLM's ``group_mm_kwargs_by_modality`` role): runs of
+    consecutive features of one modality whose items batch together, each with its model kwargs.
+
+    Every feature must carry its data (the receiver fills cached ones in before the engine sees
+    them); the order of ``features`` is kept, so the encoder outputs line up with them."""
+    out: list[tuple[str, list[MultiModalFeatureSpec], BatchedTensorInputs]] = []
+    run: list[MultiModalFeatureSpec] = []
+    for feature in [*features, None]:
+        if run and (feature is None or feature.modality != run[0].modality):
+            items = [f.data for f in run]
+            if any(item is None for item in items):
+                missing = [f.identifier for f in run if f.data is None]
+                raise FieldConfigError(f"Features {missing} carry no data: fill them from the receiver cache first.")
+            start = 0
+            for count, batched in group_and_batch_mm_items(items, device=device, pin_memory=pin_memory):  # type: ignore[arg-type]
+                out.append((run[0].modality, run[start:start + count], batched))
+                start += count
+            run = []
+        if feature is not None:
+            run.append(feature)
+    return out
 
 
 class _MultiModalInputsBase(TypedDict):

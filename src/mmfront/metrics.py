@@ -30,7 +30,7 @@ Snapshot = dict[str, float]
 
 CLIENT_KEYS = ("resends", "shadow_resets", "mirror_only", "failures", "engine_restarts", "wire_bytes",
                "saved_bytes")
-"""The fields of :class:`~mmfront.engine.client.ClientStats` a snapshot carries when given a client."""
+"""The fields of :class:`~mmfront.engine.client_state.ClientStats` a snapshot carries when given a client."""
 
 STAGE_PREFIX = "stage_seconds."
 

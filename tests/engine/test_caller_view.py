@@ -147,7 +147,7 @@ def test_an_engine_that_dies_fails_what_waits_and_marks_the_client(echo: EchoLin
     asyncio.run(main())
 
 
-def test_a_request_longer_than_max_model_len_is_refused_before_it_is_sent(gemma3_dir: Path) -> None:
+def test_a_request_that_cannot_fit_max_model_len_is_refused_before_it_is_sent(gemma3_dir: Path) -> None:
     chat = messages((0,), 1)
     measure = InputProcessor(InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processor_cache_gb=0)))
     prompt = len(measure.process_inputs("x", chat).prompt_token_ids or [])
@@ -156,22 +156,27 @@ def test_a_request_longer_than_max_model_len_is_refused_before_it_is_sent(gemma3
     client = AsyncEngineClient(InputProcessor(pre), PipeTransport(p0_end))
 
     async def main() -> None:
-        client.max_model_len = prompt + 5
-        with pytest.raises(ValidationError) as info:
-            await client.add_request("r1", chat, SamplingParams(max_tokens=6))
-        assert info.value.parameter == "max_tokens"
-        assert str(info.value) == (
-            f"This model's maximum context length is {prompt + 5} tokens. However, you requested {prompt + 6} tokens "
-            f"({prompt} in the input, 6 in max_tokens). Please reduce the length of the input prompt or max_tokens.")
-        client.max_model_len = prompt
+        client.max_model_len = prompt - 1
         with pytest.raises(ValidationError) as info:
             await client.add_request("r1", chat, SamplingParams(max_tokens=1))
-        assert info.value.parameter == "input_tokens"
+        assert (info.value.parameter, info.value.value) == ("input_tokens", prompt)
         assert str(info.value) == (
-            f"This model's maximum context length is {prompt} tokens. However, your prompt contains {prompt} input "
-            "tokens, which leaves no room for output tokens. Please reduce the length of the input prompt.")
-        client.max_model_len = prompt + 6
-        await client.add_request("r1", chat, SamplingParams(max_tokens=6))  # exactly fits: sent
+            f"This model's maximum context length is {prompt - 1} tokens. However, your prompt contains {prompt} input "
+            "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the input "
+            "prompt.")
+        client.max_model_len = prompt  # no room for one output token: vLLM's server computes a budget of 0
+        with pytest.raises(ValidationError) as info:
+            await client.add_request("r1", chat)
+        assert (info.value.parameter, info.value.value, str(info.value)) == (
+            "max_tokens", 0, "max_tokens must be at least 1, got 0.")
+        client.max_model_len = prompt + 5
+        with pytest.raises(ValidationError) as info:
+            await client.add_request("r1", chat, SamplingParams(max_tokens=prompt + 6))
+        assert (info.value.parameter, info.value.value, str(info.value)) == (
+            "max_tokens", prompt + 6, f"max_tokens={prompt + 6} cannot be greater than max_model_len={prompt + 5}. "
+            "Please request fewer output tokens.")
+        # A prompt and max_tokens that fit alone but not together: sent (the engine stops at the context)
+        await client.add_request("r1", chat, SamplingParams(max_tokens=6))
 
     asyncio.run(main())
     engine = PipeTransport(p1_end)

@@ -151,7 +151,7 @@ def _inject(step: str, error: Exception, mp: pytest.MonkeyPatch, frontend: Front
     elif step == "validation":
         mp.setattr(InputProcessor, "_validate", fail)
     elif step == "commit entry":
-        mp.setattr("mmfront.preprocess.commit", fail)
+        mp.setattr("mmfront.preprocess.pipeline.commit", fail)
     elif step == "commit half-way":  # the first item's operation is logged, the second fails
         mp.setattr(MirroredSenderCache, "get_and_update_item",
                    _fail_on_call(2, error, MirroredSenderCache.get_and_update_item))

@@ -57,7 +57,7 @@ def test_a_huge_chat_text_part_is_refused_before_tokenizing(
 def test_a_prompt_at_the_bound_is_tokenized_and_judged_by_its_tokens(pre: InputPreprocessor) -> None:
     limit = MAX_MODEL_LEN * longest_token(pre)
     assert pre.processor.info.max_prompt_chars == limit
-    with pytest.raises(ValidationError, match=r"^The decoder prompt \(length [0-9]+\) is longer than the maximum"):
+    with pytest.raises(ValidationError, match=r"^This model's maximum context length is 64 tokens. However, your prompt contains [0-9]+ input "):
         InputProcessor(pre).prepare("r", "a" * limit)
     with pytest.raises(ValidationError, match=f"^The prompt has {limit + 1} characters"):
         InputProcessor(pre).prepare("r", "a" * (limit + 1))

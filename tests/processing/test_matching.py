@@ -11,15 +11,13 @@ from mmfront.errors import PromptUpdateError
 from mmfront.fixtures.models.gemma3 import make_gemma3_tokenizer
 from mmfront.processing._matching import (
     PromptTargetMatch,
-    apply_prompt_updates,
-    apply_text_matches,
-    apply_token_matches,
-    find_mm_placeholders,
     iter_target_text_matches,
     iter_target_token_matches,
     iter_token_matches,
     replace_token_matches,
 )
+from mmfront.processing._placeholders import find_mm_placeholders
+from mmfront.processing._splicing import apply_prompt_updates, apply_text_matches, apply_token_matches
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptIndexTargets,

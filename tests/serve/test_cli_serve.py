@@ -263,7 +263,7 @@ def test_import_mmfront_is_light_and_its_names_load_on_use() -> None:
              "from mmfront import InputPreprocessor, SamplingParams; "
              "print(light, InputPreprocessor.__module__, 'torch' in sys.modules, 'SamplingParams' in dir(mmfront))")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout.split() == ["True", "mmfront.preprocess", "True", "True"]
+    assert done.stdout.split() == ["True", "mmfront.preprocess.preprocessor", "True", "True"]
 
 
 def test_an_unknown_name_of_the_package_is_an_attribute_error() -> None:

@@ -7,7 +7,8 @@ live in :mod:`mmfront.engine.runner` and :mod:`mmfront.engine.worker`.
 """
 
 from mmfront.engine.async_client import AsyncEngineClient, BlockingEngineClient
-from mmfront.engine.client import EngineClient, RequestAdmitted, RequestFailed, RequestOutput
+from mmfront.engine.client import EngineClient
+from mmfront.engine.client_events import RequestAdmitted, RequestFailed, RequestOutput
 from mmfront.engine.handshake import DataParallelConfig, EngineInfo, FrontendHandshake, engine_handshake
 from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver
 from mmfront.engine.transports import (

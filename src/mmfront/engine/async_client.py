@@ -14,8 +14,9 @@ is answered exactly once either way.
 
 The caller's view is vLLM's ``AsyncLLM``: a stream whose consumer goes away (its task is
 cancelled, the iterator is closed or garbage-collected before the last output) aborts the request
-in the engine; a request whose prompt and ``max_tokens`` exceed the engine's ``max_model_len``
-is refused with :class:`~mmfront.errors.ValidationError` before anything is sent; engine methods
+in the engine; a request that cannot fit the engine's ``max_model_len`` (the one context-length
+rule, :func:`~mmfront.preprocess.context_length.get_max_tokens`) is refused with
+:class:`~mmfront.errors.ValidationError` before anything is sent; engine methods
 are called by name with :meth:`~AsyncEngineClient.call_utility` (vLLM's ``call_utility_async``)
 and its named wrappers (``sleep``, ``wake_up``, ``reset_mm_cache``, ...).
 

@@ -36,16 +36,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
+from mmfront.engine.client_events import ClientEvent, RequestAdmitted, RequestFailed, RequestOutput, UtilityReply
+from mmfront.engine.client_state import ClientStats, EngineRank, InFlight
 from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
 from mmfront.errors import ConfigError, EngineDeadError, MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
+from mmfront.preprocess.context_length import check_context_length
 from mmfront.timing import stage
-from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder, SamplingParams
+from mmfront.wire import Frame, MsgpackEncoder, SamplingParams
 from mmfront.wire.handshake import EXTRA_ADMITTED, EXTRA_MIRROR, MMFRONT_EXTRAS
 from mmfront.wire.messages import (
     ABORT,
@@ -66,92 +68,9 @@ from mmfront.wire.messages import (
     decode_message,
     encode_envelope,
 )
-from mmfront.wire.structs import EngineCoreOutput, EngineCoreOutputs, FinishReason, UtilityOutput
+from mmfront.wire.structs import EngineCoreOutputs, FinishReason
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RequestAdmitted:
-    """P1 admitted the request. ``request`` is what the engine got, when P1 echoes it."""
-
-    request_id: str
-    request: EngineCoreRequest | None = None
-
-
-@dataclass(frozen=True)
-class RequestFailed:
-    """The request cannot be served: committing or sending it again failed, or the engine
-    restarted while it was generating. Cache misses never fail a request (see ``_InFlight``)."""
-
-    request_id: str
-    error: MMFrontError
-
-
-@dataclass(frozen=True)
-class RequestOutput:
-    """One step output of an admitted request (its last has ``finish_reason`` set)."""
-
-    request_id: str
-    output: EngineCoreOutput
-
-
-@dataclass(frozen=True)
-class UtilityReply:
-    """The engine answered a utility call (:meth:`EngineClient.call_utility`)."""
-
-    output: UtilityOutput
-
-
-ClientEvent = RequestAdmitted | RequestFailed | RequestOutput | UtilityReply
-
-
-@dataclass
-class EngineRank:
-    """One data-parallel rank as this client sees it. Mutated in the commit lane only."""
-
-    index: int
-    processor: InputProcessor
-    """Prepares and commits this rank's requests against its own P0 cache."""
-    info: EngineInfo | None
-    extras: frozenset[str]
-    """The mmfront extras this engine announced; none for a stock vLLM engine."""
-    epoch: int | None = None
-    """The engine process's epoch (mmfront engines greet with one); a new one means a restart."""
-    outstanding: int = 0
-    """Requests of this client on this rank: chosen for it and not finished."""
-    sent: int = 0
-    """Requests sent to it (resends not counted)."""
-    last_heard: float = field(default_factory=time.monotonic)
-    """When a message last arrived from it (``time.monotonic``)."""
-
-
-@dataclass
-class _InFlight:
-    prepared: PreparedRequest
-    rank: EngineRank
-    complete: bool = False
-    """Its latest send carried the data of every item, which P1 admits in any state (in the
-    mirror, outside it, with an empty cache): a miss arriving now answers an earlier copy (one
-    in transit through a restart or reset, a duplicate) and is ignored."""
-    produced: bool = False
-
-
-@dataclass
-class ClientStats:
-    """What drift cost: ``resends`` after a cache miss, ``shadow_resets`` of P0's mirror,
-    ``mirror_only`` messages for requests rejected after their commit, and ``failures``:
-    requests reported to the caller as failed."""
-
-    resends: int = 0
-    shadow_resets: int = 0
-    mirror_only: int = 0
-    failures: int = 0
-    engine_restarts: int = 0
-    wire_bytes: int = 0
-    """Bytes of every request envelope sent (resends included)."""
-    saved_bytes: int = 0
-    """Bytes of the items sent as references to what P1 holds instead of with their data."""
 
 
 class EngineClient:
@@ -169,7 +88,8 @@ class EngineClient:
         self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False,
         engines: Sequence[EngineInfo] = (),
     ) -> None:
-        self.processor = processor  # rank 0's; the other ranks' share its model and processing
+        self.processor = processor
+        """Rank 0's processor; the other ranks' share its model and processing."""
         self.transport = transport
         infos: list[EngineInfo | None] = [*engines] or [None]
         if len(infos) > 1 and not transport.routes_to_engines:
@@ -185,7 +105,7 @@ class EngineClient:
         self.engines = list(engines)
         """Every rank's start-up answer, by rank (empty without a handshake)."""
         self.engine = infos[0]
-        """Rank 0's start-up answer."""
+        """Rank 0's start-up answer (``max_model_len``, ``num_gpu_blocks``, ``block_size``)."""
         self.stats = ClientStats()
         self.stream_outputs = stream_outputs
         """Keep admitted requests until their last output (the engine's outputs come back over
@@ -193,12 +113,13 @@ class EngineClient:
         known = [info.max_model_len for info in engines]
         self.max_model_len: int | None = min(known) if known else None
         """The engines' context length (the smallest start-up answer, as vLLM takes it): a request
-        whose prompt and ``max_tokens`` exceed it is refused before it is sent (``None``:
-        unknown, nothing is checked)."""
+        that cannot fit it is refused before it is sent, by the one context-length rule
+        (:func:`~mmfront.preprocess.context_length.check_context_length`; ``None``: unknown,
+        nothing is checked)."""
         self._lane = threading.RLock()
         self._lane_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmfront-commit-lane")
-        self._in_flight: dict[str, _InFlight] = {}
-        self._running: dict[str, _InFlight] = {}
+        self._in_flight: dict[str, InFlight] = {}
+        self._running: dict[str, InFlight] = {}
         self._rank_of: dict[str, EngineRank] = {}
         """Every request this client tracks (being prepared, in flight, running) and its rank."""
         self._encoder = MsgpackEncoder()
@@ -394,7 +315,7 @@ class EngineClient:
             self._untrack(request_id)
         return True
 
-    def _on_stock_miss(self, request_id: str, entry: _InFlight, mm_hashes: list[str]) -> list[ClientEvent]:
+    def _on_stock_miss(self, request_id: str, entry: InFlight, mm_hashes: list[str]) -> list[ClientEvent]:
         """A stock engine's miss (vLLM's reply): the request ended there; send it again."""
         if entry.complete:
             return []  # answers a copy sent before the complete resend, which is on its way
@@ -451,7 +372,7 @@ class EngineClient:
         if rank is not None:
             rank.last_heard = time.monotonic()
 
-    def _fail(self, request_id: str, entry: _InFlight, error: MMFrontError) -> RequestFailed:
+    def _fail(self, request_id: str, entry: InFlight, error: MMFrontError) -> RequestFailed:
         """``request_id`` (already out of the tables) fails with ``error``."""
         self.stats.failures += 1
         self._untrack(request_id)
@@ -470,11 +391,12 @@ class EngineClient:
             if rank is None:
                 return  # aborted while it was being prepared
             try:
-                self._check_length(prepared)
+                check_context_length(self.max_model_len, prepared.params.max_tokens,
+                                     len(prepared.inputs.get("prompt_token_ids") or []))
             except ValidationError:
                 self._release(prepared.request_id)
                 raise
-            entry = _InFlight(prepared, rank)
+            entry = InFlight(prepared, rank)
             self._in_flight[prepared.request_id] = entry
             try:
                 self._submit(entry)
@@ -482,24 +404,6 @@ class EngineClient:
                 self._release(prepared.request_id)
                 raise
             rank.sent += 1
-
-    def _check_length(self, prepared: PreparedRequest) -> None:
-        """vLLM's length checks, before anything is committed or sent."""
-        limit = self.max_model_len
-        if limit is None:
-            return
-        prompt = len(prepared.inputs.get("prompt_token_ids") or [])
-        if prompt >= limit:
-            raise ValidationError(
-                f"This model's maximum context length is {limit} tokens. However, your prompt contains {prompt} "
-                "input tokens, which leaves no room for output tokens. Please reduce the length of the input prompt.",
-                parameter="input_tokens")
-        max_tokens = prepared.params.max_tokens
-        if max_tokens is not None and prompt + max_tokens > limit:
-            raise ValidationError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt + max_tokens} tokens ({prompt} in the input, {max_tokens} in max_tokens). Please reduce "
-                "the length of the input prompt or max_tokens.", parameter="max_tokens")
 
     def _on_miss(self, miss: CacheMiss) -> list[ClientEvent]:
         entry = self._in_flight.get(miss.request_id)
@@ -516,7 +420,7 @@ class EngineClient:
         failed = self._resubmit(miss.request_id, entry, complete=True)
         return [] if failed is None else [failed]
 
-    def _resubmit(self, request_id: str, entry: _InFlight | None, *, complete: bool) -> RequestFailed | None:
+    def _resubmit(self, request_id: str, entry: InFlight | None, *, complete: bool) -> RequestFailed | None:
         """Send ``request_id`` again; ``complete``: with the data of every item, not only what P1
         reported missing, so this send cannot miss even if P1 resets again before it arrives."""
         if entry is None:
@@ -538,7 +442,7 @@ class EngineClient:
             return True
         return False
 
-    def _submit(self, entry: _InFlight) -> None:
+    def _submit(self, entry: InFlight) -> None:
         """Commit, stamp, encode and send one request to its rank; the caller holds the lane."""
         prepared, rank, processor = entry.prepared, entry.rank, entry.rank.processor
         try:

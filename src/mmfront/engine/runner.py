@@ -43,11 +43,11 @@ from mmfront.errors import (
     UnsupportedModelError,
     ValidationError,
 )
-from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, group_and_batch_mm_items
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, group_mm_kwargs_by_modality
 from mmfront.models.catalog import model_specs, reference_model
 from mmfront.wire.structs import EngineCoreOutput, EngineCoreRequest, FinishReason, RequestError
 
-__all__ = ["ModelRunner", "error_output", "group_mm_kwargs_by_modality", "scatter_mm_embeddings"]
+__all__ = ["ModelRunner", "error_output", "scatter_mm_embeddings"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,32 +79,6 @@ def scatter_mm_embeddings(
         inputs_embeds[span] = emb.to(inputs_embeds.dtype)
         is_mm[span] = True
     return is_mm
-
-
-def group_mm_kwargs_by_modality(
-    features: Sequence[MultiModalFeatureSpec], *, device: torch.device | str | None = None, pin_memory: bool = False,
-) -> list[tuple[str, list[MultiModalFeatureSpec], BatchedTensorInputs]]:
-    """A batch's features as encoder calls (vLLM's ``group_mm_kwargs_by_modality`` role): runs of
-    consecutive features of one modality whose items batch together, each with its model kwargs.
-
-    Every feature must carry its data (the receiver fills cached ones in before the engine sees
-    them); the order of ``features`` is kept, so the encoder outputs line up with them."""
-    out: list[tuple[str, list[MultiModalFeatureSpec], BatchedTensorInputs]] = []
-    run: list[MultiModalFeatureSpec] = []
-    for feature in [*features, None]:
-        if run and (feature is None or feature.modality != run[0].modality):
-            items = [f.data for f in run]
-            if any(item is None for item in items):
-                missing = [f.identifier for f in run if f.data is None]
-                raise FieldConfigError(f"Features {missing} carry no data: fill them from the receiver cache first.")
-            start = 0
-            for count, batched in group_and_batch_mm_items(items, device=device, pin_memory=pin_memory):  # type: ignore[arg-type]
-                out.append((run[0].modality, run[start:start + count], batched))
-                start += count
-            run = []
-        if feature is not None:
-            run.append(feature)
-    return out
 
 
 @dataclass

@@ -19,21 +19,10 @@ from typing import cast
 
 from mmfront.cache.base import BaseMultiModalProcessorCache, PromptUpdates
 from mmfront.errors import ValidationError
-from mmfront.inputs import MultiModalInputs, MultiModalKwargsItem, MultiModalKwargsItems, PlaceholderRange
+from mmfront.inputs import MultiModalInputs, MultiModalKwargsItem, MultiModalKwargsItems
 
 Reprocess = Callable[[str, int], MultiModalKwargsItem]
 """Processes item ``index`` of a modality again from its media (a hit that was evicted since)."""
-
-
-def placeholders_in_prompt_order(
-    mm_placeholders: Mapping[str, Sequence[PlaceholderRange]],
-) -> list[tuple[int, str, int]]:
-    """Every placeholder as ``(offset, modality, item index)``, in prompt order: the order a
-    request's features are sent in, so the order P0 commits and P1 walks them (stable: ties keep
-    modality, then item order)."""
-    flat = [(r.offset, m, i) for m, ranges in mm_placeholders.items() for i, r in enumerate(ranges)]
-    flat.sort(key=lambda x: x[0])
-    return flat
 
 
 @dataclass(frozen=True)

@@ -34,16 +34,16 @@ from mmfront.inputs import (
     MultiModalKwargsItem,
     MultiModalKwargsItems,
     mm_inputs,
+    placeholders_in_prompt_order,
 )
 from mmfront.parse import EmbeddingItems, MultiModalDataItems, MultiModalDataParser
-from mmfront.processing._matching import apply_prompt_updates
+from mmfront.processing._splicing import apply_prompt_updates
 from mmfront.processing._stray import refuse_stray_tokens, single_token_ids
 from mmfront.processing.commit import (
     NOTHING_TO_COMMIT,
     PendingCommit,
     PreparedInputs,
     commit,
-    placeholders_in_prompt_order,
 )
 from mmfront.processing.executors.base import ItemExecutor, ItemJob
 from mmfront.processing.executors.inplace import InPlaceExecutor

@@ -32,9 +32,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyError, ValidationError
+from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
+from mmfront.preprocess.context_length import get_max_tokens
 from mmfront.serve import protocol, responses
 from mmfront.serve.errors import error_body
 from mmfront.serve.output import ChoiceOutput, Delta, make_detokenizer
@@ -186,7 +187,8 @@ class _Server:
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
         inputs = await self._prepare(req.messages, options, response_id)
         params = protocol.sampling_params(
-            req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"])))
+            req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
+                                  "max_completion_tokens" if req.max_completion_tokens else "max_tokens"))
         protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_tokens = len(inputs["prompt_token_ids"])
@@ -245,16 +247,9 @@ class _Server:
             raise ModelNotFoundError(f"The model `{model}` does not exist. Valid aliases: "
                                      f"{', '.join(self.settings.model_names)}.", parameter="model")
 
-    def _max_tokens(self, requested: int | None, prompt_tokens: int) -> int | None:
-        """vLLM's ``get_max_tokens``: at most what the context leaves after the prompt."""
-        limit = self.max_model_len
-        if limit is None:
-            return requested
-        if requested is not None and requested > limit:
-            raise ValidationError(f"max_tokens={requested} cannot be greater than max_model_len={limit}. Please "
-                                  "request fewer output tokens.", parameter="max_tokens", value=requested)
-        room = max(limit - prompt_tokens, 1)  # a prompt that fills the context is refused by the client
-        return room if requested is None else min(requested, room)
+    def _max_tokens(self, requested: int | None, prompt_tokens: int, param: str = "max_tokens") -> int | None:
+        """The output budget the one context-length rule gives (vLLM's ``get_max_tokens``)."""
+        return get_max_tokens(self.max_model_len, requested, prompt_tokens, max_tokens_param=param)
 
     async def _prepare(self, prompt: PromptInput, options: RequestOptions, request_id: str) -> MultiModalInputs:
         if self.client.errored:
