@@ -17,6 +17,7 @@ padded to the longest audio of the call (each audio is then processed alone).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
@@ -50,7 +51,7 @@ from mmfront.parse import (
     MultiModalDataItems,
     VideoProcessorItems,
 )
-from mmfront.processing.hf import SCOPES, call_hf
+from mmfront.processing.hf import SCOPES, call_hf, resolve_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
@@ -59,6 +60,14 @@ MM_TOKEN_TYPE = {"image": 1, "video": 2, "audio": 3}
 
 PROBE_IMAGE_SIZE = 64
 """Edge of the dummy images a processor is probed with (every tested image processor takes it)."""
+
+MAX_DUMMY_SIDE = 10_000
+"""vLLM 0.33's last dummy image candidate: arbitrarily large, bounded only by the processor's own
+resizing (tiling processors reach their most tokens only there)."""
+
+MIN_DUMMY_SIDE = 224
+"""Below this vLLM 0.33 stops halving a dummy image (tiny inputs trip processors' channel-axis
+inference)."""
 
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 VIDEO_MIN_VERSION = Version("5.18.0")
@@ -469,6 +478,34 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         # SmolVLM's answers (patches, rows, cols); others answer the count alone.
         return [int(c[0]) if isinstance(c, tuple) else int(c) for c in counts]
 
+    def get_dummy_image_size(self) -> tuple[int, int]:
+        """vLLM 0.33's transformers backend rule: of the sizes the image processor's ``size``
+        names and :data:`MAX_DUMMY_SIDE`, the first the HF processor counts the most image tokens
+        for, halved while that count holds. The generic rule reads ``longest_edge`` as an edge, but
+        Qwen2-VL and GLM keep their pixel budget there: Qwen2.5-VL's 12845056 made a dummy image of
+        12845056 x 12845056 pixels, which killed ``mmfront serve`` at start. Processors that cannot
+        count keep the generic rule."""
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs)
+
+        def count(size: ImageSize) -> int | None:
+            query = self.query_mm_tokens(hf_kwargs, image_sizes=[(size.height, size.width)])
+            tokens = getattr(query, "num_image_tokens", None)
+            return int(tokens[0]) if isinstance(tokens, (list, tuple)) and len(tokens) == 1 else None
+
+        image_processor = getattr(self.info.hf_processor, "image_processor", None)
+        sizes = [*size_candidates(image_processor), ImageSize(MAX_DUMMY_SIDE, MAX_DUMMY_SIDE)]
+        counts = [count(size) for size in sizes]
+        if None in counts:
+            return super().get_dummy_image_size()
+        most = max(c for c in counts if c is not None)
+        size = sizes[counts.index(most)]
+        while min(size) // 2 >= MIN_DUMMY_SIDE:
+            smaller = ImageSize(size.width // 2, size.height // 2)
+            if (count(smaller) or 0) < most:
+                break
+            size = smaller
+        return size.width, size.height
+
     def query_mm_tokens(self, hf_kwargs: Mapping[str, Any], **sizes: Any) -> Any:
         """``hf_processor._get_num_multimodal_tokens(...)``, or None where it is missing or fails.
 
@@ -527,6 +564,25 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
                 config[f"{modality}_replacement_ids"] = MultiModalFieldConfig.flat_from_sizes(
                     modality, torch.tensor(lay.replacement_sizes), keep_on_cpu=True)
         return config
+
+
+def size_candidates(subprocessor: Any) -> list[ImageSize]:
+    """Dummy sizes read off a sub-processor's ``size``, as vLLM 0.33 reads them: an exact
+    ``height``/``width`` (or ``max_height``/``max_width``), else ``max_pixels`` or ``longest_edge``
+    as an area budget (a square of that many pixels); ``shortest_edge`` bounds only the small
+    side, so it names none."""
+    size = getattr(subprocessor, "size", None)
+
+    def read(name: str) -> Any:
+        value = size.get(name) if isinstance(size, Mapping) else getattr(size, name, None)
+        return value if isinstance(value, int) and value > 0 else None
+
+    height, width = read("height") or read("max_height"), read("width") or read("max_width")
+    if height and width:
+        return [ImageSize(width, height)]
+    area = read("max_pixels") or read("longest_edge")
+    side = math.isqrt(area) if area else 0
+    return [ImageSize(side, side)] if side else []
 
 
 def refuse_embeddings(mm_items: MultiModalDataItems) -> None:
