@@ -51,6 +51,11 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # logprobs and token ids (chat's and completions' own logprobs fields are theirs)
+    prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -60,6 +65,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+    echo: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -106,21 +112,38 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
         raise RequestBodyError(f"JSON decode error: {e}", parameter=BODY_PARAM) from e
     if request.stream_options is not None and not request.stream:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
+    _check_logprobs(request)
     if isinstance(request, CompletionRequest):
         _check_completion(request)
-    elif isinstance(request, ChatCompletionRequest) and request.top_logprobs is not None:
-        if request.top_logprobs < 0 and request.top_logprobs != -1:
-            raise ValidationError("`top_logprobs` must be a positive value or -1.", parameter="top_logprobs")
-        if request.top_logprobs != 0 and not request.logprobs:
-            raise ValidationError("when using `top_logprobs`, `logprobs` must be set to true.",
-                                  parameter="top_logprobs")
     return request
 
 
+def _check_logprobs(request: _SamplingFields) -> None:
+    """vLLM's ``check_logprobs`` validators, in their order."""
+    if request.logprob_token_ids:
+        raise ValidationError("`logprob_token_ids` is not supported by mmfront serve.",
+                              parameter="logprob_token_ids")
+    if (prompt := request.prompt_logprobs) is not None:
+        if request.stream and (prompt > 0 or prompt == -1):
+            raise ValidationError("`prompt_logprobs` are not available when `stream=True`.",
+                                  parameter="prompt_logprobs")
+        if prompt < 0 and prompt != -1:
+            raise ValidationError("`prompt_logprobs` must be a positive value or -1.", parameter="prompt_logprobs",
+                                  value=prompt)
+    if isinstance(request, ChatCompletionRequest) and (top := request.top_logprobs) is not None:
+        if top < 0 and top != -1:
+            raise ValidationError("`top_logprobs` must be a positive value or -1.", parameter="top_logprobs",
+                                  value=top)
+        if (top == -1 or top > 0) and not request.logprobs:
+            raise ValidationError("when using `top_logprobs`, `logprobs` must be set to true.",
+                                  parameter="top_logprobs")
+    if isinstance(request, CompletionRequest) and (logprobs := request.logprobs) is not None and logprobs < -1:
+        raise ValidationError("`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs)
+
+
 def _check_completion(request: CompletionRequest) -> None:
-    if request.echo or request.suffix is not None:
-        raise ValidationError("`echo` and `suffix` are not supported by mmfront serve yet.",
-                              parameter="echo" if request.echo else "suffix")
+    if request.suffix is not None:
+        raise ValidationError("`suffix` is not supported by mmfront serve yet.", parameter="suffix")
     if not prompts(request):
         raise ValidationError("Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt")
 
@@ -145,6 +168,11 @@ def prompts(request: CompletionRequest) -> list[str | list[int]]:
     return out
 
 
+def echoes_prompt_only(request: CompletionRequest) -> bool:
+    """``echo`` with ``max_tokens`` 0: the answer is the prompt (the engine still makes one token)."""
+    return bool(request.echo) and request.max_tokens == 0
+
+
 def include_usage(request: _SamplingFields) -> bool:
     """Whether a stream ends with a usage chunk (vLLM's ``stream_options`` rules)."""
     return bool(request.stream_options is not None and request.stream_options.include_usage)
@@ -159,12 +187,19 @@ def continuous_usage(request: _SamplingFields) -> bool:
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> SamplingParams:
     """vLLM's ``to_sampling_params``: unset fields take vLLM's defaults; a value out of range raises
     :class:`~mmfront.errors.ValidationError` naming it."""
+    prompt_logprobs = request.prompt_logprobs
     if isinstance(request, ChatCompletionRequest):
         logprobs = request.top_logprobs if request.logprobs else None
+        if prompt_logprobs is None and request.echo:
+            prompt_logprobs = request.top_logprobs
     else:
         logprobs = request.logprobs
+        if prompt_logprobs is None and request.echo:
+            prompt_logprobs = request.logprobs
+        if request.echo and request.max_tokens == 0:  # the prompt alone: one token generated, not shown
+            max_tokens = 1
     try:
-        return _sampling_params(request, max_tokens, logprobs)
+        return _sampling_params(request, max_tokens, logprobs, prompt_logprobs)
     except ValidationError as e:
         if e.value is None:  # vLLM's message shows the value the request sent
             e.value = msgspec.structs.asdict(request).get(e.parameter or "")
@@ -188,7 +223,7 @@ def _pick(value: Any, default: Any) -> Any:
 
 
 def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
-                     logprobs: int | None) -> SamplingParams:
+                     logprobs: int | None, prompt_logprobs: int | None) -> SamplingParams:
     return SamplingParams(
         n=_pick(request.n, 1),
         presence_penalty=_pick(request.presence_penalty, 0.0),
@@ -205,6 +240,7 @@ def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tok
         max_tokens=max_tokens,
         min_tokens=request.min_tokens,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         skip_special_tokens=_pick(request.skip_special_tokens, True),
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
@@ -229,6 +265,7 @@ __all__ = [
     "child_params",
     "continuous_usage",
     "decode_request",
+    "echoes_prompt_only",
     "include_usage",
     "prompts",
     "sampling_params",
