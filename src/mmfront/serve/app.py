@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -33,7 +34,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyError, ValidationError
+from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, RequestBodyError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.serve import protocol, responses
@@ -106,6 +107,7 @@ class _Server:
         self.preprocessor = client.client.processor.preprocessor
         self.tokenizer = self.preprocessor.tokenizer
         self.logprob_tokens = LogprobTokens(self.tokenizer)
+        self.vocab_size = _model_vocab_size(self.preprocessor.pipeline.processor.info, len(self.tokenizer))
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
@@ -189,7 +191,7 @@ class _Server:
         inputs = await self._prepare(req.messages, options, response_id)
         params = protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"])))
-        protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
+        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -224,7 +226,7 @@ class _Server:
         prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
         params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
-        protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
+        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
         gen, choices = await self._start(response_id, prepared, params)
         head = self._head(response_id)
         headers = _id_header(request)
@@ -436,6 +438,16 @@ class _Server:
         as_ids = req.return_tokens_as_token_ids
         return LogprobFormat(self._decode_token,
                              self.settings.return_tokens_as_token_ids if as_ids is None else as_ids)
+
+
+def _model_vocab_size(info: Any, tokenizer_size: int) -> int:
+    """The model's vocabulary (its config's, which may be padded past the tokenizer's), what vLLM's
+    ``get_vocab_size`` gives ``-1`` logprobs; the tokenizer's where the model has no config."""
+    try:
+        config = info.get_hf_config()
+    except ConfigError:
+        return tokenizer_size
+    return int(getattr(config.get_text_config(), "vocab_size", None) or tokenizer_size)
 
 
 @dataclass(frozen=True)
