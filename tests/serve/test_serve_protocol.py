@@ -75,7 +75,10 @@ def test_completion_prompts(prompt: Any, want: list[Any]) -> None:
     assert protocol.prompts(request) == want and request.max_tokens == 16
 
 
-@pytest.mark.parametrize("body", [{}, {"prompt": ""}, {"prompt": ["a", 3]}, {"prompt": "a", "echo": True}])
+@pytest.mark.parametrize("body", [{}, {"prompt": ""}, {"prompt": ["a", 3]}, {"prompt": "a", "suffix": "b"},
+                                  {"prompt": "a", "logprobs": -2}, {"prompt": "a", "prompt_logprobs": -2},
+                                  {"prompt": "a", "prompt_logprobs": 1, "stream": True},
+                                  {"prompt": "a", "logprob_token_ids": [1], "logprobs": 1}])
 def test_completion_bodies_refused(body: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         protocol.decode_request(json.dumps(body).encode(), CompletionRequest)

@@ -35,10 +35,10 @@ Differences, asserted only where the two agree (docs/serving.md, "Differences fr
   ``multi_modal_data`` for a bad image where vLLM gives no param.
 * mmfront answers ``X-Request-Id`` in a response header too (vLLM only with
   ``--enable-request-id-headers``).
-* Not compared: ``logprobs`` (the stub executor computes none: vLLM answers 500, mmfront an empty
-  list; tested against a real model in test_openai_surface.py), ``top_k: -1`` and
-  ``chat_template_kwargs: {"add_generation_prompt": false}`` (vLLM answers 500), completions'
-  ``echo`` (mmfront refuses it, not yet supported).
+* Not compared here: ``logprobs`` and ``echo`` (this stub executor computes no logprobs, and vLLM
+  answers 500 without them; test_vllm_serve_logprobs.py compares them over an engine that sends
+  logprobs), ``top_k: -1`` and ``chat_template_kwargs: {"add_generation_prompt": false}`` (vLLM
+  answers 500).
 * Both refuse more than ``--max-logprobs`` (20) top logprobs with the same 400.
 
 Skipped where the peer venv, its model folder or ``../shared/peer`` is absent
