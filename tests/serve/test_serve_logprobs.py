@@ -210,3 +210,15 @@ def test_candidate_texts_equal_vllms_for_characters_split_across_tokens() -> Non
     got = [[[t, lp.decoded_token, lp.rank] for t, lp in pos.items()] for pos in out.logprobs]
     assert got == want
     assert any(text == "" for pos in got for _, text, _ in pos)  # a character's first bytes: no text yet
+
+
+def test_logprob_token_ids_give_each_named_token(tokenizer: Any) -> None:
+    named = tokenizer.encode("Hello world", add_special_tokens=False)[:2]
+    out = ChoiceOutput(make_detokenizer(tokenizer, [2], skip_special_tokens=True),
+                       SamplingParams(logprob_token_ids=named), LogprobTokens(tokenizer))
+    assert out.num_logprobs == 2
+    sampled = named[1]
+    delta = out.process(engine_output([[sampled, *named, sampled]], [[-0.5, -1.0, -0.5, -0.5]], [1]))
+    assert delta.logprobs is not None and list(delta.logprobs[0]) == [sampled, named[0]]  # the row's width is 3
+    [entry] = chat_logprobs([sampled], delta.logprobs, -1, LogprobFormat(str)).content or []
+    assert [t.logprob for t in entry.top_logprobs] == [-0.5, -1.0]

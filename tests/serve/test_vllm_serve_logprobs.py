@@ -326,6 +326,21 @@ def test_chat_completion_with_emoji_and_token_ids(pair: Pair) -> None:
     assert choice.token_ids == body["choices"][0]["token_ids"]
 
 
+# --- chat_completion/test_logprob_token_ids_validation.py -----------------------------------------
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT_PATH, chat(max_tokens=2, logprob_token_ids=[5, 6])),
+    (CHAT_PATH, chat(max_tokens=2, logprobs=True, logprob_token_ids=[5, 10**7])),
+    (CHAT_PATH, chat(max_tokens=2, logprobs=True, logprob_token_ids=list(range(129)))),
+    (COMPLETION_PATH, completion(max_tokens=2, logprob_token_ids=[5])),
+    (COMPLETION_PATH, completion(max_tokens=0, echo=True, logprobs=1, logprob_token_ids=[5])),
+], ids=["chat_without_logprobs", "out_of_vocabulary", "more_than_128", "completion_without_logprobs",
+        "echo_of_the_prompt_alone"])
+def test_logprob_token_ids_refused_alike(pair: Pair, path: str, body: dict[str, Any]) -> None:
+    assert same(pair, path, body, 400)["error"]["param"] == "logprob_token_ids"
+
+
 # --- test_return_tokens_as_ids.py (the request field) ---------------------------------------------
 
 

@@ -208,7 +208,7 @@ class _Server:
         fmt = self._logprob_format(req)
         body_choices = [responses.chat_choice(
             i, echo + c.text,
-            responses.chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs, fmt) if req.logprobs else None,
+            responses.chat_logprobs(c.token_ids, c.logprobs, _top_logprobs(req), fmt) if req.logprobs else None,
             c.finish_reason, c.stop_reason, role=role, token_ids=list(c.token_ids) if req.return_token_ids else None)
             for i, c in enumerate(choices)]
         usage = responses.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices))
@@ -246,7 +246,7 @@ class _Server:
             text, token_ids, positions = _completion_output(req, prompt, c.text, c.token_ids, logprobs=c.logprobs,
                                                             prompt_logprobs=c.prompt_logprobs)
             logprobs = (None if req.logprobs is None
-                        else responses.completion_logprobs(token_ids, positions, req.logprobs, fmt))
+                        else responses.completion_logprobs(token_ids, positions, _top_logprobs(req), fmt))
             body_choices.append(responses.completion_choice(
                 i, text, logprobs, c.finish_reason, c.stop_reason,
                 token_ids=list(c.token_ids) if req.return_token_ids else None, prompt_logprobs=c.prompt_logprobs,
@@ -373,7 +373,7 @@ class _Server:
             for i in range(len(choices) if echo else 0):
                 yield _sse(responses.chat_echo_chunk(head, i, echo, so_far(0)))
             async for i, delta in self._deltas(gen, choices):
-                logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], req.top_logprobs, fmt)
+                logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], _top_logprobs(req), fmt)
                             if req.logprobs else None)
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
                 yield _sse(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
@@ -408,7 +408,8 @@ class _Server:
                     text, token_ids, positions = delta.text, delta.token_ids, [*(delta.logprobs or [])]
                 logprobs = None
                 if req.logprobs is not None:
-                    logprobs = responses.completion_logprobs(token_ids, positions, req.logprobs, fmt, offsets[i])
+                    logprobs = responses.completion_logprobs(token_ids, positions, _top_logprobs(req), fmt,
+                                                             offsets[i])
                     if logprobs.tokens:
                         offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
                 so_far = (responses.usage(len(prompt.token_ids), len(choices[i].token_ids), details=False) if running
@@ -469,6 +470,15 @@ def _completion_output(req: CompletionRequest, prompt: _EchoedPrompt, text: str,
     if protocol.echoes_prompt_only(req):
         return prompt.text, prompt.token_ids, list(prompt_logprobs or [])
     return prompt.text + text, [*prompt.token_ids, *token_ids], [*(prompt_logprobs or []), *logprobs]
+
+
+def _top_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """How many candidates an answer lists per token (``top_logprobs``, completions' ``logprobs``):
+    all (-1) with ``logprob_token_ids``, whose candidates are the ones the request named."""
+    if req.logprob_token_ids:
+        return -1
+    asked = req.top_logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs
+    return asked or 0
 
 
 def _response_role(req: ChatCompletionRequest) -> str:

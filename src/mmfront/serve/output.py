@@ -279,6 +279,14 @@ class ChoiceOutput:
         return self.finish_reason is not None
 
     @property
+    def num_logprobs(self) -> int | None:
+        """Candidates asked for per generated token besides the sampled one (``logprobs``, or as
+        many as ``logprob_token_ids`` names), ``None``: no logprobs (vLLM's ``num_logprobs``)."""
+        if self.params.logprobs is not None:
+            return self.params.logprobs
+        return len(self.params.logprob_token_ids) if self.params.logprob_token_ids else None
+
+    @property
     def _stops(self) -> list[str]:
         stop = self.params.stop
         return [stop] if isinstance(stop, str) else list(stop or ())
@@ -309,11 +317,11 @@ class ChoiceOutput:
         kept = self.token_ids[first:]
         self._take_prompt_logprobs(output.new_prompt_logprobs_tensors)
         delta_logprobs = None
-        if self.params.logprobs is not None:
+        if (asked := self.num_logprobs) is not None:
             delta_logprobs = []
             if output.new_logprobs is not None and self.logprob_tokens is not None:
-                delta_logprobs = sample_logprobs(output.new_logprobs, len(kept), self.params.logprobs,
-                                                 self.logprob_tokens, self.logprobs)
+                delta_logprobs = sample_logprobs(output.new_logprobs, len(kept), asked, self.logprob_tokens,
+                                                 self.logprobs)
             self.logprobs += delta_logprobs
         return Delta(self._take_text(), kept, delta_logprobs, self.finish_reason, self.stop_reason, stopped)
 

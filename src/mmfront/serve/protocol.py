@@ -121,8 +121,15 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
 def _check_logprobs(request: _SamplingFields) -> None:
     """vLLM's ``check_logprobs`` validators, in their order."""
     if request.logprob_token_ids:
-        raise ValidationError("`logprob_token_ids` is not supported by mmfront serve.",
-                              parameter="logprob_token_ids")
+        if isinstance(request, ChatCompletionRequest) and not request.logprobs:
+            raise ValidationError("when using `logprob_token_ids`, `logprobs` must be set to true.",
+                                  parameter="logprob_token_ids")
+        if isinstance(request, CompletionRequest) and echoes_prompt_only(request):
+            raise ValidationError("`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because "
+                                  "no output tokens are generated.", parameter="logprob_token_ids")
+        if isinstance(request, CompletionRequest) and request.logprobs is None:
+            raise ValidationError("when using `logprob_token_ids`, `logprobs` must be set.",
+                                  parameter="logprob_token_ids")
     if (prompt := request.prompt_logprobs) is not None:
         if request.stream and (prompt > 0 or prompt == -1):
             raise ValidationError("`prompt_logprobs` are not available when `stream=True`.",
@@ -189,11 +196,11 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
     :class:`~mmfront.errors.ValidationError` naming it."""
     prompt_logprobs = request.prompt_logprobs
     if isinstance(request, ChatCompletionRequest):
-        logprobs = request.top_logprobs if request.logprobs else None
+        logprobs = request.top_logprobs if request.logprobs and not request.logprob_token_ids else None
         if prompt_logprobs is None and request.echo:
             prompt_logprobs = request.top_logprobs
     else:
-        logprobs = request.logprobs
+        logprobs = None if request.logprob_token_ids else request.logprobs
         if prompt_logprobs is None and request.echo:
             prompt_logprobs = request.logprobs
         if request.echo and request.max_tokens == 0:  # the prompt alone: one token generated, not shown
@@ -206,16 +213,33 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
         raise
 
 
+MAX_LOGPROB_TOKEN_IDS = 128
+"""Most ``logprob_token_ids`` one request may name (vLLM's ``MAX_LOGPROB_TOKEN_IDS``, the width
+its sampler allocates per request)."""
+
+
 def check_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
-    """vLLM's ``--max-logprobs`` limit, which its API server applies before anything runs."""
+    """vLLM's ``--max-logprobs`` limit and ``logprob_token_ids`` checks, which its API server
+    applies before anything runs, in its order."""
     limit = vocab_size if max_logprobs == -1 else max_logprobs
-    for asked, field, what in ((params.logprobs, "logprobs", "sample"),
-                               (params.prompt_logprobs, "prompt_logprobs", "prompt")):
-        if asked:
-            asked = vocab_size if asked == -1 else asked
-            if asked > limit:
-                raise ValidationError(f"Requested {what} logprobs of {asked}, which is greater than max allowed: "
-                                      f"{limit}", parameter=field, value=asked)
+    _check_count(params.logprobs, "logprobs", "sample", limit, vocab_size)
+    if (ids := params.logprob_token_ids) is not None:
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise ValidationError(f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                                  f"allowed: {MAX_LOGPROB_TOKEN_IDS}", parameter="logprob_token_ids", value=len(ids))
+        outside = [t for t in ids if t < 0 or t >= vocab_size]
+        if outside:
+            raise ValidationError(f"token_id(s) {outside} in logprob_token_ids contain out-of-vocab token ids. "
+                                  f"Vocabulary size: {vocab_size}", parameter="logprob_token_ids", value=outside)
+    _check_count(params.prompt_logprobs, "prompt_logprobs", "prompt", limit, vocab_size)
+
+
+def _check_count(asked: int | None, field: str, what: str, limit: int, vocab_size: int) -> None:
+    if asked:
+        asked = vocab_size if asked == -1 else asked
+        if asked > limit:
+            raise ValidationError(f"Requested {what} logprobs of {asked}, which is greater than max allowed: {limit}",
+                                  parameter=field, value=asked)
 
 
 def _pick(value: Any, default: Any) -> Any:
@@ -241,6 +265,7 @@ def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tok
         min_tokens=request.min_tokens,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
+        logprob_token_ids=request.logprob_token_ids or None,
         skip_special_tokens=_pick(request.skip_special_tokens, True),
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
@@ -258,6 +283,7 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 __all__ = [
     "BODY_PARAM",
+    "MAX_LOGPROB_TOKEN_IDS",
     "ChatCompletionRequest",
     "CompletionRequest",
     "StreamOptions",
