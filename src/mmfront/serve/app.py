@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -37,6 +36,7 @@ from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, RequestBodyError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
+from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import protocol, responses
 from mmfront.serve.errors import error_body
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
@@ -441,7 +441,7 @@ class _Server:
                              self.settings.return_tokens_as_token_ids if as_ids is None else as_ids)
 
 
-def _model_vocab_size(info: Any, tokenizer_size: int) -> int:
+def _model_vocab_size(info: BaseProcessingInfo, tokenizer_size: int) -> int:
     """The model's vocabulary (its config's, which may be padded past the tokenizer's), what vLLM's
     ``get_vocab_size`` gives ``-1`` logprobs; the tokenizer's where the model has no config."""
     try:

@@ -212,7 +212,7 @@ def sample_logprobs(lists: LogprobsLists, rows: int, num_logprobs: int, tokens: 
     ``before``: the request's positions so far (the context of a split character)."""
     out: list[PositionLogprobs] = []
     ranks = lists.sampled_token_ranks.tolist()
-    for i in range(rows):
+    for i in range(min(rows, len(ranks))):
         ids = [int(t) for t in lists.logprob_token_ids[i].tolist()]
         width = len(ids) if num_logprobs == -1 else num_logprobs + 1
         texts = tokens.texts(ids[:width], _first_tokens([*before, *out]))
