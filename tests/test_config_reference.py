@@ -56,8 +56,9 @@ def test_every_flag_of_mmfront_serve_is_in_the_docs_table() -> None:
 
     serve = add_serve_parser(argparse.ArgumentParser(prog="mmfront").add_subparsers())
     options = {o for a in serve._actions for o in a.option_strings if o not in ("-h", "--help")}
-    # the 42 flags mmfront serve had before they were generated, --model-impl, --mm-device-do-normalize and its negation
-    assert len(options) == 45
+    # the 42 flags mmfront serve had before they were generated, then --model-impl, --mm-device-do-normalize,
+    # --return-tokens-as-token-ids and the negations of the last two
+    assert len(options) == 47
     assert sorted(o for o in options if f"`{o}`" not in table) == []
 
 

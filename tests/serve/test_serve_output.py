@@ -14,10 +14,16 @@ import pytest
 from transformers import AutoTokenizer
 
 from mmfront.errors import GenerationError, MediaFetchError, PromptUpdateError, RetryableRequestError, ValidationError
-from mmfront.serve.output import ChoiceOutput, IncrementalDetokenizer, WindowDetokenizer, make_detokenizer
-from mmfront.serve.responses import chat_logprobs, completion_logprobs
+from mmfront.serve.output import (
+    ChoiceOutput,
+    IncrementalDetokenizer,
+    LogprobTokens,
+    WindowDetokenizer,
+    make_detokenizer,
+)
+from mmfront.serve.responses import LogprobFormat, chat_logprobs, completion_logprobs
 from mmfront.wire import SamplingParams
-from mmfront.wire.structs import EngineCoreOutput, FinishReason, RequestError
+from mmfront.wire.structs import EngineCoreOutput, FinishReason, LogprobsLists, RequestError
 
 TEXT = "Hello wörld ☃ 日本 — ok, done. Zürich; naïve café 🎉 end"
 
@@ -154,28 +160,32 @@ def test_engine_errors_are_the_requests_or_the_engines(tokenizer: Any, error: Re
 
 
 def test_logprobs_in_openai_shapes(tokenizer: Any) -> None:
-    ids = ids_of(tokenizer, "Hello")[:2]
-    alt = ids_of(tokenizer, "wörld")[:2]
+    def whole(text: str) -> list[int]:  # tokens that are whole characters: their texts are their decodes
+        return [t for t in ids_of(tokenizer, text) if not tokenizer.decode([t]).endswith("\ufffd")][:2]
+
+    ids, alt = whole("Hello there"), whole("wörld")
     # vLLM's LogprobsLists: per token the sampled id then the top-2, and their logprobs
-    rows = np.array([[ids[0], ids[0], alt[0]], [ids[1], alt[1], ids[1]]])
+    rows = np.array([[ids[0], ids[0], alt[0]], [ids[1], alt[1], ids[1]]], dtype=np.int32)
     logprobs = np.array([[-0.1, -0.1, -2.0], [-float("inf"), -0.5, -float("inf")]])
-    out = choice(tokenizer, logprobs=2)
-    delta = out.process(EngineCoreOutput("r", ids, new_logprobs=[rows, logprobs, np.array([1, 2])]))
-    assert delta.logprobs is not None and [e.token_id for e in delta.logprobs] == ids
+    out = ChoiceOutput(make_detokenizer(tokenizer, ids_of(tokenizer, "Say:"), skip_special_tokens=True),
+                       SamplingParams(logprobs=2), LogprobTokens(tokenizer))
+    delta = out.process(EngineCoreOutput("r", ids, new_logprobs=LogprobsLists(rows, logprobs, np.array([1, 2]))))
+    assert delta.logprobs is not None and [next(iter(p)) for p in delta.logprobs] == ids
 
     def decode(t: int) -> str:
         return str(tokenizer.decode([t]))
 
-    content = chat_logprobs(delta.logprobs, 2, decode).content
-    assert [c.token for c in content] == [decode(t) for t in ids]
+    content = chat_logprobs(ids, delta.logprobs, 2, LogprobFormat(decode)).content
+    assert content is not None and [c.token for c in content] == [decode(t) for t in ids]
     assert content[0].logprob == -0.1 and content[1].logprob == -9999.0
     assert content[0].bytes == list(decode(ids[0]).encode())
     assert [t.token for t in content[0].top_logprobs] == [decode(ids[0]), decode(alt[0])]
     assert [t.token for t in content[1].top_logprobs] == [decode(ids[1]), decode(alt[1])]
-    legacy = completion_logprobs(delta.logprobs, 1, decode, 0)
+    legacy = completion_logprobs(ids, delta.logprobs, 0, LogprobFormat(decode))
     assert legacy.tokens == [decode(t) for t in ids]
     assert legacy.text_offset == [0, len(decode(ids[0]))]
     assert legacy.token_logprobs == [-0.1, -9999.0]
     assert legacy.top_logprobs == [{decode(ids[0]): -0.1}, {decode(ids[1]): -9999.0}]
     plain = choice(tokenizer)  # logprobs not asked for: none reported, even when the engine sends some
-    assert plain.process(EngineCoreOutput("r", ids, new_logprobs=[rows, logprobs, None])).logprobs is None
+    assert plain.process(EngineCoreOutput("r", ids, new_logprobs=LogprobsLists(rows, logprobs, np.array([1, 2])))
+                         ).logprobs is None

@@ -75,10 +75,41 @@ def test_completion_prompts(prompt: Any, want: list[Any]) -> None:
     assert protocol.prompts(request) == want and request.max_tokens == 16
 
 
-@pytest.mark.parametrize("body", [{}, {"prompt": ""}, {"prompt": ["a", 3]}, {"prompt": "a", "echo": True}])
+@pytest.mark.parametrize("body", [{}, {"prompt": ""}, {"prompt": ["a", 3]}, {"prompt": "a", "suffix": "b"},
+                                  {"prompt": "a", "logprobs": -2}, {"prompt": "a", "prompt_logprobs": -2},
+                                  {"prompt": "a", "prompt_logprobs": 1, "stream": True},
+                                  {"prompt": "a", "logprob_token_ids": [1]},
+                                  {"prompt": "a", "echo": True, "max_tokens": 0, "logprobs": 1,
+                                   "logprob_token_ids": [1]}])
 def test_completion_bodies_refused(body: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         protocol.decode_request(json.dumps(body).encode(), CompletionRequest)
+
+
+def test_logprob_fields_become_vllms_sampling_params() -> None:
+    params = protocol.sampling_params(chat(logprobs=True, top_logprobs=3, logprob_token_ids=[7, 9]), max_tokens=4)
+    assert (params.logprobs, params.logprob_token_ids, params.prompt_logprobs) == (None, [7, 9], None)
+    params = protocol.sampling_params(chat(echo=True, top_logprobs=0), max_tokens=4)
+    assert (params.logprobs, params.prompt_logprobs, params.skip_reading_prefix_cache) == (None, 0, True)
+    request = protocol.decode_request(b'{"prompt": "a", "echo": true, "max_tokens": 0, "logprobs": 2}',
+                                      CompletionRequest)
+    params = protocol.sampling_params(request, max_tokens=0)
+    assert (params.max_tokens, params.logprobs, params.prompt_logprobs) == (1, 2, 2)
+    with pytest.raises(ValidationError, match="when using `logprob_token_ids`, `logprobs` must be set to true"):
+        protocol.decode_request(b'{"messages": [], "logprob_token_ids": [1]}', ChatCompletionRequest)
+    with pytest.raises(ValidationError, match="`prompt_logprobs` are not available when `stream=True`"):
+        protocol.decode_request(b'{"messages": [], "prompt_logprobs": 1, "stream": true}', ChatCompletionRequest)
+    protocol.decode_request(b'{"messages": [], "prompt_logprobs": 0, "stream": true}', ChatCompletionRequest)
+
+
+def test_logprob_token_ids_are_checked_as_vllm_checks_them() -> None:
+    protocol.check_logprobs(SamplingParams(logprob_token_ids=[0, 999]), 20, 1000)
+    with pytest.raises(ValidationError, match=r"^token_id\(s\) \[1000, -1\] in logprob_token_ids contain out-of-vocab"):
+        protocol.check_logprobs(SamplingParams(logprob_token_ids=[1, 1000, -1]), 20, 1000)
+    with pytest.raises(ValidationError, match="Requested logprob_token_ids of length 129, which is greater than max "
+                                              "allowed: 128") as e:
+        protocol.check_logprobs(SamplingParams(logprob_token_ids=list(range(129))), 20, 1000)
+    assert (e.value.parameter, e.value.value) == ("logprob_token_ids", 129)
 
 
 def test_children_get_n_1_and_their_own_seed() -> None:

@@ -8,23 +8,28 @@ The bytes were recorded from the hand-built dicts these structs replaced."""
 from __future__ import annotations
 
 from mmfront.serve import responses
-from mmfront.serve.output import TokenLogprob
-from mmfront.serve.responses import ENCODER, ResponseHead
+from mmfront.serve.output import Logprob
+from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead
 
 HEAD = ResponseHead("chatcmpl-1", 5, "m", "fp")
-ENTRIES = [TokenLogprob(3, -0.5, ((3, -0.5), (4, float("-inf")))), TokenLogprob(5, float("-inf"), ((5, -1e9),))]
 
 
 def decode(token_id: int) -> str:
     return f"t{token_id}\u00e9"
 
 
+TOKENS = [3, 5]
+POSITIONS: list[dict[int, Logprob] | None] = [
+    {3: Logprob(-0.5, 1, decode(3)), 4: Logprob(float("-inf"), 2, decode(4))},
+    {5: Logprob(float("-inf"), 1, decode(5)), 6: Logprob(-1e9, 2, decode(6))}]
+
+
 def chat_logprobs() -> responses.ChatCompletionLogProbs:
-    return responses.chat_logprobs(ENTRIES, 2, decode)
+    return responses.chat_logprobs(TOKENS, POSITIONS, 2, LogprobFormat(decode))
 
 
 def completion_logprobs() -> responses.CompletionLogProbs:
-    return responses.completion_logprobs(ENTRIES, 1, decode, 7)
+    return responses.completion_logprobs(TOKENS, POSITIONS, 0, LogprobFormat(decode), 7)
 
 
 def test_usage_of_a_response_a_chat_chunk_and_other_chunks() -> None:
@@ -37,7 +42,7 @@ def test_usage_of_a_response_a_chat_chunk_and_other_chunks() -> None:
 def test_chat_response() -> None:
     body = responses.chat_response(HEAD, [responses.chat_choice(0, "hi", chat_logprobs(), "stop", None),
                                           responses.chat_choice(1, "x", None, "length", 7)], responses.usage(3, 4))
-    assert ENCODER.encode(body) == b'{"id":"chatcmpl-1","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi","refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null},"logprobs":{"content":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169],"top_logprobs":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169]},{"token":"t4\xc3\xa9","logprob":-9999.0,"bytes":[116,52,195,169]}]},{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169],"top_logprobs":[{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169]}]}]},"finish_reason":"stop","stop_reason":null,"token_ids":null,"routed_experts":null,"weight_versions":null},{"index":1,"message":{"role":"assistant","content":"x","refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":7,"token_ids":null,"routed_experts":null,"weight_versions":null}],"service_tier":null,"system_fingerprint":"fp","usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4,"prompt_tokens_details":null,"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
+    assert ENCODER.encode(body) == b'{"id":"chatcmpl-1","object":"chat.completion","created":5,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi","refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null},"logprobs":{"content":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169],"top_logprobs":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169]},{"token":"t4\xc3\xa9","logprob":-9999.0,"bytes":[116,52,195,169]}]},{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169],"top_logprobs":[{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169]},{"token":"t6\xc3\xa9","logprob":-9999.0,"bytes":[116,54,195,169]}]}]},"finish_reason":"stop","stop_reason":null,"token_ids":null,"routed_experts":null,"weight_versions":null},{"index":1,"message":{"role":"assistant","content":"x","refusal":null,"annotations":null,"audio":null,"function_call":null,"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":7,"token_ids":null,"routed_experts":null,"weight_versions":null}],"service_tier":null,"system_fingerprint":"fp","usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4,"prompt_tokens_details":null,"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_ids":null,"prompt_text":null,"kv_transfer_params":null,"ec_transfer_params":null,"metrics":null}'
 
 
 def test_completion_response() -> None:
@@ -53,7 +58,7 @@ def test_chat_chunks_carry_the_fields_vllm_sets_on_each() -> None:
     assert ENCODER.encode(responses.chat_role_chunk(HEAD, 0, running)) == b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":3,"total_tokens":3,"completion_tokens":0,"completion_tokens_details":null},"prompt_token_ids":null,"prompt_text":null}'
     middle = responses.chat_chunk(HEAD, 0, "a", logprobs=chat_logprobs(), finish_reason=None, stop_reason=None,
                                   fingerprint=True)
-    assert ENCODER.encode(middle) == b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169],"top_logprobs":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169]},{"token":"t4\xc3\xa9","logprob":-9999.0,"bytes":[116,52,195,169]}]},{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169],"top_logprobs":[{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169]}]}]},"finish_reason":null,"token_ids":null}],"kv_transfer_params":null}'
+    assert ENCODER.encode(middle) == b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169],"top_logprobs":[{"token":"t3\xc3\xa9","logprob":-0.5,"bytes":[116,51,195,169]},{"token":"t4\xc3\xa9","logprob":-9999.0,"bytes":[116,52,195,169]}]},{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169],"top_logprobs":[{"token":"t5\xc3\xa9","logprob":-9999.0,"bytes":[116,53,195,169]},{"token":"t6\xc3\xa9","logprob":-9999.0,"bytes":[116,54,195,169]}]}]},"finish_reason":null,"token_ids":null}],"kv_transfer_params":null}'
     last = responses.chat_chunk(HEAD, 0, None, logprobs=None, finish_reason="stop", stop_reason=3, fingerprint=True)
     assert ENCODER.encode(last) == b'{"id":"chatcmpl-1","object":"chat.completion.chunk","created":5,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":3,"token_ids":null,"weight_versions":null}],"system_fingerprint":"fp","kv_transfer_params":null}'
     usage_so_far = responses.usage(1, 2, details=False, completion_details=True)

@@ -35,10 +35,10 @@ Differences, asserted only where the two agree (docs/serving.md, "Differences fr
   ``multi_modal_data`` for a bad image where vLLM gives no param.
 * mmfront answers ``X-Request-Id`` in a response header too (vLLM only with
   ``--enable-request-id-headers``).
-* Not compared: ``logprobs`` (the stub executor computes none: vLLM answers 500, mmfront an empty
-  list; tested against a real model in test_openai_surface.py), ``top_k: -1`` and
-  ``chat_template_kwargs: {"add_generation_prompt": false}`` (vLLM answers 500), completions'
-  ``echo`` (mmfront refuses it, not yet supported).
+* Not compared here: ``logprobs`` and ``echo`` (this stub executor computes no logprobs, and vLLM
+  answers 500 without them; test_vllm_serve_logprobs.py compares them over an engine that sends
+  logprobs), ``top_k: -1`` and ``chat_template_kwargs: {"add_generation_prompt": false}`` (vLLM
+  answers 500).
 * Both refuse more than ``--max-logprobs`` (20) top logprobs with the same 400.
 
 Skipped where the peer venv, its model folder or ``../shared/peer`` is absent
@@ -55,7 +55,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,9 +122,12 @@ class Side:
             process.wait(30)
 
 
-def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path) -> Side:
+def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path, *,
+               engine_args: Sequence[str] = (), server_args: Sequence[str] = ()) -> Side:
     """A stock engine (headless, tcp handshake) and ``server`` (an argv prefix taking the shared
-    serve flags) pointed at each other through a free rpc port."""
+    serve flags) pointed at each other through a free rpc port; ``engine_args`` go to the engine
+    (a ``--distributed-executor-backend`` there wins over the stub's), ``server_args`` to the
+    server after the shared flags."""
     assert PEER is not None and MODEL is not None
     rpc, port = get_open_ports_list(2)
     side = Side(name, f"http://127.0.0.1:{port}", {"engine": folder / f"{name}.engine.log",
@@ -134,11 +137,11 @@ def start_side(name: str, server: list[str], server_env: dict[str, str], folder:
     with side.logs["engine"].open("wb") as log:
         side.processes["engine"] = subprocess.Popen(
             [str(PEER), str(PEER_DIR / "stock_engine.py"), str(MODEL), f"tcp://127.0.0.1:{rpc}",
-             "--", "--mm-processor-cache-gb", "4"],
+             "--", "--mm-processor-cache-gb", "4", *engine_args],
             cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=vllm_env, start_new_session=True)
     argv = [*server, "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
             "--data-parallel-size", "1", "--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1",
-            "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS]
+            "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS, *server_args]
     try:
         with side.logs["server"].open("wb") as log:
             side.processes["server"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

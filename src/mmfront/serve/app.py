@@ -18,7 +18,8 @@ import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import msgspec
@@ -32,15 +33,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyError
+from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, RequestBodyError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
+from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import protocol, responses
 from mmfront.serve.errors import error_body
-from mmfront.serve.output import ChoiceOutput, Delta, make_detokenizer
+from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
-from mmfront.serve.responses import ENCODER, ResponseHead, UsageInfo
+from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
 from mmfront.wire import SamplingParams
@@ -105,6 +107,8 @@ class _Server:
         self.settings = settings
         self.preprocessor = client.client.processor.preprocessor
         self.tokenizer = self.preprocessor.tokenizer
+        self.logprob_tokens = LogprobTokens(self.tokenizer)
+        self.vocab_size = _model_vocab_size(self.preprocessor.pipeline.processor.info, len(self.tokenizer))
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
@@ -189,24 +193,30 @@ class _Server:
         params = protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
                                   "max_completion_tokens" if req.max_completion_tokens else "max_tokens"))
-        protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
+        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
         gen, choices = await self._start(response_id, [(inputs, options)], params)
-        prompt_tokens = len(inputs["prompt_token_ids"])
+        prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
         headers = _id_header(request)
+        role = _response_role(req)
+        echo = _echoed_message(req, role) if req.echo else ""
         if req.stream:
-            chunks = self._chat_chunks(gen, choices, head, req, prompt_tokens)
+            chunks = self._chat_chunks(gen, choices, head, req, prompt_ids=prompt_ids, role=role, echo=echo)
             return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
         finally:
             await gen.close()
-        top = req.top_logprobs or 0
+        fmt = self._logprob_format(req)
         body_choices = [responses.chat_choice(
-            i, c.text, responses.chat_logprobs(c.logprobs, top, self._decode_token) if req.logprobs else None,
-            c.finish_reason, c.stop_reason) for i, c in enumerate(choices)]
-        usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
-        return json_response(responses.chat_response(head, body_choices, usage), headers=headers)
+            i, echo + c.text,
+            responses.chat_logprobs(c.token_ids, c.logprobs, _top_logprobs(req), fmt) if req.logprobs else None,
+            c.finish_reason, c.stop_reason, role=role, token_ids=list(c.token_ids) if req.return_token_ids else None)
+            for i, c in enumerate(choices)]
+        usage = responses.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices))
+        answer = responses.chat_response(head, body_choices, usage, prompt_logprobs=choices[0].prompt_logprobs,
+                                         prompt_token_ids=prompt_ids if req.return_token_ids else None)
+        return json_response(answer, headers=headers)
 
     async def _completions(self, request: Request, body: bytes) -> Response:
         req: CompletionRequest = protocol.decode_request(body, CompletionRequest)
@@ -214,26 +224,35 @@ class _Server:
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
                                  priority=req.priority)
-        prepared = [(await self._prepare(p, options, response_id), options) for p in protocol.prompts(req)]
+        prompts = protocol.prompts(req)
+        prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
         params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
-        protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
+        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
         gen, choices = await self._start(response_id, prepared, params)
         head = self._head(response_id)
         headers = _id_header(request)
+        echoes = [_EchoedPrompt(list(inputs["prompt_token_ids"]), "" if req.return_token_ids or not req.echo
+                                else p if isinstance(p, str) else self._decode(p))
+                  for p, (inputs, _) in zip(prompts, prepared) for _ in range(params.n)]
         if req.stream:
-            per_choice = [length for length in lengths for _ in range(params.n)]
-            chunks = self._completion_chunks(gen, choices, head, req, per_choice)
+            chunks = self._completion_chunks(gen, choices, head, req, echoes)
             return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
         finally:
             await gen.close()
-        top = req.logprobs or 0
-        body_choices = [responses.completion_choice(
-            i, c.text,
-            responses.completion_logprobs(c.logprobs, top, self._decode_token, 0) if req.logprobs is not None else None,
-            c.finish_reason, c.stop_reason) for i, c in enumerate(choices)]
+        fmt = self._logprob_format(req)
+        body_choices = []
+        for i, (c, prompt) in enumerate(zip(choices, echoes)):
+            text, token_ids, positions = _completion_output(req, prompt, c.text, c.token_ids, logprobs=c.logprobs,
+                                                            prompt_logprobs=c.prompt_logprobs)
+            logprobs = (None if req.logprobs is None
+                        else responses.completion_logprobs(token_ids, positions, _top_logprobs(req), fmt))
+            body_choices.append(responses.completion_choice(
+                i, text, logprobs, c.finish_reason, c.stop_reason,
+                token_ids=list(c.token_ids) if req.return_token_ids else None, prompt_logprobs=c.prompt_logprobs,
+                prompt_token_ids=prompt.token_ids if req.return_token_ids else None))
         usage = responses.usage(sum(lengths), sum(len(c.token_ids) for c in choices))
         return json_response(responses.completion_response(head, body_choices, usage), headers=headers)
 
@@ -275,7 +294,7 @@ class _Server:
                     self.metrics.on_added(len(inputs["prompt_token_ids"]))
                     choices.append(ChoiceOutput(make_detokenizer(
                         self.tokenizer, inputs["prompt_token_ids"], skip_special_tokens=params.skip_special_tokens),
-                        child))
+                        child, self.logprob_tokens))
         except BaseException:
             for stream in streams:
                 await stream.aclose()  # type: ignore[attr-defined]
@@ -332,22 +351,30 @@ class _Server:
             pass
 
     async def _chat_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
-                           req: ChatCompletionRequest, prompt_tokens: int) -> AsyncIterator[bytes]:
+                           req: ChatCompletionRequest, *, prompt_ids: list[int], role: str, echo: str,
+                           ) -> AsyncIterator[bytes]:
+        """``echo``: the last message's content, sent first (``echo``)."""
         with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+        prompt_tokens = len(prompt_ids)
+        fmt = self._logprob_format(req)
 
         def so_far(tokens: int) -> UsageInfo | None:
             return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
 
         try:
             for i in range(len(choices)):
-                yield _sse(responses.chat_role_chunk(head, i, so_far(0)))
+                yield _sse(responses.chat_role_chunk(head, i, so_far(0), role=role,
+                                                     prompt_token_ids=prompt_ids if req.return_token_ids else None))
+            for i in range(len(choices) if echo else 0):
+                yield _sse(responses.chat_echo_chunk(head, i, echo, so_far(0)))
             async for i, delta in self._deltas(gen, choices):
-                logprobs = (responses.chat_logprobs(delta.logprobs or [], req.top_logprobs or 0, self._decode_token)
+                logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], _top_logprobs(req), fmt)
                             if req.logprobs else None)
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
                 yield _sse(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                                                 stop_reason=delta.stop_reason, fingerprint=not with_usage,
-                                                usage_info=so_far(len(choices[i].token_ids))))
+                                                usage_info=so_far(len(choices[i].token_ids)),
+                                                token_ids=delta.token_ids if req.return_token_ids else None))
             if with_usage:
                 usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
                 yield _sse(responses.chat_usage_chunk(head, usage))
@@ -358,24 +385,37 @@ class _Server:
         yield _DONE
 
     async def _completion_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
-                                 req: CompletionRequest, prompt_lengths: list[int]) -> AsyncIterator[bytes]:
-        """``prompt_lengths``: the prompt tokens of each choice's prompt."""
+                                 req: CompletionRequest, prompts: list[_EchoedPrompt]) -> AsyncIterator[bytes]:
+        """``prompts``: each choice's prompt, its tokens and the text ``echo`` repeats."""
         with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+        fmt = self._logprob_format(req)
         offsets = [0] * len(choices)
+        started = [False] * len(choices)
         try:
             async for i, delta in self._deltas(gen, choices):
+                prompt, first = prompts[i], not started[i]
+                started[i] = True
+                if first and req.echo:
+                    text, token_ids, positions = _completion_output(
+                        req, prompt, delta.text, delta.token_ids, logprobs=delta.logprobs or [],
+                        prompt_logprobs=choices[i].prompt_logprobs)
+                else:
+                    text, token_ids, positions = delta.text, delta.token_ids, [*(delta.logprobs or [])]
                 logprobs = None
                 if req.logprobs is not None:
-                    logprobs = responses.completion_logprobs(delta.logprobs or [], req.logprobs, self._decode_token,
+                    logprobs = responses.completion_logprobs(token_ids, positions, _top_logprobs(req), fmt,
                                                              offsets[i])
-                    offsets[i] += sum(len(t) for t in logprobs.tokens)
-                so_far = (responses.usage(prompt_lengths[i], len(choices[i].token_ids), details=False) if running
+                    if logprobs.tokens:
+                        offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+                so_far = (responses.usage(len(prompt.token_ids), len(choices[i].token_ids), details=False) if running
                           else None)
                 yield _sse(responses.completion_chunk(
-                    head, i, delta.text, logprobs=logprobs, finish_reason=delta.finish_reason,
-                    stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far))
+                    head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far,
+                    prompt_token_ids=prompt.token_ids if first and (req.echo or req.return_token_ids) else None,
+                    token_ids=delta.token_ids if req.return_token_ids else None))
             if with_usage:
-                usage = responses.usage(sum(prompt_lengths[::max(req.n or 1, 1)]),
+                usage = responses.usage(sum(len(p.token_ids) for p in prompts[::max(req.n or 1, 1)]),
                                         sum(len(c.token_ids) for c in choices), details=False)
                 yield _sse(responses.completion_usage_chunk(head, usage))
         except Exception as e:
@@ -386,6 +426,75 @@ class _Server:
 
     def _decode_token(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids))
+
+    def _logprob_format(self, req: ChatCompletionRequest | CompletionRequest) -> LogprobFormat:
+        as_ids = req.return_tokens_as_token_ids
+        return LogprobFormat(self._decode_token,
+                             self.settings.return_tokens_as_token_ids if as_ids is None else as_ids)
+
+
+def _model_vocab_size(info: BaseProcessingInfo, tokenizer_size: int) -> int:
+    """The model's vocabulary (its config's, which may be padded past the tokenizer's), what vLLM's
+    ``get_vocab_size`` gives ``-1`` logprobs; the tokenizer's where the model has no config."""
+    try:
+        config = info.get_hf_config()
+    except ConfigError:
+        return tokenizer_size
+    return int(getattr(config.get_text_config(), "vocab_size", None) or tokenizer_size)
+
+
+@dataclass(frozen=True)
+class _EchoedPrompt:
+    """A completion choice's prompt: its tokens, and the text ``echo`` puts before the answer
+    (empty with ``return_token_ids``, as vLLM's)."""
+
+    token_ids: list[int]
+    text: str
+
+
+def _completion_output(req: CompletionRequest, prompt: _EchoedPrompt, text: str, token_ids: list[int], *,
+                       logprobs: Sequence[PositionLogprobs], prompt_logprobs: list[PositionLogprobs | None] | None,
+                       ) -> tuple[str, list[int], list[PositionLogprobs | None]]:
+    """The text, tokens and logprob positions a completion reports: with ``echo`` the prompt's
+    first (the prompt alone when ``max_tokens`` is 0)."""
+    if not req.echo:
+        return text, token_ids, list(logprobs)
+    if protocol.echoes_prompt_only(req):
+        return prompt.text, prompt.token_ids, list(prompt_logprobs or [])
+    return prompt.text + text, [*prompt.token_ids, *token_ids], [*(prompt_logprobs or []), *logprobs]
+
+
+def _top_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int:
+    """How many candidates an answer lists per token (``top_logprobs``, completions' ``logprobs``):
+    all (-1) with ``logprob_token_ids``, whose candidates are the ones the request named."""
+    if req.logprob_token_ids:
+        return -1
+    asked = req.top_logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs
+    return asked or 0
+
+
+def _response_role(req: ChatCompletionRequest) -> str:
+    """The answer's role: the assistant's, or with ``add_generation_prompt`` false (the model
+    continues the last message) that message's role."""
+    if req.add_generation_prompt:
+        return "assistant"
+    return str(req.messages[-1].get("role")) if req.messages else "assistant"
+
+
+def _echoed_message(req: ChatCompletionRequest, role: str) -> str:
+    """What chat's ``echo`` puts before the answer: the last message's text when it has the
+    answer's role, its text parts joined by newlines."""
+    last = req.messages[-1] if req.messages else {}
+    if last.get("role") != role:
+        return ""
+    content = last.get("content") or ""
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content
+                          if isinstance(part, dict) and part.get("type") == "text")
+    return str(content)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

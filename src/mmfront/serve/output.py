@@ -19,6 +19,7 @@ still match, the last ``max(len(stop)) - 1`` characters are held back from the d
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from tokenizers.decoders import DecodeStream
 
 from mmfront.serve.errors import engine_error
 from mmfront.wire import SamplingParams
-from mmfront.wire.structs import EngineCoreOutput, FinishReason
+from mmfront.wire.structs import EngineCoreOutput, FinishReason, LogprobsLists, LogprobsTensors
 
 logger = logging.getLogger(__name__)
 
@@ -95,30 +96,143 @@ def make_detokenizer(
     return WindowDetokenizer(tokenizer, prompt_token_ids, skip_special_tokens=skip_special_tokens)
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One generated token's logprob and the top alternatives, sampled token first (vLLM's order)."""
+@dataclass
+class Logprob:
+    """One candidate token at one position, as vLLM's ``vllm.logprobs.Logprob``: its logprob,
+    its rank in the vocabulary (1: the most likely) and its text."""
 
-    token_id: int
     logprob: float
-    top: tuple[tuple[int, float], ...]
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
-def token_logprobs(new_logprobs: Any, count: int) -> list[TokenLogprob]:
-    """The engine's ``new_logprobs`` (vLLM's ``LogprobsLists``: rows of token ids and logprobs,
-    the sampled token first, then the top-k) for the first ``count`` new tokens."""
-    ids_rows, lp_rows = new_logprobs[0], new_logprobs[1]
-    out = []
-    for i in range(count):
-        ids = [int(t) for t in _row(ids_rows[i])]
-        lps = [float(x) for x in _row(lp_rows[i])]
-        top = tuple(dict(zip(ids, lps)).items())  # the sampled token once, first
-        out.append(TokenLogprob(ids[0], lps[0], top))
+PositionLogprobs = dict[int, Logprob]
+"""One position's candidates, token id -> :class:`Logprob`, the sampled (or prompt) token first:
+vLLM builds it as a dict, so a token listed twice (the sampled token among the top-k) keeps its
+first place and its last values."""
+
+PromptLogprobs = list[PositionLogprobs | None]
+"""A prompt's logprobs: ``None`` for the first token (nothing predicts it), then a position each."""
+
+_REPLACEMENT = "\ufffd"
+_CONTEXT_TOKENS = 4
+"""Preceding tokens that can complete a UTF-8 character split across byte-fallback tokens."""
+
+
+def leading_space_marker(tokenizer: Any) -> str | None:
+    """The Metaspace replacement character of ``tokenizer``'s pre-tokenizer (``▁`` for
+    SentencePiece models), whose leading instances ``decode`` strips from a single token; ``None``
+    where decoding one token keeps its spaces (vLLM's ``get_leading_space_marker``)."""
+    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        return None
+    try:
+        pre = json.loads(backend.to_str()).get("pre_tokenizer") or {}
+    except ValueError:
+        return None
+    pieces = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    for piece in pieces:
+        if piece.get("type") == "Metaspace":
+            return str(piece.get("replacement", "\u2581"))
+    return None
+
+
+class LogprobTokens:
+    """Token ids -> the texts vLLM's output processor gives logprob candidates: each id decoded
+    alone, a SentencePiece leading space restored, and a candidate that ends in an incomplete
+    UTF-8 character completed from the tokens sampled before it (vLLM's
+    ``convert_ids_list_to_tokens`` and ``LogprobsProcessor._verify_tokens``)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._marker = leading_space_marker(tokenizer)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(token_ids)))
+
+    def texts(self, token_ids: Sequence[int], context: Sequence[int]) -> list[str]:
+        """The texts of one position's candidates; ``context``: the tokens before the position."""
+        texts = [self.decode([t]) or "" for t in token_ids]
+        if self._marker is not None:
+            raw = self._tokenizer.convert_ids_to_tokens(list(token_ids))
+            texts = [_restore_leading_spaces(r, t, self._marker) if r else t for r, t in zip(raw, texts)]
+        return [self._complete(t, context) if text.endswith(_REPLACEMENT) else text
+                for t, text in zip(token_ids, texts)]
+
+    def _complete(self, token_id: int, context: Sequence[int]) -> str:
+        """The text ``token_id`` completes after ``context``; empty while still incomplete."""
+        context = list(context[-_CONTEXT_TOKENS:])
+        for size in range(1, len(context) + 1):
+            before = context[-size:]
+            full = self.decode([*before, token_id])
+            if full.endswith(_REPLACEMENT):
+                continue
+            clean_end = len(before)  # context tokens that were themselves incomplete belong to this one
+            for j in range(len(before) - 1, -1, -1):
+                if not self.decode([before[j]]).endswith(_REPLACEMENT):
+                    break
+                clean_end = j
+            prefix = self.decode(before[:clean_end]) if clean_end else ""
+            if full.startswith(prefix):
+                return full[len(prefix):]
+            common = 0
+            for a, b in zip(prefix, full):
+                if a != b:
+                    break
+                common += 1
+            return full[common:]
+        return ""
+
+
+def _restore_leading_spaces(raw: str, text: str, marker: str) -> str:
+    markers = len(raw) - len(raw.lstrip(marker))
+    missing = markers - (len(text) - len(text.lstrip(" ")))
+    return " " * missing + text if missing > 0 else text
+
+
+def position_logprobs(token_ids: Sequence[int], logprobs: Sequence[float], rank: int, texts: Sequence[str],
+                      num_logprobs: int) -> PositionLogprobs:
+    """One row of the engine's logprobs as vLLM keeps it: the first ``num_logprobs + 1`` columns
+    (all of them for -1; a row may be wider, as wide as the step's widest request), the first
+    ranked ``rank``, the others 1, 2, ..."""
+    width = len(logprobs) if num_logprobs == -1 else num_logprobs + 1
+    ranks = [rank, *range(1, width)]
+    return {int(t): Logprob(float(lp), r, text)
+            for t, lp, r, text in zip(token_ids[:width], logprobs[:width], ranks, texts)}
+
+
+def _first_tokens(positions: Sequence[PositionLogprobs | None]) -> list[int]:
+    """The token each of the last few positions is about (its first candidate)."""
+    return [next(iter(p)) for p in positions[-_CONTEXT_TOKENS:] if p]
+
+
+def sample_logprobs(lists: LogprobsLists, rows: int, num_logprobs: int, tokens: LogprobTokens,
+                    before: Sequence[PositionLogprobs]) -> list[PositionLogprobs]:
+    """The engine's ``new_logprobs`` (vLLM's ``LogprobsLists``) for its first ``rows`` positions;
+    ``before``: the request's positions so far (the context of a split character)."""
+    out: list[PositionLogprobs] = []
+    ranks = lists.sampled_token_ranks.tolist()
+    for i in range(min(rows, len(ranks))):
+        ids = [int(t) for t in lists.logprob_token_ids[i].tolist()]
+        width = len(ids) if num_logprobs == -1 else num_logprobs + 1
+        texts = tokens.texts(ids[:width], _first_tokens([*before, *out]))
+        out.append(position_logprobs(ids, lists.logprobs[i].tolist(), int(ranks[i]), texts, num_logprobs))
     return out
 
 
-def _row(row: Any) -> list[Any]:
-    return row.tolist() if hasattr(row, "tolist") else list(row)
+def prompt_logprobs(tensors: LogprobsTensors, num_logprobs: int, tokens: LogprobTokens,
+                    before: PromptLogprobs) -> PromptLogprobs:
+    """The engine's ``new_prompt_logprobs_tensors`` (vLLM's ``LogprobsTensors``), a row per prompt
+    position; ``before``: the positions an earlier chunk gave."""
+    out: PromptLogprobs = []
+    ids_rows = tensors.logprob_token_ids.tolist()
+    lp_rows = tensors.logprobs.tolist()
+    ranks = tensors.selected_token_ranks.tolist()
+    for ids, lps, rank in zip(ids_rows, lp_rows, ranks):
+        width = len(ids) if num_logprobs == -1 else num_logprobs + 1
+        texts = tokens.texts(ids[:width], _first_tokens([*before, *out]))
+        out.append(position_logprobs(ids, lps, int(rank), texts, num_logprobs))
+    return out
 
 
 @dataclass
@@ -127,7 +241,7 @@ class Delta:
 
     text: str
     token_ids: list[int]
-    logprobs: list[TokenLogprob] | None
+    logprobs: list[PositionLogprobs] | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     stopped: bool = False
@@ -143,13 +257,19 @@ class Delta:
 
 @dataclass
 class ChoiceOutput:
-    """One choice (one engine request) as it streams: its text, tokens and how it ended."""
+    """One choice (one engine request) as it streams: its text, tokens, logprobs and how it ended.
+
+    ``logprob_tokens`` names the candidates of the logprobs the parameters ask for (sample
+    ``logprobs``, ``prompt_logprobs``); the engine's are ignored when the parameters ask for none."""
 
     detokenizer: IncrementalDetokenizer | WindowDetokenizer
     params: SamplingParams
+    logprob_tokens: LogprobTokens | None = None
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None
+    """``None`` until the engine sent the prompt's (when asked for), then ``[None, ...]``."""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     _sent: int = 0
@@ -157,6 +277,14 @@ class ChoiceOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Candidates asked for per generated token besides the sampled one (``logprobs``, or as
+        many as ``logprob_token_ids`` names), ``None``: no logprobs (vLLM's ``num_logprobs``)."""
+        if self.params.logprobs is not None:
+            return self.params.logprobs
+        return len(self.params.logprob_token_ids) if self.params.logprob_token_ids else None
 
     @property
     def _stops(self) -> list[str]:
@@ -168,8 +296,6 @@ class ChoiceOutput:
         if output.finish_reason == FinishReason.ERROR:
             raise engine_error(output)
         new_ids = list(output.new_token_ids)
-        engine_logprobs = (token_logprobs(output.new_logprobs, len(new_ids))
-                           if output.new_logprobs is not None and self.params.logprobs is not None else None)
         hide_last = output.finish_reason == FinishReason.STOP and not self.params.include_stop_str_in_output
         first = len(self.token_ids)
         offsets = [len(self.text)]
@@ -189,11 +315,22 @@ class ChoiceOutput:
         elif output.finish_reason is not None:
             self.finish_reason, self.stop_reason = str(output.finish_reason), output.stop_reason
         kept = self.token_ids[first:]
+        self._take_prompt_logprobs(output.new_prompt_logprobs_tensors)
         delta_logprobs = None
-        if self.params.logprobs is not None:
-            delta_logprobs = (engine_logprobs or [])[:len(kept)]
+        if (asked := self.num_logprobs) is not None:
+            delta_logprobs = []
+            if output.new_logprobs is not None and self.logprob_tokens is not None:
+                delta_logprobs = sample_logprobs(output.new_logprobs, len(kept), asked, self.logprob_tokens,
+                                                 self.logprobs)
             self.logprobs += delta_logprobs
         return Delta(self._take_text(), kept, delta_logprobs, self.finish_reason, self.stop_reason, stopped)
+
+    def _take_prompt_logprobs(self, tensors: LogprobsTensors | None) -> None:
+        asked = self.params.prompt_logprobs
+        if asked is None or tensors is None or self.logprob_tokens is None:
+            return
+        before: PromptLogprobs = self.prompt_logprobs if self.prompt_logprobs is not None else [None]
+        self.prompt_logprobs = [*before, *prompt_logprobs(tensors, asked, self.logprob_tokens, before)]
 
     def _check_stop_strings(self, offsets: list[int], before: int) -> tuple[str, int, int] | None:
         """The stop string that completes earliest in the new text, where to cut the text, and the
@@ -235,8 +372,14 @@ __all__ = [
     "ChoiceOutput",
     "Delta",
     "IncrementalDetokenizer",
-    "TokenLogprob",
+    "Logprob",
+    "LogprobTokens",
+    "PositionLogprobs",
+    "PromptLogprobs",
     "WindowDetokenizer",
+    "leading_space_marker",
     "make_detokenizer",
-    "token_logprobs",
+    "position_logprobs",
+    "prompt_logprobs",
+    "sample_logprobs",
 ]

@@ -51,6 +51,11 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # logprobs and token ids (chat's and completions' own logprobs fields are theirs)
+    prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
+    return_tokens_as_token_ids: bool | None = None
+    return_token_ids: bool | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -60,6 +65,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = 0
+    echo: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -106,21 +112,45 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
         raise RequestBodyError(f"JSON decode error: {e}", parameter=BODY_PARAM) from e
     if request.stream_options is not None and not request.stream:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
+    _check_logprobs(request)
     if isinstance(request, CompletionRequest):
         _check_completion(request)
-    elif isinstance(request, ChatCompletionRequest) and request.top_logprobs is not None:
-        if request.top_logprobs < 0 and request.top_logprobs != -1:
-            raise ValidationError("`top_logprobs` must be a positive value or -1.", parameter="top_logprobs")
-        if request.top_logprobs != 0 and not request.logprobs:
-            raise ValidationError("when using `top_logprobs`, `logprobs` must be set to true.",
-                                  parameter="top_logprobs")
     return request
 
 
+def _check_logprobs(request: _SamplingFields) -> None:
+    """vLLM's ``check_logprobs`` validators, in their order."""
+    if request.logprob_token_ids:
+        if isinstance(request, ChatCompletionRequest) and not request.logprobs:
+            raise ValidationError("when using `logprob_token_ids`, `logprobs` must be set to true.",
+                                  parameter="logprob_token_ids")
+        if isinstance(request, CompletionRequest) and echoes_prompt_only(request):
+            raise ValidationError("`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because "
+                                  "no output tokens are generated.", parameter="logprob_token_ids")
+        if isinstance(request, CompletionRequest) and request.logprobs is None:
+            raise ValidationError("when using `logprob_token_ids`, `logprobs` must be set.",
+                                  parameter="logprob_token_ids")
+    if (prompt := request.prompt_logprobs) is not None:
+        if request.stream and (prompt > 0 or prompt == -1):
+            raise ValidationError("`prompt_logprobs` are not available when `stream=True`.",
+                                  parameter="prompt_logprobs")
+        if prompt < 0 and prompt != -1:
+            raise ValidationError("`prompt_logprobs` must be a positive value or -1.", parameter="prompt_logprobs",
+                                  value=prompt)
+    if isinstance(request, ChatCompletionRequest) and (top := request.top_logprobs) is not None:
+        if top < 0 and top != -1:
+            raise ValidationError("`top_logprobs` must be a positive value or -1.", parameter="top_logprobs",
+                                  value=top)
+        if (top == -1 or top > 0) and not request.logprobs:
+            raise ValidationError("when using `top_logprobs`, `logprobs` must be set to true.",
+                                  parameter="top_logprobs")
+    if isinstance(request, CompletionRequest) and (logprobs := request.logprobs) is not None and logprobs < -1:
+        raise ValidationError("`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs)
+
+
 def _check_completion(request: CompletionRequest) -> None:
-    if request.echo or request.suffix is not None:
-        raise ValidationError("`echo` and `suffix` are not supported by mmfront serve yet.",
-                              parameter="echo" if request.echo else "suffix")
+    if request.suffix is not None:
+        raise ValidationError("`suffix` is not supported by mmfront serve yet.", parameter="suffix")
     if not prompts(request):
         raise ValidationError("Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt")
 
@@ -145,6 +175,11 @@ def prompts(request: CompletionRequest) -> list[str | list[int]]:
     return out
 
 
+def echoes_prompt_only(request: CompletionRequest) -> bool:
+    """``echo`` with ``max_tokens`` 0: the answer is the prompt (the engine still makes one token)."""
+    return bool(request.echo) and request.max_tokens == 0
+
+
 def include_usage(request: _SamplingFields) -> bool:
     """Whether a stream ends with a usage chunk (vLLM's ``stream_options`` rules)."""
     return bool(request.stream_options is not None and request.stream_options.include_usage)
@@ -159,28 +194,52 @@ def continuous_usage(request: _SamplingFields) -> bool:
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> SamplingParams:
     """vLLM's ``to_sampling_params``: unset fields take vLLM's defaults; a value out of range raises
     :class:`~mmfront.errors.ValidationError` naming it."""
+    prompt_logprobs = request.prompt_logprobs
     if isinstance(request, ChatCompletionRequest):
-        logprobs = request.top_logprobs if request.logprobs else None
+        logprobs = request.top_logprobs if request.logprobs and not request.logprob_token_ids else None
+        if prompt_logprobs is None and request.echo:
+            prompt_logprobs = request.top_logprobs
     else:
-        logprobs = request.logprobs
+        logprobs = None if request.logprob_token_ids else request.logprobs
+        if prompt_logprobs is None and request.echo:
+            prompt_logprobs = request.logprobs
+        if request.echo and request.max_tokens == 0:  # the prompt alone: one token generated, not shown
+            max_tokens = 1
     try:
-        return _sampling_params(request, max_tokens, logprobs)
+        return _sampling_params(request, max_tokens, logprobs, prompt_logprobs)
     except ValidationError as e:
         if e.value is None:  # vLLM's message shows the value the request sent
             e.value = msgspec.structs.asdict(request).get(e.parameter or "")
         raise
 
 
+MAX_LOGPROB_TOKEN_IDS = 128
+"""Most ``logprob_token_ids`` one request may name (vLLM's ``MAX_LOGPROB_TOKEN_IDS``, the width
+its sampler allocates per request)."""
+
+
 def check_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
-    """vLLM's ``--max-logprobs`` limit, which its API server applies before anything runs."""
+    """vLLM's ``--max-logprobs`` limit and ``logprob_token_ids`` checks, which its API server
+    applies before anything runs, in its order."""
     limit = vocab_size if max_logprobs == -1 else max_logprobs
-    for asked, field, what in ((params.logprobs, "logprobs", "sample"),
-                               (params.prompt_logprobs, "prompt_logprobs", "prompt")):
-        if asked:
-            asked = vocab_size if asked == -1 else asked
-            if asked > limit:
-                raise ValidationError(f"Requested {what} logprobs of {asked}, which is greater than max allowed: "
-                                      f"{limit}", parameter=field, value=asked)
+    _check_count(params.logprobs, "logprobs", "sample", limit, vocab_size)
+    if (ids := params.logprob_token_ids) is not None:
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise ValidationError(f"Requested logprob_token_ids of length {len(ids)}, which is greater than max "
+                                  f"allowed: {MAX_LOGPROB_TOKEN_IDS}", parameter="logprob_token_ids", value=len(ids))
+        outside = [t for t in ids if t < 0 or t >= vocab_size]
+        if outside:
+            raise ValidationError(f"token_id(s) {outside} in logprob_token_ids contain out-of-vocab token ids. "
+                                  f"Vocabulary size: {vocab_size}", parameter="logprob_token_ids", value=outside)
+    _check_count(params.prompt_logprobs, "prompt_logprobs", "prompt", limit, vocab_size)
+
+
+def _check_count(asked: int | None, field: str, what: str, limit: int, vocab_size: int) -> None:
+    if asked:
+        asked = vocab_size if asked == -1 else asked
+        if asked > limit:
+            raise ValidationError(f"Requested {what} logprobs of {asked}, which is greater than max allowed: {limit}",
+                                  parameter=field, value=asked)
 
 
 def _pick(value: Any, default: Any) -> Any:
@@ -188,7 +247,7 @@ def _pick(value: Any, default: Any) -> Any:
 
 
 def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
-                     logprobs: int | None) -> SamplingParams:
+                     logprobs: int | None, prompt_logprobs: int | None) -> SamplingParams:
     return SamplingParams(
         n=_pick(request.n, 1),
         presence_penalty=_pick(request.presence_penalty, 0.0),
@@ -205,6 +264,8 @@ def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tok
         max_tokens=max_tokens,
         min_tokens=request.min_tokens,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        logprob_token_ids=request.logprob_token_ids or None,
         skip_special_tokens=_pick(request.skip_special_tokens, True),
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
@@ -222,6 +283,7 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 __all__ = [
     "BODY_PARAM",
+    "MAX_LOGPROB_TOKEN_IDS",
     "ChatCompletionRequest",
     "CompletionRequest",
     "StreamOptions",
@@ -229,6 +291,7 @@ __all__ = [
     "child_params",
     "continuous_usage",
     "decode_request",
+    "echoes_prompt_only",
     "include_usage",
     "prompts",
     "sampling_params",

@@ -10,6 +10,7 @@ in :class:`OpenAIBody`, and filled from the request's :class:`ResponseHead` in :
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
@@ -17,7 +18,7 @@ from typing import Any, Literal, TypedDict
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from mmfront.serve.output import LOGPROB_FLOOR, TokenLogprob
+from mmfront.serve.output import LOGPROB_FLOOR, Logprob, PositionLogprobs, PromptLogprobs
 
 ENCODER = msgspec.json.Encoder()
 """The one encoder of every body the server writes."""
@@ -81,58 +82,116 @@ def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True, c
 
 class ChatCompletionLogProb(msgspec.Struct):
     token: str
-    logprob: float
-    bytes: list[int]
+    logprob: float = LOGPROB_FLOOR
+    bytes: list[int] | None = None
 
 
 class ChatCompletionLogProbsContent(ChatCompletionLogProb):
-    top_logprobs: list[ChatCompletionLogProb]
+    top_logprobs: list[ChatCompletionLogProb] = msgspec.field(default_factory=list)
 
 
 class ChatCompletionLogProbs(msgspec.Struct):
     """OpenAI's chat ``logprobs``."""
 
-    content: list[ChatCompletionLogProbsContent]
+    content: list[ChatCompletionLogProbsContent] | None = None
 
 
 class CompletionLogProbs(msgspec.Struct):
-    """OpenAI's legacy completion ``logprobs``."""
+    """OpenAI's legacy completion ``logprobs``: ``None`` where a position has none (an echoed
+    prompt's first token)."""
 
     text_offset: list[int]
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]
     tokens: list[str]
-    top_logprobs: list[dict[str, float]]
+    top_logprobs: list[dict[str, float] | None]
 
 
-def chat_logprobs(entries: Sequence[TokenLogprob], top_logprobs: int, decode: Callable[[int], str],
-                  ) -> ChatCompletionLogProbs:
-    """Per token its text, logprob, UTF-8 bytes and the top ones."""
+TOKEN_ID_PREFIX = "token_id:"
+"""``return_tokens_as_token_ids`` writes token ``N`` as ``token_id:N`` (vLLM's placeholder)."""
 
-    def entry(token_id: int, logprob: float) -> ChatCompletionLogProb:
-        token = decode(token_id)
-        return ChatCompletionLogProb(token, max(logprob, LOGPROB_FLOOR), list(token.encode("utf-8", "replace")))
 
-    limit = max(top_logprobs, 0)
+@dataclass(frozen=True)
+class LogprobFormat:
+    """How a request writes its logprob tokens: the tokenizer's texts, or ``token_id:N``
+    (``return_tokens_as_token_ids``); ``decode`` names a token no position lists."""
+
+    decode: Callable[[int], str]
+    as_token_ids: bool = False
+
+    def token(self, token_id: int, logprob: Logprob | None) -> str:
+        if self.as_token_ids:
+            return f"{TOKEN_ID_PREFIX}{token_id}"
+        if logprob is not None and logprob.decoded_token is not None:
+            return logprob.decoded_token
+        return self.decode(token_id)
+
+
+def _floor(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
+def chat_top_logprobs_limit(top_logprobs: int | None) -> int | None:
+    """How many of a position's candidates a chat answer lists, sampled token first: all for -1."""
+    return None if top_logprobs == -1 else top_logprobs or 0
+
+
+def completion_top_logprobs_limit(logprobs: int | None) -> int | None:
+    """The same for completions: ``logprobs + 1`` (OpenAI's convention), all for -1."""
+    return None if logprobs is None or logprobs == -1 else max(logprobs + 1, 0)
+
+
+def chat_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLogprobs | None], top_logprobs: int | None,
+                  fmt: LogprobFormat) -> ChatCompletionLogProbs:
+    """Per token its text, logprob, UTF-8 bytes and the top ones (vLLM's ``_create_chat_logprobs``:
+    the sampled token's bytes are its text's even where ``token`` is ``token_id:N``)."""
     content = []
-    for e in entries:
-        sampled = entry(e.token_id, e.logprob)
-        content.append(ChatCompletionLogProbsContent(sampled.token, sampled.logprob, sampled.bytes,
-                                                     [entry(t, lp) for t, lp in e.top[:limit]]))
+    limit = chat_top_logprobs_limit(top_logprobs)
+    for token_id, position in zip(token_ids, positions):
+        step = None if position is None else position.get(token_id)
+        if step is None:
+            token = fmt.token(token_id, None)
+            content.append(ChatCompletionLogProbsContent(token, bytes=list(token.encode("utf-8", "replace"))))
+            continue
+        assert position is not None
+        top = []
+        for candidate_id, candidate in itertools.islice(position.items(), limit):
+            text = fmt.token(candidate_id, candidate)
+            top.append(ChatCompletionLogProb(text, _floor(candidate.logprob), list(text.encode("utf-8", "replace"))))
+        decoded = step.decoded_token
+        content.append(ChatCompletionLogProbsContent(
+            fmt.token(token_id, step), _floor(step.logprob),
+            None if decoded is None else list(decoded.encode("utf-8", "replace")), top))
     return ChatCompletionLogProbs(content)
 
 
-def completion_logprobs(entries: Sequence[TokenLogprob], top_logprobs: int, decode: Callable[[int], str],
-                        text_offset: int) -> CompletionLogProbs:
-    """Tokens, their logprobs, the top ones and each token's offset in the text from ``text_offset``."""
-    tokens, offsets = [], []
-    for e in entries:
-        offsets.append(text_offset)
-        token = decode(e.token_id)
-        tokens.append(token)
-        text_offset += len(token)
-    return CompletionLogProbs(
-        offsets, [max(e.logprob, LOGPROB_FLOOR) for e in entries], tokens,
-        [{decode(t): max(lp, LOGPROB_FLOOR) for t, lp in e.top[:max(top_logprobs, 0)]} for e in entries])
+def completion_logprobs(token_ids: Sequence[int], positions: Sequence[PositionLogprobs | None], logprobs: int,
+                        fmt: LogprobFormat, text_offset: int = 0) -> CompletionLogProbs:
+    """Tokens, their logprobs, the top ones (keyed by text: candidates of one text are one entry)
+    and each token's offset in the text from ``text_offset``."""
+    out = CompletionLogProbs([], [], [], [])
+    limit = completion_top_logprobs_limit(logprobs)
+    for token_id, position in zip(token_ids, positions):
+        step = None if position is None else position.get(token_id)
+        token = fmt.token(token_id, step)
+        out.text_offset.append(out.text_offset[-1] + len(out.tokens[-1]) if out.tokens else text_offset)
+        out.tokens.append(token)
+        if step is None or position is None:
+            out.token_logprobs.append(None)
+            out.top_logprobs.append(None)
+            continue
+        out.token_logprobs.append(_floor(step.logprob))
+        out.top_logprobs.append({fmt.token(t, c): _floor(c.logprob)
+                                 for t, c in itertools.islice(position.items(), limit)})
+    return out
+
+
+def clamp_prompt_logprobs(prompt_logprobs: PromptLogprobs | None) -> PromptLogprobs | None:
+    """The prompt's logprobs as a response writes them: ``-inf`` as :data:`LOGPROB_FLOOR`."""
+    if prompt_logprobs is None:
+        return None
+    return [None if position is None else {
+        t: Logprob(LOGPROB_FLOOR, c.rank, c.decoded_token) if c.logprob == float("-inf") else c
+        for t, c in position.items()} for position in prompt_logprobs]
 
 
 # --- whole responses ----------------------------------------------------------------------------
@@ -154,7 +213,7 @@ class ChatCompletionResponseChoice(msgspec.Struct, kw_only=True):
     logprobs: ChatCompletionLogProbs | None
     finish_reason: str | None
     stop_reason: int | str | None
-    token_ids: None = None
+    token_ids: list[int] | None = None
     routed_experts: None = None
     weight_versions: None = None
 
@@ -165,9 +224,9 @@ class CompletionResponseChoice(msgspec.Struct, kw_only=True):
     logprobs: CompletionLogProbs | None
     finish_reason: str | None
     stop_reason: int | str | None
-    token_ids: None = None
-    prompt_logprobs: None = None
-    prompt_token_ids: None = None
+    token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
     routed_experts: None = None
     weight_versions: None = None
 
@@ -178,8 +237,8 @@ class ChatCompletionResponse(OpenAIBody, kw_only=True):
     service_tier: None = None
     system_fingerprint: str
     usage: UsageInfo
-    prompt_logprobs: None = None
-    prompt_token_ids: None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None
     prompt_text: None = None
     kv_transfer_params: None = None
     ec_transfer_params: None = None
@@ -198,21 +257,30 @@ class CompletionResponse(OpenAIBody, kw_only=True):
 
 
 def chat_choice(index: int, text: str, logprobs: ChatCompletionLogProbs | None, finish_reason: str | None,
-                stop_reason: int | str | None) -> ChatCompletionResponseChoice:
-    return ChatCompletionResponseChoice(index=index, message=ChatMessage(content=text), logprobs=logprobs,
-                                        finish_reason=finish_reason, stop_reason=stop_reason)
+                stop_reason: int | str | None, *, role: str = "assistant", token_ids: list[int] | None = None,
+                ) -> ChatCompletionResponseChoice:
+    """``token_ids``: the choice's tokens (``return_token_ids``)."""
+    return ChatCompletionResponseChoice(index=index, message=ChatMessage(role=role, content=text), logprobs=logprobs,
+                                        finish_reason=finish_reason, stop_reason=stop_reason, token_ids=token_ids)
 
 
 def completion_choice(index: int, text: str, logprobs: CompletionLogProbs | None, finish_reason: str | None,
-                      stop_reason: int | str | None) -> CompletionResponseChoice:
+                      stop_reason: int | str | None, *, token_ids: list[int] | None = None,
+                      prompt_logprobs: PromptLogprobs | None = None, prompt_token_ids: list[int] | None = None,
+                      ) -> CompletionResponseChoice:
+    """``token_ids`` and ``prompt_token_ids``: ``return_token_ids``; ``prompt_logprobs`` as asked."""
     return CompletionResponseChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
-                                    stop_reason=stop_reason)
+                                    stop_reason=stop_reason, token_ids=token_ids,
+                                    prompt_logprobs=clamp_prompt_logprobs(prompt_logprobs),
+                                    prompt_token_ids=prompt_token_ids)
 
 
-def chat_response(head: ResponseHead, choices: list[ChatCompletionResponseChoice], usage_info: UsageInfo,
+def chat_response(head: ResponseHead, choices: list[ChatCompletionResponseChoice], usage_info: UsageInfo, *,
+                  prompt_logprobs: PromptLogprobs | None = None, prompt_token_ids: list[int] | None = None,
                   ) -> ChatCompletionResponse:
     return ChatCompletionResponse(**_head(head), choices=choices, system_fingerprint=head.fingerprint,
-                                  usage=usage_info)
+                                  usage=usage_info, prompt_logprobs=clamp_prompt_logprobs(prompt_logprobs),
+                                  prompt_token_ids=prompt_token_ids)
 
 
 def completion_response(head: ResponseHead, choices: list[CompletionResponseChoice], usage_info: UsageInfo,
@@ -238,7 +306,7 @@ class ChatCompletionResponseStreamChoice(msgspec.Struct, kw_only=True):
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | UnsetType | None = UNSET
-    token_ids: UnsetType | None = UNSET
+    token_ids: list[int] | UnsetType | None = UNSET
     weight_versions: UnsetType | None = UNSET
 
 
@@ -248,8 +316,8 @@ class CompletionResponseStreamChoice(msgspec.Struct, kw_only=True):
     logprobs: CompletionLogProbs | None
     finish_reason: str | None
     stop_reason: int | str | None
-    prompt_token_ids: None = None
-    token_ids: None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
     weight_versions: None = None
 
 
@@ -261,7 +329,7 @@ class ChatCompletionStreamResponse(OpenAIBody, kw_only=True):
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | UnsetType = UNSET
     system_fingerprint: str | UnsetType = UNSET
-    prompt_token_ids: UnsetType | None = UNSET
+    prompt_token_ids: list[int] | UnsetType | None = UNSET
     prompt_text: UnsetType | None = UNSET
     kv_transfer_params: UnsetType | None = UNSET
 
@@ -283,23 +351,32 @@ def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: boo
     return head.fingerprint if fingerprint and finish_reason is not None else UNSET
 
 
-def chat_role_chunk(head: ResponseHead, index: int, usage_info: UsageInfo | None = None,
-                    ) -> ChatCompletionStreamResponse:
-    """A stream's first chunk per choice: the role, and empty content."""
-    choice = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
+def chat_role_chunk(head: ResponseHead, index: int, usage_info: UsageInfo | None = None, *, role: str = "assistant",
+                    prompt_token_ids: list[int] | None = None) -> ChatCompletionStreamResponse:
+    """A stream's first chunk per choice: the role, and empty content (and the prompt's tokens,
+    with ``return_token_ids``)."""
+    choice = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role=role, content=""))
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
-                                        prompt_token_ids=None, prompt_text=None)
+                                        prompt_token_ids=prompt_token_ids, prompt_text=None)
+
+
+def chat_echo_chunk(head: ResponseHead, index: int, text: str, usage_info: UsageInfo | None = None,
+                    ) -> ChatCompletionStreamResponse:
+    """With ``echo``, the chunk after the role chunk: the last message's content."""
+    choice = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(content=text))
+    return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info))
 
 
 def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: ChatCompletionLogProbs | None,
                finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
-               usage_info: UsageInfo | None = None) -> ChatCompletionStreamResponse:
+               usage_info: UsageInfo | None = None, token_ids: list[int] | None = None,
+               ) -> ChatCompletionStreamResponse:
     """A content chunk; the finishing one carries ``finish_reason`` and ``stop_reason`` (and, with
     ``fingerprint``, when no usage chunk follows, the fingerprint). ``text`` None: a choice that
     ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``)."""
     choice = ChatCompletionResponseStreamChoice(
         index=index, delta=DeltaMessage() if text is None else DeltaMessage(content=text), logprobs=logprobs,
-        finish_reason=finish_reason, token_ids=None)
+        finish_reason=finish_reason, token_ids=token_ids)
     if finish_reason is not None:
         choice.stop_reason, choice.weight_versions = stop_reason, None
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
@@ -309,9 +386,12 @@ def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: Ch
 
 def completion_chunk(head: ResponseHead, index: int, text: str, *, logprobs: CompletionLogProbs | None,
                      finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
-                     usage_info: UsageInfo | None = None) -> CompletionStreamResponse:
+                     usage_info: UsageInfo | None = None, prompt_token_ids: list[int] | None = None,
+                     token_ids: list[int] | None = None) -> CompletionStreamResponse:
+    """``prompt_token_ids`` on a choice's first chunk and ``token_ids`` on each (``return_token_ids``)."""
     choice = CompletionResponseStreamChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
-                                            stop_reason=stop_reason)
+                                            stop_reason=stop_reason, prompt_token_ids=prompt_token_ids,
+                                            token_ids=token_ids)
     return CompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
                                     system_fingerprint=_fingerprint(head, finish_reason, fingerprint),
                                     kv_transfer_params=None)
@@ -387,6 +467,7 @@ class HTTPErrorResponse(msgspec.Struct):
 
 __all__ = [
     "ENCODER",
+    "TOKEN_ID_PREFIX",
     "ChatCompletionLogProb",
     "ChatCompletionLogProbs",
     "ChatCompletionLogProbsContent",
@@ -402,6 +483,7 @@ __all__ = [
     "CompletionStreamResponse",
     "DeltaMessage",
     "HTTPErrorResponse",
+    "LogprobFormat",
     "ModelCard",
     "ModelList",
     "ModelPermission",
@@ -412,14 +494,18 @@ __all__ = [
     "VersionResponse",
     "chat_choice",
     "chat_chunk",
+    "chat_echo_chunk",
     "chat_logprobs",
     "chat_response",
     "chat_role_chunk",
+    "chat_top_logprobs_limit",
     "chat_usage_chunk",
+    "clamp_prompt_logprobs",
     "completion_choice",
     "completion_chunk",
     "completion_logprobs",
     "completion_response",
+    "completion_top_logprobs_limit",
     "completion_usage_chunk",
     "model_card",
     "usage",

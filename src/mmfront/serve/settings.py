@@ -50,6 +50,10 @@ class ServeSettings:
     """With a key, every ``/v1`` request needs ``Authorization: Bearer KEY`` (else 401); one key."""
     max_logprobs: int = field(default=20, metadata=flag(metavar="N"))
     """Most logprobs a request may ask for per token (-1: the vocabulary); more are refused with 400."""
+    return_tokens_as_token_ids: bool = field(default=False, metadata=flag(
+        negation="--no-return-tokens-as-token-ids"))
+    """Logprob tokens written as ``token_id:N`` for every request (a request's
+    ``return_tokens_as_token_ids`` overrides it), so tokens that are not valid UTF-8 stay apart."""
     max_body_bytes: int = field(default=DEFAULT_MAX_BODY_BYTES, metadata=flag(
         vllm=False, parse=positive_int, metavar="BYTES", shown_default="64 MiB"))
     """Request bodies above this are refused with 413 before they are read whole."""

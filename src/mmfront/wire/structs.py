@@ -4,8 +4,10 @@ Field names, order, defaults and struct options follow vLLM 0.33 (``vllm.v1.engi
 vLLM engine core decodes the requests mmfront sends and mmfront decodes the outputs a stock engine
 sends. The array-like structs are encoded positionally and msgspec writes every field (trailing
 defaults included); a decoder ignores trailing elements it does not know, which is how newer
-fields stay compatible. Fields whose vLLM types mmfront never builds (logprob tensors, scheduler
-statistics, KV hints) are carried as plain msgpack data (``Any``).
+fields stay compatible. Logprobs are vLLM's ``LogprobsLists`` (sampled tokens, numpy arrays) and
+``LogprobsTensors`` (the prompt's, torch tensors): NamedTuples in vLLM, so arrays on the wire, each
+array written as the codec's (dtype, shape, data). Fields whose vLLM types mmfront never builds
+(scheduler statistics, KV hints) are carried as plain msgpack data (``Any``).
 """
 
 from __future__ import annotations
@@ -109,6 +111,31 @@ class RequestError(msgspec.Struct):
     retryable: bool = False
 
 
+class LogprobsLists(msgspec.Struct, array_like=True, gc=False):
+    """vLLM's ``LogprobsLists``: one row per generated position, column 0 the sampled token, then
+    the top-k (as many columns as the widest request of the engine step asked for)."""
+
+    logprob_token_ids: np.ndarray
+    """[positions, columns] token ids."""
+    logprobs: np.ndarray
+    """[positions, columns] their logprobs."""
+    sampled_token_ranks: np.ndarray
+    """[positions] the sampled token's rank in the vocabulary (1: the most likely)."""
+    cu_num_generated_tokens: list[int] | None = None
+
+
+class LogprobsTensors(msgspec.Struct, array_like=True, gc=False):
+    """vLLM's ``LogprobsTensors``, as a request's prompt logprobs arrive: one row per prompt
+    position after the first (column 0 the next prompt token, then the top-k), sent once the
+    prompt is computed (each prefill chunk's rows in turn where the engine sends them so)."""
+
+    logprob_token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    selected_token_ranks: torch.Tensor
+    cu_num_generated_tokens: list[int] | None = None
+    cu_num_generated_tokens_tensor: torch.Tensor | None = None
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """One request's progress in an engine step, vLLM 0.33's 19 fields in its order.
 
@@ -118,8 +145,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: Any = None
-    new_prompt_logprobs_tensors: Any = None
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs_tensors: LogprobsTensors | None = None
     pooling_output: torch.Tensor | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
@@ -179,6 +206,8 @@ __all__ = [
     "KvHintAction",
     "KvHintsEnvelope",
     "LoRARequest",
+    "LogprobsLists",
+    "LogprobsTensors",
     "PoolingParams",
     "RequestError",
     "SamplingParams",
