@@ -25,6 +25,7 @@ import msgspec
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -35,10 +36,12 @@ from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
-from mmfront.serve import protocol, responses
+from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.errors import error_body
+from mmfront.serve.middleware import RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
+from mmfront.serve.request_log import RequestLogger
 from mmfront.serve.responses import ENCODER, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
@@ -109,6 +112,7 @@ class _Server:
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
         self.fingerprint = f"mmfront-{__version__}-{digest}"
         self.metrics = ServerMetrics(self.model_name, self.preprocessor, client)
+        self.request_log = RequestLogger(settings.max_log_len) if settings.enable_log_requests else None
 
     @property
     def max_model_len(self) -> int | None:
@@ -123,6 +127,10 @@ class _Server:
     async def health(self, request: Request) -> Response:
         return Response(status_code=503 if self.client.errored else 200)
 
+    async def ping(self, request: Request) -> Response:
+        """SageMaker's health check (GET and POST), answered as ``/health``."""
+        return await self.health(request)
+
     async def version(self, request: Request) -> Response:
         return json_response(responses.VersionResponse(__version__))
 
@@ -136,7 +144,47 @@ class _Server:
         body, content_type = self.metrics.render()
         return Response(body, headers={"Content-Type": content_type})
 
+    async def tokenizer_info(self, request: Request) -> Response:
+        info = tokenize.tokenizer_info(self.tokenizer, self.preprocessor.config.chat_template)
+        return Response(ENCODER.encode(info), media_type="application/json")
+
+    # --- tokenizer routes -----------------------------------------------------------------------
+
+    async def tokenize_route(self, request: Request) -> Response:
+        return await self._guarded(request, self._tokenize)
+
+    async def detokenize_route(self, request: Request) -> Response:
+        return await self._guarded(request, self._detokenize)
+
+    async def _tokenize(self, request: Request, body: bytes) -> Response:
+        req = tokenize.decode_tokenize(body)
+        self._check_model(req.model)
+        request_id = f"tokenize-{_base_id(request, None)}"
+        if self.request_log is not None:
+            self.request_log.log_tokenize(request_id, req)
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(self.preprocessor.executor, partial(
+            tokenize.tokenize, self.preprocessor, req, self.max_model_len, request_id))
+        return json_response(answer)
+
+    async def _detokenize(self, request: Request, body: bytes) -> Response:
+        req = tokenize.decode_detokenize(body)
+        self._check_model(req.model)
+        return json_response(tokenize.detokenize(self.tokenizer, req))
+
     # --- generation routes ----------------------------------------------------------------------
+
+    async def invocations(self, request: Request) -> Response:
+        """SageMaker's one inference route: a chat completion body is answered as
+        ``/v1/chat/completions``, else a completion body as ``/v1/completions`` (vLLM's order)."""
+        return await self._guarded(request, self._invoke)
+
+    async def _invoke(self, request: Request, body: bytes) -> Response:
+        for handler, kind in ((self._chat, ChatCompletionRequest), (self._completions, CompletionRequest)):
+            if protocol.fits(body, kind):
+                return await handler(request, body)
+        return error_response(ValidationError(
+            "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"))
 
     async def chat(self, request: Request) -> Response:
         return await self._guarded(request, self._chat)
@@ -202,7 +250,7 @@ class _Server:
         top = req.top_logprobs or 0
         body_choices = [responses.chat_choice(
             i, c.text, responses.chat_logprobs(c.logprobs, top, self._decode_token) if req.logprobs else None,
-            c.finish_reason, c.stop_reason) for i, c in enumerate(choices)]
+            c.finish_reason, c.stop_reason, role=self._role(req)) for i, c in enumerate(choices)]
         usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
         return json_response(responses.chat_response(head, body_choices, usage), headers=headers)
 
@@ -276,6 +324,8 @@ class _Server:
                 for i in range(n):
                     child = protocol.child_params(params, i) if n > 1 else params
                     request_id = f"{p * n + i}_{base}" if n > 1 or len(prepared) > 1 else base
+                    if self.request_log is not None and i == 0:
+                        self.request_log.log_inputs(base, inputs.get("prompt"), inputs["prompt_token_ids"], params)
                     streams.append(await self.client.add_request(request_id, inputs, child, options=options))
                     self.metrics.on_added(len(inputs["prompt_token_ids"]))
                     choices.append(ChoiceOutput(make_detokenizer(
@@ -338,14 +388,14 @@ class _Server:
 
     async def _chat_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
                            req: ChatCompletionRequest, prompt_tokens: int) -> AsyncIterator[bytes]:
-        with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+        with_usage, running = self._usage_options(req)
 
         def so_far(tokens: int) -> UsageInfo | None:
             return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
 
         try:
             for i in range(len(choices)):
-                yield _sse(responses.chat_role_chunk(head, i, so_far(0)))
+                yield _sse(responses.chat_role_chunk(head, i, so_far(0), role=self._role(req)))
             async for i, delta in self._deltas(gen, choices):
                 logprobs = (responses.chat_logprobs(delta.logprobs or [], req.top_logprobs or 0, self._decode_token)
                             if req.logprobs else None)
@@ -365,7 +415,7 @@ class _Server:
     async def _completion_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
                                  req: CompletionRequest, prompt_lengths: list[int]) -> AsyncIterator[bytes]:
         """``prompt_lengths``: the prompt tokens of each choice's prompt."""
-        with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+        with_usage, running = self._usage_options(req)
         offsets = [0] * len(choices)
         try:
             async for i, delta in self._deltas(gen, choices):
@@ -390,7 +440,21 @@ class _Server:
         yield _DONE
 
     def _decode_token(self, token_id: int) -> str:
+        if self.settings.return_tokens_as_token_ids:
+            return f"token_id:{token_id}"
         return str(self.tokenizer.decode([token_id]))
+
+    def _role(self, req: ChatCompletionRequest) -> str:
+        """vLLM's ``get_chat_request_role``: ``--response-role`` when a generation prompt is added,
+        else the role of the message being continued."""
+        return self.settings.response_role if req.add_generation_prompt else str(req.messages[-1].get("role"))
+
+    def _usage_options(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[bool, bool]:
+        """Whether a stream ends with usage and whether every chunk carries it (vLLM's
+        ``should_include_usage``: ``--enable-force-include-usage`` turns both on)."""
+        if self.settings.enable_force_include_usage:
+            return True, True
+        return protocol.include_usage(req), protocol.continuous_usage(req)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -466,12 +530,30 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/ping", server.ping, methods=["GET", "POST"]),
         Route("/version", server.version, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
+        Route("/tokenize", server.tokenize_route, methods=["POST"]),
+        Route("/detokenize", server.detokenize_route, methods=["POST"]),
+        Route("/invocations", server.invocations, methods=["POST"]),
     ]
+    if settings.enable_tokenizer_info_endpoint:
+        routes.append(Route("/tokenizer_info", server.tokenizer_info, methods=["GET"]))
+    if not settings.disable_fastapi_docs:
+        routes += openapi.routes([(r.path, sorted(r.methods or ())) for r in routes])
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    # vLLM's order: the last added is outermost (user middleware, X-Request-Id, the API key, CORS)
+    app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                       allow_credentials=settings.allow_credentials, allow_methods=list(settings.allowed_methods),
+                       allow_headers=list(settings.allowed_headers))
     if settings.api_key:
         app.add_middleware(_ApiKey, key=settings.api_key)
+    if settings.enable_request_id_headers:
+        app.add_middleware(XRequestIdMiddleware)
+    for path in settings.middleware:
+        add_user_middleware(app, path)
+    if settings.root_path:  # outermost, as FastAPI sets it before any middleware
+        app.add_middleware(RootPath, root_path=settings.root_path)
     app.state.mmfront_server = server
     return app
 

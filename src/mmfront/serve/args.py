@@ -22,7 +22,7 @@ from typing import Any
 
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
-from mmfront.flags import add_options, check_unique, flag_table, values
+from mmfront.flags import add_options, check_unique, expand_argv, flag_table, options, values
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
 from mmfront.serve.vllm_flags import refusal
 
@@ -73,6 +73,14 @@ def add_serve_parser(commands: Any, flags: ServeFlags = SERVE_FLAGS) -> argparse
     return serve
 
 
+def serve_argv(argv: Sequence[str], flags: ServeFlags = SERVE_FLAGS) -> list[str]:
+    """``mmfront serve``'s command line (``argv`` starts with ``serve``) as vLLM's parser rewrites a
+    ``vllm serve`` one: ``--config FILE.yaml``, ``--snake_case`` names and dotted options
+    (:func:`mmfront.flags.expand_argv`)."""
+    known = {name for _, cls in flags.groups() for option in options(cls) for name in option.names}
+    return expand_argv(argv, known)
+
+
 def serve_flag_table(flags: ServeFlags = SERVE_FLAGS) -> str:
     """docs/serving.md's table of ``mmfront serve``'s flags."""
     return flag_table([cls for _, cls in flags.groups()])
@@ -106,4 +114,4 @@ def plan_from_args(args: argparse.Namespace, flags: ServeFlags = SERVE_FLAGS) ->
 
 
 __all__ = ["DESCRIPTION", "SERVE_FLAGS", "ServeFlags", "add_serve_parser", "plan_from_args", "refuse_unknown",
-           "serve_flag_table"]
+           "serve_argv", "serve_flag_table"]

@@ -77,6 +77,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
 
 
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
+_ANY_JSON = msgspec.json.Decoder()
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`")
 
@@ -86,12 +87,12 @@ BODY_PARAM = "body"
 prefix (``body.messages``): a :class:`~mmfront.errors.RequestBodyError`, type ``Bad Request``."""
 
 
-def decode_request(body: bytes, cls: type[Any]) -> Any:
-    """``body`` as a ``cls`` request; a body that does not fit raises
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """``body`` decoded by ``decoder``; a body that does not fit raises
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
-    ``body.<field>``."""
+    ``body.<field>`` (every route's request shape is checked here)."""
     try:
-        request = _DECODERS[cls].decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as e:
         message = str(e)
         missing, at = _MISSING.search(message), _AT.search(message)
@@ -104,6 +105,13 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
         raise RequestBodyError(message, parameter=param) from e
     except msgspec.DecodeError as e:
         raise RequestBodyError(f"JSON decode error: {e}", parameter=BODY_PARAM) from e
+
+
+def decode_request(body: bytes, cls: type[Any]) -> Any:
+    """``body`` as a ``cls`` request; a body that does not fit raises
+    :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
+    ``body.<field>``."""
+    request = decode_body(body, _DECODERS[cls])
     if request.stream_options is not None and not request.stream:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
     if isinstance(request, CompletionRequest):
@@ -115,6 +123,18 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
             raise ValidationError("when using `top_logprobs`, `logprobs` must be set to true.",
                                   parameter="top_logprobs")
     return request
+
+
+def fits(body: bytes, cls: type[Any]) -> bool:
+    """Whether ``body`` is a valid ``cls`` request, its checks included (``/invocations`` picks
+    its route so, as vLLM validates each candidate type); a body that is not JSON raises
+    :class:`~mmfront.errors.RequestBodyError`."""
+    decode_body(body, _ANY_JSON)
+    try:
+        decode_request(body, cls)
+    except ValidationError:
+        return False
+    return True
 
 
 def _check_completion(request: CompletionRequest) -> None:
@@ -228,7 +248,9 @@ __all__ = [
     "check_logprobs",
     "child_params",
     "continuous_usage",
+    "decode_body",
     "decode_request",
+    "fits",
     "include_usage",
     "prompts",
     "sampling_params",

@@ -198,8 +198,8 @@ class CompletionResponse(OpenAIBody, kw_only=True):
 
 
 def chat_choice(index: int, text: str, logprobs: ChatCompletionLogProbs | None, finish_reason: str | None,
-                stop_reason: int | str | None) -> ChatCompletionResponseChoice:
-    return ChatCompletionResponseChoice(index=index, message=ChatMessage(content=text), logprobs=logprobs,
+                stop_reason: int | str | None, *, role: str = "assistant") -> ChatCompletionResponseChoice:
+    return ChatCompletionResponseChoice(index=index, message=ChatMessage(role=role, content=text), logprobs=logprobs,
                                         finish_reason=finish_reason, stop_reason=stop_reason)
 
 
@@ -283,10 +283,10 @@ def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: boo
     return head.fingerprint if fingerprint and finish_reason is not None else UNSET
 
 
-def chat_role_chunk(head: ResponseHead, index: int, usage_info: UsageInfo | None = None,
+def chat_role_chunk(head: ResponseHead, index: int, usage_info: UsageInfo | None = None, *, role: str = "assistant",
                     ) -> ChatCompletionStreamResponse:
     """A stream's first chunk per choice: the role, and empty content."""
-    choice = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role="assistant", content=""))
+    choice = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role=role, content=""))
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
                                         prompt_token_ids=None, prompt_text=None)
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
-from mmfront.flags import flag, port, positive_int, seconds
+from mmfront.flags import flag, json_list, port, positive_int, seconds
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 """Request bodies above this are refused before they are read whole (413)."""
@@ -57,6 +57,64 @@ class ServeSettings:
     """uvicorn's log level."""
     api_server_count: int = field(default=1, metadata=flag(aliases=("-asc",), parse=positive_int, metavar="N"))
     """API server processes sharing the port (docs/serving.md, "Several API servers")."""
+
+    # --- the HTTP server (vLLM's FrontendArgs) ---
+    uds: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Listen on this Unix domain socket instead of ``--host``:``--port``."""
+    disable_uvicorn_access_log: bool = field(default=False, metadata=flag())
+    """Turn uvicorn's access log off."""
+    disable_access_log_for_endpoints: str | None = field(default=None, metadata=flag(metavar="PATHS"))
+    """Comma-separated paths left out of the access log (e.g. ``/health,/metrics,/ping``)."""
+    allow_credentials: bool = field(default=False, metadata=flag())
+    """CORS: allow credentials."""
+    allowed_origins: tuple[str, ...] = field(default=(), metadata=flag(parse=json_list("--allowed-origins"),
+                                                                       metavar="JSON"))
+    """CORS: the origins browsers may call from, as a JSON list (``'["https://app.example"]'``); empty: no
+    cross-origin access."""
+    allowed_methods: tuple[str, ...] = field(default=("*",), metadata=flag(parse=json_list("--allowed-methods"),
+                                                                           metavar="JSON", shown_default='["*"]'))
+    """CORS: the methods allowed, as a JSON list."""
+    allowed_headers: tuple[str, ...] = field(default=("*",), metadata=flag(parse=json_list("--allowed-headers"),
+                                                                           metavar="JSON", shown_default='["*"]'))
+    """CORS: the request headers allowed, as a JSON list."""
+    ssl_keyfile: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """The TLS private key (PEM); with ``--ssl-certfile`` the server speaks HTTPS."""
+    ssl_certfile: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """The TLS certificate chain (PEM)."""
+    ssl_ca_certs: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """CA certificates client certificates are checked against."""
+    ssl_cert_reqs: int = field(default=0, metadata=flag(metavar="N"))
+    """Whether a client certificate is required: 0 none, 1 optional, 2 required (the ``ssl`` module's ``CERT_*``)."""
+    ssl_ciphers: str | None = field(default=None, metadata=flag(metavar="CIPHERS"))
+    """TLS cipher suites (TLS 1.2 and below), in OpenSSL's cipher-list form."""
+    root_path: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """The path prefix a path-routing proxy serves the app under (ASGI ``root_path``)."""
+    middleware: tuple[str, ...] = field(default=(), metadata=flag(repeat=True, default=[], metavar="IMPORT.PATH"))
+    """ASGI middleware to wrap the app in, by import path, once per flag: a class is added as
+    ``app.add_middleware(cls)``, a function as an HTTP middleware ``async (request, call_next)``."""
+    enable_request_id_headers: bool = field(default=False, metadata=flag())
+    """Answer every response with an ``X-Request-Id`` header (the client's, else a new one)."""
+    disable_fastapi_docs: bool = field(default=False, metadata=flag())
+    """Serve no ``/openapi.json``, ``/docs`` or ``/redoc``."""
+    h11_max_incomplete_event_size: int = field(default=4 * 1024 * 1024, metadata=flag(parse=positive_int,
+                                                                                      metavar="BYTES"))
+    """Largest incomplete HTTP event (header or body) the h11 parser holds."""
+
+    # --- requests and responses ---
+    response_role: str = field(default="assistant", metadata=flag(metavar="ROLE"))
+    """The role of the answer when the request asks for a generation prompt (``add_generation_prompt``)."""
+    return_tokens_as_token_ids: bool = field(default=False, metadata=flag())
+    """Logprob tokens are written ``token_id:{id}``, so tokens that are not valid text can be told apart."""
+    enable_prompt_tokens_details: bool = field(default=False, metadata=flag())
+    """Usage carries ``prompt_tokens_details.cached_tokens`` (prompt tokens the engine found in its prefix cache)."""
+    enable_force_include_usage: bool = field(default=False, metadata=flag())
+    """Every stream ends with a usage chunk, as if each request sent ``stream_options.include_usage``."""
+    enable_tokenizer_info_endpoint: bool = field(default=False, metadata=flag())
+    """Serve ``/tokenizer_info`` (the tokenizer's configuration, chat template included)."""
+    enable_log_requests: bool = field(default=False, metadata=flag(negation="--disable-log-requests"))
+    """Log each request (its id and sampling parameters at INFO; its prompt at DEBUG)."""
+    max_log_len: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Most prompt characters or token ids a request log shows (``None``: all)."""
 
     @property
     def model_names(self) -> tuple[str, ...]:
