@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,16 +58,18 @@ class Apps:
 
 @pytest.fixture(scope="module")
 def apps(gemma3_weights_dir: Path) -> Iterator[Apps]:
-    config = MultiModalConfig(mm_processor_cache_gb=0.02, max_model_len=2048)
+    config = MultiModalConfig(mm_processor_cache_gb=0.02, max_model_len=2048, trust_request_chat_template=True)
     with serve(gemma3_weights_dir, config=config) as served:
         flagged = create_app(served.client, ServeSettings(
             gemma3_weights_dir, served_model_name=(MODEL_NAME,), enable_tokenizer_info_endpoint=True,
             allowed_origins=("https://app.example",), allow_credentials=True, root_path="/llm",
             middleware=(f"{__name__}.tagging_middleware",), enable_request_id_headers=True,
             enable_force_include_usage=True, response_role="model", return_tokens_as_token_ids=True,
-            enable_log_requests=True, max_log_len=5))
+            enable_log_requests=True, max_log_len=5, log_error_stack=True, enable_server_load_tracking=True,
+            default_chat_template_kwargs={"greeting": "hello", "name": "server"}, fingerprint_mode="custom",
+            fingerprint_value="fp-1"))
         bare = create_app(served.client, ServeSettings(gemma3_weights_dir, served_model_name=(MODEL_NAME,),
-                                                       disable_fastapi_docs=True))
+                                                       disable_fastapi_docs=True, fingerprint_mode="none"))
         with run_app(flagged) as flagged_url, run_app(bare) as bare_url:
             yield Apps(served, served.url, flagged_url, bare_url, served.preprocessor.tokenizer, flagged, bare)
 
@@ -273,3 +276,49 @@ def test_request_log(apps: Apps, caplog: pytest.LogCaptureFixture) -> None:
     assert len(received) == 1 and received[0].startswith("Received request cmpl-logged-1-")
     details = [m for m in messages if "details: prompt: " in m]
     assert len(details) == 1 and "prompt: 'The q'" in details[0]  # --max-log-len 5
+
+
+def test_default_chat_template_kwargs_under_the_requests(apps: Apps) -> None:
+    template = "{{ greeting }} {{ name }}:{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    body = {"messages": [{"role": "user", "content": "x"}], "chat_template": template}
+
+    def rendered(url: str, kwargs: dict[str, str] | None) -> str:
+        tokens = post(f"{url}/tokenize", {**body, **({"chat_template_kwargs": kwargs} if kwargs else {})}).json()
+        return str(apps.tokenizer.decode(tokens["tokens"]))
+
+    assert rendered(apps.flagged, None) == "hello server:x"
+    assert rendered(apps.flagged, {"name": "request"}) == "hello request:x"
+    assert rendered(apps.plain, {"greeting": "hi"}) == "hi :x"
+
+
+def test_fingerprint_modes(apps: Apps) -> None:
+    body = {"prompt": "The quick brown fox", "max_tokens": 1}
+    assert post(f"{apps.flagged}/v1/completions", body).json()["system_fingerprint"] == "fp-1"
+    assert post(f"{apps.bare}/v1/completions", body).json()["system_fingerprint"] is None
+    assert post(f"{apps.plain}/v1/completions", body).json()["system_fingerprint"].startswith("mmfront-")
+
+
+def test_server_load(apps: Apps) -> None:
+    """``/load`` counts generation requests in flight, only with the flag."""
+    assert httpx.get(f"{apps.flagged}/load").json() == {"server_load": 0}
+    body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True}
+    seen: dict[str, set[int]] = {}
+    for name, url in (("flagged", apps.flagged), ("plain", apps.plain)):
+        with ThreadPoolExecutor(1) as pool:
+            done = pool.submit(post, f"{url}/v1/completions", body)
+            loads = set()
+            while not done.done():
+                loads.add(httpx.get(f"{url}/load").json()["server_load"])
+            assert done.result().json()["usage"]["completion_tokens"] == 400
+        seen[name] = loads
+    assert seen == {"flagged": {0, 1}, "plain": {0}} or seen == {"flagged": {1}, "plain": {0}}
+    assert httpx.get(f"{apps.flagged}/load").json() == {"server_load": 0}
+
+
+def test_log_error_stack(apps: Apps, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="mmfront.serve.app"):
+        assert post(f"{apps.flagged}/v1/completions", {"prompt": "x", "max_tokens": -1}).status_code == 400
+        assert post(f"{apps.plain}/v1/completions", {"prompt": "x", "max_tokens": -1}).status_code == 400
+    logged = [r for r in caplog.records if r.name == "mmfront.serve.app"]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+    assert logged[0].getMessage() == "Error response to POST /v1/completions"

@@ -16,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
@@ -38,7 +40,7 @@ from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.errors import error_body
-from mmfront.serve.middleware import RootPath, XRequestIdMiddleware, add_user_middleware
+from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.serve.request_log import RequestLogger
@@ -49,6 +51,9 @@ from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput
 
 _DONE = b"data: [DONE]\n\n"
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
+"""The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
+logger = logging.getLogger(__name__)
 
 
 def json_response(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -110,9 +115,11 @@ class _Server:
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
-        self.fingerprint = f"mmfront-{__version__}-{digest}"
+        self.fingerprint = {"none": None, "custom": settings.fingerprint_value}.get(
+            settings.fingerprint_mode, f"mmfront-{__version__}-{digest}")
         self.metrics = ServerMetrics(self.model_name, self.preprocessor, client)
         self.request_log = RequestLogger(settings.max_log_len) if settings.enable_log_requests else None
+        self.load_tracker = LoadCount()
 
     @property
     def max_model_len(self) -> int | None:
@@ -144,6 +151,10 @@ class _Server:
         body, content_type = self.metrics.render()
         return Response(body, headers={"Content-Type": content_type})
 
+    async def load(self, request: Request) -> Response:
+        """vLLM's ``/load``: generation requests in flight (counted with ``--enable-server-load-tracking``)."""
+        return json_response(responses.ServerLoad(self.load_tracker.in_flight))
+
     async def tokenizer_info(self, request: Request) -> Response:
         info = tokenize.tokenizer_info(self.tokenizer, self.preprocessor.config.chat_template)
         return Response(ENCODER.encode(info), media_type="application/json")
@@ -159,6 +170,8 @@ class _Server:
     async def _tokenize(self, request: Request, body: bytes) -> Response:
         req = tokenize.decode_tokenize(body)
         self._check_model(req.model)
+        if isinstance(req, tokenize.TokenizeChatRequest):
+            req.chat_template_kwargs = self._template_kwargs(req.chat_template_kwargs)
         request_id = f"tokenize-{_base_id(request, None)}"
         if self.request_log is not None:
             self.request_log.log_tokenize(request_id, req)
@@ -218,6 +231,8 @@ class _Server:
                 return Response(status_code=499)
             return task.result()
         except Exception as e:
+            if self.settings.log_error_stack:
+                logger.error("Error response to %s %s", request.method, request.url.path, exc_info=e)
             return error_response(e)
         finally:
             watcher.cancel()
@@ -230,7 +245,7 @@ class _Server:
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
-            chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
+            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(req.chat_template_kwargs),
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
         inputs = await self._prepare(req.messages, options, response_id)
         params = protocol.sampling_params(
@@ -444,6 +459,11 @@ class _Server:
             return f"token_id:{token_id}"
         return str(self.tokenizer.decode([token_id]))
 
+    def _template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A request's ``chat_template_kwargs`` over ``--default-chat-template-kwargs``."""
+        defaults = self.settings.default_chat_template_kwargs
+        return given if not defaults else {**defaults, **(given or {})}
+
     def _role(self, req: ChatCompletionRequest) -> str:
         """vLLM's ``get_chat_request_role``: ``--response-role`` when a generation prompt is added,
         else the role of the message being continued."""
@@ -536,6 +556,7 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
         Route("/tokenize", server.tokenize_route, methods=["POST"]),
         Route("/detokenize", server.detokenize_route, methods=["POST"]),
         Route("/invocations", server.invocations, methods=["POST"]),
+        Route("/load", server.load, methods=["GET"]),
     ]
     if settings.enable_tokenizer_info_endpoint:
         routes.append(Route("/tokenizer_info", server.tokenizer_info, methods=["GET"]))
@@ -548,6 +569,8 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
                        allow_headers=list(settings.allowed_headers))
     if settings.api_key:
         app.add_middleware(_ApiKey, key=settings.api_key)
+    if settings.enable_server_load_tracking:
+        app.add_middleware(LoadTracker, count=server.load_tracker, paths=GENERATION_PATHS)
     if settings.enable_request_id_headers:
         app.add_middleware(XRequestIdMiddleware)
     for path in settings.middleware:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import uuid
+from dataclasses import dataclass
 from typing import Any, cast
 
 from starlette.applications import Starlette
@@ -52,6 +53,34 @@ class XRequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+@dataclass
+class LoadCount:
+    """Generation requests in flight (``/load``)."""
+
+    in_flight: int = 0
+
+
+class LoadTracker:
+    """Counts each request to ``paths`` from its start to the end of its response (a stream's
+    last chunk, or the client gone), as vLLM's ``--enable-server-load-tracking`` does."""
+
+    def __init__(self, app: ASGIApp, count: LoadCount, paths: frozenset[str]) -> None:
+        self.app = app
+        self.count = count
+        self.paths = paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "").removeprefix(scope.get("root_path", ""))
+        if scope["type"] != "http" or path not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        self.count.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.count.in_flight -= 1
+
+
 def add_user_middleware(app: Starlette, path: str) -> None:
     """``--middleware module.name``: a class is added with ``app.add_middleware``, a coroutine
     function as an HTTP middleware ``async (request, call_next)``, as vLLM adds them."""
@@ -70,4 +99,4 @@ def add_user_middleware(app: Starlette, path: str) -> None:
         raise ConfigError(f"Invalid middleware {path}. Must be a function or a class.")
 
 
-__all__ = ["RootPath", "XRequestIdMiddleware", "add_user_middleware"]
+__all__ = ["LoadCount", "LoadTracker", "RootPath", "XRequestIdMiddleware", "add_user_middleware"]

@@ -30,7 +30,7 @@ class ResponseHead:
     id: str
     created: int
     model: str
-    fingerprint: str
+    fingerprint: str | None
 
 
 class _HeadFields(TypedDict):
@@ -176,7 +176,7 @@ class ChatCompletionResponse(OpenAIBody, kw_only=True):
     object: str = "chat.completion"
     choices: list[ChatCompletionResponseChoice]
     service_tier: None = None
-    system_fingerprint: str
+    system_fingerprint: str | None
     usage: UsageInfo
     prompt_logprobs: None = None
     prompt_token_ids: None = None
@@ -190,7 +190,7 @@ class CompletionResponse(OpenAIBody, kw_only=True):
     object: str = "text_completion"
     choices: list[CompletionResponseChoice]
     service_tier: None = None
-    system_fingerprint: str
+    system_fingerprint: str | None
     usage: UsageInfo
     kv_transfer_params: None = None
     ec_transfer_params: None = None
@@ -260,7 +260,7 @@ class ChatCompletionStreamResponse(OpenAIBody, kw_only=True):
     object: str = "chat.completion.chunk"
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | UnsetType = UNSET
-    system_fingerprint: str | UnsetType = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET
     prompt_token_ids: UnsetType | None = UNSET
     prompt_text: UnsetType | None = UNSET
     kv_transfer_params: UnsetType | None = UNSET
@@ -270,7 +270,7 @@ class CompletionStreamResponse(OpenAIBody, kw_only=True):
     object: str = "text_completion"
     choices: list[CompletionResponseStreamChoice]
     usage: UsageInfo | UnsetType = UNSET
-    system_fingerprint: str | UnsetType = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET
     kv_transfer_params: UnsetType | None = UNSET
 
 
@@ -278,7 +278,7 @@ def _given(value: UsageInfo | None) -> UsageInfo | UnsetType:
     return UNSET if value is None else value
 
 
-def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: bool) -> str | UnsetType:
+def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: bool) -> str | UnsetType | None:
     """The fingerprint on a choice's finishing chunk when no usage chunk follows."""
     return head.fingerprint if fingerprint and finish_reason is not None else UNSET
 
@@ -373,6 +373,12 @@ class VersionResponse(msgspec.Struct):
     version: str
 
 
+class ServerLoad(msgspec.Struct):
+    """``/load``."""
+
+    server_load: int
+
+
 class UnauthorizedResponse(msgspec.Struct):
     """vLLM's answer to a missing or wrong API key."""
 
@@ -407,6 +413,7 @@ __all__ = [
     "ModelPermission",
     "OpenAIBody",
     "ResponseHead",
+    "ServerLoad",
     "UnauthorizedResponse",
     "UsageInfo",
     "VersionResponse",

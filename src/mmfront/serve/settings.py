@@ -10,10 +10,10 @@ has one home. This module imports nothing heavy: ``mmfront serve --help`` reads 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
@@ -23,6 +23,7 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 """Request bodies above this are refused before they are read whole (413)."""
 
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+FingerprintMode = Literal["full", "hash", "custom", "none"]
 
 
 def one_key(keys: Sequence[str]) -> str:
@@ -115,6 +116,19 @@ class ServeSettings:
     """Log each request (its id and sampling parameters at INFO; its prompt at DEBUG)."""
     max_log_len: int | None = field(default=None, metadata=flag(metavar="N"))
     """Most prompt characters or token ids a request log shows (``None``: all)."""
+    log_error_stack: bool = field(default=False, metadata=flag())
+    """Log the stack trace of every error response."""
+    default_chat_template_kwargs: Mapping[str, Any] | None = field(default=None, metadata=flag(
+        metavar="JSON", example="'{\"enable_thinking\": false}'"))
+    """Chat template keyword arguments every chat request gets, under its own ``chat_template_kwargs``
+    (the request's win), e.g. ``'{"enable_thinking": false}'``."""
+    enable_server_load_tracking: bool = field(default=False, metadata=flag())
+    """Count the generation requests in flight, answered by ``/load`` (``{"server_load": N}``)."""
+    fingerprint_mode: FingerprintMode = field(default="full", metadata=flag())
+    """The responses' ``system_fingerprint``: ``full`` and ``hash`` ``mmfront-<version>-<hash8>``,
+    ``custom`` ``--fingerprint-value``, ``none`` null."""
+    fingerprint_value: str | None = field(default=None, metadata=flag(metavar="TEXT"))
+    """The fingerprint of ``--fingerprint-mode custom``."""
 
     @property
     def model_names(self) -> tuple[str, ...]:
