@@ -273,6 +273,13 @@ class MultiModalConfig:
     data_parallel_external_lb: bool = False
     """Whether an external load balancer spreads requests over the ranks (vLLM's ``--data-parallel-external-lb``)."""
 
+    # --- loading the model folder ---
+    tokenizer: str | None = field(default=None, metadata=flag(metavar="DIR"))
+    """A local folder to load the tokenizer from instead of the model folder (``None``: the model's)."""
+    trust_remote_code: bool = field(default=False, metadata=flag())
+    """Let transformers run the code a model folder ships (``auto_map``) to load its processor,
+    tokenizer and config; off, such a folder is refused."""
+
     # --- media loading ---
     allowed_local_media_path: str | None = field(default=None, metadata=flag(metavar="DIR"))
     """Local (``file://``) media is readable only below this absolute directory; ``None`` (or ``""``,

@@ -253,8 +253,8 @@ def between(text: str, marker: str) -> str:
 
 def counterpart(name: str) -> str:
     """The opposite of boolean flag ``name`` as vLLM spells it: ``--enable-x`` and ``--disable-x``
-    are each other's, any other ``--x`` has ``--no-x``."""
-    for one, other in (("--enable-", "--disable-"), ("--disable-", "--enable-")):
+    are each other's, as are any other ``--x`` and ``--no-x``."""
+    for one, other in (("--enable-", "--disable-"), ("--disable-", "--enable-"), ("--no-", "--")):
         if name.startswith(one):
             return other + name.removeprefix(one)
     return "--no-" + name.removeprefix("--")

@@ -55,7 +55,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,9 +122,10 @@ class Side:
             process.wait(30)
 
 
-def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path) -> Side:
+def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path,
+               extra: Sequence[str] = ()) -> Side:
     """A stock engine (headless, tcp handshake) and ``server`` (an argv prefix taking the shared
-    serve flags) pointed at each other through a free rpc port."""
+    serve flags, then ``extra``) pointed at each other through a free rpc port."""
     assert PEER is not None and MODEL is not None
     rpc, port = get_open_ports_list(2)
     side = Side(name, f"http://127.0.0.1:{port}", {"engine": folder / f"{name}.engine.log",
@@ -138,7 +139,7 @@ def start_side(name: str, server: list[str], server_env: dict[str, str], folder:
             cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=vllm_env, start_new_session=True)
     argv = [*server, "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
             "--data-parallel-size", "1", "--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1",
-            "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS]
+            "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS, *extra]
     try:
         with side.logs["server"].open("wb") as log:
             side.processes["server"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

@@ -16,7 +16,7 @@ from typing import Any
 from mmfront.config import MultiModalConfig
 from mmfront.errors import UnsupportedModelError
 from mmfront.models.catalog import ProcessorFactory, model_options, native_factory, native_processor_classes
-from mmfront.processing.hf import load_hf_processor
+from mmfront.processing.hf import folder_kwargs, load_hf_processor
 from mmfront.processing.processor import BaseMultiModalProcessor
 
 
@@ -61,7 +61,7 @@ def create_processor(
     """
     config = config or MultiModalConfig()
     if isinstance(model, (str, Path)):
-        hf_processor = load_hf_processor(model)
+        hf_processor = load_hf_processor(model, **folder_kwargs(config))
         model_dir: str | Path | None = model
         default_id = str(model)
     else:

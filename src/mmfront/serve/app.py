@@ -171,6 +171,7 @@ class _Server:
         req = tokenize.decode_tokenize(body)
         self._check_model(req.model)
         if isinstance(req, tokenize.TokenizeChatRequest):
+            self._check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
             req.chat_template_kwargs = self._template_kwargs(req.chat_template_kwargs)
         request_id = f"tokenize-{_base_id(request, None)}"
         if self.request_log is not None:
@@ -242,6 +243,7 @@ class _Server:
     async def _chat(self, request: Request, body: bytes) -> Response:
         req: ChatCompletionRequest = protocol.decode_request(body, ChatCompletionRequest)
         self._check_model(req.model)
+        self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
@@ -272,6 +274,7 @@ class _Server:
     async def _completions(self, request: Request, body: bytes) -> Response:
         req: CompletionRequest = protocol.decode_request(body, CompletionRequest)
         self._check_model(req.model)
+        self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
                                  priority=req.priority)
@@ -458,6 +461,19 @@ class _Server:
         if self.settings.return_tokens_as_token_ids:
             return f"token_id:{token_id}"
         return str(self.tokenizer.decode([token_id]))
+
+    def _check_mm_kwargs(self, mm_processor_kwargs: dict[str, Any] | None,
+                         media_io_kwargs: dict[str, Any] | None) -> None:
+        """vLLM's ``validate_request_mm_kwargs``: per-request processing options only from trusted clients."""
+        if self.settings.trust_request_mm_kwargs:
+            return
+        for name, given, what in (("mm_processor_kwargs", mm_processor_kwargs, "preprocessing"),
+                                  ("media_io_kwargs", media_io_kwargs, "media loading")):
+            if given:
+                raise ValidationError(
+                    f"Per-request {name} are disabled by default because they can change multimodal {what} "
+                    "resource usage. Start the server with --trust-request-mm-kwargs only when clients are trusted.",
+                    parameter=name)
 
     def _template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
         """A request's ``chat_template_kwargs`` over ``--default-chat-template-kwargs``."""

@@ -65,6 +65,9 @@ def add_serve_parser(commands: Any, flags: ServeFlags = SERVE_FLAGS) -> argparse
     serve: argparse.ArgumentParser = commands.add_parser(
         "serve", help="an OpenAI-compatible HTTP server in place of 'vllm serve', with vLLM's flags",
         description=DESCRIPTION, allow_abbrev=False)
+    serve.add_argument("--config", metavar="FILE.yaml", dest="config_file",
+                       help="read options from a YAML file, as vllm serve --config: 'key: value' is --key value; "
+                            "the command line's options win")
     groups = flags.groups()
     check_unique([cls for _, cls in groups])
     for title, cls in groups:
@@ -98,6 +101,8 @@ def refuse_unknown(parser: argparse.ArgumentParser, extras: Sequence[str]) -> No
 def plan_from_args(args: argparse.Namespace, flags: ServeFlags = SERVE_FLAGS) -> ServePlan:
     """The launcher's plan for parsed ``mmfront serve`` arguments; a value the configuration
     refuses raises :class:`~mmfront.errors.ConfigError` naming it."""
+    if getattr(args, "config_file", None) is not None:
+        raise ConfigError("--config is read before parsing: pass the command line through serve_argv().")
     if not Path(args.model).is_dir():
         raise ConfigError(f"MODEL_DIR {args.model!r} is not a folder; mmfront serves a local model folder "
                           "(it downloads nothing).")

@@ -106,8 +106,6 @@ class ServeSettings:
     """The role of the answer when the request asks for a generation prompt (``add_generation_prompt``)."""
     return_tokens_as_token_ids: bool = field(default=False, metadata=flag())
     """Logprob tokens are written ``token_id:{id}``, so tokens that are not valid text can be told apart."""
-    enable_prompt_tokens_details: bool = field(default=False, metadata=flag())
-    """Usage carries ``prompt_tokens_details.cached_tokens`` (prompt tokens the engine found in its prefix cache)."""
     enable_force_include_usage: bool = field(default=False, metadata=flag())
     """Every stream ends with a usage chunk, as if each request sent ``stream_options.include_usage``."""
     enable_tokenizer_info_endpoint: bool = field(default=False, metadata=flag())
@@ -116,6 +114,9 @@ class ServeSettings:
     """Log each request (its id and sampling parameters at INFO; its prompt at DEBUG)."""
     max_log_len: int | None = field(default=None, metadata=flag(metavar="N"))
     """Most prompt characters or token ids a request log shows (``None``: all)."""
+    trust_request_mm_kwargs: bool = field(default=False, metadata=flag())
+    """Take a request's ``mm_processor_kwargs`` and ``media_io_kwargs``; off, a request sending them is
+    refused (400): they change how much work and memory its media take. Turn on only for trusted clients."""
     log_error_stack: bool = field(default=False, metadata=flag())
     """Log the stack trace of every error response."""
     default_chat_template_kwargs: Mapping[str, Any] | None = field(default=None, metadata=flag(

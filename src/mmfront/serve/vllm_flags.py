@@ -49,7 +49,9 @@ NOT_TAKEN_FRONTEND_FLAGS = {
     "--cohere-format": "it configures /cohere/v2/chat, a route mmfront does not serve",
     "--anthropic-disabled-thinking-effort": "it configures /v1/messages (Anthropic), a route mmfront does not serve",
     "--tokens-only": "the tokens-in/tokens-out endpoints of disaggregated serving are not mmfront's",
+    "--no-tokens-only": "the tokens-in/tokens-out endpoints of disaggregated serving are not mmfront's",
     "--enable-scale-out": "the scale-out endpoints (/render, /inference/v1/generate) are not mmfront's",
+    "--disable-scale-out": "the scale-out endpoints (/render, /inference/v1/generate) are not mmfront's",
     "--grpc-port": "it needs vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1); mmfront serves HTTP only",
     "--data-parallel-supervisor-port": "it belongs to --data-parallel-multi-port-external-lb, which mmfront does not run",
     "--dp-supervisor-probe-interval-s": "it belongs to --data-parallel-multi-port-external-lb, which mmfront does not run",
@@ -60,8 +62,11 @@ NOT_TAKEN_FRONTEND_FLAGS = {
     "--disable-flash-late-interaction": "it configures pooling (late-interaction scoring); mmfront serves generation",
     "--enable-offline-docs": "mmfront's /docs page loads Swagger UI from the jsDelivr CDN, as FastAPI's; it vendors "
                              "no copy",
+    "--disable-offline-docs": "mmfront's /docs page loads Swagger UI from the jsDelivr CDN, as FastAPI's; it "
+                              "vendors no copy",
     "--h11-max-header-count": "the uvicorn mmfront runs on has no header-count setting",
     "--enable-ssl-refresh": "mmfront reads the TLS files once at start-up; restart it to load new certificates",
+    "--disable-ssl-refresh": "mmfront reads the TLS files once at start-up; restart it to load new certificates",
 }
 """``vllm serve`` API-server flags ``mmfront serve`` does not take, each with the reason
 (docs/serving.md, "Differences from vllm serve")."""
