@@ -176,11 +176,14 @@ def test_invocations_routes_by_body(apps: Apps) -> None:
     via = post(f"{apps.plain}/invocations", completion).json()
     assert via["object"] == "text_completion"
     assert via["choices"] == post(f"{apps.plain}/v1/completions", completion).json()["choices"]
-    neither = post(f"{apps.plain}/invocations", {"messages": "not a list"})
+    neither = post(f"{apps.plain}/invocations", {"prompt": 3})
     assert neither.status_code == 400
     assert neither.json()["error"]["message"] == ("Cannot find suitable handler for request. Expected one of: "
                                                   "['ChatCompletionRequest', 'CompletionRequest']")
     assert post(f"{apps.plain}/invocations", {"prompt": "x", "max_tokens": -1}).status_code == 400
+    no_prompt = post(f"{apps.plain}/invocations", {"messages": "not a list"}).json()["error"]  # a completion's
+    assert (no_prompt["param"], no_prompt["message"]) == (
+        "prompt", "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)")
 
 
 def test_openapi_and_docs(apps: Apps) -> None:

@@ -205,8 +205,10 @@ def test_invocations_answer_as_the_routes(pair: Pair) -> None:
         assert vllm.status == 200
 
 
-def test_invocations_refuse_a_body_of_neither_kind(pair: Pair) -> None:
-    vllm, mmfront = both(pair, "POST", "/invocations", {"model": SERVED, "messages": "hi"})
+@pytest.mark.parametrize("body", [{"model": SERVED, "messages": "hi"}, {"model": SERVED, "prompt": 3}],
+                         ids=["not_a_chat_nor_a_prompt", "neither_shape"])
+def test_invocations_refuse_a_body_of_neither_kind(pair: Pair, body: Any) -> None:
+    vllm, mmfront = both(pair, "POST", "/invocations", body)
     assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
     assert mmfront.json()["error"]["message"] == vllm.json()["error"]["message"], explain(pair, vllm, mmfront)
 

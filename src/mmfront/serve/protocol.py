@@ -126,12 +126,16 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
 
 
 def fits(body: bytes, cls: type[Any]) -> bool:
-    """Whether ``body`` is a valid ``cls`` request, its checks included (``/invocations`` picks
-    its route so, as vLLM validates each candidate type); a body that is not JSON raises
-    :class:`~mmfront.errors.RequestBodyError`."""
+    """Whether ``body`` is a valid ``cls`` request as vLLM's request model validates it
+    (``/invocations`` picks its route so): a chat request's checks are its model's validators,
+    while a completion's prompt and options are checked by its route, so any completion-shaped
+    body fits. A body that is not JSON raises :class:`~mmfront.errors.RequestBodyError`."""
     decode_body(body, _ANY_JSON)
     try:
-        decode_request(body, cls)
+        if cls is CompletionRequest:
+            decode_body(body, _DECODERS[cls])
+        else:
+            decode_request(body, cls)
     except ValidationError:
         return False
     return True
