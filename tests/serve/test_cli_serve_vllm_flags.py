@@ -178,3 +178,31 @@ def test_tokenizer_from_another_folder(gemma3_dir: Path, tmp_path: Path) -> None
     other = create_processor(gemma3_dir, MultiModalConfig(tokenizer=str(tmp_path)))
     assert len(other.info.get_tokenizer()) == len(plain.info.get_tokenizer()) + 1
     assert other.info.get_tokenizer().convert_tokens_to_ids("<mmfront-extra>") == len(plain.info.get_tokenizer())
+
+
+def test_uvicorn_takes_the_http_flags(tmp_path: Path) -> None:
+    import logging
+
+    from mmfront.serve.launcher import AccessLogFilter, uvicorn_config
+    from mmfront.serve.settings import ServeSettings
+
+    settings = ServeSettings(tmp_path, uds=str(tmp_path / "s.sock"), ssl_keyfile="k.pem", ssl_certfile="c.pem",
+                             ssl_ca_certs="ca.pem", ssl_cert_reqs=2, ssl_ciphers="ECDHE-RSA-AES256-GCM-SHA384",
+                             disable_uvicorn_access_log=True, h11_max_incomplete_event_size=1024,
+                             disable_access_log_for_endpoints="/health, /metrics")
+    config = uvicorn_config(object(), settings)
+    assert (config.uds, config.ssl_keyfile, config.ssl_certfile, config.ssl_ca_certs, config.ssl_cert_reqs,
+            config.ssl_ciphers, config.access_log, config.h11_max_incomplete_event_size) == (
+        str(tmp_path / "s.sock"), "k.pem", "c.pem", "ca.pem", 2, "ECDHE-RSA-AES256-GCM-SHA384", False, 1024)
+    quiet = [f for f in logging.getLogger("uvicorn.access").filters if isinstance(f, AccessLogFilter)]
+    try:
+        assert quiet[-1].paths == frozenset({"/health", "/metrics"})
+
+        def record(path: str) -> logging.LogRecord:
+            return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+                                     ("1.2.3.4:5", "GET", path, "1.1", 200), None)
+
+        assert not quiet[-1].filter(record("/health?x=1")) and quiet[-1].filter(record("/v1/models"))
+    finally:
+        for f in quiet:
+            logging.getLogger("uvicorn.access").removeFilter(f)
