@@ -206,3 +206,47 @@ def test_uvicorn_takes_the_http_flags(tmp_path: Path) -> None:
     finally:
         for f in quiet:
             logging.getLogger("uvicorn.access").removeFilter(f)
+
+
+def test_tls_with_the_ssl_flags(tmp_path: Path) -> None:
+    """``--ssl-keyfile`` and ``--ssl-certfile``: the app answers over HTTPS (a self-signed certificate)."""
+    import shutil
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from mmfront.network import get_open_port
+    from mmfront.serve.launcher import uvicorn_config
+    from mmfront.serve.settings import ServeSettings
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate with")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+
+    async def hello(request: object) -> PlainTextResponse:
+        return PlainTextResponse("secure")
+
+    port = get_open_port()
+    settings = ServeSettings(tmp_path, host="127.0.0.1", port=port, ssl_keyfile=str(key), ssl_certfile=str(cert))
+    server = uvicorn.Server(uvicorn_config(Starlette(routes=[Route("/", hello)]), settings))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert httpx.get(f"https://127.0.0.1:{port}/", verify=str(cert)).text == "secure"
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+    finally:
+        server.should_exit = True
+        thread.join(30)
