@@ -20,8 +20,9 @@ from typing import Literal
 
 from mmfront._version import __version__
 from mmfront.config import DEFAULT_RPC_PORT, CacheType, MultiModalConfig
+from mmfront.errors import ConfigError
 from mmfront.flags import add_options, flag, port, values
-from mmfront.serve.args import add_serve_parser
+from mmfront.serve.args import add_serve_parser, serve_argv
 
 DESCRIPTION = (
     "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL_DIR' is the OpenAI-compatible server that "
@@ -278,6 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        try:
+            argv = serve_argv(argv)
+        except ConfigError as e:
+            parser.error(str(e))
     args, extras = parser.parse_known_args(argv)
     if extras:
         refuse = vars(args).get("refuse_unknown")

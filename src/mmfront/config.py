@@ -285,13 +285,21 @@ class MultiModalConfig:
     data_parallel_external_lb: bool = False
     """Whether an external load balancer spreads requests over the ranks (vLLM's ``--data-parallel-external-lb``)."""
 
+    # --- loading the model folder ---
+    tokenizer: str | None = field(default=None, metadata=flag(metavar="DIR"))
+    """A local folder to load the tokenizer from instead of the model folder (``None``: the model's)."""
+    trust_remote_code: bool = field(default=False, metadata=flag())
+    """Let transformers run the code a model folder ships (``auto_map``) to load its processor,
+    tokenizer and config; off, such a folder is refused."""
+
     # --- media loading ---
     allowed_local_media_path: str | None = field(default=None, metadata=flag(metavar="DIR"))
     """Local (``file://``) media is readable only below this absolute directory; ``None`` (or ``""``,
     vLLM's default) refuses every local path."""
     allowed_media_domains: tuple[str, ...] | None = field(default=None, metadata=flag(metavar="HOST"))
-    """Hosts http(s) media may come from (exact or ``*.example.com``); ``None`` refuses every URL,
-    ``("*",)`` allows any host."""
+    """Hosts http(s) media may come from (exact, ``*.example.com`` or ``*``); ``None``: any host, as
+    vLLM. A host is fetched only at a public address unless named here (not by ``*``): loopback,
+    private, link-local and the server's own addresses are refused otherwise. ``()`` refuses every URL."""
     allowed_image_formats: frozenset[str] = DEFAULT_IMAGE_FORMATS
     """Pillow formats tried at all; ICO, ICNS, EPS and Pillow's stubs cannot be added (:data:`UNSAFE_IMAGE_FORMATS`)."""
     max_image_pixels: int | None = None

@@ -216,9 +216,10 @@ class MediaFetchError(MediaError):
 
 
 class MediaURLNotAllowedError(MediaFetchError):
-    """A media URL mmfront does not fetch: fetching is disabled, its host is not in
-    ``allowed_media_domains``, or its scheme is none mmfront fetches. Refused before any
-    connection, with HTTP 400, as vLLM answers a URL outside its allowed domains or schemes."""
+    """A media URL mmfront does not fetch: its host is not in ``--allowed-media-domains``, it is
+    at a loopback, private, link-local or this server's own address that the flag does not name,
+    or its scheme is none mmfront fetches. Refused before anything is sent, with HTTP 400, as
+    vLLM answers a URL outside its allowed domains or schemes."""
 
     http_status = ValidationError.http_status
     error_type = ValidationError.error_type

@@ -23,7 +23,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,7 +53,8 @@ class Flag:
     shown_default: str | None = None
     """The default as ``--help`` and the docs write it, where its value reads badly."""
     negation: str | None = None
-    """For a field that defaults to True: the flag that turns it off (``--disable-prefix-caching``)."""
+    """The flag that sets a boolean field to False; ``None``: vLLM's counterpart of the name
+    (``--enable-x``/``--disable-x``, ``--x``/``--no-x``), for a flag ``vllm serve`` also takes."""
     several: bool = False
     """The flag takes several values at once (``--served-model-name a b``)."""
     repeat: bool = False
@@ -94,9 +95,18 @@ class Option:
         return self.flag.name or "--" + self.field.name.replace("_", "-")
 
     @property
+    def negation(self) -> str | None:
+        """The flag that turns a boolean off, as vLLM's ``EnableDisableAction`` names it."""
+        if not self.is_bool:
+            return None
+        if self.flag.negation is not None or not self.flag.vllm:
+            return self.flag.negation
+        return counterpart(self.name)
+
+    @property
     def names(self) -> tuple[str, ...]:
         """Every spelling: the flag, its short forms, its negation."""
-        return (self.name, *self.flag.aliases, *((self.flag.negation,) if self.flag.negation else ()))
+        return (self.name, *self.flag.aliases, *((self.negation,) if self.negation else ()))
 
     @property
     def shown_default(self) -> str | None:
@@ -127,7 +137,8 @@ def options(cls: type) -> tuple[Option, ...]:
         default = spec.default if spec.default is not _FIELD_DEFAULT else _field_default(f)
         choices = tuple(typing.get_args(annotation)) if typing.get_origin(annotation) is Literal else None
         is_bool = annotation is bool
-        many = typing.get_origin(annotation) in (tuple, list) or spec.several or spec.repeat
+        # a list-typed field with its own parser reads the whole list from one value (a JSON list)
+        many = (typing.get_origin(annotation) in (tuple, list) and spec.parse is None) or spec.several or spec.repeat
         parse = spec.parse
         if parse is None and not is_bool and choices is None:
             parse = _parser_for(annotation, spec, f.name)
@@ -155,8 +166,8 @@ def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: 
         elif option.is_bool:
             parser.add_argument(option.name, *option.flag.aliases, dest=option.dest, action="store_true",
                                 default=option.default, help=help_text)
-            if option.flag.negation:
-                parser.add_argument(option.flag.negation, dest=option.dest, action="store_false",
+            if option.negation:
+                parser.add_argument(option.negation, dest=option.dest, action="store_false",
                                     help=f"turn {option.name} off")
         else:
             kwargs: dict[str, Any] = {"dest": option.dest, "default": option.default, "help": help_text,
@@ -238,6 +249,143 @@ def replace_between(text: str, marker: str, table: str) -> str:
 def between(text: str, marker: str) -> str:
     """What lies between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``text``."""
     return text.split(f"<!-- {marker} -->\n", 1)[1].split(f"<!-- /{marker} -->", 1)[0]
+
+
+def counterpart(name: str) -> str:
+    """The opposite of boolean flag ``name`` as vLLM spells it: ``--enable-x`` and ``--disable-x``
+    are each other's, as are any other ``--x`` and ``--no-x``."""
+    for one, other in (("--enable-", "--disable-"), ("--disable-", "--enable-"), ("--no-", "--")):
+        if name.startswith(one):
+            return other + name.removeprefix(one)
+    return "--no-" + name.removeprefix("--")
+
+
+# --- vLLM's command-line spellings --------------------------------------------------------------
+
+
+def expand_argv(argv: Sequence[str], known: Collection[str]) -> list[str]:
+    """``argv`` as vLLM's ``FlexibleArgumentParser`` rewrites it before parsing, so a ``vllm serve``
+    command line means the same to ``mmfront serve``: ``--config FILE.yaml`` is replaced by the
+    file's options (placed before the others, so the command line wins); ``--max_model_len`` is
+    ``--max-model-len``; dotted options (``--limit-mm-per-prompt.image 4``) are gathered into one
+    JSON object per option (``--limit-mm-per-prompt '{"image": 4}'``), ``--x.key+ a,b`` giving
+    a list. ``known``: the parser's option strings (a YAML ``false`` becomes ``--no-KEY`` only
+    where that exists, as in vLLM)."""
+    args = list(argv)
+    if "--config" in args:
+        args = _pull_config(args, known)
+    spelled = []
+    for arg in args:
+        if arg.startswith("--"):
+            key, eq, given = arg.partition("=")
+            head, dot, rest = key[2:].partition(".")
+            spelled.append("--" + head.replace("_", "-") + dot + rest + eq + given)
+        else:
+            spelled.append(arg)
+    merged: dict[str, dict[str, Any]] = {}
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(spelled):
+        if skip:
+            skip = False
+            continue
+        key, eq, text = arg.partition("=")
+        if not (arg.startswith("--") and "." in key):
+            out.append(arg)
+            continue
+        if not eq:
+            if i + 1 >= len(spelled):
+                raise ConfigError(f"{key} needs a value")
+            text, skip = spelled[i + 1], True
+        if key.endswith("+"):
+            key, text = key[:-1], json.dumps(text.split(","))
+        name, *path = key.split(".")
+        value: Any = _dotted_value(text)
+        for part in reversed(path):
+            value = {part: value}
+        _merge(merged.setdefault(name, {}), value)
+    for name, value in merged.items():
+        out += [name, json.dumps(value)]
+    return out
+
+
+def _dotted_value(text: str) -> Any:
+    """A dotted option's value as vLLM reads it: JSON, else a size (``80g``), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return human_int(text)
+    except argparse.ArgumentTypeError:
+        return text
+
+
+def _merge(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        elif isinstance(value, list) and isinstance(into.get(key), list):
+            into[key] += value
+        else:
+            into[key] = value
+
+
+def _pull_config(args: list[str], known: Collection[str]) -> list[str]:
+    """vLLM's ``_pull_args_from_config``: the YAML file's options go after the subcommand and the
+    model (when the command line names one), before the other options."""
+    if args.count("--config") > 1:
+        raise ConfigError("--config is given more than once; give one YAML file.")
+    index = args.index("--config")
+    if index == len(args) - 1:
+        raise ConfigError("--config needs a file: --config FILE.yaml")
+    from_file = config_file_args(args[index + 1], known)
+    rest = args[:index] + args[index + 2:]
+    start = 1 if rest and not rest[0].startswith("-") else 0  # the subcommand
+    if len(rest) > start and not rest[start].startswith("-"):
+        start += 1  # the model, which the command line gives over the file's
+    elif "--model" in from_file:
+        at = from_file.index("--model")
+        model = from_file[at + 1]
+        from_file = [model, *from_file[:at], *from_file[at + 2:]]
+    return rest[:start] + from_file + rest[start:]
+
+
+def config_file_args(path: str, known: Collection[str]) -> list[str]:
+    """The options a ``vllm serve --config`` YAML file stands for (vLLM's ``load_config_file``):
+    ``key: value`` is ``--key value``, ``true`` is ``--key``, ``false`` is ``--no-key`` where that
+    exists (else nothing), a list is ``--key a b``, a mapping is ``--key '{JSON}'``."""
+    import yaml
+
+    if path.rsplit(".", 1)[-1] not in ("yaml", "yml"):
+        raise ConfigError(f"--config takes a YAML file (.yaml or .yml), got {path!r}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            loaded = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"--config {path!r} cannot be read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path!r} is not valid YAML: {e}") from None
+    if loaded is None:
+        return []
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {path!r} must hold a mapping of option names to values, got "
+                          f"{type(loaded).__name__}")
+    out: list[str] = []
+    for key, value in loaded.items():
+        if isinstance(value, bool):
+            if value:
+                out.append(f"--{key}")
+            elif f"--no-{key}" in known:
+                out.append(f"--no-{key}")
+        elif isinstance(value, list):
+            if value:
+                out += [f"--{key}", *map(str, value)]
+        elif isinstance(value, dict):
+            out += [f"--{key}", json.dumps(value)]
+        else:
+            out += [f"--{key}", str(value)]
+    return out
 
 
 # --- field docstrings ---------------------------------------------------------------------------
@@ -342,6 +490,21 @@ def json_object(flag_name: str, example: str | None = None) -> Callable[[str], d
     return parse
 
 
+def json_list(flag_name: str) -> Callable[[str], tuple[str, ...]]:
+    """A parser of one JSON list of strings, as vLLM's CORS flags take (``'["https://a.example"]'``)."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{flag_name} takes a JSON list, e.g. '[\"*\"]'; {text!r} is not JSON "
+                                             f"({e})") from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError(f"{flag_name} takes a JSON list of strings, e.g. '[\"*\"]'; got {text!r}")
+        return tuple(value)
+    return parse
+
+
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 _SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -395,6 +558,29 @@ def seconds(text: str) -> float:
     return value
 
 
-__all__ = ["Flag", "Option", "add_options", "between", "check_unique", "count", "field_docs", "field_table", "flag",
-           "flag_table", "human_int", "json_object", "markdown", "options", "plain_text", "port",
-           "positive_int", "replace_between", "seconds", "values"]
+__all__ = [
+    "Flag",
+    "Option",
+    "add_options",
+    "between",
+    "check_unique",
+    "config_file_args",
+    "count",
+    "counterpart",
+    "expand_argv",
+    "field_docs",
+    "field_table",
+    "flag",
+    "flag_table",
+    "human_int",
+    "json_list",
+    "json_object",
+    "markdown",
+    "options",
+    "plain_text",
+    "port",
+    "positive_int",
+    "replace_between",
+    "seconds",
+    "values",
+]

@@ -24,8 +24,8 @@ from mmfront.media.fetch import check_url_allowed
 def connector(tmp_path_factory: pytest.TempPathFactory) -> MediaConnector:
     root = tmp_path_factory.mktemp("media-root")
     (root / "a.png").write_bytes(b"not really a png")
-    # No URL may be fetched (allowed_media_domains=None): parsing is what is fuzzed, not the network.
-    return MediaConnector(MultiModalConfig(allowed_local_media_path=str(root)))
+    # No URL may be fetched (allowed_media_domains=(): no host): parsing is what is fuzzed, not the network.
+    return MediaConnector(MultiModalConfig(allowed_local_media_path=str(root), allowed_media_domains=()))
 
 
 @pytest.mark.parametrize("url", [
@@ -39,7 +39,7 @@ def test_file_urls_with_a_malformed_authority_are_typed(connector: MediaConnecto
     assert "file:///" in str(info.value)  # says what a file URL must look like
 
 
-_ROOTLESS = MediaConnector(MultiModalConfig())
+_ROOTLESS = MediaConnector(MultiModalConfig(allowed_media_domains=()))
 
 
 def _outcome(connector: MediaConnector, url: str) -> None:

@@ -58,7 +58,7 @@ def _hex(header_values: list[bytes]) -> str:
 
 
 def _connector(**kwargs: Any) -> MediaConnector:
-    return MediaConnector(MultiModalConfig(**{"allowed_media_domains": ("*",), **kwargs}))
+    return MediaConnector(MultiModalConfig(**{"allowed_media_domains": ("*", "127.0.0.1"), **kwargs}))
 
 
 # --- malformed URLs ---------------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_well_formed_urls_go_on_the_wire_in_ascii(url: str, allowed: tuple[str, 
 
 
 def test_an_idna_host_outside_the_allowlist_is_refused() -> None:
-    with pytest.raises(MediaFetchError, match="not in allowed_media_domains") as info:
+    with pytest.raises(MediaFetchError, match="not in --allowed-media-domains") as info:
         _connector(allowed_media_domains=("example.com", "bad..pattern.例")).fetch_bytes("http://例え.テスト/x",
                                                                                       timeout=5)
     assert info.value.parameter == "multi_modal_data"

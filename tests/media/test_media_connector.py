@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,11 @@ from mmfront.errors import (
     MediaFetchError,
     MediaPathError,
     MediaTooLargeError,
+    MediaURLNotAllowedError,
     ValidationError,
 )
-from mmfront.media import DecodeBudget, MediaConnector, is_domain_allowed
+from mmfront.media import DecodeBudget, MediaConnector, fetch, is_domain_allowed
+from mmfront.media.fetch import address_kind
 from mmfront.testing.media import make_image
 
 PNG_B64 = base64.b64encode(PNG_32).decode()
@@ -160,20 +163,81 @@ def test_http_image_and_audio_load(http_base: str, budget: DecodeBudget) -> None
     assert audio.info["num_frames"] == 16000
 
 
-def test_urls_are_refused_without_allowed_domains(http_base: str, budget: DecodeBudget) -> None:
-    with pytest.raises(MediaFetchError, match=r"Fetching media from URLs is disabled.*Set allowed_media_domains") as info:
-        MediaConnector(MultiModalConfig()).load_image(f"{http_base}/ok.png", budget=budget)
-    assert info.value.retryable is False
+@pytest.mark.parametrize("allowed", [None, ("*",), ("*", "*.example.com")])
+def test_a_loopback_url_is_refused_unless_the_flag_names_its_host(http_base: str, budget: DecodeBudget,
+                                                                 allowed: tuple[str, ...] | None) -> None:
+    """Any public host is fetched by default (vLLM's default), but never a loopback address:
+    not by default, not through ``*``; the error names the flag."""
+    with pytest.raises(MediaURLNotAllowedError) as info:
+        _connector(allowed_media_domains=allowed).load_image(f"{http_base}/ok.png", budget=budget)
+    assert str(info.value) == (
+        "The media host '127.0.0.1' is at 127.0.0.1, a loopback address, which mmfront does not fetch from unless "
+        "--allowed-media-domains names the host (e.g. --allowed-media-domains 127.0.0.1). Send the media inline as a "
+        "data: URL, or name the host in --allowed-media-domains.")
+    assert (info.value.retryable, info.value.parameter) == (False, "multi_modal_data")
+
+
+def test_a_named_loopback_host_is_fetched(http_base: str, budget: DecodeBudget) -> None:
+    assert _connector(allowed_media_domains=("*", "127.0.0.1")).load_image(
+        f"{http_base}/ok.png", budget=budget).info["width"] == 32
+    port = http_base.rsplit(":", 1)[1]
+    assert _connector(allowed_media_domains=("localhost",)).load_image(
+        f"http://localhost:{port}/ok.png", budget=budget).info["width"] == 32
+
+
+@pytest.mark.parametrize(("ip", "kind"), [
+    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("::ffff:127.0.0.1", "loopback"), ("64:ff9b::7f00:1", "loopback"),
+    ("169.254.169.254", "link-local"), ("fe80::1", "link-local"), ("10.0.0.1", "private"), ("192.168.1.1", "private"),
+    ("172.16.0.1", "private"), ("fd00::1", "private"), ("0.0.0.0", "private"), ("224.0.0.1", "multicast"),
+    ("100.64.0.1", "non-public"), ("8.8.8.8", None), ("2606:4700::1", None),
+])
+def test_address_kinds(ip: str, kind: str | None) -> None:
+    assert address_kind(ip) == kind
+
+
+def test_a_host_resolving_to_a_private_address_is_refused_and_never_contacted(
+        monkeypatch: pytest.MonkeyPatch, http_base: str, budget: DecodeBudget) -> None:
+    """The name is resolved once and the connection goes to the checked address: a public-looking
+    name whose DNS answer is link-local (the metadata service) is refused before any connection."""
+    port = int(http_base.rsplit(":", 1)[1])
+    looked_up = []
+
+    def resolve(host: str, port: int, *args: object, **kwargs: object) -> list[tuple[object, ...]]:
+        looked_up.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    with pytest.raises(MediaURLNotAllowedError, match=r"'media\.example\.com' is at 169\.254\.169\.254, a link-local"):
+        _connector(allowed_media_domains=None).fetch_bytes(f"http://media.example.com:{port}/ok.png", timeout=5)
+    assert looked_up == ["media.example.com"]
+
+
+def test_a_redirect_to_a_loopback_address_is_refused(http_base: str) -> None:
+    """An allowed host cannot bounce the server to an address the flag does not name: the
+    redirect's host passes ``*`` but is checked at connect time too."""
+    connector = _connector(allowed_media_domains=("*", "127.0.0.1"))
+    with pytest.raises(MediaURLNotAllowedError, match=r"'localhost' is at 127\.0\.0\.1, a loopback address"):
+        connector.fetch_bytes(f"{http_base}/redirect-out", timeout=5)
+
+
+def test_this_servers_own_address_is_refused(monkeypatch: pytest.MonkeyPatch, http_base: str) -> None:
+    """A connection whose two ends are one address reaches this server itself (its public
+    address included): refused unless named, even where the address counts as public."""
+    monkeypatch.setattr(fetch, "address_kind", lambda ip: None)  # as if 127.0.0.1 were this host's public address
+    with pytest.raises(MediaURLNotAllowedError, match=r"is at 127\.0\.0\.1, this server, which mmfront does not"):
+        _connector(allowed_media_domains=None).fetch_bytes(f"{http_base}/ok.png", timeout=5)
+    assert _connector(allowed_media_domains=("127.0.0.1",)).fetch_bytes(f"{http_base}/ok.png", timeout=5) == PNG_32
 
 
 def test_host_outside_allowed_domains_is_refused(http_base: str, budget: DecodeBudget) -> None:
-    with pytest.raises(MediaFetchError, match=r"The host '127\.0\.0\.1' .* is not in allowed_media_domains"):
+    with pytest.raises(MediaFetchError, match=r"The host '127\.0\.0\.1' .* is not in --allowed-media-domains"):
         _connector(allowed_media_domains=("example.com", "*.example.org")).load_image(f"{http_base}/ok.png",
                                                                                      budget=budget)
 
 
-def test_wildcard_allows_any_host(http_base: str, budget: DecodeBudget) -> None:
-    assert _connector(allowed_media_domains=("*",)).load_image(f"{http_base}/ok.png", budget=budget).info["width"] == 32
+def test_no_domains_refuse_every_url(http_base: str, budget: DecodeBudget) -> None:
+    with pytest.raises(MediaURLNotAllowedError, match="not in --allowed-media-domains"):
+        _connector(allowed_media_domains=()).load_image(f"{http_base}/ok.png", budget=budget)
 
 
 @pytest.mark.parametrize(

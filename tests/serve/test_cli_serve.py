@@ -142,10 +142,11 @@ def test_engine_only_flags_are_refused_pointing_at_the_engines_command_line(
 
 
 def test_every_refused_flag_is_named_in_one_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = refused(capsys, "--gpu-memory-utilization=0.5", str(tmp_path), "-tp", "2", "--response-role", "bot",
-                  "--headless")
+    err = refused(capsys, "--gpu-memory-utilization=0.5", str(tmp_path), "-tp", "2", "--frobnicate", "bot",
+                  "--headless", "--lora-modules", "a=b")
     assert "--gpu-memory-utilization configures the engine" in err and "-tp configures the engine" in err
-    assert "--response-role is not supported by mmfront serve" in err
+    assert "--frobnicate is not supported by mmfront serve" in err
+    assert "--lora-modules is not taken by mmfront serve: mmfront serves the base model only" in err
     assert "--headless starts engines without an API server" in err and "--data-parallel-size-local 0" in err
 
 

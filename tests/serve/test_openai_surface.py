@@ -252,11 +252,15 @@ ERRORS = [
      "multi_modal_data"),
     ("unknown processor kwarg", {"mm_processor_kwargs": {"do_pan_and_scn": True}}, 400, "BadRequestError",
      "mm_processor_kwargs"),
-    # a URL refused before any connection is a 400 (vLLM: a URL outside its domains); one that cannot be
-    # fetched a 422 (vLLM's VLLMUnprocessableEntityError)
-    ("media URL not allowed", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://images.example.com/cat.png"}}]}]}, 400, "BadRequestError",
+    # a URL refused before any connection is a 400 (vLLM: a URL outside its domains): by default any public
+    # host is fetched, a loopback or link-local address only where --allowed-media-domains names it; one that
+    # cannot be fetched a 422 (vLLM's VLLMUnprocessableEntityError)
+    ("loopback media URL", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1:9/cat.png"}}]}]}, 400, "BadRequestError",
      "multi_modal_data"),
+    ("link-local media URL", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}]}]}, 400,
+     "BadRequestError", "multi_modal_data"),
     ("malformed media URL", {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://[::g]/cat.png"}}]}]}, 422, "UnprocessableEntityError",
      "multi_modal_data"),
@@ -276,6 +280,8 @@ def test_error_table(setup: Setup, case: str, change: dict[str, Any], status: in
     assert error["message"]
     if case == "bad image":
         assert "not an image" in error["message"]  # mmfront's own media message, which says what to send
+    if case in ("loopback media URL", "link-local media URL"):
+        assert "unless --allowed-media-domains names the host" in error["message"]
 
 
 def test_malformed_json_and_unknown_routes(setup: Setup) -> None:

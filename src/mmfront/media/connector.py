@@ -3,7 +3,8 @@
 :class:`MediaConnector` turns whatever a chat request names (vLLM's ``image_url`` /
 ``input_audio`` / ``video_url`` values) into encoded bytes, then hands them to the lazy loaders. Every source
 is refused unless the deployment allowed it: local files only below
-``allowed_local_media_path``, URLs only from ``allowed_media_domains``. Every payload is capped
+``allowed_local_media_path``, URLs from public addresses, or from hosts ``allowed_media_domains``
+names (:mod:`mmfront.media.fetch`). Every payload is capped
 at ``max_media_bytes``.
 """
 

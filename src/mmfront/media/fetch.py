@@ -1,10 +1,20 @@
-"""Fetching media over http(s), only from allowed hosts, under one deadline and a size cap.
+"""Fetching media over http(s), from public addresses or allowed hosts, under one deadline and
+a size cap.
 
 The stdlib ``urllib`` does the work (no new dependency). Every URL, the first and each redirect
 target, is checked and rewritten into the exact ASCII form that goes on the wire (IDNA host,
 percent-encoded path) before the allowlist sees it, so the host that was allowed is the host
-that is contacted. Redirects are followed only to allowed hosts, so an allowed host cannot
-bounce the server to an internal address.
+that is contacted.
+
+As ``vllm serve``, any http(s) host is fetched by default, but only at a public address: the
+host name is resolved once, every address it gives is checked, and the connection goes to a
+checked address (no second lookup a rebinding DNS server could answer differently). Loopback,
+private, link-local, multicast and reserved addresses, and this server's own (a connection
+whose two ends are the same address), are refused unless ``--allowed-media-domains`` names the
+host, so a request cannot make the server reach a metadata service, its own API or the
+internal network. Redirect targets pass the same checks, at connect time too. Proxies from the
+environment (``HTTP_PROXY``) are not used: through a proxy, the address contacted would not be
+the one checked.
 
 One monotonic deadline covers a whole fetch: connect, TLS handshake, request, status line,
 headers, body, and every redirect hop. urllib's own ``timeout`` applies per socket operation,
@@ -68,24 +78,83 @@ def is_domain_allowed(host: str, allowed: Sequence[str]) -> bool:
 
 
 def check_url_allowed(url: str, allowed: Sequence[str] | None) -> str:
-    """Refuse ``url`` unless it is a well-formed http(s) URL with a host in ``allowed``; return
-    it as sent on the wire (ASCII host, non-ASCII path and query percent-encoded as UTF-8, no
-    fragment). The host is matched in its ASCII (IDNA) form, the name actually resolved."""
+    """Refuse ``url`` unless it is a well-formed http(s) URL whose host ``allowed`` lets in
+    (``None``: any host); return it as sent on the wire (ASCII host, non-ASCII path and query
+    percent-encoded as UTF-8, no fragment). The host is matched in its ASCII (IDNA) form, the
+    name actually resolved. Its addresses are checked when it is contacted (:func:`connect_checked`)."""
     scheme, host, port, target = _split_url(url)
-    if allowed is None:
+    if allowed is not None and not is_domain_allowed(host.strip("[]"), _ascii_patterns(tuple(allowed))):
         raise MediaURLNotAllowedError(
-            f"Fetching media from URLs is disabled, so {describe_url(url)} cannot be loaded. Set "
-            "allowed_media_domains to the hosts media may come from (e.g. ['images.example.com'], or ['*'] for any), "
-            "or send the media inline as a data: URL.",
-            parameter="multi_modal_data",
-        )
-    if not is_domain_allowed(host.strip("[]"), _ascii_patterns(tuple(allowed))):
-        raise MediaURLNotAllowedError(
-            f"The host {host!r} of media URL {describe_url(url)} is not in allowed_media_domains. Host the media on "
-            "an allowed domain, send it inline as a data: URL, or add the host to allowed_media_domains.",
+            f"The host {host!r} of media URL {describe_url(url)} is not in --allowed-media-domains. Host the media "
+            "on an allowed domain, send it inline as a data: URL, or add the host to --allowed-media-domains.",
             parameter="multi_modal_data",
         )
     return f"{scheme}://{host}{'' if port is None else f':{port}'}{target}"
+
+
+def is_named(host: str, allowed: Sequence[str] | None) -> bool:
+    """Whether ``allowed`` names ``host`` itself (exactly or as ``*.example.com``; ``*`` names
+    no host): only a named host may be fetched at a non-public address."""
+    named = tuple(p for p in allowed or () if p != "*")
+    return is_domain_allowed(host.strip("[]"), _ascii_patterns(named))
+
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def address_kind(ip: str) -> str | None:
+    """What kind of non-public address ``ip`` is (``"loopback"``, ``"private"``, ...), or
+    ``None`` for a public one. IPv4 addresses written in IPv6 (mapped, NAT64) are judged as IPv4."""
+    address = ipaddress.ip_address(ip.split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif address in _NAT64:
+            address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    for kind in ("loopback", "link_local", "private", "multicast", "unspecified", "reserved"):
+        if getattr(address, f"is_{kind}"):
+            return kind.replace("_", "-")
+    return None if address.is_global else "non-public"
+
+
+def _refused_address(host: str, ip: str, kind: str) -> MediaURLNotAllowedError:
+    return MediaURLNotAllowedError(
+        f"The media host {host!r} is at {ip}, {'this server' if kind == 'own' else f'a {kind} address'}, which "
+        "mmfront does not fetch from unless --allowed-media-domains names the host (e.g. --allowed-media-domains "
+        f"{host.strip('[]')}). Send the media inline as a data: URL, or name the host in --allowed-media-domains.",
+        parameter="multi_modal_data",
+    )
+
+
+def connect_checked(host: str, port: int, timeout: float, allowed: Sequence[str] | None) -> socket.socket:
+    """A connected socket to ``host``: its name is resolved once, and only addresses that pass
+    (public ones, or any when ``allowed`` names the host) are tried, so the address contacted is
+    the address checked. A connection that reaches this server itself (both ends the same
+    address) is closed and refused unless the host is named."""
+    named = is_named(host, allowed)
+    found = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    refused: tuple[str, str] | None = None
+    last_error: OSError | None = None
+    for family, kind, proto, _, address in found:
+        ip = str(address[0])
+        if not named and (what := address_kind(ip)) is not None:
+            refused = refused or (ip, what)
+            continue
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            if not named and sock.getsockname()[0] == sock.getpeername()[0]:
+                refused = (ip, "own")
+                sock.close()
+                continue
+            return sock
+        except OSError as exc:
+            sock.close()
+            last_error = exc
+    if refused is not None and last_error is None:
+        raise _refused_address(host, *refused)
+    raise last_error or OSError(f"no address found for {host!r}")
 
 
 def _split_url(url: str) -> tuple[str, str, int | None, str]:
@@ -213,10 +282,21 @@ class _DeadlineSocket:
         self._sock.close()
 
 
+def _checked_connector(connection: http.client.HTTPConnection, deadline: _Deadline,
+                       allowed: Sequence[str] | None) -> Callable[..., socket.socket]:
+    """What ``http.client`` calls to open its socket (its ``_create_connection``), for
+    :func:`connect_checked`; the TLS handshake of https then runs on that socket, with the host's name."""
+
+    def create(address: tuple[str, int], timeout: float, source_address: Any = None) -> socket.socket:
+        return connect_checked(connection.host, address[1], deadline.remaining(), allowed)
+    return create
+
+
 class _DeadlineHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, host: str, *, deadline: _Deadline, **kwargs: Any) -> None:
+    def __init__(self, host: str, *, deadline: _Deadline, allowed: Sequence[str] | None, **kwargs: Any) -> None:
         super().__init__(host, **kwargs)
         self.deadline = deadline
+        self._create_connection = _checked_connector(self, deadline, allowed)
 
     def connect(self) -> None:
         self.timeout = self.deadline.remaining()
@@ -225,9 +305,10 @@ class _DeadlineHTTPConnection(http.client.HTTPConnection):
 
 
 class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, host: str, *, deadline: _Deadline, **kwargs: Any) -> None:
+    def __init__(self, host: str, *, deadline: _Deadline, allowed: Sequence[str] | None, **kwargs: Any) -> None:
         super().__init__(host, **kwargs)
         self.deadline = deadline
+        self._create_connection = _checked_connector(self, deadline, allowed)
 
     def connect(self) -> None:
         self.timeout = self.deadline.remaining()  # the TLS handshake takes it as one budget
@@ -244,15 +325,24 @@ class _FetchRequest(urllib.request.Request):
 
 
 class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, allowed: Sequence[str] | None) -> None:
+        super().__init__()
+        self.allowed = allowed
+
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         deadline = cast(_FetchRequest, req).deadline
-        return self.do_open(functools.partial(_DeadlineHTTPConnection, deadline=deadline), req)
+        return self.do_open(functools.partial(_DeadlineHTTPConnection, deadline=deadline, allowed=self.allowed), req)
 
 
 class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, allowed: Sequence[str] | None) -> None:
+        super().__init__()
+        self.allowed = allowed
+
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         deadline = cast(_FetchRequest, req).deadline
-        return self.do_open(functools.partial(_DeadlineHTTPSConnection, deadline=deadline), req)
+        return self.do_open(functools.partial(_DeadlineHTTPSConnection, deadline=deadline, allowed=self.allowed),
+                            req)
 
 
 class _AllowlistRedirectHandler(urllib.request.HTTPRedirectHandler):
@@ -282,7 +372,8 @@ class HttpFetcher:
         self.allowed_domains = allowed_domains
         self.max_bytes = max_bytes
         self._opener = urllib.request.build_opener(
-            _DeadlineHTTPHandler(), _DeadlineHTTPSHandler(), _AllowlistRedirectHandler(allowed_domains))
+            urllib.request.ProxyHandler({}), _DeadlineHTTPHandler(allowed_domains), _DeadlineHTTPSHandler(allowed_domains),
+            _AllowlistRedirectHandler(allowed_domains))
 
     def fetch(self, url: str, *, timeout: float) -> bytes:
         """The body of ``url``; ``timeout`` seconds bound the whole fetch, redirects included."""

@@ -23,7 +23,7 @@ from mmfront.models.catalog import (
     native_processor_classes,
 )
 from mmfront.models.native import folder_architectures, resolve_model_impl
-from mmfront.processing.hf import load_hf_processor
+from mmfront.processing.hf import folder_kwargs, load_hf_processor
 from mmfront.processing.processor import BaseMultiModalProcessor
 
 
@@ -68,7 +68,7 @@ def create_processor(
     """
     config = config or MultiModalConfig()
     if isinstance(model, (str, Path)):
-        hf_processor = load_hf_processor(model)
+        hf_processor = load_hf_processor(model, **folder_kwargs(config))
         model_dir: str | Path | None = model
         default_id = str(model)
     else:

@@ -227,6 +227,21 @@ def load_hf_processor(folder: str | Path, **kwargs: Any) -> Any:
         raise UnsupportedModelError(f"Could not load an HF processor from {str(folder)!r}: {exc}") from exc
 
 
+def folder_kwargs(config: Any) -> dict[str, Any]:
+    """What a :class:`~mmfront.config.MultiModalConfig` adds to :func:`load_hf_processor`:
+    ``trust_remote_code``, and the tokenizer of ``config.tokenizer`` (vLLM's ``--tokenizer``)."""
+    kwargs: dict[str, Any] = {"trust_remote_code": True} if config.trust_remote_code else {}
+    if config.tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        try:
+            kwargs["tokenizer"] = AutoTokenizer.from_pretrained(config.tokenizer, local_files_only=True, **kwargs)
+        except Exception as exc:
+            raise UnsupportedModelError(f"Could not load a tokenizer from {config.tokenizer!r} (--tokenizer): {exc}") \
+                from exc
+    return kwargs
+
+
 def call_hf(fn: Any, *, what: str, data_desc: str, **kwargs: Any) -> Any:
     """Run an HF processor call; any failure becomes a ProcessorError saying what was processed,
     but the process running out of memory or open files is a ResourceError (not the request's)."""

@@ -126,7 +126,8 @@ class BaseProcessingInfo:
         key = json.dumps(kwargs, sort_keys=True, default=repr)
         processor = self._processor_variants.get(key)
         if processor is None:
-            processor = load_hf_processor(self.model_dir, tokenizer=self.tokenizer, **kwargs)
+            trust = {"trust_remote_code": True} if self.config.trust_remote_code else {}
+            processor = load_hf_processor(self.model_dir, tokenizer=self.tokenizer, **trust, **kwargs)
             if len(self._processor_variants) >= _MAX_PROCESSOR_VARIANTS:
                 self._processor_variants.pop(next(iter(self._processor_variants)))
             self._processor_variants[key] = processor
@@ -148,7 +149,8 @@ class BaseProcessingInfo:
         from transformers import AutoConfig
 
         try:
-            return AutoConfig.from_pretrained(str(self.model_dir), local_files_only=True)
+            return AutoConfig.from_pretrained(str(self.model_dir), local_files_only=True,
+                                              trust_remote_code=self.config.trust_remote_code)
         except (OSError, ValueError, KeyError) as exc:
             raise ConfigError(
                 f"Could not read the model config from {str(self.model_dir)!r}: {exc}. The folder needs the "

@@ -16,16 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -33,15 +36,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, RequestBodyError
+from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, RequestBodyError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
 from mmfront.processing import BaseProcessingInfo
-from mmfront.serve import protocol, responses
+from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.errors import error_body
+from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
+from mmfront.serve.request_log import RequestLogger
 from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
@@ -49,6 +54,9 @@ from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput
 
 _DONE = b"data: [DONE]\n\n"
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
+"""The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
+logger = logging.getLogger(__name__)
 
 
 def json_response(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -112,8 +120,11 @@ class _Server:
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
-        self.fingerprint = f"mmfront-{__version__}-{digest}"
+        self.fingerprint = {"none": None, "custom": settings.fingerprint_value}.get(
+            settings.fingerprint_mode, f"mmfront-{__version__}-{digest}")
         self.metrics = ServerMetrics(self.model_name, self.preprocessor, client)
+        self.request_log = RequestLogger(settings.max_log_len) if settings.enable_log_requests else None
+        self.load_tracker = LoadCount()
 
     @property
     def max_model_len(self) -> int | None:
@@ -128,6 +139,10 @@ class _Server:
     async def health(self, request: Request) -> Response:
         return Response(status_code=503 if self.client.errored else 200)
 
+    async def ping(self, request: Request) -> Response:
+        """SageMaker's health check (GET and POST), answered as ``/health``."""
+        return await self.health(request)
+
     async def version(self, request: Request) -> Response:
         return json_response(responses.VersionResponse(__version__))
 
@@ -141,7 +156,54 @@ class _Server:
         body, content_type = self.metrics.render()
         return Response(body, headers={"Content-Type": content_type})
 
+    async def load(self, request: Request) -> Response:
+        """vLLM's ``/load``: generation requests in flight (counted with ``--enable-server-load-tracking``)."""
+        return json_response(responses.ServerLoad(self.load_tracker.in_flight))
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        info = tokenize.tokenizer_info(self.tokenizer, self.preprocessor.config.chat_template)
+        return Response(ENCODER.encode(info), media_type="application/json")
+
+    # --- tokenizer routes -----------------------------------------------------------------------
+
+    async def tokenize_route(self, request: Request) -> Response:
+        return await self._guarded(request, self._tokenize)
+
+    async def detokenize_route(self, request: Request) -> Response:
+        return await self._guarded(request, self._detokenize)
+
+    async def _tokenize(self, request: Request, body: bytes) -> Response:
+        req = tokenize.decode_tokenize(body)
+        self._check_model(req.model)
+        if isinstance(req, tokenize.TokenizeChatRequest):
+            self._check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
+            req.chat_template_kwargs = self._template_kwargs(req.chat_template_kwargs)
+        request_id = f"tokenize-{_base_id(request, None)}"
+        if self.request_log is not None:
+            self.request_log.log_tokenize(request_id, req)
+        loop = asyncio.get_running_loop()
+        answer = await loop.run_in_executor(self.preprocessor.executor, partial(
+            tokenize.tokenize, self.preprocessor, req, self.max_model_len, request_id))
+        return json_response(answer)
+
+    async def _detokenize(self, request: Request, body: bytes) -> Response:
+        req = tokenize.decode_detokenize(body)
+        self._check_model(req.model)
+        return json_response(tokenize.detokenize(self.tokenizer, req))
+
     # --- generation routes ----------------------------------------------------------------------
+
+    async def invocations(self, request: Request) -> Response:
+        """SageMaker's one inference route: a chat completion body is answered as
+        ``/v1/chat/completions``, else a completion body as ``/v1/completions`` (vLLM's order)."""
+        return await self._guarded(request, self._invoke)
+
+    async def _invoke(self, request: Request, body: bytes) -> Response:
+        for handler, kind in ((self._chat, ChatCompletionRequest), (self._completions, CompletionRequest)):
+            if protocol.fits(body, kind):
+                return await handler(request, body)
+        return error_response(ValidationError(
+            "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"))
 
     async def chat(self, request: Request) -> Response:
         return await self._guarded(request, self._chat)
@@ -175,6 +237,8 @@ class _Server:
                 return Response(status_code=499)
             return task.result()
         except Exception as e:
+            if self.settings.log_error_stack:
+                logger.error("Error response to %s %s", request.method, request.url.path, exc_info=e)
             return error_response(e)
         finally:
             watcher.cancel()
@@ -184,10 +248,11 @@ class _Server:
     async def _chat(self, request: Request, body: bytes) -> Response:
         req: ChatCompletionRequest = protocol.decode_request(body, ChatCompletionRequest)
         self._check_model(req.model)
+        self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
-            chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
+            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(req.chat_template_kwargs),
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
         inputs = await self._prepare(req.messages, options, response_id)
         params = protocol.sampling_params(
@@ -198,7 +263,7 @@ class _Server:
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
         headers = _id_header(request)
-        role = _response_role(req)
+        role = self._role(req)
         echo = _echoed_message(req, role) if req.echo else ""
         if req.stream:
             chunks = self._chat_chunks(gen, choices, head, req, prompt_ids=prompt_ids, role=role, echo=echo)
@@ -221,6 +286,7 @@ class _Server:
     async def _completions(self, request: Request, body: bytes) -> Response:
         req: CompletionRequest = protocol.decode_request(body, CompletionRequest)
         self._check_model(req.model)
+        self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
                                  priority=req.priority)
@@ -290,6 +356,8 @@ class _Server:
                 for i in range(n):
                     child = protocol.child_params(params, i) if n > 1 else params
                     request_id = f"{p * n + i}_{base}" if n > 1 or len(prepared) > 1 else base
+                    if self.request_log is not None and i == 0:
+                        self.request_log.log_inputs(base, inputs.get("prompt"), inputs["prompt_token_ids"], params)
                     streams.append(await self.client.add_request(request_id, inputs, child, options=options))
                     self.metrics.on_added(len(inputs["prompt_token_ids"]))
                     choices.append(ChoiceOutput(make_detokenizer(
@@ -354,7 +422,7 @@ class _Server:
                            req: ChatCompletionRequest, *, prompt_ids: list[int], role: str, echo: str,
                            ) -> AsyncIterator[bytes]:
         """``echo``: the last message's content, sent first (``echo``)."""
-        with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+        with_usage, running = self._usage_options(req)
         prompt_tokens = len(prompt_ids)
         fmt = self._logprob_format(req)
 
@@ -387,7 +455,7 @@ class _Server:
     async def _completion_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
                                  req: CompletionRequest, prompts: list[_EchoedPrompt]) -> AsyncIterator[bytes]:
         """``prompts``: each choice's prompt, its tokens and the text ``echo`` repeats."""
-        with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+        with_usage, running = self._usage_options(req)
         fmt = self._logprob_format(req)
         offsets = [0] * len(choices)
         started = [False] * len(choices)
@@ -435,6 +503,36 @@ class _Server:
         return LogprobFormat(self._decode_token,
                              self.settings.return_tokens_as_token_ids if as_ids is None else as_ids)
 
+    def _check_mm_kwargs(self, mm_processor_kwargs: dict[str, Any] | None,
+                         media_io_kwargs: dict[str, Any] | None) -> None:
+        """vLLM's ``validate_request_mm_kwargs``: per-request processing options only from trusted clients."""
+        if self.settings.trust_request_mm_kwargs:
+            return
+        for name, given, what in (("mm_processor_kwargs", mm_processor_kwargs, "preprocessing"),
+                                  ("media_io_kwargs", media_io_kwargs, "media loading")):
+            if given:
+                raise ValidationError(
+                    f"Per-request {name} are disabled by default because they can change multimodal {what} "
+                    "resource usage. Start the server with --trust-request-mm-kwargs only when clients are trusted.",
+                    parameter=name)
+
+    def _template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A request's ``chat_template_kwargs`` over ``--default-chat-template-kwargs``."""
+        defaults = self.settings.default_chat_template_kwargs
+        return given if not defaults else {**defaults, **(given or {})}
+
+    def _role(self, req: ChatCompletionRequest) -> str:
+        """vLLM's ``get_chat_request_role``: ``--response-role`` when a generation prompt is added,
+        else the role of the message being continued."""
+        return self.settings.response_role if req.add_generation_prompt else str(req.messages[-1].get("role"))
+
+    def _usage_options(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[bool, bool]:
+        """Whether a stream ends with usage and whether every chunk carries it (vLLM's
+        ``should_include_usage``: ``--enable-force-include-usage`` turns both on)."""
+        if self.settings.enable_force_include_usage:
+            return True, True
+        return protocol.include_usage(req), protocol.continuous_usage(req)
+
 
 def _model_vocab_size(info: BaseProcessingInfo, tokenizer_size: int) -> int:
     """The model's vocabulary (its config's, which may be padded past the tokenizer's), what vLLM's
@@ -474,14 +572,6 @@ def _top_logprobs(req: ChatCompletionRequest | CompletionRequest) -> int:
         return -1
     asked = req.top_logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs
     return asked or 0
-
-
-def _response_role(req: ChatCompletionRequest) -> str:
-    """The answer's role: the assistant's, or with ``add_generation_prompt`` false (the model
-    continues the last message) that message's role."""
-    if req.add_generation_prompt:
-        return "assistant"
-    return str(req.messages[-1].get("role")) if req.messages else "assistant"
 
 
 def _echoed_message(req: ChatCompletionRequest, role: str) -> str:
@@ -570,12 +660,33 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/ping", server.ping, methods=["GET", "POST"]),
         Route("/version", server.version, methods=["GET"]),
         Route("/metrics", server.metrics_route, methods=["GET"]),
+        Route("/tokenize", server.tokenize_route, methods=["POST"]),
+        Route("/detokenize", server.detokenize_route, methods=["POST"]),
+        Route("/invocations", server.invocations, methods=["POST"]),
+        Route("/load", server.load, methods=["GET"]),
     ]
+    if settings.enable_tokenizer_info_endpoint:
+        routes.append(Route("/tokenizer_info", server.tokenizer_info, methods=["GET"]))
+    if not settings.disable_fastapi_docs:
+        routes += openapi.routes([(r.path, sorted(r.methods or ())) for r in routes])
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    # vLLM's order: the last added is outermost (user middleware, X-Request-Id, the API key, CORS)
+    app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                       allow_credentials=settings.allow_credentials, allow_methods=list(settings.allowed_methods),
+                       allow_headers=list(settings.allowed_headers))
     if settings.api_key:
         app.add_middleware(_ApiKey, key=settings.api_key)
+    if settings.enable_server_load_tracking:
+        app.add_middleware(LoadTracker, count=server.load_tracker, paths=GENERATION_PATHS)
+    if settings.enable_request_id_headers:
+        app.add_middleware(XRequestIdMiddleware)
+    for path in settings.middleware:
+        add_user_middleware(app, path)
+    if settings.root_path:  # outermost, as FastAPI sets it before any middleware
+        app.add_middleware(RootPath, root_path=settings.root_path)
     app.state.mmfront_server = server
     return app
 

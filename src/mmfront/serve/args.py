@@ -22,7 +22,7 @@ from typing import Any
 
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
-from mmfront.flags import add_options, check_unique, flag_table, values
+from mmfront.flags import add_options, check_unique, expand_argv, flag_table, options, values
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
 from mmfront.serve.vllm_flags import refusal
 
@@ -65,12 +65,23 @@ def add_serve_parser(commands: Any, flags: ServeFlags = SERVE_FLAGS) -> argparse
     serve: argparse.ArgumentParser = commands.add_parser(
         "serve", help="an OpenAI-compatible HTTP server in place of 'vllm serve', with vLLM's flags",
         description=DESCRIPTION, allow_abbrev=False)
+    serve.add_argument("--config", metavar="FILE.yaml", dest="config_file",
+                       help="read options from a YAML file, as vllm serve --config: 'key: value' is --key value; "
+                            "the command line's options win")
     groups = flags.groups()
     check_unique([cls for _, cls in groups])
     for title, cls in groups:
         add_options(serve.add_argument_group(title), cls, mark_own=True)
     serve.set_defaults(refuse_unknown=lambda extras: refuse_unknown(serve, extras))
     return serve
+
+
+def serve_argv(argv: Sequence[str], flags: ServeFlags = SERVE_FLAGS) -> list[str]:
+    """``mmfront serve``'s command line (``argv`` starts with ``serve``) as vLLM's parser rewrites a
+    ``vllm serve`` one: ``--config FILE.yaml``, ``--snake_case`` names and dotted options
+    (:func:`mmfront.flags.expand_argv`)."""
+    known = {name for _, cls in flags.groups() for option in options(cls) for name in option.names}
+    return expand_argv(argv, known)
 
 
 def serve_flag_table(flags: ServeFlags = SERVE_FLAGS) -> str:
@@ -90,6 +101,8 @@ def refuse_unknown(parser: argparse.ArgumentParser, extras: Sequence[str]) -> No
 def plan_from_args(args: argparse.Namespace, flags: ServeFlags = SERVE_FLAGS) -> ServePlan:
     """The launcher's plan for parsed ``mmfront serve`` arguments; a value the configuration
     refuses raises :class:`~mmfront.errors.ConfigError` naming it."""
+    if getattr(args, "config_file", None) is not None:
+        raise ConfigError("--config is read before parsing: pass the command line through serve_argv().")
     if not Path(args.model).is_dir():
         raise ConfigError(f"MODEL_DIR {args.model!r} is not a folder; mmfront serves a local model folder "
                           "(it downloads nothing).")
@@ -106,4 +119,4 @@ def plan_from_args(args: argparse.Namespace, flags: ServeFlags = SERVE_FLAGS) ->
 
 
 __all__ = ["DESCRIPTION", "SERVE_FLAGS", "ServeFlags", "add_serve_parser", "plan_from_args", "refuse_unknown",
-           "serve_flag_table"]
+           "serve_argv", "serve_flag_table"]

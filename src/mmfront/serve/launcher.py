@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mmfront.cache import ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
@@ -330,14 +331,56 @@ def run_app(frontend: Frontend, settings: ServeSettings, sockets: list[socket.so
     from mmfront.serve.app import create_app
 
     signal.signal(signal.SIGTERM, exit_on_sigterm)
+    show_logs()
     try:
         app = create_app(frontend.client, settings)
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                               log_level=settings.uvicorn_log_level))
+        server = uvicorn.Server(uvicorn_config(app, settings))
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=sockets)
     finally:
         frontend.close()
+
+
+def uvicorn_config(app: Any, settings: ServeSettings) -> Any:
+    """uvicorn's configuration for ``app`` from ``vllm serve``'s HTTP flags (TLS, Unix socket,
+    access log; the root path is the app's, as FastAPI's); the paths of ``--disable-access-log-for-endpoints`` are filtered out
+    of the access log."""
+    import uvicorn
+
+    if settings.disable_access_log_for_endpoints:
+        quiet = frozenset(p.strip() for p in settings.disable_access_log_for_endpoints.split(",") if p.strip())
+        logging.getLogger("uvicorn.access").addFilter(AccessLogFilter(quiet))
+    return uvicorn.Config(
+        app, host=settings.host, port=settings.port, uds=settings.uds, log_level=settings.uvicorn_log_level,
+        access_log=not settings.disable_uvicorn_access_log,
+        ssl_keyfile=settings.ssl_keyfile, ssl_certfile=settings.ssl_certfile, ssl_ca_certs=settings.ssl_ca_certs,
+        ssl_cert_reqs=settings.ssl_cert_reqs, ssl_ciphers=settings.ssl_ciphers,
+        h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size)
+
+
+def show_logs() -> None:
+    """mmfront's INFO logs (request logs among them) go to stderr, as vLLM's do, unless the
+    embedding application configured the ``mmfront`` logger itself."""
+    root = logging.getLogger("mmfront")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s", "%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+
+
+class AccessLogFilter(logging.Filter):
+    """Drops uvicorn access-log records of the given paths (their query string aside)."""
+
+    def __init__(self, paths: frozenset[str]) -> None:
+        super().__init__()
+        self.paths = paths
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            return args[2].split("?", 1)[0] not in self.paths
+        return True
 
 
 def exit_on_sigterm(signum: int, frame: object) -> None:
@@ -353,5 +396,22 @@ def serve(plan: ServePlan) -> int:
     return 0
 
 
-__all__ = ["EngineProcesses", "Frontend", "Link", "bind_handshake", "bind_link", "client_over", "exit_on_sigterm", "log_engine_exit", "meet_engines", "run_app", "serve", "start_engines",
-           "start_frontend", "worker_command"]
+__all__ = [
+    "AccessLogFilter",
+    "EngineProcesses",
+    "Frontend",
+    "Link",
+    "bind_handshake",
+    "bind_link",
+    "client_over",
+    "exit_on_sigterm",
+    "log_engine_exit",
+    "meet_engines",
+    "run_app",
+    "serve",
+    "show_logs",
+    "start_engines",
+    "start_frontend",
+    "uvicorn_config",
+    "worker_command",
+]

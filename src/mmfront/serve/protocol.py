@@ -83,6 +83,7 @@ class CompletionRequest(_SamplingFields, kw_only=True):
 
 
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
+_ANY_JSON = msgspec.json.Decoder()
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`")
 
@@ -92,12 +93,12 @@ BODY_PARAM = "body"
 prefix (``body.messages``): a :class:`~mmfront.errors.RequestBodyError`, type ``Bad Request``."""
 
 
-def decode_request(body: bytes, cls: type[Any]) -> Any:
-    """``body`` as a ``cls`` request; a body that does not fit raises
+def decode_body(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """``body`` decoded by ``decoder``; a body that does not fit raises
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
-    ``body.<field>``."""
+    ``body.<field>`` (every route's request shape is checked here)."""
     try:
-        request = _DECODERS[cls].decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as e:
         message = str(e)
         missing, at = _MISSING.search(message), _AT.search(message)
@@ -110,6 +111,13 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
         raise RequestBodyError(message, parameter=param) from e
     except msgspec.DecodeError as e:
         raise RequestBodyError(f"JSON decode error: {e}", parameter=BODY_PARAM) from e
+
+
+def decode_request(body: bytes, cls: type[Any]) -> Any:
+    """``body`` as a ``cls`` request; a body that does not fit raises
+    :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
+    ``body.<field>``."""
+    request = decode_body(body, _DECODERS[cls])
     if request.stream_options is not None and not request.stream:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
     _check_logprobs(request)
@@ -146,6 +154,22 @@ def _check_logprobs(request: _SamplingFields) -> None:
                                   parameter="top_logprobs")
     if isinstance(request, CompletionRequest) and (logprobs := request.logprobs) is not None and logprobs < -1:
         raise ValidationError("`logprobs` must be a positive value or -1.", parameter="logprobs", value=logprobs)
+
+
+def fits(body: bytes, cls: type[Any]) -> bool:
+    """Whether ``body`` is a valid ``cls`` request as vLLM's request model validates it
+    (``/invocations`` picks its route so): a chat request's checks are its model's validators,
+    while a completion's prompt and options are checked by its route, so any completion-shaped
+    body fits. A body that is not JSON raises :class:`~mmfront.errors.RequestBodyError`."""
+    decode_body(body, _ANY_JSON)
+    try:
+        if cls is CompletionRequest:
+            decode_body(body, _DECODERS[cls])
+        else:
+            decode_request(body, cls)
+    except ValidationError:
+        return False
+    return True
 
 
 def _check_completion(request: CompletionRequest) -> None:
@@ -290,8 +314,10 @@ __all__ = [
     "check_logprobs",
     "child_params",
     "continuous_usage",
+    "decode_body",
     "decode_request",
     "echoes_prompt_only",
+    "fits",
     "include_usage",
     "prompts",
     "sampling_params",

@@ -31,7 +31,7 @@ class ResponseHead:
     id: str
     created: int
     model: str
-    fingerprint: str
+    fingerprint: str | None
 
 
 class _HeadFields(TypedDict):
@@ -235,7 +235,7 @@ class ChatCompletionResponse(OpenAIBody, kw_only=True):
     object: str = "chat.completion"
     choices: list[ChatCompletionResponseChoice]
     service_tier: None = None
-    system_fingerprint: str
+    system_fingerprint: str | None
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
@@ -249,7 +249,7 @@ class CompletionResponse(OpenAIBody, kw_only=True):
     object: str = "text_completion"
     choices: list[CompletionResponseChoice]
     service_tier: None = None
-    system_fingerprint: str
+    system_fingerprint: str | None
     usage: UsageInfo
     kv_transfer_params: None = None
     ec_transfer_params: None = None
@@ -328,7 +328,7 @@ class ChatCompletionStreamResponse(OpenAIBody, kw_only=True):
     object: str = "chat.completion.chunk"
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | UnsetType = UNSET
-    system_fingerprint: str | UnsetType = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET
     prompt_token_ids: list[int] | UnsetType | None = UNSET
     prompt_text: UnsetType | None = UNSET
     kv_transfer_params: UnsetType | None = UNSET
@@ -338,7 +338,7 @@ class CompletionStreamResponse(OpenAIBody, kw_only=True):
     object: str = "text_completion"
     choices: list[CompletionResponseStreamChoice]
     usage: UsageInfo | UnsetType = UNSET
-    system_fingerprint: str | UnsetType = UNSET
+    system_fingerprint: str | UnsetType | None = UNSET
     kv_transfer_params: UnsetType | None = UNSET
 
 
@@ -346,7 +346,7 @@ def _given(value: UsageInfo | None) -> UsageInfo | UnsetType:
     return UNSET if value is None else value
 
 
-def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: bool) -> str | UnsetType:
+def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: bool) -> str | UnsetType | None:
     """The fingerprint on a choice's finishing chunk when no usage chunk follows."""
     return head.fingerprint if fingerprint and finish_reason is not None else UNSET
 
@@ -453,6 +453,12 @@ class VersionResponse(msgspec.Struct):
     version: str
 
 
+class ServerLoad(msgspec.Struct):
+    """``/load``."""
+
+    server_load: int
+
+
 class UnauthorizedResponse(msgspec.Struct):
     """vLLM's answer to a missing or wrong API key."""
 
@@ -489,6 +495,7 @@ __all__ = [
     "ModelPermission",
     "OpenAIBody",
     "ResponseHead",
+    "ServerLoad",
     "UnauthorizedResponse",
     "UsageInfo",
     "VersionResponse",

@@ -10,19 +10,20 @@ has one home. This module imports nothing heavy: ``mmfront serve --help`` reads 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
-from mmfront.flags import flag, port, positive_int, seconds
+from mmfront.flags import flag, json_list, port, positive_int, seconds
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 """Request bodies above this are refused before they are read whole (413)."""
 
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
+FingerprintMode = Literal["full", "hash", "custom", "none"]
 
 
 def one_key(keys: Sequence[str]) -> str:
@@ -50,8 +51,7 @@ class ServeSettings:
     """With a key, every ``/v1`` request needs ``Authorization: Bearer KEY`` (else 401); one key."""
     max_logprobs: int = field(default=20, metadata=flag(metavar="N"))
     """Most logprobs a request may ask for per token (-1: the vocabulary); more are refused with 400."""
-    return_tokens_as_token_ids: bool = field(default=False, metadata=flag(
-        negation="--no-return-tokens-as-token-ids"))
+    return_tokens_as_token_ids: bool = field(default=False, metadata=flag())
     """Logprob tokens written as ``token_id:N`` for every request (a request's
     ``return_tokens_as_token_ids`` overrides it), so tokens that are not valid UTF-8 stay apart."""
     max_body_bytes: int = field(default=DEFAULT_MAX_BODY_BYTES, metadata=flag(
@@ -61,6 +61,76 @@ class ServeSettings:
     """uvicorn's log level."""
     api_server_count: int = field(default=1, metadata=flag(aliases=("-asc",), parse=positive_int, metavar="N"))
     """API server processes sharing the port (docs/serving.md, "Several API servers")."""
+
+    # --- the HTTP server (vLLM's FrontendArgs) ---
+    uds: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Listen on this Unix domain socket instead of ``--host``:``--port``."""
+    disable_uvicorn_access_log: bool = field(default=False, metadata=flag())
+    """Turn uvicorn's access log off."""
+    disable_access_log_for_endpoints: str | None = field(default=None, metadata=flag(metavar="PATHS"))
+    """Comma-separated paths left out of the access log (e.g. ``/health,/metrics,/ping``)."""
+    allow_credentials: bool = field(default=False, metadata=flag())
+    """CORS: allow credentials."""
+    allowed_origins: tuple[str, ...] = field(default=(), metadata=flag(parse=json_list("--allowed-origins"),
+                                                                       metavar="JSON"))
+    """CORS: the origins browsers may call from, as a JSON list (``'["https://app.example"]'``); empty: no
+    cross-origin access."""
+    allowed_methods: tuple[str, ...] = field(default=("*",), metadata=flag(parse=json_list("--allowed-methods"),
+                                                                           metavar="JSON", shown_default='["*"]'))
+    """CORS: the methods allowed, as a JSON list."""
+    allowed_headers: tuple[str, ...] = field(default=("*",), metadata=flag(parse=json_list("--allowed-headers"),
+                                                                           metavar="JSON", shown_default='["*"]'))
+    """CORS: the request headers allowed, as a JSON list."""
+    ssl_keyfile: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """The TLS private key (PEM); with ``--ssl-certfile`` the server speaks HTTPS."""
+    ssl_certfile: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """The TLS certificate chain (PEM)."""
+    ssl_ca_certs: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """CA certificates client certificates are checked against."""
+    ssl_cert_reqs: int = field(default=0, metadata=flag(metavar="N"))
+    """Whether a client certificate is required: 0 none, 1 optional, 2 required (the ``ssl`` module's ``CERT_*``)."""
+    ssl_ciphers: str | None = field(default=None, metadata=flag(metavar="CIPHERS"))
+    """TLS cipher suites (TLS 1.2 and below), in OpenSSL's cipher-list form."""
+    root_path: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """The path prefix a path-routing proxy serves the app under (ASGI ``root_path``)."""
+    middleware: tuple[str, ...] = field(default=(), metadata=flag(repeat=True, default=[], metavar="IMPORT.PATH"))
+    """ASGI middleware to wrap the app in, by import path, once per flag: a class is added as
+    ``app.add_middleware(cls)``, a function as an HTTP middleware ``async (request, call_next)``."""
+    enable_request_id_headers: bool = field(default=False, metadata=flag())
+    """Answer every response with an ``X-Request-Id`` header (the client's, else a new one)."""
+    disable_fastapi_docs: bool = field(default=False, metadata=flag())
+    """Serve no ``/openapi.json``, ``/docs`` or ``/redoc``."""
+    h11_max_incomplete_event_size: int = field(default=4 * 1024 * 1024, metadata=flag(parse=positive_int,
+                                                                                      metavar="BYTES"))
+    """Largest incomplete HTTP event (header or body) the h11 parser holds."""
+
+    # --- requests and responses ---
+    response_role: str = field(default="assistant", metadata=flag(metavar="ROLE"))
+    """The role of the answer when the request asks for a generation prompt (``add_generation_prompt``)."""
+    enable_force_include_usage: bool = field(default=False, metadata=flag())
+    """Every stream ends with a usage chunk, as if each request sent ``stream_options.include_usage``."""
+    enable_tokenizer_info_endpoint: bool = field(default=False, metadata=flag())
+    """Serve ``/tokenizer_info`` (the tokenizer's configuration, chat template included)."""
+    enable_log_requests: bool = field(default=False, metadata=flag(negation="--disable-log-requests"))
+    """Log each request (its id and sampling parameters at INFO; its prompt at DEBUG)."""
+    max_log_len: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Most prompt characters or token ids a request log shows (``None``: all)."""
+    trust_request_mm_kwargs: bool = field(default=False, metadata=flag())
+    """Take a request's ``mm_processor_kwargs`` and ``media_io_kwargs``; off, a request sending them is
+    refused (400): they change how much work and memory its media take. Turn on only for trusted clients."""
+    log_error_stack: bool = field(default=False, metadata=flag())
+    """Log the stack trace of every error response."""
+    default_chat_template_kwargs: Mapping[str, Any] | None = field(default=None, metadata=flag(
+        metavar="JSON", example="'{\"enable_thinking\": false}'"))
+    """Chat template keyword arguments every chat request gets, under its own ``chat_template_kwargs``
+    (the request's win), e.g. ``'{"enable_thinking": false}'``."""
+    enable_server_load_tracking: bool = field(default=False, metadata=flag())
+    """Count the generation requests in flight, answered by ``/load`` (``{"server_load": N}``)."""
+    fingerprint_mode: FingerprintMode = field(default="full", metadata=flag())
+    """The responses' ``system_fingerprint``: ``full`` and ``hash`` ``mmfront-<version>-<hash8>``,
+    ``custom`` ``--fingerprint-value``, ``none`` null."""
+    fingerprint_value: str | None = field(default=None, metadata=flag(metavar="TEXT"))
+    """The fingerprint of ``--fingerprint-mode custom``."""
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -41,6 +41,36 @@ ENGINE_ONLY_FLAGS = frozenset({
 })
 """``vllm serve`` flags (and their short forms) that configure only the engine cores."""
 
+NOT_TAKEN_FRONTEND_FLAGS = {
+    "--lora-modules": "mmfront serves the base model only; it loads no LoRA adapters",
+    "--tool-server": "tool servers serve vLLM's Responses API (/v1/responses), which mmfront does not serve",
+    "--cohere-is-reasoning-model": "it configures /cohere/v2/chat, a route mmfront does not serve",
+    "--no-cohere-is-reasoning-model": "it configures /cohere/v2/chat, a route mmfront does not serve",
+    "--cohere-format": "it configures /cohere/v2/chat, a route mmfront does not serve",
+    "--anthropic-disabled-thinking-effort": "it configures /v1/messages (Anthropic), a route mmfront does not serve",
+    "--tokens-only": "the tokens-in/tokens-out endpoints of disaggregated serving are not mmfront's",
+    "--no-tokens-only": "the tokens-in/tokens-out endpoints of disaggregated serving are not mmfront's",
+    "--enable-scale-out": "the scale-out endpoints (/render, /inference/v1/generate) are not mmfront's",
+    "--disable-scale-out": "the scale-out endpoints (/render, /inference/v1/generate) are not mmfront's",
+    "--grpc-port": "it needs vLLM's Rust frontend (VLLM_USE_RUST_FRONTEND=1); mmfront serves HTTP only",
+    "--data-parallel-supervisor-port": "it belongs to --data-parallel-multi-port-external-lb, which mmfront does not run",
+    "--dp-supervisor-probe-interval-s": "it belongs to --data-parallel-multi-port-external-lb, which mmfront does not run",
+    "--dp-supervisor-probe-timeout-s": "it belongs to --data-parallel-multi-port-external-lb, which mmfront does not run",
+    "--dp-supervisor-probe-failure-threshold": "it belongs to --data-parallel-multi-port-external-lb, which mmfront "
+                                               "does not run",
+    "--enable-flash-late-interaction": "it configures pooling (late-interaction scoring); mmfront serves generation",
+    "--disable-flash-late-interaction": "it configures pooling (late-interaction scoring); mmfront serves generation",
+    "--enable-offline-docs": "mmfront's /docs page loads Swagger UI from the jsDelivr CDN, as FastAPI's; it vendors "
+                             "no copy",
+    "--disable-offline-docs": "mmfront's /docs page loads Swagger UI from the jsDelivr CDN, as FastAPI's; it "
+                              "vendors no copy",
+    "--h11-max-header-count": "the uvicorn mmfront runs on has no header-count setting",
+    "--enable-ssl-refresh": "mmfront reads the TLS files once at start-up; restart it to load new certificates",
+    "--disable-ssl-refresh": "mmfront reads the TLS files once at start-up; restart it to load new certificates",
+}
+"""``vllm serve`` API-server flags ``mmfront serve`` does not take, each with the reason
+(docs/serving.md, "Differences from vllm serve")."""
+
 HEADLESS_MESSAGE = (
     "--headless starts engines without an API server; mmfront serve is the API server. Run the engines "
     "elsewhere with 'vllm serve MODEL --headless --data-parallel-address HEAD --data-parallel-rpc-port PORT' "
@@ -54,10 +84,12 @@ def refusal(flag: str) -> str:
     name = flag.split("=", 1)[0]
     if name == "--headless":
         return HEADLESS_MESSAGE
+    if name in NOT_TAKEN_FRONTEND_FLAGS:
+        return f"{name} is not taken by mmfront serve: {NOT_TAKEN_FRONTEND_FLAGS[name]}."
     if name in ENGINE_ONLY_FLAGS:
         return (f"{name} configures the engine, not the API server: it belongs on the engines' command line "
                 f"('vllm serve MODEL --headless {name} ...', behind 'mmfront serve MODEL --data-parallel-size-local 0').")
     return f"{name} is not supported by mmfront serve (see 'mmfront serve --help' and docs/serving.md)."
 
 
-__all__ = ["ENGINE_ONLY_FLAGS", "HEADLESS_MESSAGE", "refusal"]
+__all__ = ["ENGINE_ONLY_FLAGS", "HEADLESS_MESSAGE", "NOT_TAKEN_FRONTEND_FLAGS", "refusal"]

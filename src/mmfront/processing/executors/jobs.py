@@ -34,7 +34,7 @@ from mmfront.parse import (
     MultiModalDataItems,
 )
 from mmfront.processing.executors.base import ItemJob, ItemProcessor
-from mmfront.processing.hf import load_hf_processor
+from mmfront.processing.hf import folder_kwargs, load_hf_processor
 from mmfront.wire import Frame, MsgpackDecoder, MsgpackEncoder
 
 
@@ -62,7 +62,8 @@ class LaneSpec(msgspec.Struct, frozen=True):
 
     def build(self) -> ItemProcessor:
         config = MultiModalConfig(**self.config)
-        info = _resolve(self.info_cls)(load_hf_processor(Path(self.model_dir)), model_id=self.model_id,
+        info = _resolve(self.info_cls)(load_hf_processor(Path(self.model_dir), **folder_kwargs(config)),
+                                       model_id=self.model_id,
                                        config=config, model_dir=self.model_dir)
         processor: ItemProcessor = _resolve(self.processor_cls)(info)
         return processor
