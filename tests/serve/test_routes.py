@@ -26,6 +26,7 @@ from starlette.responses import Response
 
 from mmfront import MultiModalConfig
 from mmfront.serve.app import create_app
+from mmfront.serve.protocol import CompletionRequest
 from mmfront.serve.settings import ServeSettings
 from mmfront.testing.media import image_data_url, make_image
 
@@ -260,12 +261,15 @@ def test_response_role(apps: Apps) -> None:
 
 
 def test_return_tokens_as_token_ids(apps: Apps) -> None:
-    """Logprob tokens are written ``token_id:{id}`` (the logprob routes call this one decoder;
-    end to end with logprobs: test_vllm_serve_routes.py)."""
+    """With the flag, logprob tokens are written ``token_id:{id}`` unless the request says
+    otherwise (end to end with logprobs: test_vllm_serve_routes.py)."""
     flagged = apps.flagged_app.state.mmfront_server
     plain = apps.bare_app.state.mmfront_server
-    assert flagged._decode_token(17) == "token_id:17"
-    assert plain._decode_token(17) == apps.tokenizer.decode([17])
+    request = CompletionRequest(prompt="x")
+    assert flagged._logprob_format(request).token(17, None) == "token_id:17"
+    assert plain._logprob_format(request).token(17, None) == apps.tokenizer.decode([17])
+    as_text = CompletionRequest(prompt="x", return_tokens_as_token_ids=False)
+    assert flagged._logprob_format(as_text).token(17, None) == apps.tokenizer.decode([17])
 
 
 def test_request_log(apps: Apps, caplog: pytest.LogCaptureFixture) -> None:
