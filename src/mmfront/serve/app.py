@@ -34,7 +34,7 @@ from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyError, ValidationError
 from mmfront.inputs import MultiModalInputs
-from mmfront.preprocess import PromptInput, RequestOptions
+from mmfront.preprocess import InputPreprocessor, PromptInput, RequestOptions
 from mmfront.serve import protocol, responses
 from mmfront.serve.errors import error_body
 from mmfront.serve.output import ChoiceOutput, Delta, make_detokenizer
@@ -104,6 +104,8 @@ class _Server:
         self.settings = settings
         self.preprocessor = client.client.processor.preprocessor
         self.tokenizer = self.preprocessor.tokenizer
+        self.vocab_size = _vocab_size(self.preprocessor)
+        self.fast_tokenizer = bool(getattr(self.tokenizer, "is_fast", False))
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
@@ -188,6 +190,7 @@ class _Server:
         params = protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"])))
         protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
+        protocol.verify_params(params, self.vocab_size, fast_tokenizer=self.fast_tokenizer)
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_tokens = len(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -216,6 +219,7 @@ class _Server:
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
         params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
         protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
+        protocol.verify_params(params, self.vocab_size, fast_tokenizer=self.fast_tokenizer)
         gen, choices = await self._start(response_id, prepared, params)
         head = self._head(response_id)
         headers = _id_header(request)
@@ -391,6 +395,14 @@ class _Server:
 
     def _decode_token(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
+
+
+def _vocab_size(preprocessor: InputPreprocessor) -> int:
+    """The model's vocabulary as vLLM's ``get_vocab_size`` reads it (its text config's
+    ``vocab_size``, the width of its logits, often above the tokenizer's length); the tokenizer's
+    length for a config without one."""
+    vocab_size = getattr(preprocessor.processor.info.get_hf_config().get_text_config(), "vocab_size", None)
+    return vocab_size if isinstance(vocab_size, int) else len(preprocessor.tokenizer)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
