@@ -211,7 +211,7 @@ def test_the_constraint_reaches_the_sampling_params() -> None:
     assert params.structured_outputs == StructuredOutputsParams(regex="[0-9]+")
     params = protocol.sampling_params(completion(structured_outputs={"choice": ["a", "b"]}), max_tokens=5)
     assert params.structured_outputs == StructuredOutputsParams(choice=["a", "b"])
-    protocol.verify_params(params, 1000, fast_tokenizer=True)
+    protocol.verify_params(params, protocol.Vocabulary(None, 1000, 999))
     assert (params.structured_outputs.choice, params.structured_outputs.grammar) == (None, 'root ::= "a" | "b"')
     assert (params.structured_outputs._backend, params.structured_outputs._backend_was_auto) == ("xgrammar", True)
 

@@ -104,8 +104,7 @@ class _Server:
         self.settings = settings
         self.preprocessor = client.client.processor.preprocessor
         self.tokenizer = self.preprocessor.tokenizer
-        self.vocab_size = _vocab_size(self.preprocessor)
-        self.fast_tokenizer = bool(getattr(self.tokenizer, "is_fast", False))
+        self.vocabulary = protocol.Vocabulary.of(self.tokenizer, _vocab_size(self.preprocessor))
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
@@ -190,7 +189,7 @@ class _Server:
         params = protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"])))
         protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
-        protocol.verify_params(params, self.vocab_size, fast_tokenizer=self.fast_tokenizer)
+        protocol.verify_params(params, self.vocabulary)
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_tokens = len(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -219,7 +218,7 @@ class _Server:
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
         params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
         protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
-        protocol.verify_params(params, self.vocab_size, fast_tokenizer=self.fast_tokenizer)
+        protocol.verify_params(params, self.vocabulary)
         gen, choices = await self._start(response_id, prepared, params)
         head = self._head(response_id)
         headers = _id_header(request)

@@ -9,8 +9,12 @@ does not fit raises :class:`~mmfront.errors.RequestBodyError` naming ``body.<fie
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
+from dataclasses import dataclass
+from functools import cache
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -19,7 +23,9 @@ from msgspec import UNSET, UnsetType
 from mmfront.errors import RequestBodyError, ValidationError
 from mmfront.serve import structured
 from mmfront.wire import RequestOutputKind, SamplingParams
-from mmfront.wire.params import StructuredOutputsParams
+from mmfront.wire.params import RepetitionDetectionParams, StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 """An int a request may send where vLLM's field is bounded to 64 bits (``seed``, ``priority``)."""
@@ -110,11 +116,37 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # structured outputs and the token-id fields vLLM checks against the vocabulary
+    # structured outputs, the token-id fields vLLM checks against the vocabulary, the engine's extras
     logit_bias: dict[str, Any] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsRequest | None = None
+    repetition_detection: RepetitionDetectionParams | None = None
+    routed_experts_prompt_start: Annotated[int, msgspec.Meta(ge=0)] = 0
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    watermarking: bool | None = None
+    # taken and ignored, as vLLM ignores them here (beam search only, or the /render endpoints only)
+    length_penalty: float = 1.0
+    return_token_offsets: bool | None = False
+    mm_payload: Literal["tensors", "none"] = "tensors"
+    return_mm_kwargs: bool | None = None
+    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    use_beam_search: bool = False
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    session_id: str | None = None
+    return_weight_versions: bool = False
+    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # other issue-33 branches implement these: refused here until they land (the lead drops this block)
+    prompt_logprobs: Any = None
+    logprob_token_ids: Any = None
+    return_token_ids: Any = None
+    return_tokens_as_token_ids: Any = None
+    thinking_token_budget: Any = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -128,6 +160,17 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None
+    return_prompt_text: bool | None = None
+    # other issue-33 branches implement these: refused here until they land (the lead drops this block)
+    echo: Any = False
+    tools: Any = None
+    tool_choice: Any = "none"
+    reasoning_effort: Any = None
+    include_reasoning: Any = True
+    parallel_tool_calls: Any = True
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -138,6 +181,9 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
+    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    add_special_tokens: bool = True
+    prompt_embeds: Any = None
 
 
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
@@ -171,6 +217,7 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     if request.stream_options is not None and not request.stream and msgspec.structs.asdict(request.stream_options) != {
             "include_usage": UNSET, "continuous_usage_stats": UNSET}:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
+    _refuse_unsupported(request)
     _check_cache_salt(request.cache_salt)
     _check_logit_bias_values(request.logit_bias)
     _check_structured_outputs(request)
@@ -183,6 +230,42 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
             raise ValidationError("when using `top_logprobs`, `logprobs` must be set to true.",
                                   parameter="top_logprobs")
     return request
+
+
+NOT_SUPPORTED: dict[str, str] = {
+    "use_beam_search": "beam search is not supported by mmfront serve",
+    "truncate_prompt_tokens": "prompt truncation is not supported by mmfront serve yet",
+    "truncation_side": "prompt truncation is not supported by mmfront serve yet",
+    "media_io_kwargs": "Per-request media_io_kwargs are disabled by default because they can change multimodal media "
+                       "loading resource usage (vLLM's words; mmfront serve has no --trust-request-mm-kwargs yet)",
+    "session_id": "session ids are not supported by mmfront serve yet",
+    "return_weight_versions": "weight versions are not supported by mmfront serve yet",
+    "stream_interval": "a per-request stream interval is not supported by mmfront serve yet",
+    "add_special_tokens": "changing add_special_tokens is not supported by mmfront serve yet",
+    "documents": "chat template documents are not supported by mmfront serve yet",
+    "return_prompt_text": "returning the prompt text is not supported by mmfront serve yet",
+    "prompt_embeds": "prompt embeddings are not supported by mmfront serve",
+    "prompt_logprobs": "not supported by this mmfront serve yet",
+    "logprob_token_ids": "not supported by this mmfront serve yet",
+    "return_token_ids": "not supported by this mmfront serve yet",
+    "return_tokens_as_token_ids": "not supported by this mmfront serve yet",
+    "thinking_token_budget": "not supported by this mmfront serve yet",
+    "echo": "not supported by this mmfront serve yet",
+    "tools": "not supported by this mmfront serve yet",
+    "tool_choice": "not supported by this mmfront serve yet",
+    "reasoning_effort": "not supported by this mmfront serve yet",
+    "include_reasoning": "not supported by this mmfront serve yet",
+    "parallel_tool_calls": "not supported by this mmfront serve yet",
+}
+"""The request fields mmfront takes but does not honour, with why: a value other than vLLM's
+default is refused with a 400 naming the field, never accepted and ignored."""
+
+
+def _refuse_unsupported(request: _SamplingFields) -> None:
+    for field in msgspec.structs.fields(request):
+        reason = NOT_SUPPORTED.get(field.name)
+        if reason is not None and getattr(request, field.name) != field.default:
+            raise ValidationError(f"`{field.name}` is refused: {reason}.", parameter=field.name)
 
 
 _CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
@@ -262,6 +345,16 @@ def structured_outputs(request: ChatCompletionRequest | CompletionRequest) -> St
     return structured.from_response_format(params, response_format.type, overrides)
 
 
+def _extra_args(request: _SamplingFields) -> dict[str, Any] | None:
+    """vLLM's ``extra_args``: ``vllm_xargs``, and the KV and encoder-cache transfer parameters."""
+    extra: dict[str, Any] = dict(request.vllm_xargs or {})
+    if request.kv_transfer_params:
+        extra["kv_transfer_params"] = request.kv_transfer_params
+    if request.ec_transfer_params:
+        extra["ec_transfer_params"] = request.ec_transfer_params
+    return extra or None
+
+
 def _logit_bias(logit_bias: dict[str, Any] | None) -> dict[int, float] | None:
     """vLLM's ``SamplingParams.from_optional``: keys read as token ids, biases clamped to ±100."""
     if logit_bias is None:
@@ -279,12 +372,40 @@ def _logit_bias(logit_bias: dict[str, Any] | None) -> dict[int, float] | None:
     return converted
 
 
-def verify_params(params: SamplingParams, vocab_size: int, *, fast_tokenizer: bool,
-                  structured_outputs_backend: str = "auto") -> None:
-    """vLLM's ``SamplingParams.verify`` in its API server (after ``--max-logprobs``:
-    :func:`check_logprobs`): token ids must be in the model's vocabulary (``vocab_size``, its
-    config's, as vLLM's ``get_vocab_size``), and a structured-outputs constraint must parse with
-    its backend, which is then written into it (:func:`mmfront.serve.structured.resolve_backend`)."""
+@dataclass(frozen=True)
+class Vocabulary:
+    """What a request's token ids and words are checked against."""
+
+    tokenizer: Any
+    vocab_size: int
+    """The model's (its config's ``vocab_size``, the width of its logits, as vLLM's
+    ``get_vocab_size``), often above the tokenizer's length."""
+    max_token_id: int
+    """The tokenizer's largest id (vLLM's ``max_token_id``)."""
+
+    @classmethod
+    def of(cls, tokenizer: Any, vocab_size: int) -> Vocabulary:
+        max_token_id = max(tokenizer.get_vocab().values())
+        with contextlib.suppress(NotImplementedError, AttributeError):
+            max_token_id = max(max_token_id, tokenizer.vocab_size - 1)
+        return cls(tokenizer, vocab_size, max_token_id)
+
+    @property
+    def fast(self) -> bool:
+        """Whether llguidance can read the tokenizer (a Rust-backed one)."""
+        return bool(getattr(self.tokenizer, "is_fast", False))
+
+
+MAX_NUM_BAD_WORDS = 128
+"""Most token sequences ``bad_words`` may become (vLLM's ``VLLM_MAX_NUM_BAD_WORDS``)."""
+
+
+def verify_params(params: SamplingParams, vocabulary: Vocabulary, *, structured_outputs_backend: str = "auto") -> None:
+    """vLLM's ``SamplingParams.verify`` and ``update_from_tokenizer`` in its API server (after
+    ``--max-logprobs``: :func:`check_logprobs`): token ids must be in the model's vocabulary,
+    ``bad_words`` become token ids, and a structured-outputs constraint must parse with its
+    backend, which is then written into it (:func:`mmfront.serve.structured.resolve_backend`)."""
+    vocab_size = vocabulary.vocab_size
     for name in ("logit_bias", "stop_token_ids"):
         ids = getattr(params, name)
         invalid = [t for t in ids or () if t < 0 or t >= vocab_size]
@@ -301,8 +422,34 @@ def verify_params(params: SamplingParams, vocab_size: int, *, fast_tokenizer: bo
             raise ValidationError("allowed_token_ids contains out-of-vocab token id!", parameter="allowed_token_ids",
                                   value=invalid)
     if params.structured_outputs is not None:
-        structured.resolve_backend(params.structured_outputs, structured_outputs_backend,
-                                   fast_tokenizer=fast_tokenizer)
+        structured.resolve_backend(params.structured_outputs, structured_outputs_backend, fast_tokenizer=vocabulary.fast)
+    if params.bad_words:
+        params._bad_words_token_ids = _bad_words_token_ids(params.bad_words, vocabulary)
+
+
+def _bad_words_token_ids(bad_words: list[str], vocabulary: Vocabulary) -> list[list[int]]:
+    """vLLM's: each word's ids, and those of the word after a space where that is a word of its own."""
+    found: list[list[int]] = []
+    for word in bad_words:
+        for prefix in ("", " "):
+            ids = list(vocabulary.tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+            if not ids:
+                if not prefix:
+                    raise ValidationError("bad_words entries must tokenize to at least one token.",
+                                          parameter="bad_words", value=bad_words)
+                continue
+            if not prefix or (ids[0] != found[-1][0] and len(ids) == len(found[-1])):
+                found.append(ids)
+                if len(found) > MAX_NUM_BAD_WORDS:
+                    raise ValidationError(f"Too many bad words after tokenization: {len(found)}. The max number is "
+                                          f"{MAX_NUM_BAD_WORDS}.", parameter="bad_words", value=bad_words)
+    top = vocabulary.max_token_id
+    invalid = [t for ids in found for t in ids if t < 0 or t > top]
+    if invalid:
+        raise ValidationError(f"The model vocabulary size is {top + 1}, but the following tokens were specified as "
+                              f"bad: {invalid}. All token id values should be integers satisfying: 0 <= token_id <= "
+                              f"{top}.", parameter="bad_words", value=bad_words)
+    return found
 
 
 def _check_completion(request: CompletionRequest) -> None:
@@ -351,12 +498,20 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
         logprobs = request.top_logprobs if request.logprobs else None
     else:
         logprobs = request.logprobs
+    if request.watermarking:
+        _warn_no_watermarking()
     try:
         return _sampling_params(request, max_tokens, logprobs)
     except ValidationError as e:
         if e.value is None:  # vLLM's message shows the value the request sent
             e.value = msgspec.structs.asdict(request).get(e.parameter or "")
         raise
+
+
+@cache
+def _warn_no_watermarking() -> None:
+    logger.warning("Watermarking is enabled for this request, but the engine has no watermark configuration. This and "
+                   "subsequent requests will run without watermarking (as vLLM's).")
 
 
 def check_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
@@ -400,6 +555,10 @@ def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tok
         structured_outputs=structured_outputs(request),
         logit_bias=_logit_bias(request.logit_bias),
         allowed_token_ids=request.allowed_token_ids,
+        bad_words=request.bad_words,
+        extra_args=_extra_args(request),
+        repetition_detection=request.repetition_detection,
+        routed_experts_prompt_start=request.routed_experts_prompt_start,
         skip_clone=True,
     )
 
@@ -413,6 +572,8 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 __all__ = [
     "BODY_PARAM",
+    "MAX_NUM_BAD_WORDS",
+    "NOT_SUPPORTED",
     "ChatCompletionRequest",
     "CompletionRequest",
     "Int64",
@@ -421,6 +582,7 @@ __all__ = [
     "ResponseFormat",
     "StreamOptions",
     "StructuredOutputsRequest",
+    "Vocabulary",
     "check_logprobs",
     "child_params",
     "continuous_usage",
