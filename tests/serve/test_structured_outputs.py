@@ -130,7 +130,8 @@ def vllm_answers() -> dict[str, Any]:
 def test_a_constraint_is_refused_or_resolved_as_vllm_does(vllm_answers: dict[str, Any], case: str) -> None:
     want, got = vllm_answers[case], mmfront_answer(CASES[case])
     if "error" in want and "error" in got:
-        assert _XGRAMMAR_TIME.sub("", got["error"]) == _XGRAMMAR_TIME.sub("", want["error"])
+        # vLLM's error response strips the message; mmfront strips it where it is made
+        assert _XGRAMMAR_TIME.sub("", got["error"]) == _XGRAMMAR_TIME.sub("", want["error"]).strip()
     else:
         assert got == want
 

@@ -138,6 +138,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    thinking_token_budget: Any = None
     session_id: str | None = None
     return_weight_versions: bool = False
     stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -146,7 +147,6 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     logprob_token_ids: Any = None
     return_token_ids: Any = None
     return_tokens_as_token_ids: Any = None
-    thinking_token_budget: Any = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -218,6 +218,13 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
             "include_usage": UNSET, "continuous_usage_stats": UNSET}:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
     _refuse_unsupported(request)
+    if request.media_io_kwargs:
+        raise ValidationError("Per-request media_io_kwargs are disabled by default because they can change multimodal "
+                              "media loading resource usage. Start the server with --trust-request-mm-kwargs only "
+                              "when clients are trusted.", parameter="media_io_kwargs")
+    if thinking_token_budget(request.thinking_token_budget) is not None:
+        raise ValidationError("thinking_token_budget is set but reasoning_config is not configured. Please set "
+                              "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.")
     _check_cache_salt(request.cache_salt)
     _check_logit_bias_values(request.logit_bias)
     _check_structured_outputs(request)
@@ -236,8 +243,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "use_beam_search": "beam search is not supported by mmfront serve",
     "truncate_prompt_tokens": "prompt truncation is not supported by mmfront serve yet",
     "truncation_side": "prompt truncation is not supported by mmfront serve yet",
-    "media_io_kwargs": "Per-request media_io_kwargs are disabled by default because they can change multimodal media "
-                       "loading resource usage (vLLM's words; mmfront serve has no --trust-request-mm-kwargs yet)",
     "session_id": "session ids are not supported by mmfront serve yet",
     "return_weight_versions": "weight versions are not supported by mmfront serve yet",
     "stream_interval": "a per-request stream interval is not supported by mmfront serve yet",
@@ -249,7 +254,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "logprob_token_ids": "not supported by this mmfront serve yet",
     "return_token_ids": "not supported by this mmfront serve yet",
     "return_tokens_as_token_ids": "not supported by this mmfront serve yet",
-    "thinking_token_budget": "not supported by this mmfront serve yet",
     "echo": "not supported by this mmfront serve yet",
     "tools": "not supported by this mmfront serve yet",
     "tool_choice": "not supported by this mmfront serve yet",
@@ -259,6 +263,17 @@ NOT_SUPPORTED: dict[str, str] = {
 }
 """The request fields mmfront takes but does not honour, with why: a value other than vLLM's
 default is refused with a 400 naming the field, never accepted and ignored."""
+
+
+def thinking_token_budget(value: Any) -> int | None:
+    """vLLM's ``validate_thinking_token_budget``: a non-negative int, or -1 or ``None`` (unlimited:
+    ``None``). Without a reasoning parser a budget is then refused, as vLLM refuses it."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, float)) or not isinstance(value, int) or value < -1:
+        raise ValidationError("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+                              parameter="thinking_token_budget", value=value)
+    return None if value == -1 else value
 
 
 def _refuse_unsupported(request: _SamplingFields) -> None:
@@ -591,5 +606,6 @@ __all__ = [
     "prompts",
     "sampling_params",
     "structured_outputs",
+    "thinking_token_budget",
     "verify_params",
 ]

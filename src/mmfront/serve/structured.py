@@ -239,8 +239,8 @@ def validate_guidance(params: StructuredOutputsParams) -> None:
     except (ValueError, KeyError, TypeError) as e:
         raise ValidationError(f"Invalid grammar specification: {e}") from e
     error = llguidance.LLMatcher.validate_grammar(grammar, None)
-    if error:
-        raise ValidationError(f"Grammar error: {error}")
+    if error:  # stripped, as vLLM's error response strips every message
+        raise ValidationError(f"Grammar error: {error}".strip())
 
 
 def _guidance_grammar(params: StructuredOutputsParams, llguidance: Any) -> str:
