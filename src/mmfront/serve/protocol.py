@@ -347,17 +347,19 @@ def structured_outputs(request: ChatCompletionRequest | CompletionRequest) -> St
     params = None if given is None else StructuredOutputsParams(
         **{name: getattr(given, name) for name in structured.PUBLIC_FIELDS})
     response_format = request.response_format
-    if response_format is None:
+    if response_format is None or response_format.type == "text":
         return params
-    overrides: dict[str, Any] = {}
     if response_format.type == "json_object":
-        overrides = {"json_object": True}
+        overrides: dict[str, Any] = {"json_object": True}
     elif response_format.type == "json_schema":
         assert response_format.json_schema is not None  # decode_request refused it
         overrides = {"json": response_format.json_schema.schema}
-    elif response_format.type == "structural_tag":
+    else:
         overrides = {"structural_tag": response_format.structural_tag()}
-    return structured.from_response_format(params, response_format.type, overrides)
+    if params is None:
+        return StructuredOutputsParams(**overrides)
+    return StructuredOutputsParams(**{**{name: getattr(params, name) for name in structured.PUBLIC_FIELDS},
+                                      **overrides})
 
 
 def _extra_args(request: _SamplingFields) -> dict[str, Any] | None:

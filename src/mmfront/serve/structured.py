@@ -39,18 +39,6 @@ _XGRAMMAR_STRING_FORMATS = frozenset({
     "uri-template", "json-pointer", "relative-json-pointer"})
 
 
-def from_response_format(structured_outputs: StructuredOutputsParams | None, kind: str | None,
-                         overrides: dict[str, Any]) -> StructuredOutputsParams | None:
-    """vLLM's ``structured_outputs_from_response_format``: a ``response_format`` other than
-    ``text`` (``kind``) replaces its fields (``overrides``) in ``structured_outputs``."""
-    if kind is None or kind == "text":
-        return structured_outputs
-    if structured_outputs is None:
-        return StructuredOutputsParams(**overrides)
-    fields = {name: getattr(structured_outputs, name) for name in PUBLIC_FIELDS}
-    return StructuredOutputsParams(**{**fields, **overrides})
-
-
 PUBLIC_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace",
                  "disable_additional_properties", "whitespace_pattern", "structural_tag")
 """The fields a request may set (the two backend fields are the server's)."""
@@ -371,7 +359,6 @@ __all__ = [
     "check_json_nesting",
     "check_structural_tag",
     "choice_as_grammar",
-    "from_response_format",
     "grammar_is_likely_lark",
     "resolve_backend",
     "validate_guidance",
