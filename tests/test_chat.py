@@ -42,13 +42,20 @@ def test_image_part_becomes_the_placeholder(proc: BaseMultiModalProcessor) -> No
     assert out.mm_uuids == {"image": [None]}
 
 
-def test_string_content_and_plain_url_form(proc: BaseMultiModalProcessor) -> None:
+def test_string_content_and_a_uuid(proc: BaseMultiModalProcessor) -> None:
     messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "image_url", "image_url": URL, "uuid": "img-1"}]}]
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": URL}, "uuid": "img-1"}]}]
     out = parse(proc, messages, add_generation_prompt=False)
     assert out.prompt == ("<bos><start_of_turn>system\nBe brief.<end_of_turn>\n"
                           "<start_of_turn>user\n<start_of_image><end_of_turn>\n")
     assert out.mm_uuids == {"image": ["img-1"]}
+
+
+def test_a_bare_string_url_is_refused_as_vllm_refuses_it(proc: BaseMultiModalProcessor) -> None:
+    with pytest.raises(ChatFormatError, match=r"^messages\[0\]\.content\[0\]\.image_url must be an object with a `url`"
+                       ) as e:
+        parse(proc, user({"type": "image_url", "image_url": URL}))
+    assert e.value.parameter is None
 
 
 def test_uuid_only_part_reuses_a_cached_item(proc: BaseMultiModalProcessor) -> None:

@@ -227,11 +227,14 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
                                    f"{', '.join(INPUT_AUDIO_FORMATS)}.", parameter="messages")
         data = payload["data"]
         return lambda: connector.load_audio(data, budget=budget, media_io_kwargs=media_io_kwargs)
-    url = payload.get("url") if isinstance(payload, Mapping) else payload
+    if not isinstance(payload, Mapping):  # vLLM's content-part schema refuses a bare string (param null) too
+        raise ChatFormatError(f"{where}.{kind} must be an object with a `url`, as {{\"{kind}\": {{\"url\": ...}}}}; "
+                              f"got a {type(payload).__name__}.")
+    url = payload.get("url")
     if url is None and uuid is not None:
         return lambda: None
     if not isinstance(url, str):
-        raise ChatFormatError(f"{where}.{kind} must be a URL string or an object with a `url`.", parameter="messages")
+        raise ChatFormatError(f"{where}.{kind}.url must be a URL string.", parameter="messages")
     if kind == "image_url":
         return lambda: connector.load_image(url, budget=budget, media_io_kwargs=media_io_kwargs)
     if kind == "video_url":

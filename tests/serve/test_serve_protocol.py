@@ -61,10 +61,20 @@ def test_vllms_body_checks(fields: dict[str, Any], param: str) -> None:
     assert info.value.parameter == param
 
 
-def test_usage_is_on_with_empty_stream_options() -> None:
-    assert protocol.include_usage(chat(stream=True, stream_options={}))
+def test_usage_is_off_unless_include_usage_is_true_as_in_vllm() -> None:
+    assert not protocol.include_usage(chat(stream=True, stream_options={}))
     assert not protocol.include_usage(chat(stream=True))
     assert not protocol.include_usage(chat(stream=True, stream_options={"include_usage": False}))
+    assert protocol.include_usage(chat(stream=True, stream_options={"include_usage": True}))
+    assert protocol.continuous_usage(chat(stream=True, stream_options={"include_usage": True,
+                                                                       "continuous_usage_stats": True}))
+
+
+def test_empty_stream_options_without_stream_are_accepted_as_vllm_accepts_them() -> None:
+    assert chat(stream_options={}).stream_options is not None
+    with pytest.raises(ValidationError) as info:
+        chat(stream_options={"include_usage": False})
+    assert info.value.parameter == "stream_options"
 
 
 @pytest.mark.parametrize(("prompt", "want"), [

@@ -117,6 +117,7 @@ class _Server:
         self.tokenizer = self.preprocessor.tokenizer
         self.logprob_tokens = LogprobTokens(self.tokenizer)
         self.vocab_size = _model_vocab_size(self.preprocessor.pipeline.processor.info, len(self.tokenizer))
+        self.vocabulary = protocol.Vocabulary.of(self.tokenizer, self.vocab_size)
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
@@ -259,6 +260,7 @@ class _Server:
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
                                   "max_completion_tokens" if req.max_completion_tokens else "max_tokens"))
         protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
+        protocol.verify_params(params, self.vocabulary)
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -295,6 +297,7 @@ class _Server:
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
         params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
         protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
+        protocol.verify_params(params, self.vocabulary)
         gen, choices = await self._start(response_id, prepared, params)
         head = self._head(response_id)
         headers = _id_header(request)

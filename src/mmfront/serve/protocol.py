@@ -9,18 +9,83 @@ does not fit raises :class:`~mmfront.errors.RequestBodyError` naming ``body.<fie
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import re
-from typing import Any
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from mmfront.errors import RequestBodyError, ValidationError
+from mmfront.serve import structured
 from mmfront.wire import RequestOutputKind, SamplingParams
+from mmfront.wire.params import RepetitionDetectionParams, StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+"""An int a request may send where vLLM's field is bounded to 64 bits (``seed``, ``priority``)."""
 
 
 class StreamOptions(msgspec.Struct):
-    include_usage: bool | None = True
-    continuous_usage_stats: bool | None = False
+    """Unset fields stay :data:`~msgspec.UNSET`, so ``{}`` is told from ``{"include_usage": false}``
+    (vLLM refuses only a non-empty ``stream_options`` without ``stream``)."""
+
+    include_usage: bool | UnsetType | None = UNSET
+    continuous_usage_stats: bool | UnsetType | None = UNSET
+
+
+# --- structured outputs (issue 33, structured) ------------------------------------------------
+
+
+class StructuredOutputsRequest(msgspec.Struct, kw_only=True):
+    """A request's ``structured_outputs``: vLLM's ``StructuredOutputsParams`` less the two
+    backend fields, which only the server sets."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+
+class JsonSchemaResponseFormat(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class LegacyStructuralTag(msgspec.Struct, kw_only=True):
+    begin: str
+    schema: dict[str, Any] | None = None
+    end: str
+
+
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    """OpenAI's ``response_format`` and vLLM's two ``structural_tag`` forms (``format``, or the
+    legacy ``structures`` with ``triggers``) in one struct."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaResponseFormat | None = None
+    format: Any = UNSET
+    structures: list[LegacyStructuralTag] | UnsetType = UNSET
+    triggers: list[str] | UnsetType = UNSET
+
+    def structural_tag(self) -> str:
+        """The tag as vLLM passes it on: its JSON, fields in vLLM's order."""
+        if self.format is not UNSET:
+            return json.dumps({"type": self.type, "format": self.format})
+        structures = [{"begin": s.begin, "schema": s.schema, "end": s.end} for s in self.structures or ()]
+        return json.dumps({"type": self.type, "structures": structures, "triggers": self.triggers})
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -33,7 +98,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: Int64 | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = None
@@ -47,7 +112,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     mm_processor_kwargs: dict[str, Any] | None = None
     cache_salt: str | None = None
     request_id: str | None = None
-    priority: int = 0
+    priority: Int64 = 0
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -56,6 +121,32 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     logprob_token_ids: list[int] | None = None
     return_tokens_as_token_ids: bool | None = None
     return_token_ids: bool | None = None
+    # structured outputs, the token-id fields vLLM checks against the vocabulary, the engine's extras
+    logit_bias: dict[str, Any] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    repetition_detection: RepetitionDetectionParams | None = None
+    routed_experts_prompt_start: Annotated[int, msgspec.Meta(ge=0)] = 0
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+    watermarking: bool | None = None
+    # taken and ignored, as vLLM ignores them here (beam search only, or the /render endpoints only)
+    length_penalty: float = 1.0
+    return_token_offsets: bool | None = False
+    mm_payload: Literal["tensors", "none"] = "tensors"
+    return_mm_kwargs: bool | None = None
+    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    use_beam_search: bool = False
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    thinking_token_budget: Any = None
+    session_id: str | None = None
+    return_weight_versions: bool = False
+    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -70,6 +161,16 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    add_special_tokens: bool = False
+    documents: list[dict[str, str]] | None = None
+    return_prompt_text: bool | None = None
+    # the tools branch implements these: refused here until it lands
+    tools: Any = None
+    tool_choice: Any = "none"
+    reasoning_effort: Any = None
+    include_reasoning: Any = True
+    parallel_tool_calls: Any = True
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -80,6 +181,9 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
+    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    add_special_tokens: bool = True
+    prompt_embeds: Any = None
 
 
 _DECODERS = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
@@ -118,9 +222,21 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
     ``body.<field>``."""
     request = decode_body(body, _DECODERS[cls])
-    if request.stream_options is not None and not request.stream:
+    if request.stream_options is not None and not request.stream and msgspec.structs.asdict(request.stream_options) != {
+            "include_usage": UNSET, "continuous_usage_stats": UNSET}:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
     _check_logprobs(request)
+    _refuse_unsupported(request)
+    if request.media_io_kwargs:
+        raise ValidationError("Per-request media_io_kwargs are disabled by default because they can change multimodal "
+                              "media loading resource usage. Start the server with --trust-request-mm-kwargs only "
+                              "when clients are trusted.", parameter="media_io_kwargs")
+    if thinking_token_budget(request.thinking_token_budget) is not None:
+        raise ValidationError("thinking_token_budget is set but reasoning_config is not configured. Please set "
+                              "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.")
+    _check_cache_salt(request.cache_salt)
+    _check_logit_bias_values(request.logit_bias)
+    _check_structured_outputs(request)
     if isinstance(request, CompletionRequest):
         _check_completion(request)
     return request
@@ -170,6 +286,231 @@ def fits(body: bytes, cls: type[Any]) -> bool:
     except ValidationError:
         return False
     return True
+
+
+NOT_SUPPORTED: dict[str, str] = {
+    "use_beam_search": "beam search is not supported by mmfront serve",
+    "truncate_prompt_tokens": "prompt truncation is not supported by mmfront serve yet",
+    "truncation_side": "prompt truncation is not supported by mmfront serve yet",
+    "session_id": "session ids are not supported by mmfront serve yet",
+    "return_weight_versions": "weight versions are not supported by mmfront serve yet",
+    "stream_interval": "a per-request stream interval is not supported by mmfront serve yet",
+    "add_special_tokens": "changing add_special_tokens is not supported by mmfront serve yet",
+    "documents": "chat template documents are not supported by mmfront serve yet",
+    "return_prompt_text": "returning the prompt text is not supported by mmfront serve yet",
+    "prompt_embeds": "prompt embeddings are not supported by mmfront serve",
+    "tools": "not supported by this mmfront serve yet",
+    "tool_choice": "not supported by this mmfront serve yet",
+    "reasoning_effort": "not supported by this mmfront serve yet",
+    "include_reasoning": "not supported by this mmfront serve yet",
+    "parallel_tool_calls": "not supported by this mmfront serve yet",
+}
+"""The request fields mmfront takes but does not honour, with why: a value other than vLLM's
+default is refused with a 400 naming the field, never accepted and ignored."""
+
+
+def thinking_token_budget(value: Any) -> int | None:
+    """vLLM's ``validate_thinking_token_budget``: a non-negative int, or -1 or ``None`` (unlimited:
+    ``None``). Without a reasoning parser a budget is then refused, as vLLM refuses it."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, float)) or not isinstance(value, int) or value < -1:
+        raise ValidationError("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
+                              parameter="thinking_token_budget", value=value)
+    return None if value == -1 else value
+
+
+def _refuse_unsupported(request: _SamplingFields) -> None:
+    for field in msgspec.structs.fields(request):
+        reason = NOT_SUPPORTED.get(field.name)
+        if reason is not None and getattr(request, field.name) != field.default:
+            raise ValidationError(f"`{field.name}` is refused: {reason}.", parameter=field.name)
+
+
+_CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+_MAX_CACHE_SALT_LENGTH = 128
+
+
+def _check_cache_salt(cache_salt: str | None) -> None:
+    """vLLM's ``validate_cache_salt``: the salt becomes part of cache keys downstream."""
+    if cache_salt is None:
+        return
+    if not cache_salt:
+        raise ValidationError("Parameter 'cache_salt' must be a non-empty string if provided.", parameter="cache_salt")
+    if len(cache_salt) > _MAX_CACHE_SALT_LENGTH or any(c in _CACHE_SALT_FORBIDDEN for c in cache_salt):
+        raise ValidationError("Parameter 'cache_salt' must be at most 128 characters and must not contain '@', '/', "
+                              "'\\\\', or NUL.", parameter="cache_salt")
+
+
+def _check_logit_bias_values(logit_bias: dict[str, Any] | None) -> None:
+    """A bias must be a number (or a string of one, as pydantic reads it); the keys are read as
+    token ids later, as vLLM reads them."""
+    for key, bias in (logit_bias or {}).items():
+        if isinstance(bias, bool) or not isinstance(bias, (int, float, str)) or not _is_number(bias):
+            raise RequestBodyError(f"Input should be a valid number, got {bias!r} - at `$.logit_bias.{key}`",
+                                   parameter=f"{BODY_PARAM}.logit_bias.{key}")
+
+
+def _is_number(value: int | float | str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_structured_outputs(request: _SamplingFields) -> None:
+    """vLLM's request validators for ``response_format`` and ``structured_outputs``; the
+    constraint itself is checked by :func:`verify_params` (the backend parses it)."""
+    response_format = request.response_format
+    if response_format is not None:
+        if response_format.type == "json_schema" and response_format.json_schema is None:
+            raise ValidationError("When response_format type is 'json_schema', the 'json_schema' field must be "
+                                  "provided.", parameter="response_format")
+        if response_format.type == "structural_tag":
+            if response_format.format is UNSET and (response_format.structures is UNSET
+                                                     or response_format.triggers is UNSET):
+                raise ValidationError("Invalid response_format structural_tag specification.",
+                                      parameter="response_format")
+            structured.check_structural_tag(response_format.structural_tag(), "response_format")
+    given = request.structured_outputs
+    if given is None:
+        return
+    if sum(getattr(given, name) is not None for name in ("json", "regex", "choice")) > 1:
+        raise ValidationError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "
+                              "'choice').", parameter=None if isinstance(request, ChatCompletionRequest)
+                              else "structured_outputs")
+    if given.structural_tag is not None:
+        structured.check_structural_tag(given.structural_tag, "structured_outputs")
+
+
+def structured_outputs(request: ChatCompletionRequest | CompletionRequest) -> StructuredOutputsParams | None:
+    """The request's one constraint: ``structured_outputs`` with ``response_format`` applied
+    over it (vLLM's ``extract_structured_outputs``)."""
+    given = request.structured_outputs
+    params = None if given is None else StructuredOutputsParams(
+        **{name: getattr(given, name) for name in structured.PUBLIC_FIELDS})
+    response_format = request.response_format
+    if response_format is None or response_format.type == "text":
+        return params
+    if response_format.type == "json_object":
+        overrides: dict[str, Any] = {"json_object": True}
+    elif response_format.type == "json_schema":
+        assert response_format.json_schema is not None  # decode_request refused it
+        overrides = {"json": response_format.json_schema.schema}
+    else:
+        overrides = {"structural_tag": response_format.structural_tag()}
+    if params is None:
+        return StructuredOutputsParams(**overrides)
+    return StructuredOutputsParams(**{**{name: getattr(params, name) for name in structured.PUBLIC_FIELDS},
+                                      **overrides})
+
+
+def _extra_args(request: _SamplingFields) -> dict[str, Any] | None:
+    """vLLM's ``extra_args``: ``vllm_xargs``, and the KV and encoder-cache transfer parameters."""
+    extra: dict[str, Any] = dict(request.vllm_xargs or {})
+    if request.kv_transfer_params:
+        extra["kv_transfer_params"] = request.kv_transfer_params
+    if request.ec_transfer_params:
+        extra["ec_transfer_params"] = request.ec_transfer_params
+    return extra or None
+
+
+def _logit_bias(logit_bias: dict[str, Any] | None) -> dict[int, float] | None:
+    """vLLM's ``SamplingParams.from_optional``: keys read as token ids, biases clamped to ±100."""
+    if logit_bias is None:
+        return None
+    converted: dict[int, float] = {}
+    invalid: list[str] = []
+    for token, bias in logit_bias.items():
+        try:
+            converted[int(token)] = min(100.0, max(-100.0, float(bias)))
+        except ValueError:
+            invalid.append(token)
+    if invalid:
+        raise ValidationError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {invalid!r}",
+                              parameter="logit_bias", value=invalid)
+    return converted
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """What a request's token ids and words are checked against."""
+
+    tokenizer: Any
+    vocab_size: int
+    """The model's (its config's ``vocab_size``, the width of its logits, as vLLM's
+    ``get_vocab_size``), often above the tokenizer's length."""
+    max_token_id: int
+    """The tokenizer's largest id (vLLM's ``max_token_id``)."""
+
+    @classmethod
+    def of(cls, tokenizer: Any, vocab_size: int) -> Vocabulary:
+        max_token_id = max(tokenizer.get_vocab().values())
+        with contextlib.suppress(NotImplementedError, AttributeError):
+            max_token_id = max(max_token_id, tokenizer.vocab_size - 1)
+        return cls(tokenizer, vocab_size, max_token_id)
+
+    @property
+    def fast(self) -> bool:
+        """Whether llguidance can read the tokenizer (a Rust-backed one)."""
+        return bool(getattr(self.tokenizer, "is_fast", False))
+
+
+MAX_NUM_BAD_WORDS = 128
+"""Most token sequences ``bad_words`` may become (vLLM's ``VLLM_MAX_NUM_BAD_WORDS``)."""
+
+
+def verify_params(params: SamplingParams, vocabulary: Vocabulary, *, structured_outputs_backend: str = "auto") -> None:
+    """vLLM's ``SamplingParams.verify`` and ``update_from_tokenizer`` in its API server (after
+    ``--max-logprobs``: :func:`check_logprobs`): token ids must be in the model's vocabulary,
+    ``bad_words`` become token ids, and a structured-outputs constraint must parse with its
+    backend, which is then written into it (:func:`mmfront.serve.structured.resolve_backend`)."""
+    vocab_size = vocabulary.vocab_size
+    for name in ("logit_bias", "stop_token_ids"):
+        ids = getattr(params, name)
+        invalid = [t for t in ids or () if t < 0 or t >= vocab_size]
+        if invalid:
+            raise ValidationError(f"token_id(s) {invalid} in {name} contain out-of-vocab token ids. Vocabulary size: "
+                                  f"{vocab_size}", parameter=name, value=invalid)
+    allowed = params.allowed_token_ids
+    if allowed is not None:
+        if not allowed:
+            raise ValidationError("allowed_token_ids is not None and empty!", parameter="allowed_token_ids",
+                                  value=allowed)
+        invalid = [t for t in allowed if t < 0 or t >= vocab_size]
+        if invalid:
+            raise ValidationError("allowed_token_ids contains out-of-vocab token id!", parameter="allowed_token_ids",
+                                  value=invalid)
+    if params.structured_outputs is not None:
+        structured.resolve_backend(params.structured_outputs, structured_outputs_backend, fast_tokenizer=vocabulary.fast)
+    if params.bad_words:
+        params._bad_words_token_ids = _bad_words_token_ids(params.bad_words, vocabulary)
+
+
+def _bad_words_token_ids(bad_words: list[str], vocabulary: Vocabulary) -> list[list[int]]:
+    """vLLM's: each word's ids, and those of the word after a space where that is a word of its own."""
+    found: list[list[int]] = []
+    for word in bad_words:
+        for prefix in ("", " "):
+            ids = list(vocabulary.tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+            if not ids:
+                if not prefix:
+                    raise ValidationError("bad_words entries must tokenize to at least one token.",
+                                          parameter="bad_words", value=bad_words)
+                continue
+            if not prefix or (ids[0] != found[-1][0] and len(ids) == len(found[-1])):
+                found.append(ids)
+                if len(found) > MAX_NUM_BAD_WORDS:
+                    raise ValidationError(f"Too many bad words after tokenization: {len(found)}. The max number is "
+                                          f"{MAX_NUM_BAD_WORDS}.", parameter="bad_words", value=bad_words)
+    top = vocabulary.max_token_id
+    invalid = [t for ids in found for t in ids if t < 0 or t > top]
+    if invalid:
+        raise ValidationError(f"The model vocabulary size is {top + 1}, but the following tokens were specified as "
+                              f"bad: {invalid}. All token id values should be integers satisfying: 0 <= token_id <= "
+                              f"{top}.", parameter="bad_words", value=bad_words)
+    return found
 
 
 def _check_completion(request: CompletionRequest) -> None:
@@ -229,6 +570,8 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
             prompt_logprobs = request.logprobs
         if request.echo and request.max_tokens == 0:  # the prompt alone: one token generated, not shown
             max_tokens = 1
+    if request.watermarking:
+        _warn_no_watermarking()
     try:
         return _sampling_params(request, max_tokens, logprobs, prompt_logprobs)
     except ValidationError as e:
@@ -240,6 +583,12 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, max_toke
 MAX_LOGPROB_TOKEN_IDS = 128
 """Most ``logprob_token_ids`` one request may name (vLLM's ``MAX_LOGPROB_TOKEN_IDS``, the width
 its sampler allocates per request)."""
+
+
+@cache
+def _warn_no_watermarking() -> None:
+    logger.warning("Watermarking is enabled for this request, but the engine has no watermark configuration. This and "
+                   "subsequent requests will run without watermarking (as vLLM's).")
 
 
 def check_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int) -> None:
@@ -294,6 +643,13 @@ def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tok
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured_outputs(request),
+        logit_bias=_logit_bias(request.logit_bias),
+        allowed_token_ids=request.allowed_token_ids,
+        bad_words=request.bad_words,
+        extra_args=_extra_args(request),
+        repetition_detection=request.repetition_detection,
+        routed_experts_prompt_start=request.routed_experts_prompt_start,
         skip_clone=True,
     )
 
@@ -308,9 +664,17 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 __all__ = [
     "BODY_PARAM",
     "MAX_LOGPROB_TOKEN_IDS",
+    "MAX_NUM_BAD_WORDS",
+    "NOT_SUPPORTED",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "Int64",
+    "JsonSchemaResponseFormat",
+    "LegacyStructuralTag",
+    "ResponseFormat",
     "StreamOptions",
+    "StructuredOutputsRequest",
+    "Vocabulary",
     "check_logprobs",
     "child_params",
     "continuous_usage",
@@ -321,4 +685,7 @@ __all__ = [
     "include_usage",
     "prompts",
     "sampling_params",
+    "structured_outputs",
+    "thinking_token_budget",
+    "verify_params",
 ]

@@ -57,11 +57,11 @@ class StructuredOutputsParams(msgspec.Struct):
 
     def __post_init__(self) -> None:
         count = sum(getattr(self, name) is not None for name in _CONSTRAINTS)
-        if count != 1:
+        if count != 1:  # vLLM's words, which show every field
+            fields = {name: getattr(self, name) for name in self.__struct_fields__}
             raise ValidationError(
-                f"structured_outputs takes exactly one of {', '.join(_CONSTRAINTS)}; got {count}.",
-                parameter="structured_outputs",
-            )
+                f"You can only use one kind of structured outputs constraint but multiple are specified: {fields}"
+                if count else f"You must use one kind of structured outputs constraint but none are specified: {fields}")
 
 
 @dataclass
