@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from parser_cases import REASONING_CASES, STREAMS_DIFFER_FROM_VLLM, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
 from mmfront.serve.tool_parsers import ToolCallStream, make_tool_parser
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
-from tests.serve.parser_cases import REASONING_CASES, STREAMS_DIFFER_FROM_VLLM, TOOL_CASES
 
 PEER = vllm_peer_python()
 MODEL = None if PEER is None else vllm_peer_model_dir(PEER)

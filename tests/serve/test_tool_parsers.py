@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from parser_cases import REASONING_CASES, STREAMED_TOOLS_DIFFER, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
 from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, make_tool_parser
-from tests.serve.parser_cases import REASONING_CASES, STREAMED_TOOLS_DIFFER, TOOL_CASES
 
 
 def cut(text: str, size: int) -> list[str]:
@@ -88,7 +88,7 @@ def test_reasoning_streams_as_vllms_tests_expect(case: str, size: int) -> None:
     stream = ReasoningStream(REASONING_PARSERS[name](kwargs))
     parts: dict[str, list[str]] = {"reasoning": [], "content": []}
     for delta in [*(stream.feed(c) for c in cut(text, size)), stream.finish()]:
-        for key in parts:
+        for key, sent in parts.items():
             if getattr(delta, key):
-                parts[key].append(getattr(delta, key))
+                sent.append(getattr(delta, key))
     assert ("".join(parts["reasoning"]) or None, "".join(parts["content"]) or None) == (reasoning, content)

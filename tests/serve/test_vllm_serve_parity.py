@@ -55,7 +55,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,23 +122,28 @@ class Side:
             process.wait(30)
 
 
-def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path) -> Side:
+def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path, *,
+               model: Path | None = None, engine_args: Sequence[str] = (), engine_path: Sequence[Path] = (),
+               flags: Sequence[str] = ()) -> Side:
     """A stock engine (headless, tcp handshake) and ``server`` (an argv prefix taking the shared
-    serve flags) pointed at each other through a free rpc port."""
+    serve flags, and ``flags``) pointed at each other through a free rpc port; ``engine_args``
+    go to the engine (another executor), ``engine_path`` on its ``PYTHONPATH``."""
     assert PEER is not None and MODEL is not None
+    model = model or MODEL
     rpc, port = get_open_ports_list(2)
     side = Side(name, f"http://127.0.0.1:{port}", {"engine": folder / f"{name}.engine.log",
                                                     "server": folder / f"{name}.server.log"})
     vllm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     vllm_env.update(VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1")
+    engine_env = {**vllm_env, "PYTHONPATH": os.pathsep.join(map(str, engine_path))} if engine_path else vllm_env
     with side.logs["engine"].open("wb") as log:
         side.processes["engine"] = subprocess.Popen(
-            [str(PEER), str(PEER_DIR / "stock_engine.py"), str(MODEL), f"tcp://127.0.0.1:{rpc}",
-             "--", "--mm-processor-cache-gb", "4"],
-            cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=vllm_env, start_new_session=True)
-    argv = [*server, "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
+            [str(PEER), str(PEER_DIR / "stock_engine.py"), str(model), f"tcp://127.0.0.1:{rpc}",
+             "--", "--mm-processor-cache-gb", "4", *engine_args],
+            cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=engine_env, start_new_session=True)
+    argv = [*server, "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
             "--data-parallel-size", "1", "--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1",
-            "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS]
+            "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS, *flags]
     try:
         with side.logs["server"].open("wb") as log:
             side.processes["server"] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,

@@ -36,12 +36,14 @@ from mmfront.errors import BodyTooLargeError, ModelNotFoundError, RequestBodyErr
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.serve import protocol, responses
+from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
 from mmfront.serve.output import ChoiceOutput, Delta, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.serve.responses import ENCODER, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
+from mmfront.serve.tool_parsers import ToolCall
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput
 
@@ -109,6 +111,7 @@ class _Server:
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
         self.fingerprint = f"mmfront-{__version__}-{digest}"
         self.metrics = ServerMetrics(self.model_name, self.preprocessor, client)
+        self.parsing = ChatParsing(settings, self.tokenizer)
 
     @property
     def max_model_len(self) -> int | None:
@@ -180,29 +183,31 @@ class _Server:
         req: ChatCompletionRequest = protocol.decode_request(body, ChatCompletionRequest)
         self._check_model(req.model)
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
+        parsing = self.parsing.for_request(req)
         options = RequestOptions(
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
             chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs,
-            add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
+            add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
+            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none))
         inputs = await self._prepare(req.messages, options, response_id)
-        params = protocol.sampling_params(
-            req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"])))
+        params = parsing.adjust(protocol.sampling_params(
+            req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]))))
         protocol.check_logprobs(params, self.settings.max_logprobs, len(self.tokenizer))
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_tokens = len(inputs["prompt_token_ids"])
         head = self._head(response_id)
         headers = _id_header(request)
         if req.stream:
-            chunks = self._chat_chunks(gen, choices, head, req, prompt_tokens)
+            chunks = self._chat_chunks(gen, choices, head, req, prompt_tokens, parsing=parsing)
             return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
         finally:
             await gen.close()
         top = req.top_logprobs or 0
-        body_choices = [responses.chat_choice(
-            i, c.text, responses.chat_logprobs(c.logprobs, top, self._decode_token) if req.logprobs else None,
-            c.finish_reason, c.stop_reason) for i, c in enumerate(choices)]
+        body_choices = [_parsed_choice(
+            parsing, i, c, responses.chat_logprobs(c.logprobs, top, self._decode_token) if req.logprobs else None)
+            for i, c in enumerate(choices)]
         usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
         return json_response(responses.chat_response(head, body_choices, usage), headers=headers)
 
@@ -337,8 +342,10 @@ class _Server:
             pass
 
     async def _chat_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
-                           req: ChatCompletionRequest, prompt_tokens: int) -> AsyncIterator[bytes]:
+                           req: ChatCompletionRequest, prompt_tokens: int, *, parsing: RequestParsing,
+                           ) -> AsyncIterator[bytes]:
         with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
+        parsed = [parsing.stream() for _ in choices] if parsing.active else None
 
         def so_far(tokens: int) -> UsageInfo | None:
             return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
@@ -350,6 +357,18 @@ class _Server:
                 logprobs = (responses.chat_logprobs(delta.logprobs or [], req.top_logprobs or 0, self._decode_token)
                             if req.logprobs else None)
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
+                if parsed is not None:
+                    step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
+                    if not step and delta.finish_reason is None:
+                        continue  # the parsers hold this text back (vLLM sends no chunk)
+                    yield _sse(responses.chat_chunk(
+                        head, i, step.content if step.content or step.reasoning or step.tool_calls else text,
+                        logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
+                                                                               parsed[i].calls_made),
+                        stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                        usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
+                        tool_calls=[_delta_call(n, c) for n, c in step.tool_calls]))
+                    continue
                 yield _sse(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                                                 stop_reason=delta.stop_reason, fingerprint=not with_usage,
                                                 usage_info=so_far(len(choices[i].token_ids))))
@@ -391,6 +410,29 @@ class _Server:
 
     def _decode_token(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
+
+
+def _parsed_choice(parsing: RequestParsing, index: int, choice: ChoiceOutput,
+                   logprobs: responses.ChatCompletionLogProbs | None) -> responses.ChatCompletionResponseChoice:
+    """A whole answer's choice, read by the server's parsers when it has any."""
+    if not parsing.active:
+        return responses.chat_choice(index, choice.text, logprobs, choice.finish_reason, choice.stop_reason)
+    message = parsing.whole(choice.text)
+    calls = [responses.ToolCall(id=c.id, type=c.type, function=responses.FunctionCall(c.name, c.arguments))
+             for c in message.tool_calls]
+    return responses.chat_choice(index, message.content, logprobs,
+                                 parsing.finish_reason(choice.finish_reason, bool(calls)), choice.stop_reason,
+                                 reasoning=message.reasoning, tool_calls=calls)
+
+
+def _parsed_step(stream: ChoiceStream, text: str, finished: bool) -> ParsedDelta:
+    step = stream.feed(text)
+    return step.then(stream.finish()) if finished else step
+
+
+def _delta_call(index: int, call: ToolCall) -> responses.DeltaToolCall:
+    return responses.DeltaToolCall(id=call.id, type=call.type, index=index,
+                                   function=responses.FunctionCall(call.name, call.arguments))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -10,9 +10,10 @@ does not fit raises :class:`~mmfront.errors.RequestBodyError` naming ``body.<fie
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from mmfront.errors import RequestBodyError, ValidationError
 from mmfront.wire import RequestOutputKind, SamplingParams
@@ -21,6 +22,32 @@ from mmfront.wire import RequestOutputKind, SamplingParams
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
+
+
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | UnsetType | None = UNSET
+    defer_loading: bool | UnsetType | None = UNSET
+
+
+class ChatCompletionToolsParam(msgspec.Struct, kw_only=True):
+    """A tool as the chat template gets it (vLLM's ``model_dump``: ``strict`` and ``defer_loading``
+    only when sent)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+    defer_loading: bool | UnsetType | None = UNSET
+
+
+class ChatCompletionNamedFunction(msgspec.Struct):
+    name: Any = None
+
+
+class ChatCompletionNamedToolChoiceParam(msgspec.Struct, kw_only=True):
+    function: Any = None
+    type: Literal["function"] = "function"
 
 
 class _SamplingFields(msgspec.Struct, kw_only=True):
@@ -64,6 +91,11 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # tools and reasoning (serve/tool_parsers, serve/reasoning)
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: str | ChatCompletionNamedToolChoiceParam | UnsetType | None = UNSET
+    parallel_tool_calls: bool | None = True
+    include_reasoning: bool = True
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -104,6 +136,8 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
         raise RequestBodyError(message, parameter=param) from e
     except msgspec.DecodeError as e:
         raise RequestBodyError(f"JSON decode error: {e}", parameter=BODY_PARAM) from e
+    if isinstance(request, ChatCompletionRequest):
+        _check_tool_usage(request)
     if request.stream_options is not None and not request.stream:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
     if isinstance(request, CompletionRequest):
@@ -115,6 +149,57 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
             raise ValidationError("when using `top_logprobs`, `logprobs` must be set to true.",
                                   parameter="top_logprobs")
     return request
+
+
+_NAMED_TOOL = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+def _check_tool_usage(request: ChatCompletionRequest) -> None:
+    """vLLM's ``check_tool_usage``: ``tool_choice`` defaults to ``"auto"`` with tools, else
+    ``"none"``; a choice needs tools, and a named one one of them."""
+    if request.tools is not None and not request.tools:
+        raise ValidationError("`tools` must not be an empty array. Either provide at least one tool or omit the "
+                              "field entirely.", parameter="tools")
+    if request.tool_choice is UNSET:
+        request.tool_choice = "auto" if request.tools else "none"
+        return
+    choice = request.tool_choice
+    if choice is None or choice == "none":
+        return
+    if request.tools is None:
+        raise ValidationError("When using `tool_choice`, `tools` must be set.", parameter="tool_choice")
+    if isinstance(choice, str):
+        if choice not in ("auto", "required"):
+            raise ValidationError(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                                  '"required" are supported.', parameter="tool_choice")
+        return
+    function = choice.function
+    if not isinstance(function, dict):
+        raise ValidationError(f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_TOOL}",
+                              parameter="tool_choice.function")
+    if "name" not in function:
+        raise ValidationError(f"Expected field `name` in `function` in `tool_choice`! {_NAMED_TOOL}",
+                              parameter="tool_choice.function.name")
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise ValidationError(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_NAMED_TOOL}",
+                              parameter="tool_choice.function.name")
+    if not any(tool.function.name == name for tool in request.tools):
+        raise ValidationError("The tool specified in `tool_choice` does not match any of the specified `tools`",
+                              parameter="tool_choice")
+
+
+def named_tool(request: ChatCompletionRequest) -> str | None:
+    """The function a named ``tool_choice`` forces, if it names one."""
+    choice = request.tool_choice
+    return choice.function["name"] if isinstance(choice, ChatCompletionNamedToolChoiceParam) else None
+
+
+def template_tools(request: ChatCompletionRequest, exclude_when_none: bool) -> list[dict[str, Any]] | None:
+    """The tools as the chat template gets them (``--exclude-tools-when-tool-choice-none``)."""
+    if request.tools is None or (request.tool_choice == "none" and exclude_when_none):
+        return None
+    return [msgspec.to_builtins(tool) for tool in request.tools]
 
 
 def _check_completion(request: CompletionRequest) -> None:
@@ -222,7 +307,9 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 __all__ = [
     "BODY_PARAM",
+    "ChatCompletionNamedToolChoiceParam",
     "ChatCompletionRequest",
+    "ChatCompletionToolsParam",
     "CompletionRequest",
     "StreamOptions",
     "check_logprobs",
@@ -230,6 +317,8 @@ __all__ = [
     "continuous_usage",
     "decode_request",
     "include_usage",
+    "named_tool",
     "prompts",
     "sampling_params",
+    "template_tools",
 ]

@@ -138,14 +138,35 @@ def completion_logprobs(entries: Sequence[TokenLogprob], top_logprobs: int, deco
 # --- whole responses ----------------------------------------------------------------------------
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True):
+    """A stream's tool call: mmfront sends each call whole, in one delta."""
+
+    id: str
+    type: str = "function"
+    index: int
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
     annotations: None = None
     audio: None = None
     function_call: None = None
-    reasoning: None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    reasoning: str | None = None
 
 
 class ChatCompletionResponseChoice(msgspec.Struct, kw_only=True):
@@ -197,9 +218,12 @@ class CompletionResponse(OpenAIBody, kw_only=True):
     metrics: None = None
 
 
-def chat_choice(index: int, text: str, logprobs: ChatCompletionLogProbs | None, finish_reason: str | None,
-                stop_reason: int | str | None) -> ChatCompletionResponseChoice:
-    return ChatCompletionResponseChoice(index=index, message=ChatMessage(content=text), logprobs=logprobs,
+def chat_choice(index: int, text: str | None, logprobs: ChatCompletionLogProbs | None, finish_reason: str | None,
+                stop_reason: int | str | None, *, reasoning: str | None = None,
+                tool_calls: Sequence[ToolCall] = ()) -> ChatCompletionResponseChoice:
+    """A whole answer's choice; ``reasoning`` and ``tool_calls`` as the server's parsers read them."""
+    message = ChatMessage(content=text, reasoning=reasoning, tool_calls=list(tool_calls) if tool_calls else UNSET)
+    return ChatCompletionResponseChoice(index=index, message=message, logprobs=logprobs,
                                         finish_reason=finish_reason, stop_reason=stop_reason)
 
 
@@ -227,6 +251,8 @@ def completion_response(head: ResponseHead, choices: list[CompletionResponseChoi
 class DeltaMessage(msgspec.Struct, kw_only=True):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
+    tool_calls: list[DeltaToolCall] | UnsetType = UNSET
 
 
 class ChatCompletionResponseStreamChoice(msgspec.Struct, kw_only=True):
@@ -293,13 +319,19 @@ def chat_role_chunk(head: ResponseHead, index: int, usage_info: UsageInfo | None
 
 def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: ChatCompletionLogProbs | None,
                finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
-               usage_info: UsageInfo | None = None) -> ChatCompletionStreamResponse:
+               usage_info: UsageInfo | None = None, reasoning: str | None = None,
+               tool_calls: Sequence[DeltaToolCall] = ()) -> ChatCompletionStreamResponse:
     """A content chunk; the finishing one carries ``finish_reason`` and ``stop_reason`` (and, with
     ``fingerprint``, when no usage chunk follows, the fingerprint). ``text`` None: a choice that
-    ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``)."""
+    ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``).
+    ``reasoning`` and ``tool_calls``: what the server's parsers read in this delta."""
+    delta = DeltaMessage() if text is None else DeltaMessage(content=text)
+    if reasoning is not None:
+        delta.reasoning = reasoning
+    if tool_calls:
+        delta.tool_calls = list(tool_calls)
     choice = ChatCompletionResponseStreamChoice(
-        index=index, delta=DeltaMessage() if text is None else DeltaMessage(content=text), logprobs=logprobs,
-        finish_reason=finish_reason, token_ids=None)
+        index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason, token_ids=None)
     if finish_reason is not None:
         choice.stop_reason, choice.weight_versions = stop_reason, None
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
@@ -401,12 +433,15 @@ __all__ = [
     "CompletionResponseStreamChoice",
     "CompletionStreamResponse",
     "DeltaMessage",
+    "DeltaToolCall",
+    "FunctionCall",
     "HTTPErrorResponse",
     "ModelCard",
     "ModelList",
     "ModelPermission",
     "OpenAIBody",
     "ResponseHead",
+    "ToolCall",
     "UnauthorizedResponse",
     "UsageInfo",
     "VersionResponse",

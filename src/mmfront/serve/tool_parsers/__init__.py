@@ -44,5 +44,13 @@ def make_tool_parser(name: str, tools: Sequence[Mapping[str, Any]] | None,
     return cls(tools)
 
 
-__all__ = ["TOOL_PARSERS", "ExtractedToolCalls", "StreamDelta", "ToolCall", "ToolCallStream", "ToolParser",
-           "make_tool_parser", "make_tool_call_id"]
+__all__ = [
+    "TOOL_PARSERS",
+    "ExtractedToolCalls",
+    "StreamDelta",
+    "ToolCall",
+    "ToolCallStream",
+    "ToolParser",
+    "make_tool_call_id",
+    "make_tool_parser",
+]

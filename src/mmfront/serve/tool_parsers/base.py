@@ -17,13 +17,18 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
+def make_tool_call_id() -> str:
+    """vLLM's id for a call: ``chatcmpl-tool-`` and 32 hex digits."""
+    return f"chatcmpl-tool-{secrets.token_hex(16)}"
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One call: the function's name and its arguments as a JSON string (OpenAI's shape)."""
 
     name: str
     arguments: str
-    id: str = field(default_factory=lambda: make_tool_call_id())
+    id: str = field(default_factory=make_tool_call_id)
     type: str = "function"
 
 
@@ -34,11 +39,6 @@ class ExtractedToolCalls:
     tools_called: bool
     tool_calls: list[ToolCall]
     content: str | None
-
-
-def make_tool_call_id() -> str:
-    """vLLM's id for a call: ``chatcmpl-tool-`` and 32 hex digits."""
-    return f"chatcmpl-tool-{secrets.token_hex(16)}"
 
 
 def no_tool_calls(text: str) -> ExtractedToolCalls:
@@ -67,6 +67,16 @@ class ToolParser:
     """Text that opens the tool section; content streams up to the first of them."""
     call_end: ClassVar[str | None] = None
     """Text that closes one call, so a stream can send each call as soon as it is complete."""
+    supports_required_and_named: ClassVar[bool] = True
+    """Whether ``tool_choice: "required"`` and named tools constrain the output to JSON (else
+    they are read in the format's own syntax, as ``auto``)."""
+    structural_tag_model: ClassVar[str | None] = None
+    """The xgrammar structural-tag format vLLM constrains this format's calls with (for
+    ``required``, named tools, ``strict`` tools and ``parallel_tool_calls: false``); mmfront sends
+    no structural tags yet, and refuses those requests."""
+    engine_based: ClassVar[bool] = False
+    """vLLM reads this format with its grammar engine, which also answers ``tool_choice: "none"``
+    with the content its reading leaves."""
     keeps_special_tokens: ClassVar[bool] = False
     """Whether the request's output keeps special tokens (the markers are special in the
     family's tokenizers; vLLM's parser sets ``skip_special_tokens`` false then)."""

@@ -25,6 +25,8 @@ def mistral_tool_call_id() -> str:
 class MistralToolParser(ToolParser):
     name = "mistral"
     start_markers = (TOOL_CALLS,)
+    engine_based = True
+    supports_required_and_named = False
     keeps_special_tokens = True
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None,
