@@ -198,7 +198,7 @@ class _Server:
         head = self._head(response_id)
         headers = _id_header(request)
         if req.stream:
-            chunks = self._chat_chunks(gen, choices, head, req, prompt_tokens, parsing=parsing)
+            chunks = self._chat_chunks(gen, choices, head, req, inputs["prompt_token_ids"], parsing=parsing)
             return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
@@ -342,10 +342,11 @@ class _Server:
             pass
 
     async def _chat_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
-                           req: ChatCompletionRequest, prompt_tokens: int, *, parsing: RequestParsing,
+                           req: ChatCompletionRequest, prompt_ids: list[int], *, parsing: RequestParsing,
                            ) -> AsyncIterator[bytes]:
+        prompt_tokens = len(prompt_ids)
         with_usage, running = protocol.include_usage(req), protocol.continuous_usage(req)
-        parsed = [parsing.stream() for _ in choices] if parsing.active else None
+        parsed = [parsing.stream(prompt_ids) for _ in choices] if parsing.active else None
 
         def so_far(tokens: int) -> UsageInfo | None:
             return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None

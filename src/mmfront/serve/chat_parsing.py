@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -94,6 +94,11 @@ class ChatParsing:
         self.exclude_tools_when_none = settings.exclude_tools_when_tool_choice_none
         self.tokenizer = tokenizer
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a marker that is one token in the model's vocabulary."""
+        found = self.tokenizer.convert_tokens_to_ids(token)
+        return found if isinstance(found, int) and found != self.tokenizer.unk_token_id else None
+
     @cached_property
     def vocab(self) -> Mapping[str, int]:
         """The tokenizer's vocabulary, which tells Mistral's two call formats apart."""
@@ -127,6 +132,7 @@ class RequestParsing:
     """One request's reading of its choices."""
 
     def __init__(self, server: ChatParsing, request: ChatCompletionRequest) -> None:
+        self.server = server
         self.request = request
         tools = [msgspec.to_builtins(t) for t in request.tools or []]
         self.tools: ToolParser | None = None
@@ -249,8 +255,21 @@ class RequestParsing:
 
     # --- streams --------------------------------------------------------------------------------
 
-    def stream(self) -> ChoiceStream:
-        return ChoiceStream(self)
+    def stream(self, prompt_token_ids: Sequence[int]) -> ChoiceStream:
+        return ChoiceStream(self, self._reasoning_ended(prompt_token_ids))
+
+    def _reasoning_ended(self, prompt_token_ids: Sequence[int]) -> bool:
+        """vLLM's stream reads no reasoning when the prompt's last marker closed it (a template
+        that wrote ``<think></think>`` for thinking turned off)."""
+        if self.reasoning_cls is None:
+            return True
+        start, end = self.server.token_id(self.reasoning_cls.start), self.server.token_id(self.reasoning_cls.end)
+        for token in reversed(prompt_token_ids):
+            if token == start:
+                return False
+            if token == end:
+                return True
+        return False
 
 
 def _required_calls(text: str) -> list[ToolCall]:
@@ -270,9 +289,9 @@ class ChoiceStream:
     """One choice's stream: reasoning first, then the content through the tool parser. The
     constrained JSON of ``required`` and named tools is read when the choice ends."""
 
-    def __init__(self, parsing: RequestParsing) -> None:
+    def __init__(self, parsing: RequestParsing, reasoning_ended: bool) -> None:
         self.parsing = parsing
-        parser = parsing.reasoning_parser()
+        parser = None if reasoning_ended else parsing.reasoning_parser()
         self.reasoning = ReasoningStream(parser) if parser is not None else None
         reads_calls = parsing.tools is not None and parsing.auto and parsing.keeps_calls
         self.tools = ToolCallStream(parsing.tools) if reads_calls and parsing.tools is not None else None
