@@ -220,3 +220,9 @@ def test_a_request_without_parsers_is_left_as_it_is() -> None:
     assert not p.active and p.whole("<think>x</think>").content == "<think>x</think>"
     plain = protocol.sampling_params(request(), None)
     assert msgspec.structs.asdict(p.adjust(plain)) == msgspec.structs.asdict(plain)
+
+
+def test_reasoning_tokens_are_counted_between_the_markers() -> None:
+    assert parsing(R1).reasoning_tokens([10, 5, 6, 11, 7]) == 2
+    assert parsing(R1).reasoning_tokens([5, 11, 7]) == 0  # vLLM counts from a start marker only
+    assert parsing().reasoning_tokens([10, 5, 11]) is None

@@ -95,6 +95,10 @@ def chat(script: str, **fields: Any) -> dict[str, Any]:
             "tools": TOOLS, "stop_token_ids": EOS, **fields}
 
 
+def pair_sides(pair: Pair) -> tuple[Side, Side]:
+    return pair.vllm, pair.mmfront
+
+
 def masked(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if calls:
@@ -134,7 +138,10 @@ def test_the_template_gets_the_tools_and_the_history_as_vllms(pair: Pair) -> Non
 @pytest.mark.parametrize("script", [f"</think>Let me check.{CALL}", f"<think>Paris, then.</think>{CALL}{CALL}",
                                     "</think>No call needed.", "</think>" + CALL.replace("}}<", "}<")])
 def test_auto_tool_choice_reads_calls_as_vllm(pair: Pair, script: str) -> None:
-    vllm, mmfront = choice(pair, chat(script))
+    body = chat(script)
+    vllm_body, mmfront_body = (ask(side, "POST", "/v1/chat/completions", body).json() for side in pair_sides(pair))
+    assert mmfront_body["usage"] == vllm_body["usage"]  # reasoning_tokens counted as vLLM counts them
+    vllm, mmfront = choice(pair, body)
     assert masked(mmfront["message"]) == masked(vllm["message"])
     assert mmfront["finish_reason"] == vllm["finish_reason"]
 

@@ -209,6 +209,7 @@ class _Server:
             parsing, i, c, responses.chat_logprobs(c.logprobs, top, self._decode_token) if req.logprobs else None)
             for i, c in enumerate(choices)]
         usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
+        _add_reasoning_tokens(usage, parsing, choices)
         return json_response(responses.chat_response(head, body_choices, usage), headers=headers)
 
     async def _completions(self, request: Request, body: bytes) -> Response:
@@ -375,6 +376,7 @@ class _Server:
                                                 usage_info=so_far(len(choices[i].token_ids))))
             if with_usage:
                 usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
+                _add_reasoning_tokens(usage, parsing, choices)
                 yield _sse(responses.chat_usage_chunk(head, usage))
         except Exception as e:
             yield _sse(error_body(e))
@@ -424,6 +426,13 @@ def _parsed_choice(parsing: RequestParsing, index: int, choice: ChoiceOutput,
     return responses.chat_choice(index, message.content, logprobs,
                                  parsing.finish_reason(choice.finish_reason, bool(calls)), choice.stop_reason,
                                  reasoning=message.reasoning, tool_calls=calls)
+
+
+def _add_reasoning_tokens(usage: UsageInfo, parsing: RequestParsing, choices: list[ChoiceOutput]) -> None:
+    counts = [parsing.reasoning_tokens(c.token_ids) for c in choices]
+    if counts and all(n is not None for n in counts):
+        usage.completion_tokens_details = responses.CompletionTokenUsageInfo(
+            reasoning_tokens=sum(n or 0 for n in counts))
 
 
 def _parsed_step(stream: ChoiceStream, text: str, finished: bool) -> ParsedDelta:

@@ -156,6 +156,22 @@ class RequestParsing:
         """Whether answers are read at all (else the text is the content, as it is)."""
         return self.tools is not None or self.reasoning_cls is not None
 
+    def reasoning_tokens(self, token_ids: Sequence[int]) -> int | None:
+        """How many of ``token_ids`` lie between reasoning markers (vLLM's count, reported as
+        ``completion_tokens_details.reasoning_tokens`` whenever a reasoning parser runs)."""
+        if self.reasoning_cls is None:
+            return None
+        start, end = self.server.token_id(self.reasoning_cls.start), self.server.token_id(self.reasoning_cls.end)
+        count = depth = 0
+        for token in token_ids:
+            if token == start:
+                depth += 1
+            elif token == end:
+                depth = max(depth - 1, 0)
+            elif depth:
+                count += 1
+        return count
+
     def reasoning_parser(self) -> ReasoningParser | None:
         return self.reasoning_cls(self.reasoning_kwargs) if self.reasoning_cls is not None else None
 

@@ -55,6 +55,12 @@ class OpenAIBody(msgspec.Struct, kw_only=True):
 # --- usage and logprobs -------------------------------------------------------------------------
 
 
+class CompletionTokenUsageInfo(msgspec.Struct, kw_only=True):
+    """With a reasoning parser: how many generated tokens were reasoning."""
+
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(msgspec.Struct, kw_only=True):
     """vLLM's ``UsageInfo``: a whole response writes both ``*_details`` as ``null``, a chat chunk's
     running usage only ``completion_tokens_details``, other chunks neither."""
@@ -63,7 +69,7 @@ class UsageInfo(msgspec.Struct, kw_only=True):
     total_tokens: int
     completion_tokens: int
     prompt_tokens_details: UnsetType | None = UNSET
-    completion_tokens_details: UnsetType | None = UNSET
+    completion_tokens_details: CompletionTokenUsageInfo | UnsetType | None = UNSET
 
 
 def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True, completion_details: bool = False,
@@ -432,6 +438,7 @@ __all__ = [
     "CompletionResponseChoice",
     "CompletionResponseStreamChoice",
     "CompletionStreamResponse",
+    "CompletionTokenUsageInfo",
     "DeltaMessage",
     "DeltaToolCall",
     "FunctionCall",

@@ -127,6 +127,7 @@ class ToolCallStream:
         self.text = ""
         self.sent_content = 0
         self.sent_calls = 0
+        self.read_upto = 0
 
     @property
     def tools_called(self) -> bool:
@@ -140,10 +141,11 @@ class ToolCallStream:
             out.content = self.text[self.sent_content:end]
             self.sent_content = end
         marker = self.parser.call_end
-        if marker is not None and end < len(self.text) and delta:
-            closed = self.text.rfind(marker)
-            if closed >= end:
-                self._add_calls(self.parser.extract(self.text[:closed + len(marker)]), out)
+        if marker is not None and end < len(self.text) and marker in self.text[-len(delta) - len(marker):]:
+            closed = self.text.rfind(marker) + len(marker)  # a call closed in this delta: read the calls so far
+            if closed > self.read_upto:
+                self.read_upto = closed
+                self._add_calls(self.parser.extract(self.text[:closed]), out)
         return out
 
     def finish(self) -> StreamDelta:
