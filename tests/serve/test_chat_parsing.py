@@ -226,3 +226,16 @@ def test_reasoning_tokens_are_counted_between_the_markers() -> None:
     assert parsing(R1).reasoning_tokens([10, 5, 6, 11, 7]) == 2
     assert parsing(R1).reasoning_tokens([5, 11, 7]) == 0  # vLLM counts from a start marker only
     assert parsing().reasoning_tokens([10, 5, 11]) is None
+
+
+def test_reasoning_effort_reaches_the_template_and_the_parser_as_vllms() -> None:
+    assert protocol.template_kwargs(request(reasoning_effort="high")) == {"reasoning_effort": "high",
+                                                                           "enable_thinking": True}
+    assert protocol.template_kwargs(request(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True,
+                                                                                           "x": 1})) == {
+        "enable_thinking": True, "x": 1, "reasoning_effort": "none"}
+    assert protocol.template_kwargs(request(chat_template_kwargs={"x": 1})) == {"x": 1}
+    off = parsing(("reasoning_parser", "qwen3"), reasoning_effort="none")
+    assert off.whole("plain answer").content == "plain answer"
+    with pytest.raises(ValidationError):
+        request(reasoning_effort="extreme")

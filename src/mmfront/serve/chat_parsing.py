@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from mmfront.errors import ConfigError, ValidationError
-from mmfront.serve.protocol import ChatCompletionRequest, named_tool
+from mmfront.serve.protocol import ChatCompletionRequest, named_tool, template_kwargs
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCall, ToolCallStream, ToolParser, make_tool_parser
@@ -139,7 +139,7 @@ class RequestParsing:
         if server.tool_parser is not None:
             vocab = server.vocab if TOOL_PARSERS[server.tool_parser] is MistralToolParser else None
             self.tools = make_tool_parser(server.tool_parser, tools, vocab)
-        kwargs = request.chat_template_kwargs
+        kwargs = template_kwargs(request)
         self.reasoning_cls = REASONING_PARSERS[server.reasoning_parser] if server.reasoning_parser else None
         self.reasoning_kwargs = kwargs
         self.named = named_tool(request)

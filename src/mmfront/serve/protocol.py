@@ -96,6 +96,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     tool_choice: str | ChatCompletionNamedToolChoiceParam | UnsetType | None = UNSET
     parallel_tool_calls: bool | None = True
     include_reasoning: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -193,6 +194,20 @@ def named_tool(request: ChatCompletionRequest) -> str | None:
     """The function a named ``tool_choice`` forces, if it names one."""
     choice = request.tool_choice
     return choice.function["name"] if isinstance(choice, ChatCompletionNamedToolChoiceParam) else None
+
+
+def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The chat template's variables (and the reasoning parser's view of them): the request's
+    ``chat_template_kwargs``, with ``reasoning_effort`` and, unless the request set it,
+    ``enable_thinking`` (off for effort ``"none"``), as vLLM's ``build_chat_params`` adds them."""
+    given = request.chat_template_kwargs
+    effort = request.reasoning_effort
+    if effort is None:
+        return given
+    merged = {**(given or {}), "reasoning_effort": effort}
+    if "enable_thinking" not in (given or {}):
+        merged["enable_thinking"] = effort != "none"
+    return merged
 
 
 def template_tools(request: ChatCompletionRequest, exclude_when_none: bool) -> list[dict[str, Any]] | None:
@@ -320,5 +335,6 @@ __all__ = [
     "named_tool",
     "prompts",
     "sampling_params",
+    "template_kwargs",
     "template_tools",
 ]
