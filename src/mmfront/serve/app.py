@@ -361,10 +361,10 @@ class _Server:
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
                 if parsed is not None:
                     step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
-                    if not step and delta.finish_reason is None:
+                    if not step and delta.finish_reason is None and logprobs is None:
                         continue  # the parsers hold this text back (vLLM sends no chunk)
                     yield _sse(responses.chat_chunk(
-                        head, i, step.content if step.content or step.reasoning or step.tool_calls else text,
+                        head, i, step.content or None,
                         logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
                                                                                parsed[i].calls_made),
                         stop_reason=delta.stop_reason, fingerprint=not with_usage,
