@@ -13,6 +13,7 @@ check, and with an item present it would take that item's slot.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -140,6 +141,9 @@ def parse_chat_messages(
         elif content is not None:
             raise ChatFormatError(f"messages[{n}].content must be a string or a list of content parts.",
                                   parameter="messages")
+        else:  # vLLM renders no content as none of it
+            rendered["content"] = [] if template.format.content == "openai" else ""
+        _tool_fields(rendered, message)
         conversation.append(rendered)
 
     prompt = render_chat(processor, template, conversation, add_generation_prompt=add_generation_prompt,
@@ -147,6 +151,44 @@ def parse_chat_messages(
                          chat_template_kwargs=chat_template_kwargs)
     _check_rendered(prompt, tracker.expected)
     return ChatRequestInputs(prompt=prompt, mm_data=tracker.load_all(), mm_uuids=tracker.uuids)
+
+
+def _tool_fields(rendered: dict[str, Any], message: Mapping[str, Any]) -> None:
+    """The tool parts of a message as vLLM hands them to the template: an assistant's
+    ``tool_calls`` with their ``arguments`` as objects (JSON that does not decode to one becomes
+    ``{}``) and its ``reasoning`` under both its names; a tool result's text parts as one
+    string."""
+    role = message.get("role")
+    if role == "assistant":
+        reasoning = message.get("reasoning", message.get("reasoning_content"))
+        rendered.pop("reasoning_content", None)
+        if reasoning is not None:
+            rendered["reasoning"] = rendered["reasoning_content"] = reasoning
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and not calls:
+            rendered.pop("tool_calls")
+        elif isinstance(calls, list):
+            rendered["tool_calls"] = [_tool_call(call) for call in calls]
+    elif role == "tool" and isinstance(rendered.get("content"), list):
+        parts = rendered["content"]
+        if all(isinstance(p, Mapping) and p.get("type") == "text" for p in parts):
+            rendered["content"] = "\n".join(str(p.get("text", "")) for p in parts)
+
+
+def _tool_call(call: Any) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(call, Mapping):
+        raise ChatFormatError("assistant tool_calls entries must be objects.", parameter="tool_calls")
+    if call.get("type", "function") != "function" or not isinstance(function, Mapping):
+        raise ChatFormatError("chat completions only support assistant tool_calls of type 'function'.",
+                              parameter="tool_calls")
+    arguments = function.get("arguments")
+    if arguments and not isinstance(arguments, dict):
+        try:
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            arguments = None
+    return {**call, "function": {**function, "arguments": arguments if isinstance(arguments, dict) else {}}}
 
 
 def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[str, Any]] | str:

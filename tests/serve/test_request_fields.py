@@ -53,13 +53,6 @@ VLLM_FIELDS: dict[str, tuple[str, ...]] = {
 }
 """The fields of vLLM 0.33's request models, in their order (``model_fields``)."""
 
-PENDING_OTHER_BRANCHES = frozenset({
-    # the `tools` branch
-    "tools", "tool_choice", "reasoning_effort", "include_reasoning", "parallel_tool_calls",
-})
-"""Fields other issue-33 branches implement, refused with a 400 until they land: the lead shrinks
-this set at the merge."""
-
 REFUSED = frozenset({
     "use_beam_search", "truncate_prompt_tokens", "truncation_side", "session_id", "return_weight_versions",
     "stream_interval", "add_special_tokens", "documents", "return_prompt_text", "prompt_embeds", "suffix",
@@ -182,7 +175,7 @@ def test_every_field_has_a_sample_and_an_outcome() -> None:
     for names in VLLM_FIELDS.values():
         for name in names:
             assert name in SAMPLES or name in EXTRA, name
-    assert not (REFUSED & PENDING_OTHER_BRANCHES) and not (set(IGNORED_AS_VLLM_DOES) & (REFUSED | PENDING_OTHER_BRANCHES))
+    assert not set(IGNORED_AS_VLLM_DOES) & REFUSED
 
 
 @pytest.mark.slow
@@ -200,7 +193,7 @@ def test_a_field_is_honoured_or_refused_never_dropped(served: Served, endpoint: 
         sent[name] = SAMPLES[name]
     reference = {k: v for k, v in {**base, **company}.items() if k != name}
     got = send(served, path, sent)
-    if name in REFUSED or name in PENDING_OTHER_BRANCHES:
+    if name in REFUSED:
         assert got.status == 400, got.body
         error = got.body["error"]
         assert error["param"] == name or name in error["message"], error

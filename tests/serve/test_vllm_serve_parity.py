@@ -123,23 +123,26 @@ class Side:
 
 
 def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path, *,
-               engine_args: Sequence[str] = (), server_args: Sequence[str] = ()) -> Side:
+               model: Path | None = None, engine_args: Sequence[str] = (), engine_path: Sequence[Path] = (),
+               server_args: Sequence[str] = ()) -> Side:
     """A stock engine (headless, tcp handshake) and ``server`` (an argv prefix taking the shared
     serve flags) pointed at each other through a free rpc port; ``engine_args`` go to the engine
-    (a ``--distributed-executor-backend`` there wins over the stub's), ``server_args`` to the
-    server after the shared flags."""
+    (a ``--distributed-executor-backend`` there wins over the stub's), ``engine_path`` on its
+    ``PYTHONPATH``, ``server_args`` to the server after the shared flags."""
     assert PEER is not None and MODEL is not None
+    model = model or MODEL
     rpc, port = get_open_ports_list(2)
     side = Side(name, f"http://127.0.0.1:{port}", {"engine": folder / f"{name}.engine.log",
                                                     "server": folder / f"{name}.server.log"})
     vllm_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     vllm_env.update(VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS="1")
+    engine_env = {**vllm_env, "PYTHONPATH": os.pathsep.join(map(str, engine_path))} if engine_path else vllm_env
     with side.logs["engine"].open("wb") as log:
         side.processes["engine"] = subprocess.Popen(
-            [str(PEER), str(PEER_DIR / "stock_engine.py"), str(MODEL), f"tcp://127.0.0.1:{rpc}",
+            [str(PEER), str(PEER_DIR / "stock_engine.py"), str(model), f"tcp://127.0.0.1:{rpc}",
              "--", "--mm-processor-cache-gb", "4", *engine_args],
-            cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=vllm_env, start_new_session=True)
-    argv = [*server, "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
+            cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=engine_env, start_new_session=True)
+    argv = [*server, "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
             "--data-parallel-size", "1", "--data-parallel-size-local", "0", "--data-parallel-address", "127.0.0.1",
             "--data-parallel-rpc-port", str(rpc), *SERVER_FLAGS, *server_args]
     try:

@@ -42,6 +42,7 @@ from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
 from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import openapi, protocol, responses, tokenize
+from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
@@ -50,6 +51,7 @@ from mmfront.serve.request_log import RequestLogger
 from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
+from mmfront.serve.tool_parsers import ToolCall
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput
 
@@ -126,6 +128,7 @@ class _Server:
         self.metrics = ServerMetrics(self.model_name, self.preprocessor, client)
         self.request_log = RequestLogger(settings.max_log_len) if settings.enable_log_requests else None
         self.load_tracker = LoadCount()
+        self.parsing = ChatParsing(settings, self.tokenizer)
 
     @property
     def max_model_len(self) -> int | None:
@@ -251,14 +254,16 @@ class _Server:
         self._check_model(req.model)
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
+        parsing = self.parsing.for_request(req)
         options = RequestOptions(
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
-            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(req.chat_template_kwargs),
-            add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message)
+            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(protocol.template_kwargs(req)),
+            add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
+            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none))
         inputs = await self._prepare(req.messages, options, response_id)
-        params = protocol.sampling_params(
+        params = parsing.adjust(protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
-                                  "max_completion_tokens" if req.max_completion_tokens else "max_tokens"))
+                                  "max_completion_tokens" if req.max_completion_tokens else "max_tokens")))
         protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
         protocol.verify_params(params, self.vocabulary)
         gen, choices = await self._start(response_id, [(inputs, options)], params)
@@ -268,19 +273,21 @@ class _Server:
         role = self._role(req)
         echo = _echoed_message(req, role) if req.echo else ""
         if req.stream:
-            chunks = self._chat_chunks(gen, choices, head, req, prompt_ids=prompt_ids, role=role, echo=echo)
+            chunks = self._chat_chunks(gen, choices, head, req, prompt_ids=prompt_ids, role=role, echo=echo,
+                                       parsing=parsing)
             return _event_stream(chunks, gen, headers)
         try:
             await self._drain(gen, choices)
         finally:
             await gen.close()
         fmt = self._logprob_format(req)
-        body_choices = [responses.chat_choice(
-            i, echo + c.text,
+        body_choices = [_parsed_choice(
+            parsing, i, c,
             responses.chat_logprobs(c.token_ids, c.logprobs, _top_logprobs(req), fmt) if req.logprobs else None,
-            c.finish_reason, c.stop_reason, role=role, token_ids=list(c.token_ids) if req.return_token_ids else None)
+            echo=echo, role=role, token_ids=list(c.token_ids) if req.return_token_ids else None)
             for i, c in enumerate(choices)]
         usage = responses.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices))
+        _add_reasoning_tokens(usage, parsing, choices)
         answer = responses.chat_response(head, body_choices, usage, prompt_logprobs=choices[0].prompt_logprobs,
                                          prompt_token_ids=prompt_ids if req.return_token_ids else None)
         return json_response(answer, headers=headers)
@@ -423,11 +430,12 @@ class _Server:
 
     async def _chat_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
                            req: ChatCompletionRequest, *, prompt_ids: list[int], role: str, echo: str,
-                           ) -> AsyncIterator[bytes]:
+                           parsing: RequestParsing) -> AsyncIterator[bytes]:
         """``echo``: the last message's content, sent first (``echo``)."""
         with_usage, running = self._usage_options(req)
         prompt_tokens = len(prompt_ids)
         fmt = self._logprob_format(req)
+        parsed = [parsing.stream(prompt_ids) for _ in choices] if parsing.active else None
 
         def so_far(tokens: int) -> UsageInfo | None:
             return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
@@ -442,12 +450,26 @@ class _Server:
                 logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], _top_logprobs(req), fmt)
                             if req.logprobs else None)
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
+                if parsed is not None:
+                    step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
+                    if not step and delta.finish_reason is None and logprobs is None:
+                        continue  # the parsers hold this text back (vLLM sends no chunk)
+                    yield _sse(responses.chat_chunk(
+                        head, i, step.content or None,
+                        logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
+                                                                               parsed[i].calls_made),
+                        stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                        usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
+                        tool_calls=[_delta_call(n, c) for n, c in step.tool_calls],
+                        token_ids=delta.token_ids if req.return_token_ids else None))
+                    continue
                 yield _sse(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                                                 stop_reason=delta.stop_reason, fingerprint=not with_usage,
                                                 usage_info=so_far(len(choices[i].token_ids)),
                                                 token_ids=delta.token_ids if req.return_token_ids else None))
             if with_usage:
                 usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
+                _add_reasoning_tokens(usage, parsing, choices)
                 yield _sse(responses.chat_usage_chunk(head, usage))
         except Exception as e:
             yield _sse(error_body(e))
@@ -588,6 +610,39 @@ def _echoed_message(req: ChatCompletionRequest, role: str) -> str:
         return "\n".join(str(part.get("text", "")) for part in content
                           if isinstance(part, dict) and part.get("type") == "text")
     return str(content)
+
+
+def _parsed_choice(parsing: RequestParsing, index: int, choice: ChoiceOutput,
+                   logprobs: responses.ChatCompletionLogProbs | None, *, echo: str, role: str,
+                   token_ids: list[int] | None) -> responses.ChatCompletionResponseChoice:
+    """A whole answer's choice after ``echo``'s text, read by the server's parsers when it has any."""
+    if not parsing.active:
+        return responses.chat_choice(index, echo + choice.text, logprobs, choice.finish_reason, choice.stop_reason,
+                                     role=role, token_ids=token_ids)
+    message = parsing.whole(choice.text)
+    calls = [responses.ToolCall(id=c.id, type=c.type, function=responses.FunctionCall(c.name, c.arguments))
+             for c in message.tool_calls]
+    content = message.content if not echo else echo + (message.content or "")
+    return responses.chat_choice(index, content, logprobs,
+                                 parsing.finish_reason(choice.finish_reason, bool(calls)), choice.stop_reason,
+                                 role=role, token_ids=token_ids, reasoning=message.reasoning, tool_calls=calls)
+
+
+def _add_reasoning_tokens(usage: UsageInfo, parsing: RequestParsing, choices: list[ChoiceOutput]) -> None:
+    counts = [parsing.reasoning_tokens(c.token_ids) for c in choices]
+    if counts and all(n is not None for n in counts):
+        usage.completion_tokens_details = responses.CompletionTokenUsageInfo(
+            reasoning_tokens=sum(n or 0 for n in counts))
+
+
+def _parsed_step(stream: ChoiceStream, text: str, finished: bool) -> ParsedDelta:
+    step = stream.feed(text)
+    return step.then(stream.finish()) if finished else step
+
+
+def _delta_call(index: int, call: ToolCall) -> responses.DeltaToolCall:
+    return responses.DeltaToolCall(id=call.id, type=call.type, index=index,
+                                   function=responses.FunctionCall(call.name, call.arguments))
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -88,6 +88,32 @@ class ResponseFormat(msgspec.Struct, kw_only=True):
         return json.dumps({"type": self.type, "structures": structures, "triggers": self.triggers})
 
 
+class FunctionDefinition(msgspec.Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | UnsetType | None = UNSET
+    defer_loading: bool | UnsetType | None = UNSET
+
+
+class ChatCompletionToolsParam(msgspec.Struct, kw_only=True):
+    """A tool as the chat template gets it (vLLM's ``model_dump``: ``strict`` and ``defer_loading``
+    only when sent)."""
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+    defer_loading: bool | UnsetType | None = UNSET
+
+
+class ChatCompletionNamedFunction(msgspec.Struct):
+    name: Any = None
+
+
+class ChatCompletionNamedToolChoiceParam(msgspec.Struct, kw_only=True):
+    function: Any = None
+    type: Literal["function"] = "function"
+
+
 class _SamplingFields(msgspec.Struct, kw_only=True):
     """The sampling fields chat and completion requests share (vLLM's defaults)."""
 
@@ -165,12 +191,12 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     add_special_tokens: bool = False
     documents: list[dict[str, str]] | None = None
     return_prompt_text: bool | None = None
-    # the tools branch implements these: refused here until it lands
-    tools: Any = None
-    tool_choice: Any = "none"
-    reasoning_effort: Any = None
-    include_reasoning: Any = True
-    parallel_tool_calls: Any = True
+    # tools and reasoning (serve/tool_parsers, serve/reasoning)
+    tools: list[ChatCompletionToolsParam] | None = None
+    tool_choice: str | ChatCompletionNamedToolChoiceParam | UnsetType | None = UNSET
+    parallel_tool_calls: bool | None = True
+    include_reasoning: bool = True
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -222,6 +248,8 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
     ``body.<field>``."""
     request = decode_body(body, _DECODERS[cls])
+    if isinstance(request, ChatCompletionRequest):
+        _check_tool_usage(request)
     if request.stream_options is not None and not request.stream and msgspec.structs.asdict(request.stream_options) != {
             "include_usage": UNSET, "continuous_usage_stats": UNSET}:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
@@ -299,11 +327,6 @@ NOT_SUPPORTED: dict[str, str] = {
     "documents": "chat template documents are not supported by mmfront serve yet",
     "return_prompt_text": "returning the prompt text is not supported by mmfront serve yet",
     "prompt_embeds": "prompt embeddings are not supported by mmfront serve",
-    "tools": "not supported by this mmfront serve yet",
-    "tool_choice": "not supported by this mmfront serve yet",
-    "reasoning_effort": "not supported by this mmfront serve yet",
-    "include_reasoning": "not supported by this mmfront serve yet",
-    "parallel_tool_calls": "not supported by this mmfront serve yet",
 }
 """The request fields mmfront takes but does not honour, with why: a value other than vLLM's
 default is refused with a 400 naming the field, never accepted and ignored."""
@@ -513,6 +536,71 @@ def _bad_words_token_ids(bad_words: list[str], vocabulary: Vocabulary) -> list[l
     return found
 
 
+_NAMED_TOOL = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+
+
+def _check_tool_usage(request: ChatCompletionRequest) -> None:
+    """vLLM's ``check_tool_usage``: ``tool_choice`` defaults to ``"auto"`` with tools, else
+    ``"none"``; a choice needs tools, and a named one one of them."""
+    if request.tools is not None and not request.tools:
+        raise ValidationError("`tools` must not be an empty array. Either provide at least one tool or omit the "
+                              "field entirely.", parameter="tools")
+    if request.tool_choice is UNSET:
+        request.tool_choice = "auto" if request.tools else "none"
+        return
+    choice = request.tool_choice
+    if choice is None or choice == "none":
+        return
+    if request.tools is None:
+        raise ValidationError("When using `tool_choice`, `tools` must be set.", parameter="tool_choice")
+    if isinstance(choice, str):
+        if choice not in ("auto", "required"):
+            raise ValidationError(f'Invalid value for `tool_choice`: {choice}! Only named tools, "none", "auto" or '
+                                  '"required" are supported.', parameter="tool_choice")
+        return
+    function = choice.function
+    if not isinstance(function, dict):
+        raise ValidationError(f"Invalid value for `function`: `{function}` in `tool_choice`! {_NAMED_TOOL}",
+                              parameter="tool_choice.function")
+    if "name" not in function:
+        raise ValidationError(f"Expected field `name` in `function` in `tool_choice`! {_NAMED_TOOL}",
+                              parameter="tool_choice.function.name")
+    name = function["name"]
+    if not isinstance(name, str) or not name:
+        raise ValidationError(f"Invalid `name` in `function`: `{name}` in `tool_choice`! {_NAMED_TOOL}",
+                              parameter="tool_choice.function.name")
+    if not any(tool.function.name == name for tool in request.tools):
+        raise ValidationError("The tool specified in `tool_choice` does not match any of the specified `tools`",
+                              parameter="tool_choice")
+
+
+def named_tool(request: ChatCompletionRequest) -> str | None:
+    """The function a named ``tool_choice`` forces, if it names one."""
+    choice = request.tool_choice
+    return choice.function["name"] if isinstance(choice, ChatCompletionNamedToolChoiceParam) else None
+
+
+def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The chat template's variables (and the reasoning parser's view of them): the request's
+    ``chat_template_kwargs``, with ``reasoning_effort`` and, unless the request set it,
+    ``enable_thinking`` (off for effort ``"none"``), as vLLM's ``build_chat_params`` adds them."""
+    given = request.chat_template_kwargs
+    effort = request.reasoning_effort
+    if effort is None:
+        return given
+    merged = {**(given or {}), "reasoning_effort": effort}
+    if "enable_thinking" not in (given or {}):
+        merged["enable_thinking"] = effort != "none"
+    return merged
+
+
+def template_tools(request: ChatCompletionRequest, exclude_when_none: bool) -> list[dict[str, Any]] | None:
+    """The tools as the chat template gets them (``--exclude-tools-when-tool-choice-none``)."""
+    if request.tools is None or (request.tool_choice == "none" and exclude_when_none):
+        return None
+    return [msgspec.to_builtins(tool) for tool in request.tools]
+
+
 def _check_completion(request: CompletionRequest) -> None:
     if request.suffix is not None:
         raise ValidationError("`suffix` is not supported by mmfront serve yet.", parameter="suffix")
@@ -666,7 +754,9 @@ __all__ = [
     "MAX_LOGPROB_TOKEN_IDS",
     "MAX_NUM_BAD_WORDS",
     "NOT_SUPPORTED",
+    "ChatCompletionNamedToolChoiceParam",
     "ChatCompletionRequest",
+    "ChatCompletionToolsParam",
     "CompletionRequest",
     "Int64",
     "JsonSchemaResponseFormat",
@@ -683,9 +773,12 @@ __all__ = [
     "echoes_prompt_only",
     "fits",
     "include_usage",
+    "named_tool",
     "prompts",
     "sampling_params",
     "structured_outputs",
+    "template_kwargs",
+    "template_tools",
     "thinking_token_budget",
     "verify_params",
 ]

@@ -56,6 +56,12 @@ class OpenAIBody(msgspec.Struct, kw_only=True):
 # --- usage and logprobs -------------------------------------------------------------------------
 
 
+class CompletionTokenUsageInfo(msgspec.Struct, kw_only=True):
+    """With a reasoning parser: how many generated tokens were reasoning."""
+
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(msgspec.Struct, kw_only=True):
     """vLLM's ``UsageInfo``: a whole response writes both ``*_details`` as ``null``, a chat chunk's
     running usage only ``completion_tokens_details``, other chunks neither."""
@@ -64,7 +70,7 @@ class UsageInfo(msgspec.Struct, kw_only=True):
     total_tokens: int
     completion_tokens: int
     prompt_tokens_details: UnsetType | None = UNSET
-    completion_tokens_details: UnsetType | None = UNSET
+    completion_tokens_details: CompletionTokenUsageInfo | UnsetType | None = UNSET
 
 
 def usage(prompt_tokens: int, completion_tokens: int, *, details: bool = True, completion_details: bool = False,
@@ -197,14 +203,35 @@ def clamp_prompt_logprobs(prompt_logprobs: PromptLogprobs | None) -> PromptLogpr
 # --- whole responses ----------------------------------------------------------------------------
 
 
+class FunctionCall(msgspec.Struct):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: str = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(msgspec.Struct, kw_only=True):
+    """A stream's tool call: mmfront sends each call whole, in one delta."""
+
+    id: str
+    type: str = "function"
+    index: int
+    function: FunctionCall
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: str = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
     annotations: None = None
     audio: None = None
     function_call: None = None
-    reasoning: None = None
+    tool_calls: list[ToolCall] | UnsetType = UNSET
+    reasoning: str | None = None
 
 
 class ChatCompletionResponseChoice(msgspec.Struct, kw_only=True):
@@ -256,11 +283,14 @@ class CompletionResponse(OpenAIBody, kw_only=True):
     metrics: None = None
 
 
-def chat_choice(index: int, text: str, logprobs: ChatCompletionLogProbs | None, finish_reason: str | None,
+def chat_choice(index: int, text: str | None, logprobs: ChatCompletionLogProbs | None, finish_reason: str | None,
                 stop_reason: int | str | None, *, role: str = "assistant", token_ids: list[int] | None = None,
-                ) -> ChatCompletionResponseChoice:
-    """``token_ids``: the choice's tokens (``return_token_ids``)."""
-    return ChatCompletionResponseChoice(index=index, message=ChatMessage(role=role, content=text), logprobs=logprobs,
+                reasoning: str | None = None, tool_calls: Sequence[ToolCall] = ()) -> ChatCompletionResponseChoice:
+    """A whole answer's choice; ``token_ids``: its tokens (``return_token_ids``); ``reasoning`` and
+    ``tool_calls`` as the server's parsers read them."""
+    message = ChatMessage(role=role, content=text, reasoning=reasoning,
+                          tool_calls=list(tool_calls) if tool_calls else UNSET)
+    return ChatCompletionResponseChoice(index=index, message=message, logprobs=logprobs,
                                         finish_reason=finish_reason, stop_reason=stop_reason, token_ids=token_ids)
 
 
@@ -295,6 +325,8 @@ def completion_response(head: ResponseHead, choices: list[CompletionResponseChoi
 class DeltaMessage(msgspec.Struct, kw_only=True):
     role: str | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    reasoning: str | UnsetType = UNSET
+    tool_calls: list[DeltaToolCall] | UnsetType = UNSET
 
 
 class ChatCompletionResponseStreamChoice(msgspec.Struct, kw_only=True):
@@ -369,14 +401,19 @@ def chat_echo_chunk(head: ResponseHead, index: int, text: str, usage_info: Usage
 
 def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: ChatCompletionLogProbs | None,
                finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
-               usage_info: UsageInfo | None = None, token_ids: list[int] | None = None,
-               ) -> ChatCompletionStreamResponse:
+               usage_info: UsageInfo | None = None, token_ids: list[int] | None = None, reasoning: str | None = None,
+               tool_calls: Sequence[DeltaToolCall] = ()) -> ChatCompletionStreamResponse:
     """A content chunk; the finishing one carries ``finish_reason`` and ``stop_reason`` (and, with
     ``fingerprint``, when no usage chunk follows, the fingerprint). ``text`` None: a choice that
-    ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``)."""
+    ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``).
+    ``reasoning`` and ``tool_calls``: what the server's parsers read in this delta."""
+    delta = DeltaMessage() if text is None else DeltaMessage(content=text)
+    if reasoning is not None:
+        delta.reasoning = reasoning
+    if tool_calls:
+        delta.tool_calls = list(tool_calls)
     choice = ChatCompletionResponseStreamChoice(
-        index=index, delta=DeltaMessage() if text is None else DeltaMessage(content=text), logprobs=logprobs,
-        finish_reason=finish_reason, token_ids=token_ids)
+        index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason, token_ids=token_ids)
     if finish_reason is not None:
         choice.stop_reason, choice.weight_versions = stop_reason, None
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
@@ -487,7 +524,10 @@ __all__ = [
     "CompletionResponseChoice",
     "CompletionResponseStreamChoice",
     "CompletionStreamResponse",
+    "CompletionTokenUsageInfo",
     "DeltaMessage",
+    "DeltaToolCall",
+    "FunctionCall",
     "HTTPErrorResponse",
     "LogprobFormat",
     "ModelCard",
@@ -496,6 +536,7 @@ __all__ = [
     "OpenAIBody",
     "ResponseHead",
     "ServerLoad",
+    "ToolCall",
     "UnauthorizedResponse",
     "UsageInfo",
     "VersionResponse",

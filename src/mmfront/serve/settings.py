@@ -61,6 +61,25 @@ class ServeSettings:
     """uvicorn's log level."""
     api_server_count: int = field(default=1, metadata=flag(aliases=("-asc",), parse=positive_int, metavar="N"))
     """API server processes sharing the port (docs/serving.md, "Several API servers")."""
+    enable_auto_tool_choice: bool = field(default=False, metadata=flag())
+    """Read tool calls out of the output for ``tool_choice: "auto"`` (needs ``--tool-call-parser``)."""
+    tool_call_parser: str | None = field(default=None, metadata=flag(metavar="NAME"))
+    """The format of the model's tool calls: ``hermes``, ``qwen3_json``, ``llama3_json``, ``llama4_json``,
+    ``mistral``, ``pythonic``, ``qwen3_coder``, ``qwen3_xml``, ``deepseek_v3``, or one a plugin registers."""
+    tool_parser_plugin: str = field(default="", metadata=flag(metavar="PATH"))
+    """A Python file run at start-up that registers tool parsers in
+    ``mmfront.serve.tool_parsers.TOOL_PARSERS`` (vLLM's plugins register in vLLM, and do not load)."""
+    exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=flag())
+    """Leave the tools out of the prompt when ``tool_choice`` is ``"none"``."""
+    reasoning_parser: str = field(default="", metadata=flag(metavar="NAME"))
+    """Split the output's reasoning into ``reasoning``: ``deepseek_r1``, ``qwen3``, or one a plugin registers."""
+    reasoning_parser_plugin: str = field(default="", metadata=flag(metavar="PATH"))
+    """A Python file run at start-up that registers reasoning parsers in
+    ``mmfront.serve.reasoning.REASONING_PARSERS``."""
+
+    def __post_init__(self) -> None:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser.")
 
     # --- the HTTP server (vLLM's FrontendArgs) ---
     uds: str | None = field(default=None, metadata=flag(metavar="PATH"))

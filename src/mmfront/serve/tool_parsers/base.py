@@ -1,0 +1,172 @@
+"""What every tool-call parser shares: the parsed call, the result of parsing a whole output,
+and the streaming driver that turns a parser of whole outputs into deltas.
+
+A parser (``--tool-call-parser NAME``) knows one model family's format and reads a finished
+output (:meth:`ToolParser.extract`). Streams reuse that reading: the text before the tool
+section streams as content, each call is sent whole once its end marker has arrived, and what is
+left is read at the end, so a stream assembles to exactly the non-streamed answer (vLLM streams a
+call's arguments in fragments; a client that concatenates them gets the same call).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+def make_tool_call_id() -> str:
+    """vLLM's id for a call: ``chatcmpl-tool-`` and 32 hex digits."""
+    return f"chatcmpl-tool-{secrets.token_hex(16)}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call: the function's name and its arguments as a JSON string (OpenAI's shape)."""
+
+    name: str
+    arguments: str
+    id: str = field(default_factory=make_tool_call_id)
+    type: str = "function"
+
+
+@dataclass(frozen=True)
+class ExtractedToolCalls:
+    """A whole output read by a parser: the calls, and the text that is the answer's content."""
+
+    tools_called: bool
+    tool_calls: list[ToolCall]
+    content: str | None
+
+
+def no_tool_calls(text: str) -> ExtractedToolCalls:
+    return ExtractedToolCalls(False, [], text)
+
+
+def json_arguments(value: Any) -> str:
+    """Arguments as vLLM serializes them (``json.dumps``, non-ASCII kept)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def partial_overlap(text: str, marker: str) -> int:
+    """How many last characters of ``text`` could be the start of ``marker``."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+class ToolParser:
+    """One format of tool calls. Subclass it for a format mmfront lacks and register it in
+    :data:`mmfront.serve.tool_parsers.TOOL_PARSERS`."""
+
+    name: ClassVar[str]
+    start_markers: ClassVar[tuple[str, ...]] = ()
+    """Text that opens the tool section; content streams up to the first of them."""
+    call_end: ClassVar[str | None] = None
+    """Text that closes one call, so a stream can send each call as soon as it is complete."""
+    supports_required_and_named: ClassVar[bool] = True
+    """Whether ``tool_choice: "required"`` and named tools constrain the output to JSON (else
+    they are read in the format's own syntax, as ``auto``)."""
+    structural_tag_model: ClassVar[str | None] = None
+    """The xgrammar structural-tag format vLLM constrains this format's calls with (for
+    ``required``, named tools, ``strict`` tools and ``parallel_tool_calls: false``); mmfront sends
+    no structural tags yet, and refuses those requests."""
+    engine_based: ClassVar[bool] = False
+    """vLLM reads this format with its grammar engine, which also answers ``tool_choice: "none"``
+    with the content its reading leaves."""
+    keeps_special_tokens: ClassVar[bool] = False
+    """Whether the request's output keeps special tokens (the markers are special in the
+    family's tokenizers; vLLM's parser sets ``skip_special_tokens`` false then)."""
+
+    def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
+        self.tools = list(tools or [])
+
+    def extract(self, text: str) -> ExtractedToolCalls:
+        raise NotImplementedError
+
+    def streamed_content(self, text: str, result: ExtractedToolCalls) -> str:
+        """All the content a stream of ``text`` sends (vLLM's streams may send more than the
+        whole answer's ``content``); what a stream holds after its tool section opened and
+        does not read as calls is never sent."""
+        return result.content or "" if result.tools_called else ""
+
+    def content_end(self, text: str) -> int:
+        """How far ``text`` is surely content, in a stream: up to the first start marker, or
+        short of a tail that may grow into one."""
+        found = [i for i in (text.find(m) for m in self.start_markers) if i != -1]
+        if found:
+            return min(found)
+        return len(text) - max((partial_overlap(text, m) for m in self.start_markers), default=0)
+
+    def function_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The ``parameters`` schema of the request's tool ``name``."""
+        for tool in self.tools:
+            function = tool.get("function") if isinstance(tool, Mapping) else None
+            if isinstance(function, Mapping) and function.get("name") == name:
+                parameters = function.get("parameters")
+                return parameters if isinstance(parameters, Mapping) else None
+        return None
+
+
+@dataclass
+class StreamDelta:
+    """What one step of a stream adds: content, and calls as ``(index, call)``."""
+
+    content: str | None = None
+    tool_calls: list[tuple[int, ToolCall]] = field(default_factory=list)
+
+
+class ToolCallStream:
+    """A parser over a stream of text deltas (see the module's docstring)."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self.parser = parser
+        self.text = ""
+        self.sent_content = 0
+        self.sent_calls = 0
+        self.read_upto = 0
+
+    @property
+    def tools_called(self) -> bool:
+        return self.sent_calls > 0
+
+    def feed(self, delta: str) -> StreamDelta:
+        self.text += delta
+        out = StreamDelta()
+        end = self.parser.content_end(self.text)
+        if end > self.sent_content:
+            out.content = self.text[self.sent_content:end]
+            self.sent_content = end
+        marker = self.parser.call_end
+        if marker is not None and end < len(self.text) and marker in self.text[-len(delta) - len(marker):]:
+            closed = self.text.rfind(marker) + len(marker)  # a call closed in this delta: read the calls so far
+            if closed > self.read_upto:
+                self.read_upto = closed
+                self._add_calls(self.parser.extract(self.text[:closed]), out)
+        return out
+
+    def finish(self) -> StreamDelta:
+        """The rest, read as a whole output once the stream has ended."""
+        out = StreamDelta()
+        if self.parser.content_end(self.text) >= len(self.text):  # no tool section: all sent as content
+            return out
+        result = self.parser.extract(self.text)
+        self._add_calls(result, out)
+        content = self.parser.streamed_content(self.text, result)
+        if content.startswith(self.text[:self.sent_content]) and len(content) > self.sent_content:
+            out.content = content[self.sent_content:]
+        self.sent_content = len(self.text)
+        return out
+
+    def _add_calls(self, result: ExtractedToolCalls, out: StreamDelta) -> None:
+        if result.tools_called and len(result.tool_calls) > self.sent_calls:
+            for index in range(self.sent_calls, len(result.tool_calls)):
+                out.tool_calls.append((index, result.tool_calls[index]))
+            self.sent_calls = len(result.tool_calls)
+
+
+__all__ = ["ExtractedToolCalls", "StreamDelta", "ToolCall", "ToolCallStream", "ToolParser", "json_arguments",
+           "make_tool_call_id", "no_tool_calls", "partial_overlap"]

@@ -1,0 +1,241 @@
+"""Tools and reasoning in chat requests, without an engine: the request fields and vLLM's 400s
+for them, the server's parsers as flags configure them, what the template gets, and the
+message a choice's text becomes, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from mmfront.errors import ConfigError, ValidationError
+from mmfront.serve import protocol
+from mmfront.serve.chat_parsing import ChatParsing, RequestParsing
+from mmfront.serve.protocol import ChatCompletionRequest
+from mmfront.serve.settings import ServeSettings
+from mmfront.serve.tool_parsers import TOOL_PARSERS
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}},
+         {"type": "function", "function": {"name": "get_time", "strict": False}}]
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+AUTO = (("enable_auto_tool_choice", True), ("tool_call_parser", "hermes"))
+PYTHONIC = (("enable_auto_tool_choice", True), ("tool_call_parser", "pythonic"))
+R1 = ("reasoning_parser", "deepseek_r1")
+
+
+class Tokenizer:
+    """What the parsing reads of a tokenizer: marker ids, and the vocabulary."""
+
+    unk_token_id = 3
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return {"<think>": 10, "</think>": 11}.get(token, 3)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"[TOOL_CALLS]": 5, "[ARGS]": 6}
+
+
+def request(**fields: Any) -> ChatCompletionRequest:
+    body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+    return protocol.decode_request(json.dumps(body).encode(), ChatCompletionRequest)
+
+
+def parsing(*flags: tuple[str, Any], **fields: Any) -> RequestParsing:
+    settings = ServeSettings(Path("m"), **dict(flags))
+    return ChatParsing(settings, Tokenizer()).for_request(request(**fields))
+
+
+def test_tool_choice_defaults_as_vllms() -> None:
+    assert request(tools=TOOLS).tool_choice == "auto"
+    assert request().tool_choice == "none"
+    assert request(tools=TOOLS, tool_choice=None).tool_choice is None
+
+
+@pytest.mark.parametrize(("fields", "param", "message"), [
+    ({"tools": []}, "tools", "`tools` must not be an empty array."),
+    ({"tool_choice": "auto"}, "tool_choice", "When using `tool_choice`, `tools` must be set."),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "Invalid value for `tool_choice`: sometimes!"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": "f"}}, "tool_choice.function",
+     "Invalid value for `function`: `f` in `tool_choice`!"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {}}}, "tool_choice.function.name",
+     "Expected field `name` in `function` in `tool_choice`!"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "The tool specified in `tool_choice` does not match any of the specified `tools`"),
+])
+def test_bad_tool_fields_answer_vllms_400(fields: dict[str, Any], param: str, message: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        request(**fields)
+    assert raised.value.parameter == param and str(raised.value).startswith(message)
+
+
+def test_the_template_gets_the_tools_as_vllm_dumps_them() -> None:
+    assert protocol.template_tools(request(tools=TOOLS), exclude_when_none=False) == [
+        {"type": "function", "function": {"name": "get_weather", "description": None, "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "get_time", "description": None, "parameters": None,
+                                          "strict": False}}]
+    assert protocol.template_tools(request(tools=TOOLS, tool_choice="none"), exclude_when_none=True) is None
+
+
+def test_a_tool_choice_the_server_cannot_honour_is_refused() -> None:
+    with pytest.raises(ValidationError, match='"auto" tool choice requires --enable-auto-tool-choice'):
+        parsing(tools=TOOLS)
+    with pytest.raises(ValidationError, match='tool_choice="required" requires --tool-call-parser'):
+        parsing(tools=TOOLS, tool_choice="required")
+    with pytest.raises(ValidationError, match='tool_choice=function "get_time" requires --tool-call-parser'):
+        parsing(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert not parsing(tools=TOOLS, tool_choice="none").active
+
+
+def test_flags_as_vllm_checks_them() -> None:
+    with pytest.raises(ConfigError, match="--enable-auto-tool-choice requires --tool-call-parser"):
+        ServeSettings(Path("m"), enable_auto_tool_choice=True)
+    with pytest.raises(ConfigError, match="invalid tool call parser: nope"):
+        ChatParsing(ServeSettings(Path("m"), enable_auto_tool_choice=True, tool_call_parser="nope"), Tokenizer())
+    with pytest.raises(ConfigError, match="invalid reasoning parser: nope"):
+        ChatParsing(ServeSettings(Path("m"), reasoning_parser="nope"), Tokenizer())
+    # without --enable-auto-tool-choice vLLM builds no tool parser
+    assert ChatParsing(ServeSettings(Path("m"), tool_call_parser="hermes"), Tokenizer()).tool_parser is None
+
+
+def test_a_plugin_registers_a_parser(tmp_path: Path) -> None:
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("from mmfront.serve.tool_parsers import TOOL_PARSERS\n"
+                      "from mmfront.serve.tool_parsers.hermes import HermesToolParser\n"
+                      "TOOL_PARSERS['my_hermes'] = HermesToolParser\n")
+    try:
+        server = ChatParsing(ServeSettings(Path("m"), enable_auto_tool_choice=True, tool_call_parser="my_hermes",
+                                           tool_parser_plugin=str(plugin)), Tokenizer())
+        assert server.tool_parser == "my_hermes"
+    finally:
+        TOOL_PARSERS.pop("my_hermes", None)
+    broken = tmp_path / "vllm_plugin.py"
+    broken.write_text("import vllm_is_not_here\n")
+    with pytest.raises(ConfigError, match="failed to load"):
+        ChatParsing(ServeSettings(Path("m"), tool_parser_plugin=str(broken)), Tokenizer())
+
+
+def test_auto_reads_reasoning_then_calls() -> None:
+    p = parsing(*AUTO, R1, tools=TOOLS)
+    message = p.whole(f"<think>Paris.</think>Checking.{CALL}")
+    assert (message.reasoning, message.content) == ("Paris.", "Checking.")
+    assert [(c.name, c.arguments) for c in message.tool_calls] == [("get_weather", '{"city": "Paris"}')]
+    assert p.finish_reason("stop", True) == "tool_calls" and p.finish_reason("length", True) == "length"
+
+
+def test_none_leaves_the_calls_in_the_content_and_null_drops_them() -> None:
+    message = parsing(*AUTO, tools=TOOLS, tool_choice="none").whole(CALL)
+    assert (message.content, message.tool_calls) == (CALL, [])
+    # vLLM reads a null tool_choice as "auto", then keeps the calls only for "auto": both are gone
+    message = parsing(*AUTO, tools=TOOLS, tool_choice=None).whole(f"Hi.{CALL}")
+    assert (message.content, message.tool_calls) == ("Hi.", [])
+
+
+def test_include_reasoning_false_drops_it_and_parallel_false_keeps_one_call() -> None:
+    message = parsing(*AUTO, R1, tools=TOOLS, include_reasoning=False).whole(f"x</think>{CALL}{CALL}")
+    assert message.reasoning is None and len(message.tool_calls) == 2
+    single = parsing(*PYTHONIC, tools=TOOLS, parallel_tool_calls=False)
+    assert [c.name for c in single.whole("[get_time(), get_weather(city='x')]").tool_calls] == ["get_time"]
+
+
+def test_structural_tag_constraints_are_refused() -> None:
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}]
+    for fields, param in (({"tool_choice": "required"}, "tool_choice"),
+                          ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+                          ({"tools": strict}, "tools")):
+        with pytest.raises(ValidationError) as raised:
+            parsing(*AUTO, **{"tools": TOOLS, **fields})
+        assert raised.value.parameter == param and "structural tag" in str(raised.value)
+
+
+def test_required_constrains_to_vllms_json_schema_and_reads_it() -> None:
+    p = parsing(*PYTHONIC, tools=TOOLS, tool_choice="required")
+    params = p.adjust(protocol.sampling_params(request(), None))
+    assert params.structured_outputs is not None and params.structured_outputs.json == {
+        "type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+            {"properties": {"name": {"type": "string", "enum": ["get_weather"]},
+                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+             "required": ["name", "parameters"]},
+            {"properties": {"name": {"type": "string", "enum": ["get_time"]},
+                            "parameters": {"type": "object", "properties": {}}},
+             "required": ["name", "parameters"]}]}}
+    message = p.whole('[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "x"}}]')
+    assert [(c.name, c.arguments) for c in message.tool_calls] == [("get_time", "{}"), ("get_weather", '{"city": "x"}')]
+    assert message.content == "" and p.finish_reason("stop", True) == "tool_calls"
+
+
+def test_a_named_tool_constrains_to_its_parameters() -> None:
+    p = parsing(*PYTHONIC, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    params = p.adjust(protocol.sampling_params(request(), None))
+    assert params.structured_outputs is not None
+    assert params.structured_outputs.json == {"type": "object", "properties": {"city": {"type": "string"}}}
+    message = p.whole('{"city": "Rome"}')
+    assert [(c.name, c.arguments) for c in message.tool_calls] == [("get_weather", '{"city": "Rome"}')]
+    assert p.finish_reason("stop", True) == "stop"  # OpenAI reports stop for a forced function
+
+
+def test_hermes_keeps_special_tokens_for_its_markers() -> None:
+    assert not parsing(*AUTO, tools=TOOLS).adjust(protocol.sampling_params(request(), None)).skip_special_tokens
+    kept = parsing(*AUTO, tools=TOOLS, tool_choice="none").adjust(protocol.sampling_params(request(), None))
+    assert kept.skip_special_tokens
+
+
+def stream(p: RequestParsing, pieces: list[str], prompt: Sequence[int] = ()) -> dict[str, Any]:
+    s = p.stream(list(prompt))
+    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": []}
+    steps = [s.feed(piece) for piece in pieces]
+    for step in [*steps, s.finish()]:
+        out["reasoning"] += step.reasoning or ""
+        out["content"] += step.content or ""
+        out["calls"] += [(i, c.name, c.arguments) for i, c in step.tool_calls]
+    return out
+
+
+def test_a_stream_reads_reasoning_content_and_calls() -> None:
+    p = parsing(*AUTO, R1, tools=TOOLS)
+    text = f"<think>Paris.</think>Checking.{CALL}"
+    assert stream(p, [text[i:i + 4] for i in range(0, len(text), 4)]) == {
+        "reasoning": "Paris.", "content": "Checking.", "calls": [(0, "get_weather", '{"city": "Paris"}')]}
+
+
+def test_a_stream_reads_no_reasoning_when_the_prompt_closed_it() -> None:
+    p = parsing(*AUTO, R1, tools=TOOLS)
+    assert stream(p, ["x</think>y"], prompt=[10, 11])["content"] == "x</think>y"
+    assert stream(p, ["x</think>y"], prompt=[11, 10])["reasoning"] == "x"
+
+
+def test_a_stream_of_required_calls_sends_them_at_the_end() -> None:
+    p = parsing(*PYTHONIC, tools=TOOLS, tool_choice="required")
+    assert stream(p, ['[{"name": "get_time", ', '"parameters": {}}]']) == {
+        "reasoning": "", "content": "", "calls": [(0, "get_time", "{}")]}
+
+
+def test_a_request_without_parsers_is_left_as_it_is() -> None:
+    p = parsing()
+    assert not p.active and p.whole("<think>x</think>").content == "<think>x</think>"
+    plain = protocol.sampling_params(request(), None)
+    assert msgspec.structs.asdict(p.adjust(plain)) == msgspec.structs.asdict(plain)
+
+
+def test_reasoning_tokens_are_counted_between_the_markers() -> None:
+    assert parsing(R1).reasoning_tokens([10, 5, 6, 11, 7]) == 2
+    assert parsing(R1).reasoning_tokens([5, 11, 7]) == 0  # vLLM counts from a start marker only
+    assert parsing().reasoning_tokens([10, 5, 11]) is None
+
+
+def test_reasoning_effort_reaches_the_template_and_the_parser_as_vllms() -> None:
+    assert protocol.template_kwargs(request(reasoning_effort="high")) == {"reasoning_effort": "high",
+                                                                           "enable_thinking": True}
+    assert protocol.template_kwargs(request(reasoning_effort="none", chat_template_kwargs={"enable_thinking": True,
+                                                                                           "x": 1})) == {
+        "enable_thinking": True, "x": 1, "reasoning_effort": "none"}
+    assert protocol.template_kwargs(request(chat_template_kwargs={"x": 1})) == {"x": 1}
+    off = parsing(("reasoning_parser", "qwen3"), reasoning_effort="none")
+    assert off.whole("plain answer").content == "plain answer"
+    with pytest.raises(ValidationError):
+        request(reasoning_effort="extreme")

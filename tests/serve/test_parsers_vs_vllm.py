@@ -1,0 +1,84 @@
+"""mmfront's parsers and the installed vLLM 0.33 parsers, side by side, on the model outputs of
+vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and the same
+streamed answer when both are fed the text token by token (vLLM's stream parsers run on the
+peer's tokenizer with the markers added: tests/serve/data/vllm_parser_oracle.py).
+
+Skipped where the peer venv or its model folder is absent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from parser_cases import REASONING_CASES, STREAMS_DIFFER_FROM_VLLM, TOOL_CASES
+
+from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
+from mmfront.serve.tool_parsers import ToolCallStream, make_tool_parser
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
+
+PEER = vllm_peer_python()
+MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
+ORACLE = Path(__file__).parent / "data" / "vllm_parser_oracle.py"
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(PEER is None or MODEL is None, reason=SKIP_REASON)]
+
+
+@pytest.fixture(scope="module")
+def vllm() -> dict[str, Any]:
+    cases = [{"kind": "tool", "parser": p, "text": t, "tools": tools} for p, t, tools, _ in TOOL_CASES.values()]
+    cases += [{"kind": "reasoning", "parser": p, "text": t, "chat_template_kwargs": kw}
+              for p, t, kw, _, _ in REASONING_CASES.values()]
+    done = subprocess.run([str(PEER), str(ORACLE), str(MODEL)], input=json.dumps(cases), capture_output=True,
+                          text=True, timeout=600, check=True)
+    answers = json.loads(done.stdout)
+    return dict(zip([*TOOL_CASES, *REASONING_CASES], answers))
+
+
+def _args(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
+    name, text, tools, _ = TOOL_CASES[case]
+    answer = vllm[case]
+    assert "error" not in answer, answer
+    result = make_tool_parser(name, tools).extract(text)
+    mine = {"tools_called": result.tools_called, "content": result.content,
+            "tool_calls": [[c.name, c.arguments] for c in result.tool_calls]}
+    assert mine == answer["whole"]
+
+    stream = ToolCallStream(make_tool_parser(name, tools))
+    content, calls = [], []
+    for delta in [*(stream.feed(c) for c in answer["chunks"]), stream.finish()]:
+        content.append(delta.content or "")
+        calls += [[c.name, _args(c.arguments)] for _, c in delta.tool_calls]
+    theirs = answer["stream"]
+    if case in STREAMS_DIFFER_FROM_VLLM:
+        assert calls == [] and theirs["tool_calls"] != []
+        return
+    assert "".join(content) == theirs["content"]
+    assert [c[0] for c in calls] == [c[0] for c in theirs["tool_calls"]]
+    # vLLM's serving layer sends what its stream parser held back when the stream ends; the
+    # arguments a client assembles are then the whole answer's
+    assert calls == [[n, _args(a)] for n, a in answer["whole"]["tool_calls"]][:len(calls)]
+
+
+@pytest.mark.parametrize("case", sorted(REASONING_CASES))
+def test_reasoning_as_vllm(vllm: dict[str, Any], case: str) -> None:
+    name, text, kwargs, _, _ = REASONING_CASES[case]
+    answer = vllm[case]
+    assert "error" not in answer, answer
+    reasoning, content = REASONING_PARSERS[name](kwargs).extract(text)
+    assert {"reasoning": reasoning, "content": content} == answer["whole"]
+    stream = ReasoningStream(REASONING_PARSERS[name](kwargs))
+    parts = {"reasoning": "", "content": ""}
+    for delta in [*(stream.feed(c) for c in answer["chunks"]), stream.finish()]:
+        parts["reasoning"] += delta.reasoning or ""
+        parts["content"] += delta.content or ""
+    assert parts == answer["stream"]

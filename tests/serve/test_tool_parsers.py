@@ -1,0 +1,94 @@
+"""mmfront's tool-call and reasoning parsers on the model outputs of vLLM's own parser tests
+(tests/serve/parser_cases.py), whole and streamed: a stream cut anywhere assembles to what vLLM's
+tests expect."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from parser_cases import REASONING_CASES, STREAMED_TOOLS_DIFFER, TOOL_CASES
+
+from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
+from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, make_tool_parser
+
+
+def cut(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def streamed_tools(parser_name: str, text: str, tools: list | None, size: int) -> tuple[bool, list, str | None]:
+    stream = ToolCallStream(make_tool_parser(parser_name, tools))
+    content: list[str] = []
+    calls: dict[int, tuple[str, str]] = {}
+    for delta in [*(stream.feed(c) for c in cut(text, size)), stream.finish()]:
+        if delta.content:
+            content.append(delta.content)
+        for index, call in delta.tool_calls:
+            assert index not in calls, "each call is sent once, whole"
+            calls[index] = (call.name, call.arguments)
+    return stream.tools_called, [calls[i] for i in sorted(calls)], "".join(content) or None
+
+
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+def test_a_whole_output_parses_as_vllms_tests_expect(case: str) -> None:
+    name, text, tools, expected = TOOL_CASES[case]
+    result = make_tool_parser(name, tools).extract(text)
+    assert (result.tools_called, [(c.name, c.arguments) for c in result.tool_calls], result.content) == expected
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 1000])
+@pytest.mark.parametrize("case", sorted(TOOL_CASES))
+def test_a_stream_assembles_to_the_whole_answer(case: str, size: int) -> None:
+    name, text, tools, (called, calls, content) = TOOL_CASES[case]
+    called, calls, content = STREAMED_TOOLS_DIFFER.get(case, (called, calls, content))
+    got_called, got_calls, got_content = streamed_tools(name, text, tools, size)
+    assert (got_called, got_calls) == (called, calls)
+    assert got_content == (content if called or case in STREAMED_TOOLS_DIFFER else text or None)
+
+
+def test_content_streams_before_the_call_and_a_call_is_sent_once_it_closes() -> None:
+    stream = ToolCallStream(make_tool_parser("hermes", None))
+    assert stream.feed("Sure, <tool").content == "Sure, "  # "<tool" may open a call: held
+    assert stream.feed("_call>{\"name\": \"f\", ").content is None
+    delta = stream.feed('"arguments": {"a": 1}}</tool_call>')
+    assert [(i, c.name, json.loads(c.arguments)) for i, c in delta.tool_calls] == [(0, "f", {"a": 1})]
+    assert stream.finish().tool_calls == []
+
+
+def test_call_ids_are_vllms() -> None:
+    hermes = make_tool_parser("hermes", None).extract('<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    mistral = make_tool_parser("mistral", None).extract('[TOOL_CALLS]f[ARGS]{}')
+    assert hermes.tool_calls[0].id.startswith("chatcmpl-tool-") and len(hermes.tool_calls[0].id) == 46
+    assert mistral.tool_calls[0].id.isalnum() and len(mistral.tool_calls[0].id) == 9
+
+
+def test_mistral_before_v11_reads_a_list_of_calls() -> None:
+    parser = make_tool_parser("mistral", None, vocab={"[TOOL_CALLS]": 5})
+    result = parser.extract('[TOOL_CALLS] [{"name": "add", "arguments": {"a": 3.5, "b": 4}}, {"name": "f"}]')
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [("add", '{"a": 3.5, "b": 4}'), ("f", "{}")]
+
+
+def test_the_parsers_have_vllms_names() -> None:
+    assert {"hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "qwen3_xml", "deepseek_v3"} <= set(
+        TOOL_PARSERS)
+    assert {"deepseek_r1", "qwen3"} <= set(REASONING_PARSERS)
+
+
+@pytest.mark.parametrize("case", sorted(REASONING_CASES))
+def test_reasoning_splits_as_vllms_tests_expect(case: str) -> None:
+    name, text, kwargs, whole, _ = REASONING_CASES[case]
+    assert REASONING_PARSERS[name](kwargs).extract(text) == whole
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+@pytest.mark.parametrize("case", sorted(REASONING_CASES))
+def test_reasoning_streams_as_vllms_tests_expect(case: str, size: int) -> None:
+    name, text, kwargs, _, (reasoning, content) = REASONING_CASES[case]
+    stream = ReasoningStream(REASONING_PARSERS[name](kwargs))
+    parts: dict[str, list[str]] = {"reasoning": [], "content": []}
+    for delta in [*(stream.feed(c) for c in cut(text, size)), stream.finish()]:
+        for key, sent in parts.items():
+            if getattr(delta, key):
+                sent.append(getattr(delta, key))
+    assert ("".join(parts["reasoning"]) or None, "".join(parts["content"]) or None) == (reasoning, content)

@@ -1,0 +1,214 @@
+"""Tools and reasoning through ``mmfront serve`` and ``vllm serve`` side by side (the harness of
+test_vllm_serve_parity.py), both started with ``--enable-auto-tool-choice --tool-call-parser
+hermes --reasoning-parser deepseek_r1``, each in front of a stock vLLM 0.33 engine whose executor
+answers with the text the request scripts (tests/serve/data/script_stub.py: the last
+``<<<...>>>`` of the prompt; ``<<<ECHO>>>`` answers with the prompt itself).
+
+The model folder is the peer's tiny Gemma 3 with a chat template that renders tools, tool calls,
+tool results and reasoning, and two unused tokens renamed ``<think>`` and ``</think>`` (vLLM's
+reasoning parser looks them up in the vocabulary).
+
+Compared: the prompt the template renders from tools and a tool-calling history (echoed back);
+calls read by ``tool_choice: "auto"`` whole and streamed, with reasoning and content before
+them; ``tool_choice: "none"``; ``parallel_tool_calls: false``; vLLM's 400s for tool fields.
+Differences (docs/serving.md): ``tool_choice: "required"`` or a named tool with the hermes parser
+(vLLM constrains the output with an xgrammar structural tag; mmfront refuses it with 400);
+streamed calls arrive whole in one delta where vLLM sends arguments in fragments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_vllm_serve_parity import MODEL, PEER, PEER_DIR, SERVED, Pair, Side, ask, start_side, wait_healthy
+
+DATA = Path(__file__).parent / "data"
+FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"]
+TEMPLATE = """{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}
+{% endfor %}</tools>
+{% endif %}{%- for m in messages %}<|{{ m.role }}|>
+{%- if m.content is string %}{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}\
+{% endif %}{% endfor %}{% endif %}
+{%- if m.reasoning_content %}(thought: {{ m.reasoning_content }}){% endif %}
+{%- if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}\
+</tool_call>{% endfor %}{% endif %}
+{%- if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}
+{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"""
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string"}}, "required": ["city"]}}},
+         {"type": "function", "function": {"name": "get_time"}}]
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+
+
+def model_folder(folder: Path) -> Path:
+    """The peer's tiny Gemma 3 folder with the test's template and the reasoning markers."""
+    assert MODEL is not None
+    model = folder / "tiny-gemma3-tools"
+    shutil.copytree(MODEL, model)
+    (model / "chat_template.jinja").write_text(TEMPLATE)
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    for unused, marker in (("<unused0>", "<think>"), ("<unused1>", "</think>")):
+        index = vocab.pop(unused)
+        vocab[marker] = index
+        tokenizer["added_tokens"].append({"id": index, "content": marker, "single_word": False, "lstrip": False,
+                                          "rstrip": False, "normalized": False, "special": False})
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    return model
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    assert PEER is not None
+    folder = tmp_path_factory.mktemp("tools")
+    model = model_folder(folder)
+    engine = {"engine_args": ["--distributed-executor-backend", "script_stub.ScriptStubExecutor"],
+              "engine_path": [PEER_DIR, DATA], "model": model, "server_args": FLAGS}
+    sides: list[Side] = []
+    try:
+        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], {}, folder, **engine))
+        mmfront_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}
+        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], mmfront_env, folder, **engine))
+        wait_healthy(sides)
+        yield Pair(*sides)
+    finally:
+        for side in sides:
+            side.stop()
+
+
+EOS = [1]
+"""The stub ends a script with ``<eos>``; the requests name it a stop token, since mmfront does not
+yet send the engine the tokenizer's EOS (vLLM's ``SamplingParams._eos_token_id``), so only vLLM
+would stop on it otherwise."""
+
+
+def chat(script: str, **fields: Any) -> dict[str, Any]:
+    return {"model": SERVED, "max_tokens": 200, "messages": [{"role": "user", "content": f"<<<{script}>>>"}],
+            "tools": TOOLS, "stop_token_ids": EOS, **fields}
+
+
+def pair_sides(pair: Pair) -> tuple[Side, Side]:
+    return pair.vllm, pair.mmfront
+
+
+def masked(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if calls:
+        for call in calls:
+            assert call["id"].startswith("chatcmpl-tool-")
+            call["id"] = "ID"
+    return message
+
+
+def choice(pair: Pair, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    vllm, mmfront = ask(pair.vllm, "POST", "/v1/chat/completions", body), ask(pair.mmfront, "POST",
+                                                                              "/v1/chat/completions", body)
+    assert (vllm.status, mmfront.status) == (200, 200), (vllm.text, mmfront.text)
+    return vllm.json()["choices"][0], mmfront.json()["choices"][0]
+
+
+def test_the_template_gets_the_tools_and_the_history_as_vllms(pair: Pair) -> None:
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "reasoning_content": "I should call it.", "tool_calls": [
+            {"id": "call1", "type": "function", "function": {"name": "get_weather",
+                                                             "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call1", "content": [{"type": "text", "text": "sunny"},
+                                                              {"type": "text", "text": "20 C"}]},
+        {"role": "user", "content": "<<<ECHO>>>"},
+    ]
+    vllm, mmfront = choice(pair, {"model": SERVED, "max_tokens": 400, "messages": history, "tools": TOOLS,
+                                  "stop_token_ids": EOS})
+    assert mmfront["message"]["reasoning"] == vllm["message"]["reasoning"]
+    # vLLM stops on the tokenizer's EOS (stop_reason null), mmfront on the stop token (see EOS)
+    assert {**mmfront, "stop_reason": None} == vllm
+    echoed = mmfront["message"]["reasoning"]
+    assert '"name": "get_weather"' in echoed and "[call1]" in echoed and "sunny\n20 C" in echoed
+
+
+@pytest.mark.parametrize("script", [f"</think>Let me check.{CALL}", f"<think>Paris, then.</think>{CALL}{CALL}",
+                                    "</think>No call needed.", "</think>" + CALL.replace("}}<", "}<")])
+def test_auto_tool_choice_reads_calls_as_vllm(pair: Pair, script: str) -> None:
+    body = chat(script)
+    vllm_body, mmfront_body = (ask(side, "POST", "/v1/chat/completions", body).json() for side in pair_sides(pair))
+    assert mmfront_body["usage"] == vllm_body["usage"]  # reasoning_tokens counted as vLLM counts them
+    vllm, mmfront = choice(pair, body)
+    assert masked(mmfront["message"]) == masked(vllm["message"])
+    assert mmfront["finish_reason"] == vllm["finish_reason"]
+
+
+@pytest.mark.parametrize("fields", [{"tool_choice": "none"}, {"include_reasoning": False}, {"tool_choice": None}])
+def test_the_tool_fields_as_vllm(pair: Pair, fields: dict[str, Any]) -> None:
+    vllm, mmfront = choice(pair, chat(f"<think>x</think>{CALL}{CALL}", **fields))
+    assert masked(mmfront["message"]) == masked(vllm["message"])
+    assert mmfront["finish_reason"] == vllm["finish_reason"]
+
+
+def assembled(side: Side, body: dict[str, Any]) -> dict[str, Any]:
+    import httpx
+
+    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": {}, "finish_reason": None}
+    with httpx.stream("POST", side.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[6:])["choices"]:
+                delta = c["delta"]
+                out["reasoning"] += delta.get("reasoning") or ""
+                out["content"] += delta.get("content") or ""
+                for call in delta.get("tool_calls") or []:
+                    entry = out["calls"].setdefault(call["index"], {"name": "", "arguments": ""})
+                    entry["name"] += call.get("function", {}).get("name") or ""
+                    entry["arguments"] += call.get("function", {}).get("arguments") or ""
+                out["finish_reason"] = c.get("finish_reason") or out["finish_reason"]
+    for entry in out["calls"].values():
+        entry["arguments"] = json.loads(entry["arguments"])
+    return out
+
+
+@pytest.mark.parametrize("script", [f"<think>Paris, then.</think>Let me check.{CALL}{CALL}",
+                                    "</think>No call needed.", f"Let me check.{CALL}"])
+def test_a_stream_assembles_as_vllms(pair: Pair, script: str) -> None:
+    """The script sits in the prompt, so where it holds a ``</think>`` the prompt has closed the
+    reasoning and both streams send all as content (vLLM's stream checks the prompt first)."""
+    assert assembled(pair.mmfront, chat(script)) == assembled(pair.vllm, chat(script))
+
+
+@pytest.mark.parametrize("fields", [{"tools": []}, {"tools": None, "tool_choice": "auto"},
+                                    {"tool_choice": "sometimes"},
+                                    {"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                                    {"tool_choice": {"type": "function", "function": {}}},
+                                    {"tool_choice": {"type": "function", "function": {"name": ""}}}])
+def test_bad_tool_fields_answer_vllms_400(pair: Pair, fields: dict[str, Any]) -> None:
+    body = chat("x", **fields)
+    vllm, mmfront = (ask(side, "POST", "/v1/chat/completions", body) for side in (pair.vllm, pair.mmfront))
+    assert (mmfront.status, vllm.status) == (400, 400)
+    mine, theirs = mmfront.json()["error"], vllm.json()["error"]
+    assert (mine["type"], mine["param"]) == (theirs["type"], theirs["param"])
+    assert mine["message"].split(" (parameter=")[0] in theirs["message"]
+
+
+def test_required_with_a_structural_tag_parser_is_refused(pair: Pair) -> None:
+    """Documented difference: vLLM constrains the calls with xgrammar's hermes structural tag."""
+    body = chat(CALL, tool_choice="required")
+    assert ask(pair.vllm, "POST", "/v1/chat/completions", body).status == 200
+    refused = ask(pair.mmfront, "POST", "/v1/chat/completions", body)
+    assert refused.status == 400 and refused.json()["error"]["param"] == "tool_choice"
+
+
+def test_one_call_at_a_time_is_refused(pair: Pair) -> None:
+    """Documented difference: ``parallel_tool_calls: false`` makes vLLM constrain the calls with a
+    structural tag too (on the stub engine it answers 200 for one call, 500 for two)."""
+    body = chat(CALL, parallel_tool_calls=False)
+    refused = ask(pair.mmfront, "POST", "/v1/chat/completions", body)
+    assert refused.status == 400 and refused.json()["error"]["param"] == "parallel_tool_calls"
