@@ -12,11 +12,16 @@ from typing import Any
 
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "NativeInputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
 ``_get_mm_fields_config`` for the family. Keys it leaves out are not sent."""
+
+EngineOutputs = Callable[[dict[str, Any]], dict[str, Any]]
+"""``one HF call's outputs -> the same outputs as vLLM's processor hands them to its fields``: where
+the backend lays an item's data out otherwise (LLaVA-NeXT's tiles ``[1, tiles, C, H, W]`` per image
+where vLLM's batched field gives ``[tiles, C, H, W]``)."""
 
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
@@ -32,6 +37,8 @@ class NativeInputs:
     """``config.json`` architectures this declaration covers."""
     fields: EngineFields | None = None
     """The family's field configs; ``None``: the module's native processor already sends vLLM's."""
+    outputs: EngineOutputs | None = None
+    """Reshapes the HF outputs into the layout :attr:`fields` splits (``None``: they already are)."""
     device_normalize: bool = False
     """vLLM's ``supports_mm_device_do_normalize`` for the class: the default of
     ``mm_device_do_normalize`` (raw uint8 pixels: the HF call gets :data:`DEVICE_NORMALIZE_KWARGS`)."""
