@@ -20,7 +20,10 @@ from vllm_parity import Case, default_cases, family_folder, prompt_for, run_fami
 
 from mmfront import MultiModalConfig
 from mmfront.cache.factory import processor_only_cache_from_config
+from mmfront.errors import UnsupportedModelError
+from mmfront.models.llama4 import LLAMA4_NATIVE
 from mmfront.models.registry import create_processor
+from mmfront.models.transformers import MultiModalProcessor, OffsetsMultiModalProcessor
 from mmfront.testing.media import make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 from mmfront.wire.codec import MsgpackEncoder
@@ -59,7 +62,9 @@ def _items(processor_class: str, root: Path, case: Case) -> list[Any]:
 @pytest.mark.slow
 @pytest.mark.parametrize("processor_class", ANYRES)
 def test_anyres_inputs_equal_vllm_native(processor_class: str, root: Path) -> None:
-    modalities = ["image", "video"] if processor_class == "LlavaOnevisionProcessor" else ["image"]
+    folder, _ = family_folder(processor_class, root)
+    # OneVision's videos, where transformers builds its video processor (it needs torchvision)
+    modalities = ["image", *(["video"] if "video" in create_processor(folder).placeholder_str else [])]
     padded = _tile_counts_case()
     result = run_family(processor_class, root, cases=[*default_cases(modalities), padded])
     assert "vllm_error" not in result and "mmfront_error" not in result, result
@@ -68,7 +73,7 @@ def test_anyres_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     assert (resolved["dtype"], resolved["mm_device_do_normalize"]) == ("bfloat16", False)
     assert result["mmfront_impl"] == "native"
     expected_cases = {"image_one", "image_tall", "image_two", "image_same_twice", padded.name}
-    if processor_class == "LlavaOnevisionProcessor":
+    if "video" in modalities:
         expected_cases |= {"video_all_frames", "video_sampled", "video_two"}
     assert set(result["diff"]) == expected_cases
     cases = result["vllm"]["cases"]
@@ -133,3 +138,72 @@ def test_anyres_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Pa
     assert item is not None
     assert item["pixel_values"].data.dtype == torch.bfloat16 and item["pixel_values"].data.ndim == 4
     assert item["image_sizes"].data.tolist() == [32, 64]
+
+
+def _as_read(item: dict[str, Any]) -> dict[str, Any]:
+    """An item's description without what the engine never reads of a shared field (its batch_size)."""
+    return {key: {**entry, "field": [entry["field"][0], {k: v for k, v in entry["field"][1].items() if k != "batch_size"}]}
+            for key, entry in item.items()}
+
+
+def _tiled_cases(processor_class: str) -> list[Case]:
+    """The default cases, and for Llama 4 (336 px tiles) images large enough for a grid of tiles."""
+    cases = default_cases(["image"])
+    if processor_class == "Llama4Processor":
+        wide, tall = make_image(800, 300, seed=7), make_image(340, 1000, seed=8)
+        cases += [Case("image_wide", "image", [wide]), Case("image_grids_two", "image", [wide, tall])]
+    return cases
+
+
+@needs_peer
+@pytest.mark.slow
+@pytest.mark.parametrize("processor_class", ["InternVLProcessor", "Llama4Processor"])
+def test_tiled_inputs_equal_vllm_native(processor_class: str, root: Path) -> None:
+    """InternVL's tiles counted by ``image_num_patches`` with the shared ``image_token_id``; Llama 4's
+    counted by ``patches_per_image`` with its tile grid ``aspect_ratios``."""
+    cases = _tiled_cases(processor_class)
+    result = run_family(processor_class, root, cases=cases)
+    assert "vllm_error" not in result and "mmfront_error" not in result, result
+    resolved = result["vllm"]["resolved"]
+    assert resolved["processor"] == {"InternVLProcessor": "InternS1MultiModalProcessor",
+                                     "Llama4Processor": "Mllama4MultiModalProcessor"}[processor_class]
+    assert (resolved["dtype"], resolved["mm_device_do_normalize"], result["mmfront_impl"]) == ("bfloat16", False, "native")
+    assert set(result["diff"]) == {c.name for c in cases}
+    for name, diff in result["diff"].items():
+        assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
+    mine = result["mmfront"]
+    (alone,) = mine["image_one"]["mm_kwargs"]["image"]
+    # laid out as alone beside another image (a shared field's batch_size counts the call's items: the
+    # engine reads the first item's data, as vLLM's reduce_data does)
+    assert _as_read(mine["image_two"]["mm_kwargs"]["image"][0]) == _as_read(alone)
+    assert alone["pixel_values"]["field"][0] == "flat"
+    if processor_class == "InternVLProcessor":
+        assert set(alone) == {"pixel_values", "image_num_patches", "image_token_id"}
+        assert alone["image_token_id"]["field"] == ["shared", {"keep_on_cpu": True, "batch_size": 1}]
+        assert alone["image_num_patches"]["field"] == ["batched", {"keep_on_cpu": True}]
+        ranges = mine["image_two"]["mm_placeholders"]["image"]
+        assert all(r[2][0] is False and r[2][-1] is False and all(r[2][1:-1]) for r in ranges)  # <img> ... </img>
+    else:
+        assert set(alone) == {"pixel_values", "patches_per_image", "aspect_ratios"}
+        (wide,) = _items(processor_class, root, cases[-2])
+        assert wide["aspect_ratios"].data.tolist() == [1, 3]  # 800 x 300 px: one row of three 336 px tiles
+        assert wide["patches_per_image"].data.tolist() == 4  # and the global tile
+        assert wide["pixel_values"].data.shape == (4, 3, 336, 336)
+        grids = [i["aspect_ratios"].data.tolist() for i in _items(processor_class, root, cases[-1])]
+        assert grids == [[1, 3], [3, 2]]  # 340 x 1000 px: HF picks three rows of two tiles
+
+
+def test_llama4_is_refused_on_the_legacy_backend(root: Path) -> None:
+    """Legacy places a Llama 4 image's range on one token: refused for vLLM's native class, served
+    with --model-impl transformers."""
+    folder, _ = family_folder("Llama4Processor", root)
+    with pytest.raises(UnsupportedModelError, match=r"Legacy transformers backend .* one <\|image\|> token .* "
+                                                     r"--model-impl transformers"):
+        create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
+    legacy = create_processor(folder, MultiModalConfig(transformers_backend="legacy", model_impl="transformers"))
+    assert legacy.info.native is None
+    if MultiModalProcessor is OffsetsMultiModalProcessor:  # transformers >= 5.15: the default backend is proven
+        assert create_processor(folder).info.native is LLAMA4_NATIVE
+    else:
+        with pytest.raises(UnsupportedModelError, match="Legacy transformers backend"):
+            create_processor(folder)

@@ -359,9 +359,10 @@ def _engine_field(field: list[Any]) -> list[Any]:
     """What the engine reads of a field: its class, ``dim`` and ``keep_on_cpu``. vLLM's flat fields
     carry the slices of the whole request in every item (its ``build_elems`` shares one field), so
     they change with the request's composition; the engine never reads them (``reduce_data``
-    concatenates along ``dim``)."""
+    concatenates along ``dim``). A shared field's ``batch_size`` is likewise the count of items the
+    HF call held (vLLM: the request's), and ``reduce_data`` takes the first item's data."""
     name, values = field
-    return [name, {k: v for k, v in values.items() if k != "slices"}]
+    return [name, {k: v for k, v in values.items() if k not in ("slices", "batch_size")}]
 
 
 def compare(vllm: Mapping[str, Any], mmfront: Mapping[str, Any]) -> dict[str, Any]:
