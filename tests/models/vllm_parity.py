@@ -33,7 +33,7 @@ import msgspec
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "4"
+VERSION = "3"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
@@ -169,14 +169,6 @@ def _align_grid_pinpoints(config: dict[str, Any], image_processor: Any) -> None:
         config["image_grid_pinpoints"] = [list(p) for p in pinpoints]
 
 
-def _align_processor_settings(config: dict[str, Any], processor: Any) -> None:
-    """Settings both the processor and the model config carry (Granite4-Vision's ``downsample_rate``)
-    are the folder processor's."""
-    for key in ("downsample_rate",):
-        if key in config and getattr(processor, key, None) is not None:
-            config[key] = getattr(processor, key)
-
-
 def _get(box: Any, key: str) -> Any:
     return box.get(key) if isinstance(box, dict) else getattr(box, key, None)
 
@@ -195,7 +187,6 @@ def model_config(processor: Any, model_type: str, architecture: str) -> dict[str
             config[sub]["vocab_size"] = max(int(config[sub].get("vocab_size") or 0), len(tokenizer))
     _align_image_size(config.get("vision_config"), getattr(processor, "image_processor", None))
     _align_grid_pinpoints(config, getattr(processor, "image_processor", None))
-    _align_processor_settings(config, processor)
     if "vocab_size" in config:
         config["vocab_size"] = max(int(config.get("vocab_size") or 0), len(tokenizer))
     return config
