@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ import soundfile
 import torch
 import transformers
 
-from mmfront import InputPreprocessor, InputProcessor
+from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.runner import ModelRunner
 from mmfront.fixtures.catalog import fixture_kinds
 from mmfront.testing.media import image_data_url, make_audio, make_image, wav_bytes
@@ -73,6 +73,9 @@ class Family:
     folder: Path
     media_kwarg: str
     """The HF processor's keyword for the items: ``images`` or ``audio``."""
+    config: MultiModalConfig = field(default_factory=MultiModalConfig)
+    """The frontend's settings (``dtype="float32"``: what the reference engine running a float32
+    checkpoint in float32 reads, as ``vllm serve --dtype float32`` would be told)."""
 
     @cached_property
     def hf_processor(self) -> Any:
@@ -84,7 +87,7 @@ class Family:
 
     @cached_property
     def input_processor(self) -> InputProcessor:
-        return InputProcessor(InputPreprocessor(self.folder))
+        return InputProcessor(InputPreprocessor(self.folder, self.config))
 
     def request(self, request_id: str, turns: Sequence[Sequence[Item]], max_tokens: int = MAX_TOKENS,
                 **params: Any) -> EngineCoreRequest:

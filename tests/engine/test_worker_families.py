@@ -44,7 +44,10 @@ CHATS: dict[str, list[list[Item]]] = {
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "llava_onevision"])
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Family:
     kind = request.param
-    return Family(kind, build_model_folder(kind, tmp_path_factory.mktemp(kind), with_weights=True), "images")
+    # the reference engine runs these float32 checkpoints in float32: the frontend sends float32 pixels
+    # (vLLM's --dtype float32), not the bfloat16 of --dtype auto, so the logits compare at float tolerance
+    folder = build_model_folder(kind, tmp_path_factory.mktemp(kind), with_weights=True)
+    return Family(kind, folder, "images", MultiModalConfig(dtype="float32"))
 
 
 async def _chat(client: AsyncEngineClient, request_id: str, turns: list[list[Item]]) -> list[int]:
@@ -59,7 +62,7 @@ async def _chat(client: AsyncEngineClient, request_id: str, turns: list[list[Ite
 
 @pytest.mark.slow
 def test_worker_tokens_equal_transformers_generate(family: Family) -> None:
-    config = MultiModalConfig(mm_processor_cache_gb=0.02)
+    config = replace(family.config, mm_processor_cache_gb=0.02)
     pre = InputPreprocessor(family.folder, config)
     transport = ZmqFrontendTransport("ipc")
     worker = start_worker_command(family.folder, transport.addresses.input, transport.addresses.output,

@@ -23,7 +23,7 @@ from mmfront.testing.media import make_image
 from mmfront.testing.models import build_model_folder
 
 MODULE = '''
-"""A throwaway LLaVA-NeXT-style model: each <image> becomes ``tokens_per_image`` copies of itself."""
+"""A throwaway LLaVA-style model (a model type no module declares): each <image> becomes ``tokens_per_image`` copies of itself."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -73,7 +73,7 @@ def encode_images(model: Any, modality: str, kwargs: Any, features: Sequence[Any
 
 
 THROWAWAY = register_model(ModelSpec(
-    model_type="llava_next",
+    model_type="video_llava",
     hf_processor_class="LlavaNextProcessor",
     processor=ThrowawayProcessor,
     info=ThrowawayInfo,
@@ -104,7 +104,7 @@ def make_throwaway_processor(image_size: int = 16) -> Any:
 
 
 THROWAWAY_FIXTURES = register_fixtures({
-    "throwaway": ModelKind("llava_next", "LlavaNextForConditionalGeneration", "float32", make_throwaway_processor,
+    "throwaway": ModelKind("video_llava", "VideoLlavaForConditionalGeneration", "float32", make_throwaway_processor,
                            ("image_size",)),
 })
 '''
@@ -131,7 +131,7 @@ def throwaway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Modul
         folder.mkdir()
         (folder / "throwaway.py").write_text(source, encoding="utf-8")
         monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
-    assert "llava_next" in catalog.model_specs()  # found by the scans, nothing else told
+    assert "video_llava" in catalog.model_specs()  # found by the scans, nothing else told
     assert "throwaway" in fixture_catalog.fixture_kinds()
     yield sys.modules[NAME]
     del sys.modules[NAME], sys.modules[FIXTURE_NAME]
@@ -146,7 +146,7 @@ def test_one_module_declares_and_serves_a_model(throwaway: ModuleType, tmp_path:
     assert out["prompt_token_ids"].count(image) == 4
     assert out["mm_placeholders"]["image"][0].length == 4
     assert out["mm_kwargs"]["image"][0]["pixel_values"].data.shape == (3, 16, 16)
-    assert catalog.reference_model("llava_next") is throwaway.THROWAWAY.reference
+    assert catalog.reference_model("video_llava") is throwaway.THROWAWAY.reference
 
 
 def test_the_module_declares_its_own_config_option(throwaway: ModuleType, tmp_path: Path) -> None:
@@ -165,8 +165,8 @@ def test_an_option_no_model_declares_is_refused(gemma3_dir: Path) -> None:
 
 
 def test_a_name_declared_twice_is_refused(throwaway: ModuleType) -> None:
-    with pytest.raises(ConfigError, match=r"model type 'llava_next', option 'throwaway_tokens_per_image' of "
-                                          r"'llava_next' already declared"):
+    with pytest.raises(ConfigError, match=r"model type 'video_llava', option 'throwaway_tokens_per_image' of "
+                                          r"'video_llava' already declared"):
         catalog.register_model(throwaway.THROWAWAY)
     with pytest.raises(ConfigError, match=r"fixture kind 'throwaway' already declared by another module"):
         fixture_catalog.register_fixtures(sys.modules[FIXTURE_NAME].THROWAWAY_FIXTURES)

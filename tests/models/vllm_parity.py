@@ -33,7 +33,7 @@ import msgspec
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "2"
+VERSION = "4"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
@@ -160,6 +160,15 @@ def _align_image_size(vision: Any, image_processor: Any) -> None:
             return
 
 
+def _align_grid_pinpoints(config: dict[str, Any], image_processor: Any) -> None:
+    """The config's anyres ``image_grid_pinpoints`` are the folder image processor's (scaled down to
+    its test tile size): vLLM counts an image's tiles from the config, HF from the image processor;
+    real checkpoints agree."""
+    pinpoints = getattr(image_processor, "image_grid_pinpoints", None)
+    if "image_grid_pinpoints" in config and pinpoints:
+        config["image_grid_pinpoints"] = [list(p) for p in pinpoints]
+
+
 def _get(box: Any, key: str) -> Any:
     return box.get(key) if isinstance(box, dict) else getattr(box, key, None)
 
@@ -177,6 +186,7 @@ def model_config(processor: Any, model_type: str, architecture: str) -> dict[str
             _align_token_ids(config[sub], tokenizer, processor)
             config[sub]["vocab_size"] = max(int(config[sub].get("vocab_size") or 0), len(tokenizer))
     _align_image_size(config.get("vision_config"), getattr(processor, "image_processor", None))
+    _align_grid_pinpoints(config, getattr(processor, "image_processor", None))
     if "vocab_size" in config:
         config["vocab_size"] = max(int(config.get("vocab_size") or 0), len(tokenizer))
     return config
@@ -349,9 +359,10 @@ def _engine_field(field: list[Any]) -> list[Any]:
     """What the engine reads of a field: its class, ``dim`` and ``keep_on_cpu``. vLLM's flat fields
     carry the slices of the whole request in every item (its ``build_elems`` shares one field), so
     they change with the request's composition; the engine never reads them (``reduce_data``
-    concatenates along ``dim``)."""
+    concatenates along ``dim``). A shared field's ``batch_size`` is likewise the count of items the
+    HF call held (vLLM: the request's), and ``reduce_data`` takes the first item's data."""
     name, values = field
-    return [name, {k: v for k, v in values.items() if k != "slices"}]
+    return [name, {k: v for k, v in values.items() if k not in ("slices", "batch_size")}]
 
 
 def compare(vllm: Mapping[str, Any], mmfront: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,10 @@
 """LLaVA-OneVision: served by the transformers backend (its ``replace_image_token`` hook). This
-module declares the rest of what mmfront needs of it: the encoder the reference engine runs (its
-offline ``llava_onevision`` fixture is :mod:`mmfront.fixtures.models.llava_onevision`'s).
+module declares the rest of what mmfront needs of it: what vLLM 0.33's native
+``LlavaOnevisionForConditionalGeneration`` reads (LLaVA-NeXT's image fields,
+:mod:`mmfront.models.llava_next`, with the same intended difference: each image without the tile
+padding of the images beside it; and a video's frames ``[frames, C, H, W]`` per item, batched), and
+the encoder the reference engine runs on those fields (its offline ``llava_onevision`` fixture is
+:mod:`mmfront.fixtures.models.llava_onevision`'s).
 
 An image the processor gets in a flat list is tiled "anyres" (its base tile plus the tiles of the
 best grid point, newline-separated); transformers tiles only the base tile of an image that
@@ -10,14 +14,26 @@ serves too."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig
 from mmfront.models.catalog import register_model
+from mmfront.models.llava_next import anyres_tiles, llava_next_fields
 from mmfront.models.spec import ModelSpec, ReferenceModel
+from mmfront.processing.native import NativeInputs
+
+
+def llava_onevision_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, MultiModalFieldConfig]:
+    """vLLM's ``LlavaOnevisionMultiModalProcessor._get_mm_fields_config``: LLaVA-NeXT's image fields
+    and one video's frames per item."""
+    return {**llava_next_fields(hf_out, hf_processor), "pixel_values_videos": MultiModalFieldConfig.batched("video")}
+
+
+LLAVA_ONEVISION_NATIVE = NativeInputs(("LlavaOnevisionForConditionalGeneration",), llava_onevision_fields,
+                                      outputs=anyres_tiles, whole_range_embeds=True)
 
 
 def encode_llava_onevision(model: Any, modality: str, kwargs: BatchedTensorInputs,
@@ -61,4 +77,5 @@ LLAVA_ONEVISION = register_model(ModelSpec(
     model_type="llava_onevision",
     hf_processor_class="LlavaOnevisionProcessor",
     reference=ReferenceModel(encode_llava_onevision),
+    native=LLAVA_ONEVISION_NATIVE,
 ))

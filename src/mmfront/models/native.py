@@ -91,12 +91,13 @@ def folder_architectures(model_dir: str | Path | None) -> tuple[str, ...]:
 
 
 def resolve_model_impl(setting: str, architectures: tuple[str, ...], native: NativeInputs | None,
-                       device_normalize: bool | None, *, processor: str) -> ResolvedImpl:
+                       device_normalize: bool | None, *, processor: str, legacy_backend: bool = False) -> ResolvedImpl:
     """vLLM's resolution of ``--model-impl`` for ``architectures``, refusing a native class whose
     inputs mmfront has not proven equal to vLLM's.
 
     A folder naming no architecture is one no vLLM engine loads; it gets the transformers layout.
-    ``device_normalize`` ``None`` takes the class's default; ``True`` where the class cannot is
+    ``legacy_backend``: the Legacy transformers backend serves the folder, which a family may not be
+    proven on. ``device_normalize`` ``None`` takes the class's default; ``True`` where the class cannot is
     turned off, as vLLM does (with a warning there).
     """
     arch = next((a for a in architectures if a in VLLM_NATIVE_ARCHITECTURES), None)
@@ -112,5 +113,10 @@ def resolve_model_impl(setting: str, architectures: tuple[str, ...], native: Nat
             "is not yet proven equal to what that class reads (keys, field layout, dtype, normalisation): it is refused "
             "rather than sent in a form the engine would misread. Serve it with --model-impl transformers (vLLM's "
             "transformers backend, which mmfront serves); see docs/models.md.")
+    if legacy_backend and native.legacy_mismatch:
+        raise UnsupportedModelError(
+            f"{arch} runs vLLM 0.33's native class with --model-impl {setting}, and the Legacy transformers backend "
+            f"(transformers < 5.15) does not send {processor}'s items as that class reads them: {native.legacy_mismatch}. "
+            "Install transformers >= 5.15, or serve it with --model-impl transformers.")
     normalize = native.device_normalize if device_normalize is None else device_normalize and native.device_normalize
     return ResolvedImpl("vllm", native, normalize)

@@ -33,6 +33,12 @@ def _transformers_backend(config: MultiModalConfig, hf_processor: Any) -> Proces
     return select_backend(config, hf_processor)
 
 
+def _is_legacy(factory: ProcessorFactory) -> bool:
+    from mmfront.models.transformers import LegacyMultiModalProcessor
+
+    return issubclass(factory.processor_cls, LegacyMultiModalProcessor)
+
+
 def resolve_factory(hf_processor: Any, config: MultiModalConfig, model_type: str | None = None) -> ProcessorFactory:
     name = type(hf_processor).__name__
     native = native_factory(name, model_type)
@@ -81,6 +87,7 @@ def create_processor(
     info = factory.info_cls(hf_processor, model_id=model_id or default_id, config=config, model_dir=model_dir)
     spec = model_specs().get(model_type) if model_type else None
     resolved = resolve_model_impl(config.model_impl, folder_architectures(model_dir), spec.native if spec else None,
-                                  config.mm_device_do_normalize, processor=type(hf_processor).__name__)
+                                  config.mm_device_do_normalize, processor=type(hf_processor).__name__,
+                                  legacy_backend=_is_legacy(factory))
     info.native, info.device_normalize = resolved.native, resolved.device_normalize
     return factory.processor_cls(info)

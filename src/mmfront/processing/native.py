@@ -11,12 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
+from mmfront.parse import MultiModalDataItems
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "NativeInputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
 ``_get_mm_fields_config`` for the family. Keys it leaves out are not sent."""
+
+EngineOutputs = Callable[[dict[str, Any], Any, MultiModalDataItems], dict[str, Any]]
+"""``(one HF call's outputs, the HF processor, the items of that call) -> the outputs as vLLM's
+processor hands them to its fields``: where the backend lays an item's data out otherwise
+(LLaVA-NeXT's tiles ``[1, tiles, C, H, W]`` per image where vLLM's batched field gives ``[tiles, C,
+H, W]``), names it otherwise (InternVL's ``image_num_patches``) or vLLM adds what HF's call drops
+(Llama 4's ``aspect_ratios``, from the images' sizes)."""
 
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
@@ -32,6 +40,8 @@ class NativeInputs:
     """``config.json`` architectures this declaration covers."""
     fields: EngineFields | None = None
     """The family's field configs; ``None``: the module's native processor already sends vLLM's."""
+    outputs: EngineOutputs | None = None
+    """Reshapes the HF outputs into the layout :attr:`fields` splits (``None``: they already are)."""
     device_normalize: bool = False
     """vLLM's ``supports_mm_device_do_normalize`` for the class: the default of
     ``mm_device_do_normalize`` (raw uint8 pixels: the HF call gets :data:`DEVICE_NORMALIZE_KWARGS`)."""
@@ -39,6 +49,9 @@ class NativeInputs:
     """A loaded video's ``do_sample_frames`` (true where every frame was kept) reaches the HF call, as
     vLLM's transformers backend passes it. False: vLLM's native processor strips it from the metadata
     and HF keeps the frames it gets (Qwen2.5-VL: HF's own sampling of a short clip fails)."""
+    legacy_mismatch: str = ""
+    """Why the Legacy transformers backend (transformers < 5.15) does not send what the class reads:
+    the family is refused there for the native class (empty: Legacy is proven equal too)."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""

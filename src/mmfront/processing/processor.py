@@ -516,6 +516,8 @@ class BaseMultiModalProcessor(ABC):
         native = self.info.native
         if native is not None and native.fields is not None:
             own = {k: f for k, f in fields.items() if self.is_consumed_key(k)}
+            if native.outputs is not None:
+                hf_out = native.outputs(hf_out, self.info.hf_processor, mm_items)
             fields = {**native.fields(hf_out, self.info.hf_processor), **own}
         kw_items = MultiModalKwargsItems.from_hf_inputs(hf_out, fields)
         counts = mm_items.get_all_counts()
