@@ -180,13 +180,14 @@ def imports_of_test_code() -> list[str]:
 
 
 def mentions_of_mmfront_testing() -> list[str]:
-    """Each line of ``src/mmfront`` outside ``testing/`` naming ``mmfront.testing`` (what
-    ``grep -rn mmfront.testing src/mmfront`` finds), but the fixture users' imports of the public
-    fixtures API, as ``path:line``."""
+    """Each line of ``src/mmfront``'s sources outside ``testing/`` naming ``mmfront.testing`` (what
+    ``grep -rn mmfront.testing src/mmfront`` finds in a clean clone: no bytecode caches or built
+    extensions), but the fixture users' imports of the public fixtures API, as ``path:line``."""
     root = SRC / ROOT
     allowed = {f"{user.rpartition('.')[2]}.py" for user in FIXTURE_USERS}
     out: list[str] = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and "testing" not in p.relative_to(root).parts[:1]):
+    sources = (p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".so")
+    for path in sorted(p for p in sources if "testing" not in p.relative_to(root).parts[:1]):
         for n, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), 1):
             if "mmfront.testing" not in line:
                 continue

@@ -178,14 +178,25 @@ def test_every_field_has_a_sample_and_an_outcome() -> None:
     assert not set(IGNORED_AS_VLLM_DOES) & REFUSED
 
 
+SHOWN_ELSEWHERE = {
+    "return_tokens_as_token_ids": "it changes logprob tokens only, and the reference worker computes no logprobs: "
+                                  "tests/serve/test_vllm_serve_logprob_flags.py shows it honoured on a stock vLLM engine",
+    "tools": "honoured only with a tool parser and a template that renders tools (vLLM refuses 'auto' without "
+             "--enable-auto-tool-choice too): tests/serve/test_tools_vllm_serve.py shows it against vllm serve",
+    "tool_choice": "as tools: tests/serve/test_tools_vllm_serve.py and test_chat_parsing.py",
+    "parallel_tool_calls": "as tools: tests/serve/test_chat_parsing.py",
+    "include_reasoning": "changes an answer only with --reasoning-parser: tests/serve/test_tools_vllm_serve.py",
+}
+"""Fields this server (the reference worker, no parsers) cannot show honoured, and the tests that do."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("endpoint", "name"), CASES, ids=[f"{e}-{n}" for e, n in CASES])
 def test_a_field_is_honoured_or_refused_never_dropped(served: Served, endpoint: str, name: str) -> None:
     if name in ("structured_outputs", "response_format"):
         pytest.importorskip("xgrammar", reason="xgrammar is not installed (a dependency of mmfront: pip install -e .)")
-    if name == "return_tokens_as_token_ids":
-        pytest.skip("it changes logprob tokens only, and the reference worker computes no logprobs: "
-                    "tests/serve/test_vllm_serve_logprob_flags.py shows it honoured on a stock vLLM engine")
+    if name in SHOWN_ELSEWHERE:
+        pytest.skip(f"{name}: {SHOWN_ELSEWHERE[name]}")
     path, _, base = ENDPOINTS[endpoint]
     company = EXTRA.get(name, {}).get(endpoint, {})
     sent = {**base, **company}
