@@ -11,12 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
+from mmfront.parse import MultiModalDataItems
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "NativeInputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
 ``_get_mm_fields_config`` for the family. Keys it leaves out are not sent."""
+
+EngineOutputs = Callable[[dict[str, Any], Any, MultiModalDataItems, Mapping[str, Any]], dict[str, Any]]
+"""``(one HF call's outputs, the HF processor, the call's items, its HF kwargs) -> outputs``: what vLLM's processor
+for the family adds to or reshapes in the HF outputs before it splits them into items
+(``_call_hf_processor`` / ``_postprocess_hf_mm_data``: Idefics3's ``num_patches``)."""
 
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
@@ -39,6 +45,9 @@ class NativeInputs:
     """A loaded video's ``do_sample_frames`` (true where every frame was kept) reaches the HF call, as
     vLLM's transformers backend passes it. False: vLLM's native processor strips it from the metadata
     and HF keeps the frames it gets (Qwen2.5-VL: HF's own sampling of a short clip fails)."""
+    outputs: EngineOutputs | None = None
+    """The family's own outputs (keys vLLM's processor computes, layouts it reshapes), made before
+    :attr:`fields` splits them; ``None``: HF's outputs as they are."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
