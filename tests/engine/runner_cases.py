@@ -19,7 +19,7 @@ import soundfile
 import torch
 import transformers
 
-from mmfront import InputPreprocessor, InputProcessor
+from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.runner import ModelRunner
 from mmfront.fixtures.catalog import fixture_kinds
 from mmfront.testing.media import image_data_url, make_audio, make_image, wav_bytes
@@ -82,9 +82,16 @@ class Family:
     def hf_model(self) -> Any:
         return getattr(transformers, fixture_kinds()[self.kind].architecture).from_pretrained(self.folder).to(DEVICE)
 
+    @property
+    def config(self) -> MultiModalConfig:
+        """``ModelRunner(folder)`` runs the checkpoint's own dtype, so the frontend is told that
+        dtype (as ``vllm serve --dtype`` would be), not ``--dtype auto``'s bfloat16 for a float32
+        checkpoint."""
+        return MultiModalConfig(dtype=fixture_kinds()[self.kind].torch_dtype)  # type: ignore[arg-type]
+
     @cached_property
     def input_processor(self) -> InputProcessor:
-        return InputProcessor(InputPreprocessor(self.folder))
+        return InputProcessor(InputPreprocessor(self.folder, self.config))
 
     def request(self, request_id: str, turns: Sequence[Sequence[Item]], max_tokens: int = MAX_TOKENS,
                 **params: Any) -> EngineCoreRequest:

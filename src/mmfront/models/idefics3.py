@@ -56,12 +56,26 @@ def idefics3_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, M
 
 def encode_idefics3_images(model: Any, modality: str, kwargs: BatchedTensorInputs,
                            features: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
-    """The vision tower and connector on every tile; an image owns its tiles' rows."""
-    pixel_values = kwargs["pixel_values"]
-    pooled = pooled_rows(model.get_image_features(pixel_values, kwargs.get("pixel_attention_mask"), return_dict=True))
-    tiles = [f.data["pixel_values"].data.shape[1] for f in features]  # type: ignore[index, union-attr]
+    """The vision tower and connector on every tile; an image owns its tiles' rows. vLLM's native
+    layout sends the tiles ``[tiles, C, H, W]`` with each image's ``num_patches``; the transformers
+    backend's ``[1, tiles, C, H, W]`` per image."""
+    pixel_values: torch.Tensor = kwargs["pixel_values"]  # type: ignore[assignment]
+    mask = kwargs.get("pixel_attention_mask")
+    if pixel_values.ndim == 4:
+        pixel_values = pixel_values[None]
+        mask = mask[None] if isinstance(mask, torch.Tensor) else mask
+    pooled = pooled_rows(model.get_image_features(pixel_values, mask, return_dict=True))
+    tiles = [_tiles(f) for f in features]
     per_tile = pooled.shape[0] // max(sum(tiles), 1)
     return split_rows(pooled, [t * per_tile for t in tiles])
+
+
+def _tiles(feature: MultiModalFeatureSpec) -> int:
+    data = feature.data
+    assert data is not None
+    if "num_patches" in data:
+        return int(data["num_patches"].data)  # type: ignore[arg-type]
+    return int(data["pixel_values"].data.shape[1])  # type: ignore[union-attr]
 
 
 IDEFICS3_NATIVE = NativeInputs(("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
