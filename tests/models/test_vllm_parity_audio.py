@@ -11,6 +11,7 @@ clip twice. The families of this group that stay refused are checked with their 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from vllm_parity import AUDIO_SECONDS, Case, default_cases, family_folder, promp
 
 from mmfront import MultiModalConfig
 from mmfront.cache.factory import processor_only_cache_from_config
-from mmfront.errors import UnsupportedModelError
+from mmfront.errors import ProcessorError, UnsupportedModelError
 from mmfront.models.registry import create_processor
 from mmfront.testing.media import make_audio
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
@@ -110,3 +111,20 @@ def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> 
     assert (hit["prompt_token_ids"], hit["mm_hashes"], hit["mm_placeholders"]) == (
         miss["prompt_token_ids"], miss["mm_hashes"], miss["mm_placeholders"])
     assert _frames(hit) == _frames(miss)
+
+
+@pytest.mark.parametrize(("processor_class", "why"), [
+    ("Qwen2AudioProcessor", "its ranges span <|audio_bos|> and <|audio_eos|>"),
+    ("Idefics3Processor", "cannot locate each tiled image's expansion")])
+def test_legacy_backend_is_refused_for_the_native_class(processor_class: str, why: str, root: Path) -> None:
+    """HF < 5.15 wraps a bare ``<|AUDIO|>`` in ``<|audio_bos|>``/``<|audio_eos|>`` (ids vLLM does not
+    send); the Legacy backend does not locate Idefics3's tiled expansions on these folders."""
+    folder, _ = family_folder(processor_class, root)
+    with pytest.raises(UnsupportedModelError, match=f"Legacy transformers backend.*{re.escape(why)}"):
+        create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
+    backend = MultiModalConfig(transformers_backend="legacy", model_impl="transformers")
+    if processor_class == "Idefics3Processor":  # the Legacy backend serves no layout of this folder
+        with pytest.raises(ProcessorError, match="Could not locate 2 image item"):
+            create_processor(folder, backend)
+    else:
+        assert create_processor(folder, backend).info.native is None

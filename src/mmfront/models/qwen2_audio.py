@@ -49,8 +49,9 @@ def encode_qwen2_audio(model: Any, modality: str, kwargs: BatchedTensorInputs,
     return [projected[i, :n] for i, n in enumerate(out_lengths.tolist())]
 
 
-QWEN2_AUDIO_NATIVE = NativeInputs(("Qwen2AudioForConditionalGeneration",), qwen2_audio_fields,
-                                  whole_range_embeds=True)
+QWEN2_AUDIO_NATIVE = NativeInputs(
+    ("Qwen2AudioForConditionalGeneration",), qwen2_audio_fields, whole_range_embeds=True,
+    legacy_refusal="its ranges span <|audio_bos|> and <|audio_eos|>, vLLM's the audio tokens alone")
 
 QWEN2_AUDIO = register_model(ModelSpec(
     model_type="qwen2_audio",

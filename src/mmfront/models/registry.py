@@ -82,5 +82,16 @@ def create_processor(
     spec = model_specs().get(model_type) if model_type else None
     resolved = resolve_model_impl(config.model_impl, folder_architectures(model_dir), spec.native if spec else None,
                                   config.mm_device_do_normalize, processor=type(hf_processor).__name__)
+    if resolved.native is not None and resolved.native.legacy_refusal and _is_legacy(factory):
+        raise UnsupportedModelError(
+            f"{type(hf_processor).__name__} under the Legacy transformers backend (transformers < 5.15) does not send "
+            f"what vLLM 0.33's native class reads: {resolved.native.legacy_refusal}. Upgrade transformers to >= 5.15, "
+            "or serve it with --model-impl transformers (vLLM's transformers backend).")
     info.native, info.device_normalize = resolved.native, resolved.device_normalize
     return factory.processor_cls(info)
+
+
+def _is_legacy(factory: ProcessorFactory) -> bool:
+    from mmfront.models.transformers import LegacyMultiModalProcessor
+
+    return issubclass(factory.processor_cls, LegacyMultiModalProcessor)

@@ -48,6 +48,9 @@ class NativeInputs:
     outputs: EngineOutputs | None = None
     """The family's own outputs (keys vLLM's processor computes, layouts it reshapes), made before
     :attr:`fields` splits them; ``None``: HF's outputs as they are."""
+    legacy_refusal: str = ""
+    """Why the Legacy transformers backend (transformers < 5.15) does not send these inputs as vLLM
+    does, so the family is refused there; empty: it sends them too."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
