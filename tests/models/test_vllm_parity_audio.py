@@ -1,10 +1,11 @@
-"""Idefics3, SmolVLM and Qwen2-Audio send what vLLM 0.33's native frontend sends (the ``num_patches``
+"""Idefics3, SmolVLM, Qwen2-Audio and Gemma 3n send what vLLM 0.33's native frontend sends (the ``num_patches``
 and audio families; the harness is ``vllm_parity``, see ``test_vllm_parity.py``).
 
 Idefics3 and SmolVLM (vLLM runs ``Idefics3MultiModalProcessor`` for both): the tiles ``[tiles, C, H,
 W]`` and their masks flat along dim 0 by each image's ``num_patches`` (batched, on the CPU: vLLM's
 model pops it without a default), ranges masked to the image tokens. Qwen2-Audio: a clip's
-``input_features`` and ``feature_attention_mask`` batched, ranges without a mask. Images of three
+``input_features`` and ``feature_attention_mask`` batched, ranges without a mask. Gemma 3n: an
+image's pixels and a clip's ``input_features_padded`` (its own frames) batched. Images of three
 sizes and aspect ratios, two images, the same image twice; clips of two lengths, two clips, the same
 clip twice. The families of this group that stay refused are checked with their reasons.
 """
@@ -28,12 +29,12 @@ from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 PEER = vllm_peer_python()
 needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
 
-PROVEN = ("Idefics3Processor", "SmolVLMProcessor", "Qwen2AudioProcessor")
+PROVEN = ("Idefics3Processor", "SmolVLMProcessor", "Qwen2AudioProcessor", "Gemma3nProcessor")
+VLLM_PROCESSOR = {"Qwen2AudioProcessor": "Qwen2AudioMultiModalProcessor", "Gemma3nProcessor": "Gemma3nMultiModalProcessor"}
 
 REFUSED = {
     "GlmAsrProcessor": "vLLM 0.33 calls HF's GlmAsrProcessor with one text for all of a prompt's clips, which HF "
                        "refuses (1 text : 1 audio), so two clips fail there; its chunk_counts layout is not yet sent",
-    "Gemma3nProcessor": "input_features_padded (each clip trimmed to its length alone) not yet sent",
     "Lfm2VlProcessor": "num_patches of a tiled image (vLLM's grid layout) not yet computed",
 }
 """Families of this group still refused for ``--model-impl auto``, and why (docs/vllm-parity.md)."""
@@ -60,8 +61,7 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     assert "vllm_error" not in result and "mmfront_error" not in result, result
     assert result["mmfront_impl"] == "native"
     resolved = result["vllm"]["resolved"]
-    assert resolved["processor"] == ("Qwen2AudioMultiModalProcessor" if processor_class == "Qwen2AudioProcessor"
-                                     else "Idefics3MultiModalProcessor")
+    assert resolved["processor"] == VLLM_PROCESSOR.get(processor_class, "Idefics3MultiModalProcessor")
     assert resolved["dtype"] == "bfloat16" and resolved["mm_device_do_normalize"] is False
     for name, diff in result["diff"].items():
         assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
@@ -76,6 +76,18 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
         assert first == second
         ranges = vllm["audio_two"]["mm_placeholders"]["audio"]
         assert [r[1] for r in ranges] == [25, 40] and all(r[2] is None for r in ranges)
+        return
+    if processor_class == "Gemma3nProcessor":
+        assert set(result["diff"]) == {"image_one", "image_tall", "image_two", "image_same_twice", "audio_one",
+                                       "audio_two"}
+        first, second = vllm["audio_two"]["mm_kwargs"]["audio"]
+        assert sorted(first) == ["input_features_mask", "input_features_padded"]
+        assert first["input_features_padded"]["field"] == ["batched", {"keep_on_cpu": False}]
+        # each clip trimmed to its own frames (1.0 s and 1.6 s), whatever it was processed with
+        assert (first["input_features_padded"]["data"][2], second["input_features_padded"]["data"][2]) == (
+            [97, 128], [157, 128])
+        (image,) = vllm["image_one"]["mm_kwargs"]["image"]
+        assert image["pixel_values"]["field"][0] == "batched" and image["pixel_values"]["data"][2] == [3, 224, 224]
         return
     assert set(result["diff"]) == {"image_one", "image_tall", "image_two", "image_same_twice"}
     first, second = vllm["image_two"]["mm_kwargs"]["image"]
@@ -115,7 +127,8 @@ def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> 
 
 @pytest.mark.parametrize(("processor_class", "why"), [
     ("Qwen2AudioProcessor", "its ranges span <|audio_bos|> and <|audio_eos|>"),
-    ("Idefics3Processor", "cannot locate each tiled image's expansion")])
+    ("Idefics3Processor", "cannot locate each tiled image's expansion"),
+    ("Gemma3nProcessor", "its ranges cover the soft tokens alone")])
 def test_legacy_backend_is_refused_for_the_native_class(processor_class: str, why: str, root: Path) -> None:
     """HF < 5.15 wraps a bare ``<|AUDIO|>`` in ``<|audio_bos|>``/``<|audio_eos|>`` (ids vLLM does not
     send); the Legacy backend does not locate Idefics3's tiled expansions on these folders."""
