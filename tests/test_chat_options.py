@@ -23,6 +23,9 @@ from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.testing.media import make_audio, wav_bytes
 from mmfront.wire.messages import Direction, decode_message
 
+# GLM-ASR's native inputs are not proven equal to vLLM's (refused for --model-impl auto): its transformers layout
+GLMASR_IMPL = "transformers"
+
 TEMPLATE = ("{% if tools %}[tools:{{ tools | map(attribute='function.name') | join(',') }}]{% endif %}"
             "{% if flavor is defined %}[{{ flavor }}]{% endif %}"
             "{% for m in messages %}<{{ m['role'] }}>{% for p in m['content'] %}{{ p['text'] }}{% endfor %}{% endfor %}"
@@ -116,7 +119,7 @@ def test_chat_options_on_a_plain_prompt_are_refused(pre: InputPreprocessor, opti
 def test_glmasr_folder_ships_its_real_template(glmasr_dir: Path) -> None:
     assert (glmasr_dir / "chat_template.jinja").read_text() == GLMASR_CHAT_TEMPLATE
     audio = base64.b64encode(wav_bytes(make_audio(1.0), 16000)).decode()
-    proc = create_processor(glmasr_dir)
+    proc = create_processor(glmasr_dir, MultiModalConfig(model_impl=GLMASR_IMPL))
     chat = parse_chat_messages([{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
         {"type": "text", "text": "Please transcribe this audio into text"}]}],
@@ -134,8 +137,8 @@ def test_folder_without_a_template_gets_one_from_the_config(glmasr_dir: Path, tm
         if item.name != "chat_template.jinja":
             (bare / item.name).write_bytes(item.read_bytes())
     with pytest.raises(ChatFormatError, match=r"no chat template: set MultiModalConfig\(chat_template=\.\.\.\)"):
-        InputPreprocessor(bare).preprocess(MESSAGES)
-    pre = InputPreprocessor(bare, MultiModalConfig(chat_template=GLMASR_CHAT_TEMPLATE))
+        InputPreprocessor(bare, MultiModalConfig(model_impl=GLMASR_IMPL)).preprocess(MESSAGES)
+    pre = InputPreprocessor(bare, MultiModalConfig(chat_template=GLMASR_CHAT_TEMPLATE, model_impl=GLMASR_IMPL))
     assert pre.preprocess(MESSAGES)["prompt"] == "<|user|>\nHi<|assistant|>\n"
-    trusting = InputPreprocessor(bare, MultiModalConfig(trust_request_chat_template=True))
+    trusting = InputPreprocessor(bare, MultiModalConfig(trust_request_chat_template=True, model_impl=GLMASR_IMPL))
     assert trusting.preprocess(MESSAGES, chat_template=GLMASR_CHAT_TEMPLATE)["prompt"] == "<|user|>\nHi<|assistant|>\n"

@@ -34,7 +34,7 @@ def declarations(spec: ModelSpec) -> str:
     out += [what for what, declared in (
         ("backend placeholders", spec.backend_placeholders), ("video metadata", spec.video_needs_metadata),
         ("prompt layout", spec.prompt_layout), ("unexpanded placeholders", spec.unexpanded_placeholders),
-        ("prompt outputs", spec.prompt_outputs)) if declared]
+        ("prompt outputs", spec.prompt_outputs), ("vLLM native inputs", spec.native)) if declared]
     return ", ".join(out)
 
 
@@ -80,10 +80,11 @@ def test_readme_model_list_is_the_catalogs() -> None:
 
 def test_the_model_list_names_every_model_module_and_what_it_declares() -> None:
     rows = [line for line in model_list().splitlines() if line.startswith("| `")]
-    assert rows[0] == ("| `gemma3` | `Gemma3Processor` | native processor | option `max_pan_and_scan_crops`, "
-                       "reference encoder, backend placeholders |")
+    assert ("| `gemma3` | `Gemma3Processor` | native processor | option `max_pan_and_scan_crops`, "
+            "reference encoder, backend placeholders, vLLM native inputs |") in rows
     assert "| `qwen2_5_vl` | `Qwen2_5_VLProcessor` | transformers backend | reference encoder, M-RoPE positions, " \
-           "video metadata |" in rows
+           "video metadata, vLLM native inputs |" in rows
+    assert "| `smolvlm` | `SmolVLMProcessor` | transformers backend | vLLM native inputs |" in rows
     assert len(rows) == len(model_specs()) and not any("`emu3`" in row or "`glmasr`" in row for row in rows)
 
 

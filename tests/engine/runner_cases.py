@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -73,9 +73,6 @@ class Family:
     folder: Path
     media_kwarg: str
     """The HF processor's keyword for the items: ``images`` or ``audio``."""
-    config: MultiModalConfig = field(default_factory=MultiModalConfig)
-    """The frontend's settings (``dtype="float32"``: what the reference engine running a float32
-    checkpoint in float32 reads, as ``vllm serve --dtype float32`` would be told)."""
 
     @cached_property
     def hf_processor(self) -> Any:
@@ -84,6 +81,13 @@ class Family:
     @cached_property
     def hf_model(self) -> Any:
         return getattr(transformers, fixture_kinds()[self.kind].architecture).from_pretrained(self.folder).to(DEVICE)
+
+    @property
+    def config(self) -> MultiModalConfig:
+        """``ModelRunner(folder)`` runs the checkpoint's own dtype, so the frontend is told that
+        dtype (as ``vllm serve --dtype`` would be), not ``--dtype auto``'s bfloat16 for a float32
+        checkpoint."""
+        return MultiModalConfig(dtype=fixture_kinds()[self.kind].torch_dtype)  # type: ignore[arg-type]
 
     @cached_property
     def input_processor(self) -> InputProcessor:

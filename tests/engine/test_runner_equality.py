@@ -58,7 +58,7 @@ def test_items_from_the_p1_cache_give_the_same_tokens(family: tuple[Family, list
     """The second request's items are P0 cache hits sent without data; P1's receiver cache
     (filled by the first request) supplies them to a runner that has never encoded them."""
     fam, turns = family
-    pre = InputPreprocessor(fam.folder)
+    pre = InputPreprocessor(fam.folder, fam.config)
     processor = InputProcessor(pre)
     params = SamplingParams(max_tokens=8, temperature=0.0)
     receiver = LruKeyReplicatedReceiverCache(pre.config.mm_processor_cache_bytes)

@@ -17,7 +17,7 @@ from runner_cases import Family, Item, conversation, image_item
 from test_frontends import _stop
 
 from local_services import start_worker_command
-from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
+from mmfront import InputPreprocessor, InputProcessor
 from mmfront.engine import runner as runner_module
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.runner import ModelRunner
@@ -47,7 +47,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     # the reference engine runs these float32 checkpoints in float32: the frontend sends float32 pixels
     # (vLLM's --dtype float32), not the bfloat16 of --dtype auto, so the logits compare at float tolerance
     folder = build_model_folder(kind, tmp_path_factory.mktemp(kind), with_weights=True)
-    return Family(kind, folder, "images", MultiModalConfig(dtype="float32"))
+    return Family(kind, folder, "images")
 
 
 async def _chat(client: AsyncEngineClient, request_id: str, turns: list[list[Item]]) -> list[int]:

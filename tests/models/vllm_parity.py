@@ -30,10 +30,11 @@ from typing import Any
 
 import msgspec
 
+from mmfront.testing.coverage import generation_architecture as architecture_of
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "4"
+VERSION = "5"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
@@ -106,20 +107,6 @@ def native_architectures(python: Path) -> dict[str, str]:
             "print(json.dumps({k: v[0] for k, v in M.items()}))")
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=_peer_env(), check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def architecture_of(model_type: str) -> str | None:
-    """The generation architecture transformers maps ``model_type`` to."""
-    from transformers.models.auto import modeling_auto as m
-
-    for table in ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
-                  "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-                  "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"):
-        names = getattr(m, table, {})
-        if model_type in names:
-            value = names[model_type]
-            return value[0] if isinstance(value, (list, tuple)) else value
-    return None
 
 
 def _token_id(tokenizer: Any, processor: Any, prefix: str) -> int | None:

@@ -24,7 +24,8 @@ from mmfront.processing.native import NativeInputs
 __all__ = ["INTERNVL", "INTERNVL_NATIVE", "internvl_fields", "internvl_outputs"]
 
 
-def internvl_outputs(hf_out: dict[str, Any], hf_processor: Any, mm_items: MultiModalDataItems) -> dict[str, Any]:
+def internvl_outputs(hf_out: dict[str, Any], hf_processor: Any, mm_items: MultiModalDataItems,
+                     hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The backend's per-image tile counts under vLLM's name, and the context token's id."""
     out = dict(hf_out)
     if "num_image_patches" in out:

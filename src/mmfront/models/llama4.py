@@ -24,7 +24,8 @@ from mmfront.processing.native import NativeInputs
 __all__ = ["LLAMA4", "LLAMA4_NATIVE", "llama4_fields", "llama4_outputs"]
 
 
-def llama4_outputs(hf_out: dict[str, Any], hf_processor: Any, mm_items: MultiModalDataItems) -> dict[str, Any]:
+def llama4_outputs(hf_out: dict[str, Any], hf_processor: Any, mm_items: MultiModalDataItems,
+                   hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Each image's tile grid, found as HF's image processor finds it, and its tile count."""
     if "image" not in mm_items or "num_image_patches" not in hf_out:
         return hf_out

@@ -30,7 +30,8 @@ from mmfront.processing.native import NativeInputs
 __all__ = ["LLAVA_NEXT", "LLAVA_NEXT_NATIVE", "anyres_tiles", "llava_next_fields"]
 
 
-def anyres_tiles(hf_out: dict[str, Any], hf_processor: Any, mm_items: MultiModalDataItems) -> dict[str, Any]:
+def anyres_tiles(hf_out: dict[str, Any], hf_processor: Any, mm_items: MultiModalDataItems,
+                 hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Each image's tiles as ``[tiles, C, H, W]``: the backend keeps an image's ``[1, tiles, C, H, W]``
     where a call's images had different tile counts (one call's ``[images, tiles, C, H, W]`` is
     split by the batched field as it is)."""

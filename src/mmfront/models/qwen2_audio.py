@@ -1,17 +1,34 @@
-"""Qwen2-Audio: served by the transformers backend (its ``replace_audio_token`` hook from 5.16).
-This module declares the rest of what mmfront needs of it: the encoder the reference engine runs
-(its offline ``qwen2_audio`` fixture is :mod:`mmfront.fixtures.models.qwen2_audio`'s)."""
+"""Qwen2-Audio: served by the transformers backend's HF call (its ``replace_audio_token`` hook from
+5.16); what vLLM 0.33's native ``Qwen2AudioForConditionalGeneration`` reads is declared here, with
+the encoder the reference engine runs (its offline ``qwen2_audio`` fixture is
+:mod:`mmfront.fixtures.models.qwen2_audio`'s).
+
+vLLM's ``_qwen2audio_field_config``: one clip's ``input_features`` ``[mel, frames]`` and its
+``feature_attention_mask`` per item (batched), and a plain replacement of ``<|AUDIO|>`` by the
+clip's tokens (no ``is_embed`` mask).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec
+from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig
 from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel
+from mmfront.processing.native import NativeInputs
+
+__all__ = ["QWEN2_AUDIO", "QWEN2_AUDIO_NATIVE", "encode_qwen2_audio", "qwen2_audio_fields"]
+
+
+def qwen2_audio_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, MultiModalFieldConfig]:
+    """vLLM's ``_qwen2audio_field_config``: features, mask and embeddings one per clip."""
+    return {"audio_embeds": MultiModalFieldConfig.batched("audio"),
+            "audio_num_tokens": MultiModalFieldConfig.batched("audio", keep_on_cpu=True),
+            "input_features": MultiModalFieldConfig.batched("audio"),
+            "feature_attention_mask": MultiModalFieldConfig.batched("audio")}
 
 
 def encode_qwen2_audio(model: Any, modality: str, kwargs: BatchedTensorInputs,
@@ -32,8 +49,13 @@ def encode_qwen2_audio(model: Any, modality: str, kwargs: BatchedTensorInputs,
     return [projected[i, :n] for i, n in enumerate(out_lengths.tolist())]
 
 
+QWEN2_AUDIO_NATIVE = NativeInputs(
+    ("Qwen2AudioForConditionalGeneration",), qwen2_audio_fields, whole_range_embeds=True,
+    legacy_mismatch="its ranges span <|audio_bos|> and <|audio_eos|>, vLLM's the audio tokens alone")
+
 QWEN2_AUDIO = register_model(ModelSpec(
     model_type="qwen2_audio",
     hf_processor_class="Qwen2AudioProcessor",
     reference=ReferenceModel(encode_qwen2_audio),
+    native=QWEN2_AUDIO_NATIVE,
 ))

@@ -19,12 +19,12 @@ EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldCo
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
 ``_get_mm_fields_config`` for the family. Keys it leaves out are not sent."""
 
-EngineOutputs = Callable[[dict[str, Any], Any, MultiModalDataItems], dict[str, Any]]
-"""``(one HF call's outputs, the HF processor, the items of that call) -> the outputs as vLLM's
-processor hands them to its fields``: where the backend lays an item's data out otherwise
+EngineOutputs = Callable[[dict[str, Any], Any, MultiModalDataItems, Mapping[str, Any]], dict[str, Any]]
+"""``(one HF call's outputs, the HF processor, the items of that call, its HF kwargs) -> the outputs
+as vLLM's processor hands them to its fields``: where the backend lays an item's data out otherwise
 (LLaVA-NeXT's tiles ``[1, tiles, C, H, W]`` per image where vLLM's batched field gives ``[tiles, C,
 H, W]``), names it otherwise (InternVL's ``image_num_patches``) or vLLM adds what HF's call drops
-(Llama 4's ``aspect_ratios``, from the images' sizes)."""
+(Llama 4's ``aspect_ratios`` from the images' sizes, Idefics3's ``num_patches``)."""
 
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):

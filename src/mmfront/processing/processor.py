@@ -514,10 +514,10 @@ class BaseMultiModalProcessor(ABC):
         hf_out = {k: cast_floating(v, self.info.model_dtype) for k, v in hf_out.items()}
         fields = self._get_mm_fields_config(hf_out, hf_kwargs)
         native = self.info.native
+        if native is not None and native.outputs is not None:
+            hf_out = native.outputs(hf_out, self.info.hf_processor, mm_items, hf_kwargs)
         if native is not None and native.fields is not None:
             own = {k: f for k, f in fields.items() if self.is_consumed_key(k)}
-            if native.outputs is not None:
-                hf_out = native.outputs(hf_out, self.info.hf_processor, mm_items)
             fields = {**native.fields(hf_out, self.info.hf_processor), **own}
         kw_items = MultiModalKwargsItems.from_hf_inputs(hf_out, fields)
         counts = mm_items.get_all_counts()

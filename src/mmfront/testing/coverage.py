@@ -517,6 +517,47 @@ def _status_cell(c: Coverage) -> str:
     return c.status
 
 
+VLLM_NATIVE = "equal to vLLM native"
+VLLM_HF_ONLY = "HF only"
+VLLM_REFUSED = "refused"
+
+
+def generation_architecture(model_type: str) -> str | None:
+    """The generation architecture transformers maps ``model_type`` to (what a checkpoint's
+    ``config.json`` names, and so the class vLLM resolves)."""
+    from transformers.models.auto import modeling_auto as m
+
+    for table in ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
+                  "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+                  "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"):
+        names = getattr(m, table, {})
+        if model_type in names:
+            value = names[model_type]
+            return value[0] if isinstance(value, (list, tuple)) else value
+    return None
+
+
+def vllm_equality(outcome: Coverage) -> str:
+    """What vLLM 0.33's engine gets for a processor under ``--model-impl auto``: where vLLM has a
+    native class, the inputs the parity suite proved equal to its frontend's (``ModelSpec.native``),
+    else a refusal; where it runs its transformers backend, what is proven against HF ("HF only")
+    (docs/vllm-parity.md)."""
+    from mmfront.fixtures.generic import processor_recipe
+    from mmfront.models.catalog import model_specs
+    from mmfront.models.native import VLLM_NATIVE_ARCHITECTURES
+
+    if outcome.status not in (SERVED, MISMATCH):
+        return VLLM_REFUSED if outcome.status == REFUSED else "—"
+    model_type = processor_recipe(outcome.processor_class).model_type
+    architecture = generation_architecture(model_type)
+    if architecture in VLLM_NATIVE_ARCHITECTURES:
+        spec = model_specs().get(model_type)
+        if spec is not None and spec.native is not None and architecture in spec.native.architectures:
+            return f"**{VLLM_NATIVE}**"
+        return f"{VLLM_REFUSED} (native class not yet proven)"
+    return VLLM_HF_ONLY if outcome.status == SERVED else "—"
+
+
 def render_table(outcomes: Sequence[Coverage]) -> str:
     """The markdown table of ``outcomes`` (one row per processor, sorted), with a count line."""
     import transformers
@@ -531,13 +572,13 @@ def render_table(outcomes: Sequence[Coverage]) -> str:
     lines = [
         f"{len(outcomes)} processors under transformers {transformers.__version__}: {summary}.",
         "",
-        "| processor | status | modalities | reason / notes | error a user gets |",
-        "|---|---|---|---|---|",
+        "| processor | status | vLLM (`--model-impl auto`) | modalities | reason / notes | error a user gets |",
+        "|---|---|---|---|---|---|",
     ]
     for c in sorted(outcomes, key=lambda c: c.processor_class.lower()):
         reason = "; ".join(c.notes) if c.status == SERVED else c.reason
-        lines.append(f"| `{c.processor_class}` | {_status_cell(c)} | {', '.join(c.modalities)} | {cell(reason)} | "
-                     f"{f'`{c.error}`' if c.error else ''} |")
+        lines.append(f"| `{c.processor_class}` | {_status_cell(c)} | {vllm_equality(c)} | {', '.join(c.modalities)} | "
+                     f"{cell(reason)} | {f'`{c.error}`' if c.error else ''} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,143 @@
+"""Idefics3, SmolVLM, Qwen2-Audio and Gemma 3n send what vLLM 0.33's native frontend sends (the ``num_patches``
+and audio families; the harness is ``vllm_parity``, see ``test_vllm_parity.py``).
+
+Idefics3 and SmolVLM (vLLM runs ``Idefics3MultiModalProcessor`` for both): the tiles ``[tiles, C, H,
+W]`` and their masks flat along dim 0 by each image's ``num_patches`` (batched, on the CPU: vLLM's
+model pops it without a default), ranges masked to the image tokens. Qwen2-Audio: a clip's
+``input_features`` and ``feature_attention_mask`` batched, ranges without a mask. Gemma 3n: an
+image's pixels and a clip's ``input_features_padded`` (its own frames) batched. Images of three
+sizes and aspect ratios, two images, the same image twice; clips of two lengths, two clips, the same
+clip twice. The families of this group that stay refused are checked with their reasons.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from test_vllm_parity import _frames
+from vllm_parity import AUDIO_SECONDS, Case, default_cases, family_folder, prompt_for, run_family
+
+from mmfront import MultiModalConfig
+from mmfront.cache.factory import processor_only_cache_from_config
+from mmfront.errors import ProcessorError, UnsupportedModelError
+from mmfront.models.registry import create_processor
+from mmfront.testing.media import make_audio
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
+
+PEER = vllm_peer_python()
+needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
+
+PROVEN = ("Idefics3Processor", "SmolVLMProcessor", "Qwen2AudioProcessor", "Gemma3nProcessor")
+VLLM_PROCESSOR = {"Qwen2AudioProcessor": "Qwen2AudioMultiModalProcessor", "Gemma3nProcessor": "Gemma3nMultiModalProcessor"}
+
+REFUSED = {
+    "GlmAsrProcessor": "vLLM 0.33 calls HF's GlmAsrProcessor with one text for all of a prompt's clips, which HF "
+                       "refuses (1 text : 1 audio), so two clips fail there; its chunk_counts layout is not yet sent",
+    "Lfm2VlProcessor": "num_patches of a tiled image (vLLM's grid layout) not yet computed",
+}
+"""Families of this group still refused for ``--model-impl auto``, and why (docs/vllm-parity.md)."""
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("parity-audio")
+
+
+def cases(processor_class: str) -> list[Case] | None:
+    """The default cases; Qwen2-Audio's add the same clip twice."""
+    if processor_class != "Qwen2AudioProcessor":
+        return None
+    clip = (make_audio(AUDIO_SECONDS[1], 16000, seed=1), 16000)
+    return [*default_cases(["audio"]), Case("audio_same_twice", "audio", [clip, clip])]
+
+
+@needs_peer
+@pytest.mark.slow
+@pytest.mark.parametrize("processor_class", PROVEN)
+def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> None:
+    result = run_family(processor_class, root, cases=cases(processor_class))
+    assert "vllm_error" not in result and "mmfront_error" not in result, result
+    assert result["mmfront_impl"] == "native"
+    resolved = result["vllm"]["resolved"]
+    assert resolved["processor"] == VLLM_PROCESSOR.get(processor_class, "Idefics3MultiModalProcessor")
+    assert resolved["dtype"] == "bfloat16" and resolved["mm_device_do_normalize"] is False
+    for name, diff in result["diff"].items():
+        assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
+    vllm = result["vllm"]["cases"]
+    if processor_class == "Qwen2AudioProcessor":
+        assert set(result["diff"]) == {"audio_one", "audio_two", "audio_same_twice"}
+        (item,) = vllm["audio_one"]["mm_kwargs"]["audio"]
+        assert sorted(item) == ["feature_attention_mask", "input_features"]
+        assert item["input_features"]["field"] == ["batched", {"keep_on_cpu": False}]
+        assert item["input_features"]["data"][1:3] == ["bfloat16", [80, 3000]]
+        first, second = vllm["audio_same_twice"]["mm_hashes"]["audio"]
+        assert first == second
+        ranges = vllm["audio_two"]["mm_placeholders"]["audio"]
+        assert [r[1] for r in ranges] == [25, 40] and all(r[2] is None for r in ranges)
+        return
+    if processor_class == "Gemma3nProcessor":
+        assert set(result["diff"]) == {"image_one", "image_tall", "image_two", "image_same_twice", "audio_one",
+                                       "audio_two"}
+        first, second = vllm["audio_two"]["mm_kwargs"]["audio"]
+        assert sorted(first) == ["input_features_mask", "input_features_padded"]
+        assert first["input_features_padded"]["field"] == ["batched", {"keep_on_cpu": False}]
+        # each clip trimmed to its own frames (1.0 s and 1.6 s), whatever it was processed with
+        assert (first["input_features_padded"]["data"][2], second["input_features_padded"]["data"][2]) == (
+            [97, 128], [157, 128])
+        (image,) = vllm["image_one"]["mm_kwargs"]["image"]
+        assert image["pixel_values"]["field"][0] == "batched" and image["pixel_values"]["data"][2] == [3, 224, 224]
+        return
+    assert set(result["diff"]) == {"image_one", "image_tall", "image_two", "image_same_twice"}
+    first, second = vllm["image_two"]["mm_kwargs"]["image"]
+    assert sorted(first) == ["num_patches", "pixel_attention_mask", "pixel_values"]
+    assert first["num_patches"]["field"] == ["batched", {"keep_on_cpu": True}]
+    assert first["pixel_values"]["field"][0] == "flat" and first["pixel_values"]["field"][1]["dim"] == 0
+    assert (first["pixel_values"]["data"][2], second["pixel_values"]["data"][2]) == ([5, 3, 64, 64], [3, 3, 64, 64])
+    ranges = vllm["image_two"]["mm_placeholders"]["image"]
+    assert all(r[2] is not None and not all(r[2]) for r in ranges)  # the image tokens alone are embedded
+
+
+@pytest.mark.parametrize("processor_class", sorted(REFUSED))
+def test_unproven_families_are_refused(processor_class: str, root: Path) -> None:
+    folder, _ = family_folder(processor_class, root)
+    with pytest.raises(UnsupportedModelError, match="--model-impl transformers"):
+        create_processor(folder)
+    assert create_processor(folder, MultiModalConfig(model_impl="transformers")).info.native is None
+
+
+@pytest.mark.parametrize("processor_class", ["Idefics3Processor", "Qwen2AudioProcessor"])
+def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> None:
+    folder, _ = family_folder(processor_class, root)
+    config = MultiModalConfig()
+    proc = create_processor(folder, config)
+    cache = processor_only_cache_from_config(config)
+    assert cache is not None and proc.info.native is not None
+    modality = "audio" if processor_class == "Qwen2AudioProcessor" else "image"
+    [case] = [c for c in default_cases([modality]) if c.name == f"{modality}_two"]
+    ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str(modality, 0), 2), add_special_tokens=False)
+    miss = proc.apply(ids, {modality: case.media}, cache=cache)
+    hit = proc.apply(ids, {modality: case.media}, cache=cache)
+    assert cache.make_stats().hits == 2
+    assert (hit["prompt_token_ids"], hit["mm_hashes"], hit["mm_placeholders"]) == (
+        miss["prompt_token_ids"], miss["mm_hashes"], miss["mm_placeholders"])
+    assert _frames(hit) == _frames(miss)
+
+
+@pytest.mark.parametrize(("processor_class", "why"), [
+    ("Qwen2AudioProcessor", "its ranges span <|audio_bos|> and <|audio_eos|>"),
+    ("Idefics3Processor", "cannot locate each tiled image's expansion"),
+    ("Gemma3nProcessor", "its ranges cover the soft tokens alone")])
+def test_legacy_backend_is_refused_for_the_native_class(processor_class: str, why: str, root: Path) -> None:
+    """HF < 5.15 wraps a bare ``<|AUDIO|>`` in ``<|audio_bos|>``/``<|audio_eos|>`` (ids vLLM does not
+    send); the Legacy backend does not locate Idefics3's tiled expansions on these folders."""
+    folder, _ = family_folder(processor_class, root)
+    with pytest.raises(UnsupportedModelError, match=f"Legacy transformers backend.*{re.escape(why)}"):
+        create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
+    backend = MultiModalConfig(transformers_backend="legacy", model_impl="transformers")
+    if processor_class == "Idefics3Processor":  # the Legacy backend serves no layout of this folder
+        with pytest.raises(ProcessorError, match="Could not locate 2 image item"):
+            create_processor(folder, backend)
+    else:
+        assert create_processor(folder, backend).info.native is None
