@@ -33,7 +33,7 @@ import msgspec
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "2"
+VERSION = "3"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}

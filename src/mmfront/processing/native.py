@@ -12,11 +12,15 @@ from typing import Any
 
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "NativeInputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "NativeInputs", "VideoOutputs", "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
 ``_get_mm_fields_config`` for the family. Keys it leaves out are not sent."""
+
+VideoOutputs = Callable[[Mapping[str, Any], Any, Mapping[str, Any]], Mapping[str, Any]]
+"""``(one video's metadata, the HF processor, the request's HF kwargs) -> outputs by key``: what vLLM's
+native processor adds to a video's HF outputs from its metadata (Qwen3-VL's frame ``timestamps``)."""
 
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
@@ -39,6 +43,8 @@ class NativeInputs:
     """A loaded video's ``do_sample_frames`` (true where every frame was kept) reaches the HF call, as
     vLLM's transformers backend passes it. False: vLLM's native processor strips it from the metadata
     and HF keeps the frames it gets (Qwen2.5-VL: HF's own sampling of a short clip fails)."""
+    video_outputs: VideoOutputs | None = None
+    """Outputs vLLM's native processor adds to each video's HF call, where HF returns none."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""

@@ -343,6 +343,10 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             if native is None or native.hf_samples_frames:
                 extra["do_sample_frames"] = bool(metadata.get("do_sample_frames", False))
             extra["video_metadata"] = [{k: v for k, v in metadata.items() if k != "do_sample_frames"}]
+            if native is not None and native.video_outputs is not None:
+                out = self.run_hf([self.info.placeholder("video")], {"video": [video]}, hf_kwargs, **extra)
+                out.update({k: [v] for k, v in native.video_outputs(metadata, self.info.hf_processor, hf_kwargs).items()})
+                return out
         return self.run_hf([self.info.placeholder("video")], {"video": [video]}, hf_kwargs, **extra)
 
     def _call_on_dummy_text(self, modality: str, items: list[Any], hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
