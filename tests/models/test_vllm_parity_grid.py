@@ -77,7 +77,7 @@ def test_cache_hit_sends_what_a_miss_sends(processor_class: str, modality: str, 
     proc = create_processor(folder, config)
     cache = processor_only_cache_from_config(config)
     assert cache is not None
-    media = ([c for c in default_cases(["image"]) if c.name == "image_two"][0].media if modality == "image"
+    media = (next(c for c in default_cases(["image"]) if c.name == "image_two").media if modality == "image"
              else [video_clip(8, 2.0, range(8)), video_clip(4, 2.0, range(4), seed=1)])
     ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str(modality, 0), 2), add_special_tokens=False)
     miss = proc.apply(ids, {modality: media}, cache=cache)

@@ -38,7 +38,7 @@ def qwen3_vl_timestamps(metadata: Mapping[str, Any], hf_processor: Any,
         count = _video_kwarg(hf_kwargs, "num_frames")
         if count is None:
             count = int(total / fps * (_video_kwarg(hf_kwargs, "fps") or video_processor.fps))
-        count = min(min(max(count, video_processor.min_frames), video_processor.max_frames), total)
+        count = min(max(count, video_processor.min_frames), video_processor.max_frames, total)
         indices = np.linspace(0, total - 1, count).round().astype(int).tolist()
     if len(indices) % patch:
         indices = indices + [indices[-1]] * (patch - len(indices) % patch)

@@ -154,7 +154,7 @@ def merge_item_outputs(outputs: Sequence[Mapping[str, Any]], *, unbatch: bool = 
         tensors = all(isinstance(p, torch.Tensor) and p.ndim > 0 for p in parts)
         if tensors and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
             merged[key] = torch.cat(parts)
-        elif unbatch and all((isinstance(p, torch.Tensor) and p.ndim > 0 or isinstance(p, list)) and len(p) == 1
+        elif unbatch and all(((isinstance(p, torch.Tensor) and p.ndim > 0) or isinstance(p, list)) and len(p) == 1
                              for p in parts):
             merged[key] = [p[0] for p in parts]
         else:
