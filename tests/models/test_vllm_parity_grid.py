@@ -155,3 +155,38 @@ def test_paddleocr_vl_refused_before_5_15(root: Path) -> None:
         return
     with pytest.raises(ProcessorError, match=r"Could not locate 2 image item\(s\) in PaddleOCRVLProcessor"):
         create_processor(folder)
+
+
+GLM = ("Glm4vProcessor",)
+"""Images proven; videos refused while the native class runs (models/glm4v.py says why)."""
+
+
+@needs_peer
+@pytest.mark.slow
+@pytest.mark.parametrize("processor_class", GLM)
+def test_glm_images_equal_vllm_native(processor_class: str, root: Path) -> None:
+    result = run_family(processor_class, root)
+    assert "vllm_error" not in result and "mmfront_error" not in result, result
+    resolved = result["vllm"]["resolved"]
+    assert resolved["processor"] == f"{processor_class[:-9]}MultiModalProcessor" and result["mmfront_impl"] == "native"
+    assert set(result["diff"]) == {"image_one", "image_tall", "image_two", "image_same_twice"}
+    for name, diff in result["diff"].items():
+        assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
+    (item,) = result["vllm"]["cases"]["image_one"]["mm_kwargs"]["image"]
+    assert item["pixel_values"]["data"][1] == "uint8" and resolved["mm_device_do_normalize"] is True
+
+
+@pytest.mark.parametrize("processor_class", GLM)
+def test_glm_videos_refused_for_the_native_class(processor_class: str, root: Path) -> None:
+    folder, _ = family_folder(processor_class, root)
+    proc = create_processor(folder)
+    assert proc.info.native is not None and list(proc.info.get_supported_mm_limits()) == ["image"]
+    clip = video_clip(8, 2.0, range(8))
+    with pytest.raises(ValidationError, match=r"from <\|begin_of_video\|> to <\|end_of_video\|>.*--model-impl transformers"):
+        proc.apply("Watch <|video|> now", {"video": [clip]})
+    import transformers
+    from packaging.version import Version
+
+    backend = create_processor(folder, MultiModalConfig(model_impl="transformers"))
+    places_videos = Version(transformers.__version__) >= Version("5.18")  # the backend's video gate
+    assert ("video" in backend.info.get_supported_mm_limits()) == places_videos

@@ -7,7 +7,7 @@ engine runs that class (``--model-impl``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
@@ -45,6 +45,9 @@ class NativeInputs:
     and HF keeps the frames it gets (Qwen2.5-VL: HF's own sampling of a short clip fails)."""
     video_outputs: VideoOutputs | None = None
     """Outputs vLLM's native processor adds to each video's HF call, where HF returns none."""
+    unproven: Mapping[str, str] = field(default_factory=dict)
+    """Modality -> why what the native class reads of it is not yet proven equal: such items are
+    refused (the reason in the error) while the class runs, the family's other modalities served."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""

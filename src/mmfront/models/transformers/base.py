@@ -92,6 +92,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
                 continue
             if modality == "video" and not self.serves_video:
                 continue
+            if self.native is not None and modality in self.native.unproven:
+                continue
             if not isinstance(getattr(proc, f"{modality}_token", None), str):
                 raise UnsupportedModelError(
                     f"{type(proc).__name__} has a {modality} sub-processor but no `{modality}_token` text "
@@ -121,6 +123,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         return getattr(counted, "num_video_tokens", None) is not None
 
     def why_unsupported(self, modality: str) -> str:
+        if self.native is not None and modality in self.native.unproven:
+            return self.native.unproven[modality]
         proc = self.hf_processor
         if modality != "video" or getattr(proc, "video_processor", None) is None:
             return ""
