@@ -10,11 +10,20 @@ builds: the family's own image processor or feature extractor at its default con
 ratios are conservative: Mllama's miss is ~15 ms at the override's 28 px tiles, ~84 ms at its real
 560 px ones, for the same ~1 ms hit. A family this transformers cannot
 build (or mmfront refuses) is reported as such, never skipped silently.
+
+Qwen2.5-VL is also measured as vLLM's native class reads it (issue 32): its miss with the engine
+normalising on the device (``--mm-device-do-normalize``, vLLM's default: raw ``uint8`` patches)
+against its miss with the frontend normalising (``--no-mm-device-do-normalize``: rescaled,
+normalised patches in the model dtype), in the same run; the raw miss skips HF's rescale and
+normalisation, so it must cost no more.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +97,42 @@ def _measure(report: Report, family: str, processor_class: str, folder: Path, qu
             _measure_modality(report, family, proc, modality, quick)
 
 
+NATIVE_GROUP = "families: uint8 miss"
+
+
+def _measure_device_normalize(report: Report, folder: Path, quick: bool) -> None:
+    """Qwen2.5-VL's miss through vLLM's native layout, raw against normalised pixels, alternating
+    rounds so that both see the same machine load."""
+    build_processor_folder("Qwen2_5_VLProcessor", folder)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "architectures": ["Qwen2_5_VLForConditionalGeneration"]}))
+    procs = {on: create_processor(folder, MultiModalConfig(mm_device_do_normalize=on), model_id="Qwen2_5_VLProcessor")
+             for on in (True, False)}
+    prompt = prompt_for(procs[True].get_placeholder_str("image", 0), 1)
+    rounds = 3 if quick else 7
+    fresh = iter(_items("image", None, 2 * rounds + 2))
+    caches = {on: processor_cache_from_config(MultiModalConfig()) for on in procs}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds + 1):  # the first round warms up
+        for on, proc in procs.items():
+            image = next(fresh)
+            start = time.perf_counter()
+            proc.apply(prompt, {"image": [image]}, cache=caches[on])
+            times[on].append(time.perf_counter() - start)
+    raw, normalised = (statistics.median(times[on][1:]) for on in (True, False))
+    report.add(NATIVE_GROUP, "Qwen2.5-VL miss, uint8 (device normalise)", raw * 1e3, "ms")
+    report.add(NATIVE_GROUP, "Qwen2.5-VL miss, normalised (frontend)", normalised * 1e3, "ms")
+    report.ratio(NATIVE_GROUP, "Qwen2.5-VL uint8 miss / normalised miss", raw / normalised, at_most=1.0)
+
+
 def run(report: Report, quick: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="mmfront-bench-families-") as tmp:
+        try:
+            _measure_device_normalize(report, Path(tmp) / "qwen2_5_vl-native", quick)
+        except (MMFrontError, ImportError, ValueError, TypeError, OSError) as exc:
+            reason = " ".join(str(exc).split())[:90] or "no message"
+            report.add(NATIVE_GROUP, f"Qwen2.5-VL: not measured ({type(exc).__name__}: {reason})", 0, "")
         for family, processor_class in FAMILIES:
             try:
                 _measure(report, family, processor_class, Path(tmp) / processor_class, quick)

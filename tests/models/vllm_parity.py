@@ -34,7 +34,7 @@ from mmfront.testing.coverage import generation_architecture as architecture_of
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "5"
+VERSION = "6"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
@@ -109,6 +109,26 @@ def native_architectures(python: Path) -> dict[str, str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+VLLM_NAMES: dict[str, tuple[str, str]] = {
+    "Kimi_K25Processor": ("kimi_k25", "KimiK25ForConditionalGeneration"),
+    "PixtralProcessor": ("mistral3", "Mistral3ForConditionalGeneration"),
+}
+"""Processor class -> (model type, architecture) of the checkpoints vLLM serves it for, where
+transformers names the family otherwise: its Kimi-K2.5 class is ``Kimi_K25ForConditionalGeneration``
+(vLLM's ``KimiK25ForConditionalGeneration``), and ``PixtralProcessor`` ships with Mistral 3
+(``mistral3``) checkpoints, its own ``pixtral`` model type being the vision tower alone."""
+
+
+def family_names(processor_class: str) -> tuple[str, str | None]:
+    """The folder's model type and the architecture its config.json names for vLLM."""
+    from mmfront.fixtures.generic import processor_recipe
+
+    if processor_class in VLLM_NAMES:
+        return VLLM_NAMES[processor_class]
+    model_type = processor_recipe(processor_class).model_type
+    return model_type, architecture_of(model_type)
+
+
 def _token_id(tokenizer: Any, processor: Any, prefix: str) -> int | None:
     spellings = [getattr(processor, f"{prefix}_token", None), getattr(tokenizer, f"{prefix}_token", None),
                  f"<|{prefix}|>", f"<{prefix}>"]
@@ -181,17 +201,15 @@ def model_config(processor: Any, model_type: str, architecture: str) -> dict[str
 
 def family_folder(processor_class: str, root: Path) -> tuple[Path, str | None]:
     """The family's offline folder with vLLM's config.json (built once under ``root``), and its architecture."""
-    from mmfront.fixtures.generic import processor_recipe
     from mmfront.testing.coverage import build_processor_folder
     from mmfront.testing.models import FIXTURE_VERSION, load_processor
 
-    recipe = processor_recipe(processor_class)
-    architecture = architecture_of(recipe.model_type)
+    model_type, architecture = family_names(processor_class)
     folder = root / f"{processor_class}-p{VERSION}-f{FIXTURE_VERSION}"
     if not (folder / ".done").exists():
         build_processor_folder(processor_class, folder)
         if architecture is not None:
-            config = model_config(load_processor(folder), recipe.model_type, architecture)
+            config = model_config(load_processor(folder), model_type, architecture)
             (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (folder / ".done").write_text("")
     return folder, architecture
@@ -448,13 +466,11 @@ SERVED_FAMILIES: tuple[str, ...] = (
 
 def native_families(python: Path) -> list[tuple[str, str]]:
     """``(processor class, architecture)`` of the served families vLLM 0.33 serves natively."""
-    from mmfront.fixtures.generic import processor_recipe
-
     native = native_architectures(python)
     out = []
     for name in SERVED_FAMILIES:
         try:
-            arch = architecture_of(processor_recipe(name).model_type)
+            arch = family_names(name)[1]
         except Exception:
             continue
         if arch in native:

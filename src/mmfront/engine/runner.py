@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from mmfront.cache import CacheInfo, LRUCache
+from mmfront.engine.input_norm import load_input_norm
 from mmfront.errors import (
     ConfigError,
     FieldConfigError,
@@ -120,6 +121,8 @@ class ModelRunner:
                                         f"{runs} (a model module declares its ModelSpec.reference).")
         self._encoder, self._marks_token_types = reference.encode, reference.marks_token_types
         self._positions = reference.positions
+        self._device_normalized = reference.device_normalized
+        self._input_norm = load_input_norm(model_dir) if reference.device_normalized else None
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if isinstance(dtype, str) and dtype not in _DTYPES:
             raise ConfigError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
@@ -255,11 +258,10 @@ class ModelRunner:
 
     def _run_encoder(self, modality: str, kwargs: BatchedTensorInputs,
                      group: Sequence[MultiModalFeatureSpec]) -> list[torch.Tensor]:
-        """The encoder on one batch, floating inputs cast to the model's dtype. Items whose data
-        the model cannot take (a missing key, a wrong shape) raise a typed error, so that only
-        their requests fail."""
-        cast = {k: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                for k, v in kwargs.items()}
+        """The encoder on one batch, floating inputs cast to the model's dtype and raw ``uint8``
+        pixels normalised as vLLM's engine does. Items whose data the model cannot take (a missing
+        key, a wrong shape) raise a typed error, so that only their requests fail."""
+        cast = {k: self._engine_input(k, v) for k, v in kwargs.items()}
         try:
             return self._encoder(self.model, modality, cast, group)
         except MMFrontError:
@@ -267,6 +269,13 @@ class ModelRunner:
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
             raise FieldConfigError(f"The model's {modality} encoder cannot run on items "
                                    f"{[f.identifier for f in group]}: {type(exc).__name__}: {exc}") from exc
+
+    def _engine_input(self, key: str, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value.dtype == torch.uint8 and key in self._device_normalized:
+            return value.to(self.dtype) if self._input_norm is None else self._input_norm(value, self.dtype)
+        return value.to(self.dtype) if value.is_floating_point() else value
 
     def _encode_for(self, seqs: Iterable[_Sequence], outputs: list[EngineCoreOutput]) -> dict[str, list[torch.Tensor]]:
         """Every sequence's encoder rows, in feature order; a sequence whose items cannot be

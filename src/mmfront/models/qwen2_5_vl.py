@@ -82,7 +82,8 @@ QWEN2_5_VL_NATIVE = NativeInputs(("Qwen2_5_VLForConditionalGeneration",), qwen2_
 QWEN2_5_VL = register_model(ModelSpec(
     model_type="qwen2_5_vl",
     hf_processor_class="Qwen2_5_VLProcessor",
-    reference=ReferenceModel(encode_qwen2_5_vl, positions=qwen2_5_vl_positions),
+    reference=ReferenceModel(encode_qwen2_5_vl, positions=qwen2_5_vl_positions,
+                             device_normalized=("pixel_values", "pixel_values_videos")),
     video_needs_metadata=True,
     native=QWEN2_5_VL_NATIVE,
 ))

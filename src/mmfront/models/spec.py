@@ -56,6 +56,10 @@ class ReferenceModel:
     positions: Positions | None = None
     """The prompt's positions where they are not ``0..n-1`` (Qwen2-VL's M-RoPE lays an image's
     tokens out on its 2-D grid); None: the model numbers them itself."""
+    device_normalized: tuple[str, ...] = ()
+    """Keys whose pixels arrive raw (``uint8``) where vLLM's engine normalises them on the device
+    (``mm_device_do_normalize``): the reference engine normalises them as vLLM's vision tower does
+    (:mod:`mmfront.engine.input_norm`) before the encoder runs."""
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ engine runs that class (``--model-impl``)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
@@ -25,6 +25,9 @@ as vLLM's processor hands them to its fields``: where the backend lays an item's
 (LLaVA-NeXT's tiles ``[1, tiles, C, H, W]`` per image where vLLM's batched field gives ``[tiles, C,
 H, W]``), names it otherwise (InternVL's ``image_num_patches``) or vLLM adds what HF's call drops
 (Llama 4's ``aspect_ratios`` from the images' sizes, Idefics3's ``num_patches``)."""
+VideoOutputs = Callable[[Mapping[str, Any], Any, Mapping[str, Any]], Mapping[str, Any]]
+"""``(one video's metadata, the HF processor, the request's HF kwargs) -> outputs by key``: what vLLM's
+native processor adds to a video's HF outputs from its metadata (Qwen3-VL's frame ``timestamps``)."""
 
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
@@ -52,6 +55,11 @@ class NativeInputs:
     legacy_mismatch: str = ""
     """Why the Legacy transformers backend (transformers < 5.15) does not send what the class reads:
     the family is refused there for the native class (empty: Legacy is proven equal too)."""
+    video_outputs: VideoOutputs | None = None
+    """Outputs vLLM's native processor adds to each video's HF call, where HF returns none."""
+    unproven: Mapping[str, str] = field(default_factory=dict)
+    """Modality -> why what the native class reads of it is not yet proven equal: such items are
+    refused (the reason in the error) while the class runs, the family's other modalities served."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""

@@ -101,6 +101,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
                 continue
             if modality == "video" and not self.serves_video:
                 continue
+            if self.native is not None and modality in self.native.unproven:
+                continue
             if not isinstance(getattr(proc, f"{modality}_token", None), str):
                 raise UnsupportedModelError(
                     f"{type(proc).__name__} has a {modality} sub-processor but no `{modality}_token` text "
@@ -130,6 +132,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         return getattr(counted, "num_video_tokens", None) is not None
 
     def why_unsupported(self, modality: str) -> str:
+        if self.native is not None and modality in self.native.unproven:
+            return self.native.unproven[modality]
         proc = self.hf_processor
         if modality != "video" or getattr(proc, "video_processor", None) is None:
             return ""
@@ -352,6 +356,10 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             if native is None or native.hf_samples_frames:
                 extra["do_sample_frames"] = bool(metadata.get("do_sample_frames", False))
             extra["video_metadata"] = [{k: v for k, v in metadata.items() if k != "do_sample_frames"}]
+            if native is not None and native.video_outputs is not None:
+                out = self.run_hf([self.info.placeholder("video")], {"video": [video]}, hf_kwargs, **extra)
+                out.update({k: [v] for k, v in native.video_outputs(metadata, self.info.hf_processor, hf_kwargs).items()})
+                return out
         return self.run_hf([self.info.placeholder("video")], {"video": [video]}, hf_kwargs, **extra)
 
     def _call_on_dummy_text(self, modality: str, items: list[Any], hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:

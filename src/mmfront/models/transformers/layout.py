@@ -145,15 +145,17 @@ def drop_tile_padding(data: dict[str, Any], count: int) -> None:
 
 def merge_item_outputs(outputs: Sequence[Mapping[str, Any]], *, unbatch: bool = False) -> dict[str, Any]:
     """Outputs of one HF call per item, as one output: concatenated along rows where the shapes
-    allow it, else one tensor per item. ``unbatch``: such a tensor loses its batch dimension of
-    one (a video's ``[1, frames, C, H, W]``), so the item is what it is in a call of several."""
+    allow it, else one tensor per item. ``unbatch``: such a tensor (or list) loses its batch
+    dimension of one (a video's ``[1, frames, C, H, W]``, its list of timestamps), so the item is
+    what it is in a call of several."""
     merged: dict[str, Any] = {}
     for key in outputs[0]:
         parts = [out[key] for out in outputs]
         tensors = all(isinstance(p, torch.Tensor) and p.ndim > 0 for p in parts)
         if tensors and all(p.shape[1:] == parts[0].shape[1:] for p in parts):
             merged[key] = torch.cat(parts)
-        elif tensors and unbatch and all(p.shape[0] == 1 for p in parts):
+        elif unbatch and all(((isinstance(p, torch.Tensor) and p.ndim > 0) or isinstance(p, list)) and len(p) == 1
+                             for p in parts):
             merged[key] = [p[0] for p in parts]
         else:
             merged[key] = parts
