@@ -172,3 +172,32 @@ def test_a_cache_p1_does_not_mirror_is_committed_while_preparing(gemma3_dir: Pat
     again = run(2, PROMPT, {"image": [image, image]})
     assert all(k is not None for k in again["mm_kwargs"]["image"])  # this cache serves hits with data
     assert (pre.stats.requests, pre.stats.queries, pre.stats.hits) == (2, 4, 3)
+
+
+def test_the_models_end_of_sequence_reaches_the_engine_as_vllm_sends_it(gemma3_dir: Path, tmp_path: Path) -> None:
+    """vLLM's engine stops a request on ``_eos_token_id`` and ``stop_token_ids`` alone, so the
+    frontend adds the tokenizer's EOS and the generation config's other EOS ids (vLLM's
+    ``update_from_generation_config``), on a copy of the caller's parameters."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(gemma3_dir, folder)
+    preprocessor = InputPreprocessor(folder)
+    eos = preprocessor.tokenizer.eos_token_id
+    assert isinstance(eos, int)
+    (folder / "generation_config.json").write_text(f'{{"eos_token_id": [{eos}, 106, 107]}}')
+    processor = InputProcessor(InputPreprocessor(folder))
+    given = SamplingParams(max_tokens=4, stop_token_ids=[9])
+    params = processor.process_inputs("r1", PROMPT, given).sampling_params
+    assert params is not None and params is not given
+    assert params._eos_token_id == eos
+    assert params.stop_token_ids == list({106, 107, 9})
+    assert params._all_stop_token_ids == {eos, 9, 106, 107}
+    assert given.stop_token_ids == [9] and given._eos_token_id is None
+
+    ignoring = processor.process_inputs("r2", PROMPT, SamplingParams(max_tokens=4, ignore_eos=True)).sampling_params
+    assert ignoring is not None and ignoring._eos_token_id is None and ignoring.stop_token_ids == []
+    assert ignoring._all_stop_token_ids == {eos, 106, 107}
+
+    without = InputProcessor(InputPreprocessor(gemma3_dir)).process_inputs("r3", PROMPT, SamplingParams(max_tokens=4))
+    assert without.sampling_params is not None and without.sampling_params._eos_token_id == eos

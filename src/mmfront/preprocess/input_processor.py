@@ -7,6 +7,7 @@ before the transport, so the mirror changes in the order requests go on the wire
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,7 +69,15 @@ class InputProcessor:
             inputs = self.pipeline.prepare(prompt, opts, request_id, self.cache)
         self._validate(inputs, params)
         arrival = opts.arrival_time if opts.arrival_time is not None else time.time()
-        return PreparedRequest(request_id, inputs, params or SamplingParams(), opts, arrival)
+        return PreparedRequest(request_id, inputs, self._engine_params(params), opts, arrival)
+
+    def _engine_params(self, params: SamplingParams | None) -> SamplingParams:
+        """A copy of ``params`` with the model's end of sequence, as vLLM's input processor sends
+        them: its engine stops a request on ``_eos_token_id`` and ``stop_token_ids`` alone."""
+        engine_params = copy.deepcopy(params) if params is not None else SamplingParams()
+        engine_params.update_from_generation_config(self.pipeline.processor.info.get_generation_config_fields(),
+                                                    self.preprocessor.tokenizer.eos_token_id)
+        return engine_params
 
     def process_inputs(
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,

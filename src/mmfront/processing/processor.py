@@ -157,6 +157,28 @@ class BaseProcessingInfo:
                 "checkpoint's config.json with a `model_type` this transformers knows."
             ) from exc
 
+    def get_generation_config_fields(self) -> Mapping[str, Any]:
+        """The non-default fields of the model's generation config (vLLM's
+        ``ModelConfig.try_get_generation_config``): ``generation_config.json``, else what
+        ``config.json`` implies; empty for a processor without a folder or a folder with neither.
+        Its ``eos_token_id`` joins every request's stop ids, as vLLM's input processor adds it."""
+        return self._generation_config_fields
+
+    @cached_property
+    def _generation_config_fields(self) -> Mapping[str, Any]:
+        if self.model_dir is None:
+            return {}
+        from transformers import GenerationConfig
+
+        try:
+            generation_config = GenerationConfig.from_pretrained(str(self.model_dir), local_files_only=True)
+        except OSError:
+            try:
+                generation_config = GenerationConfig.from_model_config(self.get_hf_config())
+            except ConfigError:
+                return {}
+        return dict(generation_config.to_diff_dict())
+
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         """Items per prompt the model supports, per modality (``None``: unlimited)."""
         return {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -165,6 +166,25 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         if self.skip_reading_prefix_cache is None:
             self.skip_reading_prefix_cache = (
                 self.prompt_logprobs is not None or self.prompt_logprob_token_ids is not None)
+
+    def update_from_generation_config(self, generation_config: Mapping[str, Any], eos_token_id: int | None) -> None:
+        """vLLM's rule for the model's end of sequence: the tokenizer's ``eos_token_id`` stops the
+        request (unless ``ignore_eos``) and counts for ``min_tokens``; the generation config's
+        other EOS ids join ``stop_token_ids``. vLLM's engine stops on these fields alone."""
+        if not self.ignore_eos:
+            self._eos_token_id = eos_token_id
+        if eos_token_id is not None:
+            self._all_stop_token_ids.add(eos_token_id)
+        configured = generation_config.get("eos_token_id")
+        if configured is None:
+            return
+        extra = {configured} if isinstance(configured, int) else set(configured)
+        extra.discard(eos_token_id)
+        if extra:
+            self._all_stop_token_ids.update(extra)
+            if not self.ignore_eos:  # built as vLLM builds it, so the list's order is vLLM's too
+                extra.update(self.stop_token_ids or ())
+                self.stop_token_ids = list(extra)
 
     def _verify(self) -> None:
         _check(self.n >= 1, "n", f"n must be at least 1, got {self.n}.")
