@@ -23,7 +23,7 @@ from msgspec import UNSET, UnsetType
 from mmfront.errors import RequestBodyError, ValidationError
 from mmfront.serve import structured
 from mmfront.wire import RequestOutputKind, SamplingParams
-from mmfront.wire.params import RepetitionDetectionParams, StructuredOutputsParams
+from mmfront.wire.params import RepetitionDetectionParams, StructuredOutputsFields, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 
@@ -39,22 +39,7 @@ class StreamOptions(msgspec.Struct):
     continuous_usage_stats: bool | UnsetType | None = UNSET
 
 
-# --- structured outputs (issue 33, structured) ------------------------------------------------
-
-
-class StructuredOutputsRequest(msgspec.Struct, kw_only=True):
-    """A request's ``structured_outputs``: vLLM's ``StructuredOutputsParams`` less the two
-    backend fields, which only the server sets."""
-
-    json: str | dict[str, Any] | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-    structural_tag: str | None = None
+# --- structured outputs --------------------------------------------------------------------------
 
 
 class JsonSchemaResponseFormat(msgspec.Struct, kw_only=True):
@@ -152,7 +137,7 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     response_format: ResponseFormat | None = None
-    structured_outputs: StructuredOutputsRequest | None = None
+    structured_outputs: StructuredOutputsFields | None = None
     repetition_detection: RepetitionDetectionParams | None = None
     routed_experts_prompt_start: Annotated[int, msgspec.Meta(ge=0)] = 0
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
@@ -763,7 +748,6 @@ __all__ = [
     "LegacyStructuralTag",
     "ResponseFormat",
     "StreamOptions",
-    "StructuredOutputsRequest",
     "Vocabulary",
     "check_logprobs",
     "child_params",

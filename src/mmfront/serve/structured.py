@@ -20,7 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from mmfront.errors import ValidationError
-from mmfront.wire.params import StructuredOutputsParams
+from mmfront.wire.params import StructuredOutputsFields, StructuredOutputsParams
 
 MAX_JSON_NESTING = 64
 """Deepest nesting of objects and arrays in a JSON schema (vLLM's
@@ -39,8 +39,7 @@ _XGRAMMAR_STRING_FORMATS = frozenset({
     "uri-template", "json-pointer", "relative-json-pointer"})
 
 
-PUBLIC_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace",
-                 "disable_additional_properties", "whitespace_pattern", "structural_tag")
+PUBLIC_FIELDS = StructuredOutputsFields.__struct_fields__
 """The fields a request may set (the two backend fields are the server's)."""
 
 

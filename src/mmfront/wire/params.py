@@ -39,10 +39,9 @@ class RequestOutputKind(Enum):
 _CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-class StructuredOutputsParams(msgspec.Struct):
-    """Exactly one constraint (``json`` ... ``structural_tag``) plus its options; a map on the wire
-    with every field, the two backend fields the engine fills in included (a struct, not a
-    dataclass, because msgspec leaves a dataclass's underscored fields out)."""
+class StructuredOutputsFields(msgspec.Struct):
+    """A constraint (``json`` ... ``structural_tag``) and its options as a request states them:
+    vLLM's ``StructuredOutputsParams`` less the two backend fields only its API server sets."""
 
     json: str | dict[str, Any] | None = None
     regex: str | None = None
@@ -53,6 +52,13 @@ class StructuredOutputsParams(msgspec.Struct):
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
+
+
+class StructuredOutputsParams(StructuredOutputsFields):
+    """Exactly one constraint plus its options; a map on the wire with every field, the two backend
+    fields the engine fills in included (a struct, not a dataclass, because msgspec leaves a
+    dataclass's underscored fields out)."""
+
     _backend: str | None = None
     _backend_was_auto: bool = False
 
@@ -295,5 +301,6 @@ __all__ = [
     "RepetitionDetectionParams",
     "RequestOutputKind",
     "SamplingParams",
+    "StructuredOutputsFields",
     "StructuredOutputsParams",
 ]
