@@ -16,19 +16,16 @@ tests run everywhere.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from vllm_parity import default_cases, family_folder, prompt_for, run_family, video_clip
+from vllm_parity import assert_a_hit_sends_the_miss, default_cases, family_folder, prompt_for, run_family, video_clip
 
 from mmfront import MultiModalConfig
-from mmfront.cache.factory import processor_only_cache_from_config
 from mmfront.errors import UnsupportedModelError
 from mmfront.models.native import VLLM_NATIVE_ARCHITECTURES
 from mmfront.models.registry import create_processor
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
-from mmfront.wire.codec import MsgpackEncoder
 
 PEER = vllm_peer_python()
 needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
@@ -79,27 +76,13 @@ def test_native_architectures_are_vllm_s() -> None:
     assert set(native_architectures(PEER)) == VLLM_NATIVE_ARCHITECTURES
 
 
-def _frames(out: Any) -> dict[str, list[list[bytes]]]:
-    encoder = MsgpackEncoder()
-    return {m: [[bytes(memoryview(f).cast("B")) for f in encoder.encode(i)] for i in items]
-            for m, items in out["mm_kwargs"].items()}
-
-
 @pytest.mark.parametrize("processor_class", ["Qwen2_5_VLProcessor", "LlavaProcessor"])
 def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> None:
     folder, _ = family_folder(processor_class, root)
     config = MultiModalConfig()
     proc = create_processor(folder, config)
-    cache = processor_only_cache_from_config(config)
-    assert cache is not None
     [case] = [c for c in default_cases(["image"]) if c.name == "image_two"]
-    ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str("image", 0), 2), add_special_tokens=False)
-    miss = proc.apply(ids, {"image": case.media}, cache=cache)
-    hit = proc.apply(ids, {"image": case.media}, cache=cache)
-    assert cache.make_stats().hits == 2
-    assert (hit["prompt_token_ids"], hit["mm_hashes"], hit["mm_placeholders"]) == (
-        miss["prompt_token_ids"], miss["mm_hashes"], miss["mm_placeholders"])
-    assert _frames(hit) == _frames(miss)
+    assert_a_hit_sends_the_miss(proc, "image", case.media)
 
 
 def test_qwen2_5_vl_short_clip_keeps_every_frame(root: Path) -> None:

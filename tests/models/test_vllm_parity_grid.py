@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_parity import default_cases, family_folder, prompt_for, run_family, video_clip
+from vllm_parity import assert_a_hit_sends_the_miss, default_cases, family_folder, prompt_for, run_family, video_clip
 
 from mmfront import MultiModalConfig
-from mmfront.cache.factory import processor_only_cache_from_config
 from mmfront.errors import ProcessorError, ValidationError
 from mmfront.models.registry import create_processor
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
-from mmfront.wire.codec import MsgpackEncoder
 
 PEER = vllm_peer_python()
 needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
@@ -89,12 +87,6 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
         assert item["pixel_values"]["data"][1] == "bfloat16" and resolved["mm_device_do_normalize"] is False
 
 
-def _frames(out: dict) -> dict[str, list[list[bytes]]]:
-    encoder = MsgpackEncoder()
-    return {m: [[bytes(memoryview(f).cast("B")) for f in encoder.encode(i)] for i in items]
-            for m, items in out["mm_kwargs"].items()}
-
-
 @pytest.mark.parametrize(("processor_class", "modality"),
                          [("Qwen3VLProcessor", "image"), ("Qwen3VLProcessor", "video"), ("PaddleOCRVLProcessor", "image")])
 def test_cache_hit_sends_what_a_miss_sends(processor_class: str, modality: str, root: Path) -> None:
@@ -105,17 +97,9 @@ def test_cache_hit_sends_what_a_miss_sends(processor_class: str, modality: str, 
         pytest.skip(LEGACY_PADDLE)
     config = MultiModalConfig()
     proc = create_processor(folder, config)
-    cache = processor_only_cache_from_config(config)
-    assert cache is not None
     media = (next(c for c in default_cases(["image"]) if c.name == "image_two").media if modality == "image"
              else [video_clip(8, 2.0, range(8)), video_clip(4, 2.0, range(4), seed=1)])
-    ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str(modality, 0), 2), add_special_tokens=False)
-    miss = proc.apply(ids, {modality: media}, cache=cache)
-    hit = proc.apply(ids, {modality: media}, cache=cache)
-    assert cache.make_stats().hits == 2
-    assert (hit["prompt_token_ids"], hit["mm_hashes"], hit["mm_placeholders"]) == (
-        miss["prompt_token_ids"], miss["mm_hashes"], miss["mm_placeholders"])
-    assert _frames(hit) == _frames(miss)
+    assert_a_hit_sends_the_miss(proc, modality, media)
 
 
 def test_qwen3_vl_video_timestamps_only_for_the_native_class(root: Path) -> None:

@@ -16,17 +16,23 @@ from typing import Any
 
 import pytest
 import torch
-from vllm_parity import Case, default_cases, family_folder, prompt_for, run_family
+from vllm_parity import (
+    Case,
+    assert_a_hit_sends_the_miss,
+    default_cases,
+    family_folder,
+    prompt_for,
+    run_family,
+    wire_frames,
+)
 
 from mmfront import MultiModalConfig
-from mmfront.cache.factory import processor_only_cache_from_config
 from mmfront.errors import UnsupportedModelError
 from mmfront.models.llama4 import LLAMA4_NATIVE
 from mmfront.models.registry import create_processor
 from mmfront.models.transformers import MultiModalProcessor, OffsetsMultiModalProcessor
 from mmfront.testing.media import make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
-from mmfront.wire.codec import MsgpackEncoder
 
 PEER = vllm_peer_python()
 needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
@@ -107,33 +113,19 @@ def test_anyres_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     assert ranges == result["mmfront"]["image_two"]["mm_placeholders"]["image"]
 
 
-def _frames(out: Any) -> dict[str, list[list[bytes]]]:
-    encoder = MsgpackEncoder()
-    return {m: [[bytes(memoryview(f).cast("B")) for f in encoder.encode(i)] for i in items]
-            for m, items in out["mm_kwargs"].items()}
-
-
 @pytest.mark.parametrize("processor_class", ANYRES)
 def test_anyres_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> None:
     folder, _ = family_folder(processor_class, root)
     config = MultiModalConfig()
     proc = create_processor(folder, config)
     assert proc.info.native is not None
-    cache = processor_only_cache_from_config(config)
-    assert cache is not None
     case = _tile_counts_case()
-    ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str("image", 0), 2), add_special_tokens=False)
-    miss = proc.apply(ids, {"image": case.media}, cache=cache)
-    hit = proc.apply(ids, {"image": case.media}, cache=cache)
-    assert cache.make_stats().hits == 2
-    assert (hit["prompt_token_ids"], hit["mm_hashes"], hit["mm_placeholders"]) == (
-        miss["prompt_token_ids"], miss["mm_hashes"], miss["mm_placeholders"])
-    assert _frames(hit) == _frames(miss)
+    miss, _ = assert_a_hit_sends_the_miss(proc, "image", case.media)
     # the smaller image alone, a miss in a fresh cache, sends the bytes it was sent with beside the larger
     alone = create_processor(folder, config).apply(
         proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str("image", 0), 1), add_special_tokens=False),
         {"image": case.media[:1]})
-    assert _frames(alone)["image"][0] == _frames(miss)["image"][0]
+    assert wire_frames(alone)["image"][0] == wire_frames(miss)["image"][0]
     (item, _) = miss["mm_kwargs"]["image"]
     assert item is not None
     pixels, sizes = item["pixel_values"].data, item["image_sizes"].data

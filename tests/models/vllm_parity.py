@@ -98,6 +98,32 @@ def prompt_for(placeholder: str, count: int) -> str:
     return "".join(parts) + "."
 
 
+def wire_frames(out: Any) -> dict[str, list[list[bytes]]]:
+    """Each item of an ``apply`` output as the frames mmfront's encoder puts on the wire."""
+    from mmfront.wire.codec import MsgpackEncoder
+
+    encoder = MsgpackEncoder()
+    return {m: [[bytes(memoryview(f).cast("B")) for f in encoder.encode(i)] for i in items]
+            for m, items in out["mm_kwargs"].items()}
+
+
+def assert_a_hit_sends_the_miss(proc: Any, modality: str, media: Sequence[Any]) -> tuple[Any, Any]:
+    """Two items applied twice through a processor-only cache: the second call is served by the
+    cache (two hits) and sends exactly what the first sent. Returns ``(miss, hit)``."""
+    from mmfront.cache.factory import processor_only_cache_from_config
+
+    cache = processor_only_cache_from_config(proc.info.config)
+    assert cache is not None
+    ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str(modality, 0), 2), add_special_tokens=False)
+    miss = proc.apply(ids, {modality: list(media)}, cache=cache)
+    hit = proc.apply(ids, {modality: list(media)}, cache=cache)
+    assert cache.make_stats().hits == 2
+    assert (hit["prompt_token_ids"], hit["mm_hashes"], hit["mm_placeholders"]) == (
+        miss["prompt_token_ids"], miss["mm_hashes"], miss["mm_placeholders"])
+    assert wire_frames(hit) == wire_frames(miss)
+    return miss, hit
+
+
 # --- the folder ---------------------------------------------------------------------------------
 
 
