@@ -271,7 +271,7 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
         return lambda: connector.load_audio(data, budget=budget, media_io_kwargs=media_io_kwargs)
     if not isinstance(payload, Mapping):  # vLLM's content-part schema refuses a bare string (param null) too
         raise ChatFormatError(f"{where}.{kind} must be an object with a `url`, as {{\"{kind}\": {{\"url\": ...}}}}; "
-                              f"got a {type(payload).__name__}.")
+                              f"got a {type(payload).__name__}.", parameter=None)
     url = payload.get("url")
     if url is None and uuid is not None:
         return lambda: None

@@ -79,9 +79,7 @@ def _tiles(feature: MultiModalFeatureSpec) -> int:
 
 
 IDEFICS3_NATIVE = NativeInputs(("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
-                               idefics3_fields, outputs=idefics3_outputs,
-                               legacy_mismatch="it cannot locate each tiled image's expansion in HF's ids on the "
-                                              "parity suite's folders, so its inputs are not proven equal")
+                               idefics3_fields, outputs=idefics3_outputs)
 
 IDEFICS3 = register_model(ModelSpec(
     model_type="idefics3",

@@ -50,8 +50,7 @@ def encode_qwen2_audio(model: Any, modality: str, kwargs: BatchedTensorInputs,
 
 
 QWEN2_AUDIO_NATIVE = NativeInputs(
-    ("Qwen2AudioForConditionalGeneration",), qwen2_audio_fields, whole_range_embeds=True,
-    legacy_mismatch="its ranges span <|audio_bos|> and <|audio_eos|>, vLLM's the audio tokens alone")
+    ("Qwen2AudioForConditionalGeneration",), qwen2_audio_fields, whole_range_embeds=True)
 
 QWEN2_AUDIO = register_model(ModelSpec(
     model_type="qwen2_audio",

@@ -401,12 +401,14 @@ def _check_cache(case: _Case) -> None:
 
 def prove_processor(folder: Path, processor_class: str) -> tuple[tuple[str, ...], dict[str, list[str]], list[str]]:
     """Every check of the survey on ``folder``: ``(modalities, hashes, notes)``. Raises
-    an AssertionError on a difference and mmfront's typed error where it refuses."""
+    an AssertionError on a difference and mmfront's typed error where it refuses. The proof is
+    against HF, so the processor sends vLLM's transformers-backend layout (``model_impl
+    "transformers"``); what a native class receives is the parity suites' (docs/vllm-parity.md)."""
     from mmfront import MultiModalConfig
     from mmfront.models.registry import create_processor
     from mmfront.models.transformers import OFFSETS_MIN_VERSION, TRANSFORMERS_VERSION
 
-    proc = create_processor(folder, MultiModalConfig(dtype="float32"), model_id=processor_class)
+    proc = create_processor(folder, MultiModalConfig(dtype="float32", model_impl="transformers"), model_id=processor_class)
     hf = proc.info.hf_processor
     offsets = TRANSFORMERS_VERSION >= OFFSETS_MIN_VERSION
     modalities = tuple(m for m in ("image", "audio") if m in proc.info.get_supported_mm_limits())
@@ -492,7 +494,7 @@ def request_hashes(folder: Path, processor_class: str, counts: Mapping[str, int]
     from mmfront.hashing import get_mm_hashes, normalize_mm_uuids
     from mmfront.models.registry import create_processor
 
-    proc = create_processor(folder, MultiModalConfig(dtype="float32"), model_id=processor_class)
+    proc = create_processor(folder, MultiModalConfig(dtype="float32", model_impl="transformers"), model_id=processor_class)
     out: dict[str, list[str]] = {}
     for modality, count in counts.items():
         rate = proc.info.get_target_sample_rate() if modality == "audio" else None
