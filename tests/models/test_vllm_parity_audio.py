@@ -27,8 +27,11 @@ from vllm_parity import (
 from mmfront import MultiModalConfig
 from mmfront.errors import UnsupportedModelError
 from mmfront.models.registry import create_processor
+from mmfront.models.transformers import OFFSETS_MIN_VERSION, TRANSFORMERS_VERSION
 from mmfront.testing.media import make_audio
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
+
+LEGACY_OPEN = "proven under transformers >= 5.15 only; the Legacy backend is open (docs/vllm-parity.md)"
 
 PEER = vllm_peer_python()
 needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
@@ -61,6 +64,8 @@ def cases(processor_class: str) -> list[Case] | None:
 @pytest.mark.slow
 @pytest.mark.parametrize("processor_class", PROVEN)
 def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> None:
+    if TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION:
+        pytest.skip(LEGACY_OPEN)
     result = run_family(processor_class, root, cases=cases(processor_class))
     assert "vllm_error" not in result and "mmfront_error" not in result, result
     assert result["mmfront_impl"] == "native"
@@ -113,6 +118,8 @@ def test_unproven_families_are_refused(processor_class: str, root: Path) -> None
 
 @pytest.mark.parametrize("processor_class", ["Idefics3Processor", "Qwen2AudioProcessor"])
 def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> None:
+    if TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION and processor_class == "Idefics3Processor":
+        pytest.skip(LEGACY_OPEN)
     folder, _ = family_folder(processor_class, root)
     config = MultiModalConfig()
     proc = create_processor(folder, config)
