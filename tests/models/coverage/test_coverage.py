@@ -39,10 +39,20 @@ def survey_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 _OUTCOMES: dict[str, Coverage] = {}
 
 
+_SURVEY = ("import dataclasses, json, sys\n"
+           "from pathlib import Path\n"
+           "from mmfront.testing import coverage\n"
+           "print(json.dumps(dataclasses.asdict(coverage.survey_processor(sys.argv[1], Path(sys.argv[2])))))\n")
+
+
 def outcome(name: str, folder: Path) -> Coverage:
-    """The survey's outcome for ``name``, found once per session."""
+    """The survey's outcome for ``name``, found once per session, in a fork of the preloaded
+    interpreter: a processor's outcome must not depend on what this worker ran before (LLaVA's
+    prompt ids differed from HF's after some other modules in the same worker, and not alone)."""
     if name not in _OUTCOMES:
-        _OUTCOMES[name] = coverage.survey_processor(name, folder / name)
+        done = preloaded.run([sys.executable, "-c", _SURVEY, name, str(folder / name)], timeout=300, check=True)
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        _OUTCOMES[name] = Coverage(**{**found, "modalities": tuple(found["modalities"])})
     return _OUTCOMES[name]
 
 
