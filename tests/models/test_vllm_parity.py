@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from vllm_parity import assert_a_hit_sends_the_miss, default_cases, family_folder, prompt_for, run_family, video_clip
 
 from mmfront import MultiModalConfig
@@ -89,6 +90,8 @@ def test_qwen2_5_vl_short_clip_keeps_every_frame(root: Path) -> None:
     """Fix 6: 8 frames at 2 fps, every frame kept (``do_sample_frames`` true in the metadata)."""
     folder, _ = family_folder("Qwen2_5_VLProcessor", root)
     proc = create_processor(folder)
+    if "video" not in proc.info.get_supported_mm_limits():
+        pytest.skip(f"transformers {transformers.__version__} builds no video processor for this folder")
     clip = video_clip(8, 2.0, range(8))
     ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str("video", 0), 1), add_special_tokens=False)
     out = proc.apply(ids, {"video": [clip]})
