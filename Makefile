@@ -92,7 +92,7 @@ pytest: $(STAMP)
 
 pytest-legacy: $(LEGACY_STAMP)
 	$(LEGACY_PY) -c "import transformers; assert transformers.__version__ == '$(LEGACY_TRANSFORMERS)', transformers.__version__"
-	$(LEGACY_PY) -m pytest $(PYTEST_ARGS)
+	$(LEGACY_PY) -m pytest $(PYTEST_ARGS) -m "not vllm_side_by_side"
 
 test: lint pytest pytest-legacy
 

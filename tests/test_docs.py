@@ -192,14 +192,32 @@ def check_command(argv: list[str]) -> str | None:
 # --- python blocks ----------------------------------------------------------------------------
 
 
+def _catalog_copies() -> dict[tuple[Any, str], dict[str, Any]]:
+    from mmfront.fixtures import catalog as fixture_catalog
+    from mmfront.models import catalog
+
+    catalog.model_specs()  # the built-in modules first, so the copies hold them
+    fixture_catalog.fixture_kinds()
+    tables = [(catalog, "_NATIVE"), (catalog, "_NATIVE_BY_MODEL_TYPE"), (catalog, "_MODELS"),
+              (fixture_catalog, "_KINDS")]
+    return {(module, name): dict(getattr(module, name)) for module, name in tables}
+
+
 @dataclass
 class _FileRun:
-    """The namespace one file's python blocks share, and how far they have run."""
+    """The namespace one file's python blocks share, and how far they have run.
+
+    ``catalogs``: the file's own copies of the processor and model catalogs, in effect while its
+    blocks run. A block that registers a processor (docs/processing.md registers one for
+    ``LlavaProcessor``) changes its file's copy only: later tests in the worker build the real
+    processors, not the page's example.
+    """
 
     workdir: Path
     namespace: dict[str, Any] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
     failed: str | None = None
+    catalogs: dict[tuple[Any, str], dict[str, Any]] = field(default_factory=_catalog_copies)
 
 
 _RUNS: dict[Path, _FileRun] = {}
@@ -267,6 +285,8 @@ def test_block_runs(block: Block, request: pytest.FixtureRequest, tmp_path_facto
     if run is None:
         run = _RUNS[block.path] = _FileRun(tmp_path_factory.mktemp(f"docs-{block.path.stem}"))
     monkeypatch.chdir(run.workdir)
+    for (module, name), table in run.catalogs.items():
+        monkeypatch.setattr(module, name, table)
     # One private MMFRONT_HOME for the session: default_model_dir() builds once, never in ~/.cache.
     monkeypatch.setenv("MMFRONT_HOME", str(tmp_path_factory.getbasetemp() / "docs-mmfront-home"))
     # A fixture declared on an earlier block stays in effect (web keeps serving example.com); its
@@ -485,3 +505,25 @@ def test_web_fixture_serves_example_com_only(docs_web: dict[str, Any]) -> None:
         connector.fetch_bytes("https://example.com/cat.txt", timeout=1.0)
     with pytest.raises(MediaFetchError, match=r"other\.test is not served offline"):
         connector.fetch_bytes("https://other.test/cat.png", timeout=1.0)
+
+
+def test_a_block_s_registration_stays_in_its_file(tmp_path: Path) -> None:
+    """docs/processing.md registers a processor for ``LlavaProcessor``; once its file's blocks are
+    done, ``create_processor`` builds the real one again (a leak gave LLaVA 65 tokens, not 256, to
+    every later test in the worker)."""
+    from mmfront.models import BaseProcessingInfo, register_processor
+    from mmfront.models.catalog import native_factory
+    from mmfront.processing import BaseMultiModalProcessor
+
+    before = native_factory("LlavaProcessor", "llava")
+    run = _FileRun(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        for (module, name), table in run.catalogs.items():
+            patch.setattr(module, name, table)
+
+        @register_processor("LlavaProcessor", info=BaseProcessingInfo, model_types=("llava",))
+        class PageExample(BaseMultiModalProcessor):
+            pass
+
+        assert native_factory("LlavaProcessor", "llava") is not before
+    assert native_factory("LlavaProcessor", "llava") is before

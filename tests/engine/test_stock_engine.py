@@ -46,7 +46,7 @@ from mmfront.wire.handshake import (
 PEER = vllm_peer_python()
 MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
 PEER_DIR = Path(__file__).resolve().parents[3] / "shared" / "peer"
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
               pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
 
 POOL = [image_data_url(make_image(40 + 8 * i, 32 + 4 * i, seed=i)) for i in range(5)]

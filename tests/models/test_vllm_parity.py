@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from packaging.version import Version
 from vllm_parity import assert_a_hit_sends_the_miss, default_cases, family_folder, prompt_for, run_family, video_clip
 
 from mmfront import MultiModalConfig
@@ -58,7 +59,10 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
         assert item["pixel_values"]["data"][1] == "uint8"  # the engine normalises (mm_device_do_normalize)
         assert item["image_grid_thw"]["field"] == ["batched", {"keep_on_cpu": True}]
         assert resolved["mm_device_do_normalize"] is True
-        assert {"video_all_frames", "video_sampled", "video_two"} <= set(result["diff"])
+        if "video" in create_processor(family_folder(processor_class, root)[0]).info.get_supported_mm_limits():
+            assert {"video_all_frames", "video_sampled", "video_two"} <= set(result["diff"])
+        else:  # transformers 5.14 builds these folders without a video processor
+            assert Version(transformers.__version__) < Version("5.15"), transformers.__version__
     else:
         (item,) = cases["image_one"]["mm_kwargs"]["image"]
         assert item["pixel_values"]["data"][1:3] == ["bfloat16", [3, 224, 224]]  # a float32 checkpoint, served bf16

@@ -22,7 +22,7 @@ from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_pyt
 PEER = vllm_peer_python()
 MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
 ORACLE = Path(__file__).parent / "data" / "vllm_parser_oracle.py"
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(PEER is None or MODEL is None, reason=SKIP_REASON)]
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side, pytest.mark.skipif(PEER is None or MODEL is None, reason=SKIP_REASON)]
 
 
 @pytest.fixture(scope="module")

@@ -126,6 +126,7 @@ def vllm_answers() -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.vllm_side_by_side
 @pytest.mark.parametrize("case", CASES)
 def test_a_constraint_is_refused_or_resolved_as_vllm_does(vllm_answers: dict[str, Any], case: str) -> None:
     want, got = vllm_answers[case], mmfront_answer(CASES[case])

@@ -31,6 +31,8 @@ from test_vllm_serve_parity import MODEL, PEER, PEER_DIR, SERVED, Pair, Side, as
 
 from mmfront.testing.peer import SKIP_REASON
 
+pytestmark = pytest.mark.vllm_side_by_side
+
 DATA = Path(__file__).parent / "data"
 FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"]
 TEMPLATE = """{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}

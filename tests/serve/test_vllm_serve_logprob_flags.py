@@ -23,7 +23,7 @@ from test_vllm_serve_parity import MODEL, PEER, PEER_DIR, SERVED, Pair, both, ex
 
 from mmfront.testing.peer import SKIP_REASON
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
               pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
 
 CHAT_PATH, COMPLETION_PATH = "/v1/chat/completions", "/v1/completions"

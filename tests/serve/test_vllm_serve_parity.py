@@ -70,7 +70,7 @@ from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_pyt
 PEER = vllm_peer_python()
 MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
 PEER_DIR = Path(__file__).resolve().parents[3] / "shared" / "peer"
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
               pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
 
 SERVED = "tiny-gemma3"

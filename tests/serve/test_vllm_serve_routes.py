@@ -46,7 +46,7 @@ from local_services import serve_http
 from mmfront.testing.media import make_image
 from mmfront.testing.peer import SKIP_REASON
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
               pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
 
 ORIGIN = "https://app.example"

@@ -37,6 +37,8 @@ from test_vllm_serve_parity import (
     read_stream,
 )
 
+pytestmark = pytest.mark.vllm_side_by_side
+
 pytest.importorskip("xgrammar", reason="xgrammar is not installed (a dependency of mmfront: pip install -e .)")
 
 VOCAB = 262208

@@ -47,8 +47,9 @@ _SURVEY = ("import dataclasses, json, sys\n"
 
 def outcome(name: str, folder: Path) -> Coverage:
     """The survey's outcome for ``name``, found once per session, in a fork of the preloaded
-    interpreter: a processor's outcome must not depend on what this worker ran before (LLaVA's
-    prompt ids differed from HF's after some other modules in the same worker, and not alone)."""
+    interpreter: a processor's outcome must not depend on what this worker ran before (a
+    docs/processing.md block once left its example processor registered for ``LlavaProcessor``;
+    tests/test_docs.py now gives each page its own catalogs)."""
     if name not in _OUTCOMES:
         done = preloaded.run([sys.executable, "-c", _SURVEY, name, str(folder / name)], timeout=300, check=True)
         found = json.loads(done.stdout.strip().splitlines()[-1])
