@@ -171,3 +171,15 @@ def test_a_model_spec_needs_both_processor_and_info(tables: Any) -> None:
     with pytest.raises(InputTypeError, match="register_model takes a ModelSpec"):
         catalog.register_model("aya_vision")  # type: ignore[arg-type]
     assert "aya_vision" not in catalog._MODELS
+
+
+def test_a_model_spec_newer_than_the_installed_transformers_is_registered_unchecked(tables: Any) -> None:
+    """``transformers_since`` newer than the installed release: the names cannot be checked (no folder of
+    the model loads there) and the spec is registered; from that release on, they are checked."""
+    import transformers
+
+    future = ModelSpec("future_vlm", "FutureVLMProcessor", transformers_since="999.0")
+    assert catalog.register_model(future) is future and catalog._MODELS["future_vlm"] is future
+    with pytest.raises(ConfigError, match="'FutureVLMProcessor' is not an HF processor class"):
+        catalog.register_model(ModelSpec("past_vlm", "FutureVLMProcessor", transformers_since=transformers.__version__))
+    assert "past_vlm" not in catalog._MODELS

@@ -116,6 +116,16 @@ def _check_hf_names(hf_processor_class: str, types: tuple[str, ...]) -> None:
         raise ConfigError(f"register_processor: model_types {list(types)} names a model type twice; name each once.")
 
 
+def _ships(release: str | None) -> bool:
+    """Whether the installed transformers is ``release`` or newer (``None``: every supported one)."""
+    if release is None:
+        return True
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) >= Version(release)
+
+
 def _add_native(hf_processor_class: str, types: tuple[str, ...], processor_cls: type[BaseMultiModalProcessor],
                 info: type[BaseProcessingInfo]) -> None:
     if not (isinstance(processor_cls, type) and issubclass(processor_cls, BaseMultiModalProcessor)):
@@ -141,10 +151,13 @@ def register_model(spec: ModelSpec) -> ModelSpec:
     Its processor (if any) serves its HF processor class and model type, as with
     :func:`register_processor`; its options and reference encoder become what
     :func:`model_options` and :func:`reference_model` find. A name
-    another model already declared raises :class:`ConfigError`, before anything is registered."""
+    another model already declared raises :class:`ConfigError`, before anything is registered, as
+    does an HF name the installed transformers does not know (unless it predates the spec's
+    ``transformers_since``: the model's folders cannot load there, and the catalog stays the same)."""
     if not isinstance(spec, ModelSpec):
         raise InputTypeError(f"register_model takes a ModelSpec, got {spec!r}.")
-    _check_hf_names(spec.hf_processor_class, (spec.model_type,))
+    if _ships(spec.transformers_since):
+        _check_hf_names(spec.hf_processor_class, (spec.model_type,))
     if (spec.processor is None) != (spec.info is None):
         raise ConfigError(f"register_model: {spec.model_type!r} gives a processor without info or info without a "
                           "processor; a native processor needs both (neither: the transformers backend serves it).")

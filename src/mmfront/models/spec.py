@@ -97,6 +97,11 @@ class ModelSpec:
     """What vLLM 0.33's native class for the model reads, once the parity suite proves mmfront sends
     exactly that (``tests/models/test_vllm_parity.py``). Without it, a folder whose architecture vLLM
     serves natively is refused for ``--model-impl auto``/``vllm`` (:mod:`mmfront.models.native`)."""
+    transformers_since: str | None = None
+    """The transformers release that first ships the model's HF processor class, where it is newer than
+    the oldest mmfront supports (CohereCompass: 5.16.0). Under an older transformers no folder of the
+    model loads, so nothing of it is served; the spec is registered all the same (the catalog is the
+    same under every transformers) and its names are checked from that release on."""
     prompt_outputs: Mapping[str, PromptOutput] = field(default_factory=dict)
     """HF outputs laid out along the prompt's tokens that the model's engine rebuilds, by key, with
     how (Mllama's ``cross_attention_mask``: which images each token attends to). They belong to the
