@@ -54,17 +54,22 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cases(processor_class: str) -> list[Case]:
-    """The default image cases, a large image alone and beside one of another tiling."""
+    """The default image cases, a large image alone and beside one of another tiling; for Cohere2-Vision
+    the two with the request's ``max_patches`` (vLLM counts the tiles with the merged kwargs too)."""
     wide, tall = (make_image(w, h, seed=10 + i) for i, (w, h) in enumerate(LARGE_IMAGES[processor_class]))
-    return [*default_cases(["image"]), Case("image_large", "image", [wide]), Case("image_two_large", "image", [wide, tall])]
+    out = [*default_cases(["image"]), Case("image_large", "image", [wide]), Case("image_two_large", "image", [wide, tall])]
+    if processor_class == "Cohere2VisionProcessor":
+        out.append(Case("image_two_max_patches", "image", [wide, tall], mm_processor_kwargs={"max_patches": 2}))
+    return out
 
 
 def _equal(processor_class: str, root: Path) -> dict:
     result = run_family(processor_class, root, cases=cases(processor_class))
     assert "vllm_error" not in result and "mmfront_error" not in result, result
     assert result["mmfront_impl"] == "native"
-    assert set(result["diff"]) == {"image_one", "image_tall", "image_two", "image_same_twice", "image_large",
-                                   "image_two_large"}
+    assert set(result["diff"]) == {c.name for c in cases(processor_class)}
+    assert {"image_one", "image_tall", "image_two", "image_same_twice", "image_large", "image_two_large"} <= set(
+        result["diff"])
     for name, diff in result["diff"].items():
         assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
     resolved = result["vllm"]["resolved"]
@@ -94,6 +99,8 @@ def test_cohere2_vision_equals_vllm_native(root: Path) -> None:
     assert [r[1] for r in ranges] == [2 + 3 * 257, 2 + 4 * 257]
     for r in ranges:
         assert r[2][0] is False and r[2][-1] is False and sum(r[2]) == 256 * (r[1] - 2) // 257
+    capped = vllm["image_two_max_patches"]["mm_kwargs"]["image"]  # two tiles and the thumbnail each
+    assert [item["pixel_values"]["data"][2] for item in capped] == [[3, 3, 512, 512], [3, 3, 512, 512]]
 
 
 @needs_peer
