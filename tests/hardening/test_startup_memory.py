@@ -103,7 +103,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any], dict[str, Any], tuple[int, int]
     "tiled-gemma3": ("tiled", "gemma3-896", {"image_size": 896, "image_seq_length": 256}, {}, (896, 896), FLOOR_MIB),
     "audio-qwen2_audio": ("audio", "qwen2_audio", {"feature_size": 128, "chunk_length": 30, "sampling_rate": 16000},
                           {}, None, FLOOR_MIB),
-    # GLM-ASR's vLLM-native inputs are not proven: served with vLLM's transformers backend
+    # measured in vLLM's transformers backend's layout (--model-impl transformers)
     "audio-glmasr": ("audio", "glmasr", {"feature_size": 128, "chunk_length": 30, "sampling_rate": 16000},
                      {"model_impl": "transformers"}, None, FLOOR_MIB),
     "video-qwen2_5_vl": ("video", "qwen2_5_vl", QWEN_STANDARD, {"limit_mm_per_prompt": {"image": 0}}, None, FLOOR_MIB),

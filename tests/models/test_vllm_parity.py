@@ -106,7 +106,7 @@ def test_qwen2_5_vl_short_clip_keeps_every_frame(root: Path) -> None:
 
 
 def test_unproven_native_family_is_refused(root: Path) -> None:
-    folder, architecture = family_folder("GlmAsrProcessor", root)
+    folder, architecture = family_folder("Kimi_K25Processor", root)
     assert architecture in VLLM_NATIVE_ARCHITECTURES
     for impl in ("auto", "vllm"):
         with pytest.raises(UnsupportedModelError, match="--model-impl transformers"):

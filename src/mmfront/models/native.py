@@ -14,6 +14,7 @@ the engine would misread.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -21,7 +22,7 @@ from typing import Literal
 from mmfront.errors import UnsupportedModelError
 from mmfront.processing.native import NativeInputs
 
-__all__ = ["VLLM_NATIVE_ARCHITECTURES", "ResolvedImpl", "folder_architectures", "resolve_model_impl"]
+__all__ = ["NATIVE_REFUSALS", "VLLM_NATIVE_ARCHITECTURES", "ResolvedImpl", "folder_architectures", "resolve_model_impl"]
 
 VLLM_NATIVE_ARCHITECTURES: frozenset[str] = frozenset((
     "Alpamayo2Super", "AriaForConditionalGeneration", "AudioFlamingo3ForConditionalGeneration",
@@ -68,6 +69,17 @@ VLLM_NATIVE_ARCHITECTURES: frozenset[str] = frozenset((
 """vLLM 0.33's native multimodal architectures (``vllm.model_executor.models.registry._MULTIMODAL_MODELS``;
 the parity suite checks this copy against the peer's registry)."""
 
+NATIVE_REFUSALS: Mapping[str, str] = {
+    "MossTranscribeDiarizeForConditionalGeneration": (
+        "vLLM 0.33's native MOSS-Transcribe-Diarize processor reads `audio_feature_lengths` (and "
+        "`audio_chunk_mapping`), which the checkpoint's remote-code processor returns (vLLM serves it with "
+        "--trust-remote-code), and transformers' MossTranscribeDiarizeProcessor does not (it returns "
+        "`input_features_mask`): vLLM itself fails on that processor (KeyError: 'audio_feature_lengths'), so there is "
+        "no vLLM layout to send"),
+}
+"""Native architectures whose inputs mmfront cannot prove equal, and why (vLLM's own frontend fails on
+the processor transformers builds for them): the refusal says so rather than "not yet proven"."""
+
 
 @dataclass(frozen=True)
 class ResolvedImpl:
@@ -107,6 +119,11 @@ def resolve_model_impl(setting: str, architectures: tuple[str, ...], native: Nat
         raise UnsupportedModelError(
             f"--model-impl vllm: vLLM 0.33 has no native class for {list(architectures) or 'this folder'} "
             f"({processor}); serve it with --model-impl auto or transformers (vLLM's transformers backend).")
+    if (native is None or arch not in native.architectures) and arch in NATIVE_REFUSALS:
+        raise UnsupportedModelError(
+            f"{arch} runs vLLM 0.33's native class with --model-impl {setting}, and mmfront cannot send {processor}'s "
+            f"items as that class reads them: {NATIVE_REFUSALS[arch]}. Serve it with --model-impl transformers (vLLM's "
+            "transformers backend, which mmfront serves); see docs/vllm-parity.md.")
     if native is None or arch not in native.architectures:
         raise UnsupportedModelError(
             f"{arch} runs vLLM 0.33's native class with --model-impl {setting}, and what mmfront sends for {processor} "

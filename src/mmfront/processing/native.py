@@ -13,7 +13,8 @@ from typing import Any
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "ItemLimit", "NativeInputs", "VideoOutputs",
+           "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
@@ -32,6 +33,16 @@ native processor adds to a video's HF outputs from its metadata (Qwen3-VL's fram
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
 they win over the deployment's and the request's kwargs, as there."""
+
+
+@dataclass(frozen=True)
+class ItemLimit:
+    """At most ``count`` items of a modality in one prompt while the native class runs: vLLM's own
+    limit for it (``get_supported_mm_limits``), or the count beyond which vLLM's processor fails."""
+
+    count: int
+    reason: str
+    """Why, as the refusal of more items says it (vLLM's limit and what serves more)."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,9 @@ class NativeInputs:
     unproven: Mapping[str, str] = field(default_factory=dict)
     """Modality -> why what the native class reads of it is not yet proven equal: such items are
     refused (the reason in the error) while the class runs, the family's other modalities served."""
+    mm_limits: Mapping[str, ItemLimit] = field(default_factory=dict)
+    """Modality -> the most items of it one prompt may hold while the class runs (vLLM's limit),
+    where vLLM's native processor caps them and its transformers backend does not."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""

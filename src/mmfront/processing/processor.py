@@ -248,6 +248,8 @@ class BaseProcessingInfo:
             cap = supported[modality]
             if cap is None or count <= cap:
                 message += " Set `--limit-mm-per-prompt` (MultiModalConfig.limit_mm_per_prompt) to increase this limit."
+            elif self.native is not None and modality in self.native.mm_limits:
+                message += f" {self.native.mm_limits[modality].reason}"
             raise ValidationError(message, parameter=modality)
 
     @cached_property

@@ -531,7 +531,7 @@ def generation_architecture(model_type: str) -> str | None:
 
     for table in ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
                   "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-                  "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"):
+                  "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"):
         names = getattr(m, table, {})
         if model_type in names:
             value = names[model_type]
@@ -546,7 +546,7 @@ def vllm_equality(outcome: Coverage) -> str:
     (docs/vllm-parity.md)."""
     from mmfront.fixtures.generic import processor_recipe
     from mmfront.models.catalog import model_specs
-    from mmfront.models.native import VLLM_NATIVE_ARCHITECTURES
+    from mmfront.models.native import NATIVE_REFUSALS, VLLM_NATIVE_ARCHITECTURES
 
     if outcome.status not in (SERVED, MISMATCH):
         return VLLM_REFUSED if outcome.status == REFUSED else "—"
@@ -556,6 +556,8 @@ def vllm_equality(outcome: Coverage) -> str:
         spec = model_specs().get(model_type)
         if spec is not None and spec.native is not None and architecture in spec.native.architectures:
             return f"**{VLLM_NATIVE}**"
+        if architecture in NATIVE_REFUSALS:
+            return f"{VLLM_REFUSED} (vLLM's native class fails on transformers' processor)"
         return f"{VLLM_REFUSED} (native class not yet proven)"
     return VLLM_HF_ONLY if outcome.status == SERVED else "—"
 

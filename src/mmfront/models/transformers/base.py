@@ -156,7 +156,9 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         return bool(getattr(proc.video_processor, "do_sample_frames", False)) or video_needs_metadata(type(proc))
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
-        return dict.fromkeys(self.modalities)
+        """Unlimited, as vLLM's transformers backend; where the native class runs, its limits."""
+        caps = self.native.mm_limits if self.native is not None else {}
+        return {m: caps[m].count if m in caps else None for m in self.modalities}
 
     def subprocessor(self, modality: str) -> Any:
         proc = self.hf_processor
