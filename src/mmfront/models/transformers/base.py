@@ -156,7 +156,15 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         return bool(getattr(proc.video_processor, "do_sample_frames", False)) or video_needs_metadata(type(proc))
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
-        return dict.fromkeys(self.modalities)
+        limits: dict[str, int | None] = dict.fromkeys(self.modalities)
+        if self.native is not None:
+            limits.update({m: n for m, n in self.native.max_items.items() if m in limits})
+        return limits
+
+    @property
+    def places_items_itself(self) -> bool:
+        """vLLM's native class places the items where the prompt names none (``NativeInputs.prompt_updates``)."""
+        return self.native is not None and self.native.prompt_updates is not None
 
     def subprocessor(self, modality: str) -> Any:
         proc = self.hf_processor
@@ -242,7 +250,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
 
     def get_placeholder_str(self, modality: str, index: int) -> str:
         if modality in self.modalities:
-            return self.info.placeholder(modality)
+            return "" if self.info.places_items_itself else self.info.placeholder(modality)
         return super().get_placeholder_str(modality, index)
 
     def get_mm_special_tokens(self) -> set[str]:
@@ -259,6 +267,8 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         it (``ModelSpec.prompt_layout``); a token-id prompt is taken as it is (its ids came from
         text laid out that way)."""
         layout = prompt_layout(type(self.info.hf_processor))
+        if self.info.places_items_itself:  # vLLM's native class lays the prompt out itself
+            return prompt
         if layout is not None and isinstance(prompt, str) and any(mm_counts.values()):
             return layout(prompt, self.info.hf_processor)
         return prompt
