@@ -223,9 +223,12 @@ def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[
         load = _part_loader(part, kind, where, uuid, tracker)
         placeholder = tracker.add(modality, _prehashing(load, modality, uuid, tracker), uuid,
                                   as_part=as_parts and modality in tracker.format.parts)
-        out.append({"type": modality} if as_parts and modality in tracker.format.parts
-                   else {"type": "text", "text": placeholder})
-        texts.append(placeholder)
+        if as_parts and modality in tracker.format.parts:
+            out.append({"type": modality})
+        elif placeholder:  # none where the model places its items itself (vLLM's placeholder None: PaliGemma)
+            out.append({"type": "text", "text": placeholder})
+        if placeholder:
+            texts.append(placeholder)
     return out if as_parts else "\n".join(texts)
 
 

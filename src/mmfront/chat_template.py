@@ -203,9 +203,11 @@ def counted_tokens(processor: BaseMultiModalProcessor) -> set[str]:
     tokens = {t for t in processor.get_mm_special_tokens() if t}
     for modality in processor.info.allowed_mm_limits:
         try:
-            tokens.add(processor.get_placeholder_str(modality, 0))
+            placeholder = processor.get_placeholder_str(modality, 0)
         except ValidationError:
             continue
+        if placeholder:  # empty where the model places its items itself (PaliGemma's native class)
+            tokens.add(placeholder)
     return tokens
 
 
@@ -243,6 +245,8 @@ def _detect(processor: BaseMultiModalProcessor, text: str, bounded: bool) -> tup
             try:
                 placeholder = processor.get_placeholder_str(modality, 0)
             except ValidationError:
+                continue
+            if not placeholder:
                 continue
             with_part = probe([{"type": modality}, {"type": "text", "text": _PROBE_TEXT}])
             if with_part is not None and with_part.count(placeholder) - as_parts.count(placeholder) == 1:

@@ -34,7 +34,7 @@ from mmfront.testing.coverage import generation_architecture as architecture_of
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "6"
+VERSION = "7"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
@@ -202,6 +202,14 @@ def _align_grid_pinpoints(config: dict[str, Any], image_processor: Any) -> None:
         config["image_grid_pinpoints"] = [list(p) for p in pinpoints]
 
 
+def _align_downsample_rate(config: dict[str, Any], processor: Any) -> None:
+    """The config's ``downsample_rate`` is the folder processor's (Granite 4 Vision): vLLM counts an
+    image's tokens from the config, HF from the processor; real checkpoints agree."""
+    rate = getattr(processor, "downsample_rate", None)
+    if "downsample_rate" in config and rate is not None:
+        config["downsample_rate"] = rate
+
+
 def _get(box: Any, key: str) -> Any:
     return box.get(key) if isinstance(box, dict) else getattr(box, key, None)
 
@@ -220,6 +228,7 @@ def model_config(processor: Any, model_type: str, architecture: str) -> dict[str
             config[sub]["vocab_size"] = max(int(config[sub].get("vocab_size") or 0), len(tokenizer))
     _align_image_size(config.get("vision_config"), getattr(processor, "image_processor", None))
     _align_grid_pinpoints(config, getattr(processor, "image_processor", None))
+    _align_downsample_rate(config, processor)
     if "vocab_size" in config:
         config["vocab_size"] = max(int(config.get("vocab_size") or 0), len(tokenizer))
     return config

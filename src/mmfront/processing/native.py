@@ -6,15 +6,16 @@ engine runs that class (``--model-impl``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
+from mmfront.processing.updates import PromptUpdate
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "ItemLimit", "NativeInputs", "VideoOutputs",
-           "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "EngineUpdates", "ItemLimit", "NativeInputs",
+           "PromptFinish", "VideoOutputs", "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
@@ -29,6 +30,13 @@ H, W]``), names it otherwise (InternVL's ``image_num_patches``) or vLLM adds wha
 VideoOutputs = Callable[[Mapping[str, Any], Any, Mapping[str, Any]], Mapping[str, Any]]
 """``(one video's metadata, the HF processor, the request's HF kwargs) -> outputs by key``: what vLLM's
 native processor adds to a video's HF outputs from its metadata (Qwen3-VL's frame ``timestamps``)."""
+
+EngineUpdates = Callable[[Sequence[PromptUpdate], Any], Sequence[PromptUpdate]]
+"""``(the processor's prompt updates, the HF processor) -> vLLM's``: where vLLM's native processor places
+items otherwise than on the placeholder HF expands (PaliGemma inserts its image at the start of the prompt)."""
+PromptFinish = Callable[[list[int], Any], list[int]]
+"""``(a prompt's ids with its items placed, the tokenizer) -> the ids vLLM's processor hands on``: what it
+appends after placing the items (PaliGemma's newline)."""
 
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
@@ -77,6 +85,14 @@ class NativeInputs:
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
+    prompt_updates: EngineUpdates | None = None
+    """vLLM's ``_get_prompt_updates`` where its class places items itself rather than on the placeholder
+    HF expands. Prompts then name no placeholder, as vLLM's ``get_placeholder_str`` names none: the
+    processor's placeholder string is empty, and a placeholder typed into a prompt is refused as a token
+    no item fills."""
+    finish_prompt: PromptFinish | None = None
+    """What vLLM's processor appends to a prompt holding items once they are placed. It only appends,
+    so the placeholder ranges stay."""
 
 
 def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> PlaceholderRange:

@@ -482,6 +482,9 @@ class BaseMultiModalProcessor(ABC):
                 m: [[u.with_item_idx(i) for u in updates_by_hash[h]] for i, h in enumerate(hashes[m])] for m in counts
             }
             new_ids, placeholders = self._apply_prompt_updates(prompt_ids, mm_prompt_updates)
+            native = self.info.native
+            if native is not None and native.finish_prompt is not None:
+                new_ids = native.finish_prompt(new_ids, self.info.tokenizer)
             self._validate_placeholders(placeholders, counts)
             refuse_stray_tokens(new_ids, placeholders, self._reserved_token_ids, self.info.tokenizer)
 
@@ -565,6 +568,9 @@ class BaseMultiModalProcessor(ABC):
         """Each item's prompt updates, every callable evaluated (cheap: no HF call)."""
         counts = mm_items.get_all_counts()
         updates = self._get_prompt_updates(mm_items, hf_kwargs, kw_items)
+        native = self.info.native
+        if native is not None and native.prompt_updates is not None:
+            updates = native.prompt_updates(updates, self.info.hf_processor)
         resolved: dict[str, list[list[ResolvedPromptUpdate]]] = {}
         for modality, count in counts.items():
             own = [u for u in updates if u.modality == modality]

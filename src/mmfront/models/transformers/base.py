@@ -160,6 +160,11 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         caps = self.native.mm_limits if self.native is not None else {}
         return {m: caps[m].count if m in caps else None for m in self.modalities}
 
+    @property
+    def places_items_itself(self) -> bool:
+        """vLLM's native class places the items where the prompt names none (``NativeInputs.prompt_updates``)."""
+        return self.native is not None and self.native.prompt_updates is not None
+
     def subprocessor(self, modality: str) -> Any:
         proc = self.hf_processor
         return next(getattr(proc, a) for a in _SUBPROCESSORS[modality] if getattr(proc, a, None) is not None)
@@ -244,7 +249,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
 
     def get_placeholder_str(self, modality: str, index: int) -> str:
         if modality in self.modalities:
-            return self.info.placeholder(modality)
+            return "" if self.info.places_items_itself else self.info.placeholder(modality)
         return super().get_placeholder_str(modality, index)
 
     def get_mm_special_tokens(self) -> set[str]:
@@ -261,6 +266,8 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         it (``ModelSpec.prompt_layout``); a token-id prompt is taken as it is (its ids came from
         text laid out that way)."""
         layout = prompt_layout(type(self.info.hf_processor))
+        if self.info.places_items_itself:  # vLLM's native class lays the prompt out itself
+            return prompt
         if layout is not None and isinstance(prompt, str) and any(mm_counts.values()):
             return layout(prompt, self.info.hf_processor)
         return prompt
