@@ -42,7 +42,6 @@ VLLM_PROCESSOR = {"Qwen2AudioProcessor": "Qwen2AudioMultiModalProcessor", "Gemma
 REFUSED = {
     "GlmAsrProcessor": "vLLM 0.33 calls HF's GlmAsrProcessor with one text for all of a prompt's clips, which HF "
                        "refuses (1 text : 1 audio), so two clips fail there; its chunk_counts layout is not yet sent",
-    "Lfm2VlProcessor": "num_patches of a tiled image (vLLM's grid layout) not yet computed",
 }
 """Families of this group still refused for ``--model-impl auto``, and why (docs/vllm-parity.md)."""
 

@@ -10,6 +10,8 @@ on the CPU), which vLLM computes from the image's size and the grid layout; no
 the image tokens (``select_token_id``). vLLM's count ignores ``do_image_splitting`` and
 ``use_thumbnail`` (any grid of more than one tile is split, a thumbnail added); where either makes
 HF tile an image otherwise, vLLM's fields would not match its data, and mmfront refuses the request.
+On the Legacy transformers backend (transformers < 5.15) the native class is refused: it cannot place
+a tiled image's tokens (``LFM2_VL_NATIVE.legacy_mismatch``).
 """
 
 from __future__ import annotations
@@ -82,7 +84,10 @@ def lfm2_vl_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, Mu
             "num_patches": MultiModalFieldConfig.batched("image", keep_on_cpu=True)}
 
 
-LFM2_VL_NATIVE = NativeInputs(("Lfm2VlForConditionalGeneration",), lfm2_vl_fields, outputs=lfm2_vl_num_patches)
+LFM2_VL_NATIVE = NativeInputs(
+    ("Lfm2VlForConditionalGeneration",), lfm2_vl_fields, outputs=lfm2_vl_num_patches,
+    legacy_mismatch="it cannot locate a tiled image's expansion, whose tiles' image tokens are runs between "
+                    "<|img_row_R_col_C|> markers, since HF < 5.15 reports no per-image token count; vLLM serves tiled images")
 
 LFM2_VL = register_model(ModelSpec(model_type="lfm2_vl", hf_processor_class="Lfm2VlProcessor",
                                    image_patches=lfm2_vl_tiles, native=LFM2_VL_NATIVE))
