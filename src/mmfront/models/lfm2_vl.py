@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from transformers.models.lfm2_vl.image_processing_lfm2_vl import find_closest_aspect_ratio, round_by_factor
 
 from mmfront.errors import ValidationError
 from mmfront.inputs import MultiModalFieldConfig
@@ -37,7 +36,10 @@ _VLLM_TILING = {"do_image_splitting": True, "use_thumbnail": True}
 
 def lfm2_vl_tiles(hf_processor: Any, height: int, width: int, images_kwargs: Mapping[str, Any]) -> int:
     """The tiles HF's image processor makes of an image: one, or a large image's grid (the ratio of
-    ``min_tiles..max_tiles`` tiles nearest its aspect ratio) and its thumbnail."""
+    ``min_tiles..max_tiles`` tiles nearest its aspect ratio) and its thumbnail. HF's own rounding and
+    ratio choice, imported here: the module needs torchvision, which mmfront's import does not."""
+    from transformers.models.lfm2_vl.image_processing_lfm2_vl import find_closest_aspect_ratio, round_by_factor
+
     image_processor = hf_processor.image_processor
 
     def setting(name: str) -> Any:
