@@ -53,6 +53,13 @@ def _digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
 
+def _as_read(item: dict[str, Any]) -> dict[str, Any]:
+    """An item's description as the engine reads it: field class, ``dim``, ``keep_on_cpu`` and data
+    (a flat field's slices place it in its request, which the engine never reads)."""
+    return {k: [v["field"][0], {f: x for f, x in v["field"][1].items() if f != "slices"}, v["data"]]
+            for k, v in item.items()}
+
+
 def _served_cases(processor_class: str) -> list[Case]:
     small = make_image(48, 40, seed=0)
     if processor_class == "AriaProcessor":
@@ -93,6 +100,8 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     for case in served:
         assert result["diff"][case.name] == {"differs": [], "details": []}, f"{processor_class} {case.name}"
     vllm, mine = result["vllm"]["cases"], result["mmfront"]
+    # an item is sent as it is alone, whatever else the request holds (image_two's first image is image_one's)
+    assert _as_read(mine["image_two"]["mm_kwargs"]["image"][0]) == _as_read(mine["image_one"]["mm_kwargs"]["image"][0])
     if processor_class == "AriaProcessor":
         first, second = vllm["image_two"]["mm_kwargs"]["image"]
         assert sorted(first) == ["pixel_mask", "pixel_values"]
