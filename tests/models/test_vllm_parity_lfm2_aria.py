@@ -39,8 +39,8 @@ TILED = make_image(1024, 768, seed=3)
 WIDE = make_image(1600, 500, seed=4)
 """LFM2-VL: a 3 x 1 grid and a thumbnail, 4 tiles. Aria: resized into one 980 px crop."""
 
-LFM2_REFUSED = {"no_thumbnail": {"use_thumbnail": False}, "no_splitting": {"do_image_splitting": False}}
-ARIA_REFUSED = {"split_image": {"split_image": True}, "max_image_size_490": {"max_image_size": 490}}
+LFM2_REFUSED: dict[str, dict[str, Any]] = {"no_thumbnail": {"use_thumbnail": False}, "no_splitting": {"do_image_splitting": False}}
+ARIA_REFUSED: dict[str, dict[str, Any]] = {"split_image": {"split_image": True}, "max_image_size_490": {"max_image_size": 490}}
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def _refused_cases(processor_class: str) -> list[Case]:
 
 
 def _apply(processor_class: str, root: Path, media: list[Any], config: MultiModalConfig | None = None,
-           **kwargs: Any) -> dict[str, Any]:
+           **kwargs: Any) -> Any:
     folder, _ = family_folder(processor_class, root)
     proc = create_processor(folder, config or MultiModalConfig())
     ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str("image", 0), len(media)),
