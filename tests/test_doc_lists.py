@@ -34,7 +34,8 @@ def declarations(spec: ModelSpec) -> str:
     out += [what for what, declared in (
         ("backend placeholders", spec.backend_placeholders), ("video metadata", spec.video_needs_metadata),
         ("prompt layout", spec.prompt_layout), ("unexpanded placeholders", spec.unexpanded_placeholders),
-        ("prompt outputs", spec.prompt_outputs), ("vLLM native inputs", spec.native)) if declared]
+        ("prompt outputs", spec.prompt_outputs), ("image patches", spec.image_patches),
+        ("vLLM native inputs", spec.native)) if declared]
     return ", ".join(out)
 
 

@@ -7,7 +7,7 @@ model pops it without a default), ranges masked to the image tokens. Qwen2-Audio
 ``input_features`` and ``feature_attention_mask`` batched, ranges without a mask. Gemma 3n: an
 image's pixels and a clip's ``input_features_padded`` (its own frames) batched. Images of three
 sizes and aspect ratios, two images, the same image twice; clips of two lengths, two clips, the same
-clip twice. The families of this group that stay refused are checked with their reasons.
+clip twice.
 """
 
 from __future__ import annotations
@@ -38,12 +38,6 @@ needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
 
 PROVEN = ("Idefics3Processor", "SmolVLMProcessor", "Qwen2AudioProcessor", "Gemma3nProcessor")
 VLLM_PROCESSOR = {"Qwen2AudioProcessor": "Qwen2AudioMultiModalProcessor", "Gemma3nProcessor": "Gemma3nMultiModalProcessor"}
-
-REFUSED = {
-    "Lfm2VlProcessor": "num_patches of a tiled image (vLLM's grid layout) not yet computed",
-}
-"""Families of this group still refused for ``--model-impl auto``, and why (docs/vllm-parity.md)."""
-
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -104,14 +98,6 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     assert (first["pixel_values"]["data"][2], second["pixel_values"]["data"][2]) == ([5, 3, 64, 64], [3, 3, 64, 64])
     ranges = vllm["image_two"]["mm_placeholders"]["image"]
     assert all(r[2] is not None and not all(r[2]) for r in ranges)  # the image tokens alone are embedded
-
-
-@pytest.mark.parametrize("processor_class", sorted(REFUSED))
-def test_unproven_families_are_refused(processor_class: str, root: Path) -> None:
-    folder, _ = family_folder(processor_class, root)
-    with pytest.raises(UnsupportedModelError, match="--model-impl transformers"):
-        create_processor(folder)
-    assert create_processor(folder, MultiModalConfig(model_impl="transformers")).info.native is None
 
 
 @pytest.mark.parametrize("processor_class", ["Idefics3Processor", "Qwen2AudioProcessor"])

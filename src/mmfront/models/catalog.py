@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from mmfront.config import ModelOption
 from mmfront.errors import ConfigError, InputTypeError
-from mmfront.models.spec import ModelSpec, PromptLayout, PromptOutput, ReferenceModel
+from mmfront.models.spec import ImagePatches, ModelSpec, PromptLayout, PromptOutput, ReferenceModel
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 
@@ -257,6 +257,13 @@ def unexpanded_placeholders(hf_processor_class: type) -> frozenset[str]:
     unexpanded, where the module of its model says (``ModelSpec.unexpanded_placeholders``)."""
     spec = next(_specs_along(hf_processor_class), None)
     return frozenset(spec.unexpanded_placeholders) if spec is not None else frozenset()
+
+
+def image_patches(hf_processor_class: type) -> ImagePatches | None:
+    """Tiles per image of the HF processor of this class (or a subclass), where the module of its
+    model counts them (``ModelSpec.image_patches``)."""
+    return next((spec.image_patches for spec in _specs_along(hf_processor_class) if spec.image_patches is not None),
+                None)
 
 
 def prompt_outputs(hf_processor_class: type) -> Mapping[str, PromptOutput]:

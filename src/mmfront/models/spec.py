@@ -22,7 +22,8 @@ from mmfront.processing.native import NativeInputs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 __all__ = [
-    "Encoder", "ModelSpec", "Positions", "PromptLayout", "PromptOutput", "ReferenceModel", "pooled_rows", "split_rows",
+    "Encoder", "ImagePatches", "ModelSpec", "Positions", "PromptLayout", "PromptOutput", "ReferenceModel", "pooled_rows",
+    "split_rows",
 ]
 
 Encoder = Callable[[Any, str, BatchedTensorInputs, Sequence[MultiModalFeatureSpec]], list[torch.Tensor]]
@@ -42,6 +43,10 @@ PromptOutput = Callable[[Sequence[int], Mapping[str, Sequence[PlaceholderRange]]
 """``(prompt ids, the prompt's placeholder ranges by modality, its items' data by modality) -> one
 HF output for that prompt, without HF's batch dimension``: how an engine rebuilds an output HF
 lays out along the prompt's tokens from what mmfront sends."""
+
+ImagePatches = Callable[[Any, int, int, Mapping[str, Any]], int]
+"""``(the HF processor, an image's height, its width, the call's images_kwargs) -> the tiles (rows of
+its data) HF's processor makes of that image``."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,10 @@ class ModelSpec:
     prompt as a whole, so no item can carry them: the transformers backend leaves them out of the
     items (any other such output refuses the processor: ``transformers.layout.PROMPT_LAID_OUT_KEYS``),
     and the coverage suite proves each rebuild equal to HF's output."""
+    image_patches: ImagePatches | None = None
+    """Tiles per image where the HF processor cannot be asked (no ``_get_num_multimodal_tokens``, no
+    ``get_number_of_image_patches``: LFM2-VL counts a tiled image's rows and columns, then drops
+    them): the transformers backend splits a call's tiles by it, checked against the data."""
 
 
 def pooled_rows(output: Any) -> torch.Tensor:

@@ -28,7 +28,13 @@ from packaging.version import Version
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
-from mmfront.models.catalog import backend_placeholder_attr, prompt_layout, prompt_outputs, video_needs_metadata
+from mmfront.models.catalog import (
+    backend_placeholder_attr,
+    image_patches,
+    prompt_layout,
+    prompt_outputs,
+    video_needs_metadata,
+)
 from mmfront.models.transformers.layout import (
     LAYOUT_KEY,
     ModalityLayout,
@@ -483,11 +489,14 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
     def image_processor_patches(self, hf_kwargs: Mapping[str, Any], sizes: Sequence[ImageSize]) -> list[int] | None:
         """Patches per image from ``image_processor.get_number_of_image_patches``, for processors
         with no ``_get_num_multimodal_tokens`` to ask whose data has more rows than images (SmolVLM's
-        tiles); None where that is missing too. Only then: elsewhere (Step3p7) it counts other rows."""
-        method = getattr(getattr(self.info.hf_processor, "image_processor", None), "get_number_of_image_patches", None)
-        if method is None:
-            return None
+        tiles), else from the model module's count (``ModelSpec.image_patches``: LFM2-VL); None
+        where both are missing. Only then: elsewhere (Step3p7) it counts other rows."""
         images_kwargs = dict(hf_kwargs.get("images_kwargs") or {})
+        proc = self.info.hf_processor
+        method = getattr(getattr(proc, "image_processor", None), "get_number_of_image_patches", None)
+        if method is None:
+            tiles = image_patches(type(proc))
+            return None if tiles is None else [tiles(proc, s.height, s.width, images_kwargs) for s in sizes]
         try:
             counts = [method(s.height, s.width, images_kwargs) for s in sizes]
         except (AttributeError, NotImplementedError, TypeError, ValueError, KeyError):
