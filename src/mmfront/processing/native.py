@@ -63,6 +63,27 @@ class NativeInputs:
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
+    mm_limits: Mapping[str, int | None] | None = None
+    """vLLM's ``get_supported_mm_limits`` for the class, where it takes less than the backend or
+    places a modality the backend alone would not: a modality it leaves out is refused (vLLM's limit
+    of 0), a number caps the items of one prompt, and a modality it names is placed even where the
+    HF processor does not count its tokens (vLLM's native processor counts them itself; the parity
+    suite proves HF's expansion equal). ``None``: the backend's own limits."""
+
+    def takes(self, modality: str) -> bool:
+        """Whether the class takes ``modality`` items at all (:attr:`mm_limits`)."""
+        return self.mm_limits is None or modality in self.mm_limits
+
+    def why_limited(self, modality: str) -> str:
+        """Why the class takes no more ``modality`` items than :attr:`mm_limits` says (empty: no limit of its own)."""
+        if self.mm_limits is None:
+            return ""
+        arch = self.architectures[0]
+        if modality not in self.mm_limits:
+            return (f"vLLM 0.33's native {arch} class takes no {modality} items (its limit is 0; it takes "
+                    f"{', '.join(sorted(self.mm_limits))} only): serve the model with --model-impl transformers for them.")
+        cap = self.mm_limits[modality]
+        return "" if cap is None else f"vLLM 0.33's native {arch} class takes at most {cap} {modality}(s) per prompt."
 
 
 def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> PlaceholderRange:
