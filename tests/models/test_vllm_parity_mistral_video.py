@@ -224,3 +224,12 @@ def test_llava_next_video_before_transformers_5_18_says_why(root: Path, monkeypa
                                                      r"vLLM 0\.33's native .* takes no image items .* the transformers "
                                                      r"backend places videos from transformers 5\.18\.0 on"):
         create_processor(folder)
+
+
+def test_models_table_says_both_families_equal_vllm_native() -> None:
+    """docs/models.md's vLLM column: Pixtral's processor ships with mistral3 checkpoints (its own
+    ``pixtral`` model type is the vision tower alone), and LLaVA-NeXT-Video is declared."""
+    from mmfront.testing.coverage import SERVED, VLLM_NATIVE, Coverage, vllm_equality
+
+    for processor_class in ("PixtralProcessor", "LlavaNextVideoProcessor"):
+        assert vllm_equality(Coverage(processor_class, SERVED)) == f"**{VLLM_NATIVE}**"
