@@ -6,7 +6,7 @@ image's ``[C, H, W]`` per item, no ``image_sizes``, ranges whose ``[IMG_BREAK]``
 tokens are not embedded. The harness aligns the folder's merged patch (vision ``patch_size`` times
 ``spatial_merge_size``, from which vLLM counts an image's tokens) with its processor's. Images of
 three sizes and aspect ratios, one larger than the processor's ``longest_edge`` (resized down on
-both sides), two images, the same image twice.
+both sides), a request's own ``size``, two images, the same image twice.
 
 **LLaVA-NeXT-Video** (vLLM's ``LlavaNextVideoMultiModalProcessor``): videos only, one per prompt
 (vLLM's ``get_supported_mm_limits`` is ``{"video": 1}``): a clip with every frame kept, a sampled
@@ -60,8 +60,10 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _mistral3_cases() -> list[Case]:
-    """The default image cases and an image wider than the processor's longest edge (1024 px)."""
-    return [*default_cases(["image"]), Case("image_large", "image", [make_image(1300, 500, seed=9)])]
+    """The default image cases, an image wider than the processor's longest edge (1024 px), and a
+    request's own longest edge (vLLM counts with the request's ``size`` too)."""
+    return [*default_cases(["image"]), Case("image_large", "image", [make_image(1300, 500, seed=9)]),
+            Case("image_request_size", "image", [make_image(96, 40, seed=3)], {"size": {"longest_edge": 32}})]
 
 
 def _video_cases() -> list[Case]:
@@ -94,6 +96,8 @@ def test_mistral3_images_equal_vllm_native(root: Path) -> None:
     (large,) = vllm["image_large"]["mm_kwargs"]["image"]
     assert large["pixel_values"]["data"][1:3] == ["uint8", [3, 400, 1024]]  # 1300 x 500 px scaled to 1024 x 393
     assert [r[:2] for r in vllm["image_large"]["mm_placeholders"]["image"]] == [[2, (64 + 1) * 25]]
+    # 96 x 40 px scaled to 32 x 13: one row of two [IMG], closed by [IMG_END]
+    assert vllm["image_request_size"]["mm_placeholders"]["image"] == [[2, 3, [True, True, False]]]
     # laid out as alone beside another image, whatever its size
     mine = result["mmfront"]
     assert mine["image_two"]["mm_kwargs"]["image"][0] == mine["image_one"]["mm_kwargs"]["image"][0]
