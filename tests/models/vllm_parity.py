@@ -34,7 +34,7 @@ from mmfront.testing.coverage import generation_architecture as architecture_of
 from mmfront.testing.peer import vllm_peer_python
 
 PEER_SCRIPT = Path(__file__).parent / "data" / "vllm_apply_peer.py"
-VERSION = "7"
+VERSION = "8"
 """Bump when the folder or its completed config.json changes (folders are cached by it)."""
 
 GPU_DTYPE = {"float32": "bfloat16", "bfloat16": "bfloat16", "float16": "float16"}
@@ -210,6 +210,17 @@ def _align_downsample_rate(config: dict[str, Any], processor: Any) -> None:
         config["downsample_rate"] = rate
 
 
+def _align_merged_patch(config: dict[str, Any], processor: Any) -> None:
+    """The config's merged patch (the vision tower's ``patch_size`` times ``spatial_merge_size``) is
+    the folder processor's (Mistral 3: vLLM counts an image's rows and columns of tokens in the
+    config's merged patches, HF's ``PixtralProcessor`` in its own; real checkpoints agree)."""
+    vision = config.get("vision_config")
+    patch, merge = getattr(processor, "patch_size", None), getattr(processor, "spatial_merge_size", None)
+    if (isinstance(vision, dict) and "patch_size" in vision and "spatial_merge_size" in config
+            and isinstance(patch, int) and isinstance(merge, int)):
+        vision["patch_size"], config["spatial_merge_size"] = patch, merge
+
+
 def _get(box: Any, key: str) -> Any:
     return box.get(key) if isinstance(box, dict) else getattr(box, key, None)
 
@@ -229,6 +240,7 @@ def model_config(processor: Any, model_type: str, architecture: str) -> dict[str
     _align_image_size(config.get("vision_config"), getattr(processor, "image_processor", None))
     _align_grid_pinpoints(config, getattr(processor, "image_processor", None))
     _align_downsample_rate(config, processor)
+    _align_merged_patch(config, processor)
     if "vocab_size" in config:
         config["vocab_size"] = max(int(config.get("vocab_size") or 0), len(tokenizer))
     return config

@@ -45,12 +45,13 @@ they win over the deployment's and the request's kwargs, as there."""
 
 @dataclass(frozen=True)
 class ItemLimit:
-    """At most ``count`` items of a modality in one prompt while the native class runs: vLLM's own
-    limit for it (``get_supported_mm_limits``), or the count beyond which vLLM's processor fails."""
+    """A modality's items per prompt while the native class runs: vLLM's own limit for it
+    (``get_supported_mm_limits``), or the count beyond which vLLM's processor fails."""
 
-    count: int
-    reason: str
-    """Why, as the refusal of more items says it (vLLM's limit and what serves more)."""
+    count: int | None = None
+    """At most this many items in one prompt (``None``: no cap of the class's own)."""
+    reason: str = ""
+    """Why, as the refusal of more items says it, where the limit is not the class's declared one."""
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,12 @@ class NativeInputs:
     unproven: Mapping[str, str] = field(default_factory=dict)
     """Modality -> why what the native class reads of it is not yet proven equal: such items are
     refused (the reason in the error) while the class runs, the family's other modalities served."""
-    mm_limits: Mapping[str, ItemLimit] = field(default_factory=dict)
-    """Modality -> the most items of it one prompt may hold while the class runs (vLLM's limit),
-    where vLLM's native processor caps them and its transformers backend does not."""
+    mm_limits: Mapping[str, ItemLimit] | None = None
+    """vLLM's ``get_supported_mm_limits`` for the class, where it differs from the backend's: a
+    modality it leaves out is refused (vLLM's limit of 0), a count caps the items of one prompt (the
+    refusal gives the limit's reason), and a modality it names is placed even where the HF processor
+    does not count its tokens (vLLM's native processor counts them itself; the parity suite proves
+    HF's expansion equal). ``None``: the backend's own limits."""
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
@@ -93,6 +97,23 @@ class NativeInputs:
     finish_prompt: PromptFinish | None = None
     """What vLLM's processor appends to a prompt holding items once they are placed. It only appends,
     so the placeholder ranges stay."""
+
+    def takes(self, modality: str) -> bool:
+        """Whether the class takes ``modality`` items at all (:attr:`mm_limits`)."""
+        return self.mm_limits is None or modality in self.mm_limits
+
+    def why_limited(self, modality: str) -> str:
+        """Why the class takes no more ``modality`` items than :attr:`mm_limits` says (empty: no limit of its own)."""
+        if self.mm_limits is None:
+            return ""
+        arch = self.architectures[0]
+        if modality not in self.mm_limits:
+            return (f"vLLM 0.33's native {arch} class takes no {modality} items (its limit is 0; it takes "
+                    f"{', '.join(sorted(self.mm_limits))} only): serve the model with --model-impl transformers for them.")
+        limit = self.mm_limits[modality]
+        if limit.reason or limit.count is None:
+            return limit.reason
+        return f"vLLM 0.33's native {arch} class takes at most {limit.count} {modality}(s) per prompt."
 
 
 def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> PlaceholderRange:

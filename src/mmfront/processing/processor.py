@@ -188,6 +188,11 @@ class BaseProcessingInfo:
         does not (appended to the refusal)."""
         return ""
 
+    def why_limited(self, modality: str) -> str:
+        """Why the model takes no more ``modality`` items per prompt than its supported limit, where
+        there is more to say (appended to the refusal)."""
+        return ""
+
     @cached_property
     def allowed_mm_limits(self) -> dict[str, int]:
         out = {}
@@ -248,8 +253,8 @@ class BaseProcessingInfo:
             cap = supported[modality]
             if cap is None or count <= cap:
                 message += " Set `--limit-mm-per-prompt` (MultiModalConfig.limit_mm_per_prompt) to increase this limit."
-            elif self.native is not None and modality in self.native.mm_limits:
-                message += f" {self.native.mm_limits[modality].reason}"
+            elif self.why_limited(modality):
+                message += f" {self.why_limited(modality)}"
             raise ValidationError(message, parameter=modality)
 
     @cached_property

@@ -552,6 +552,9 @@ def vllm_equality(outcome: Coverage) -> str:
         return VLLM_REFUSED if outcome.status == REFUSED else "—"
     model_type = processor_recipe(outcome.processor_class).model_type
     architecture = generation_architecture(model_type)
+    shipped = [s for s in model_specs().values() if s.hf_processor_class == outcome.processor_class and s.native]
+    if architecture is None and shipped:  # checkpoints of another model type ship the processor (Pixtral: mistral3)
+        return f"**{VLLM_NATIVE}**"
     if architecture in VLLM_NATIVE_ARCHITECTURES:
         spec = model_specs().get(model_type)
         if spec is not None and spec.native is not None and architecture in spec.native.architectures:

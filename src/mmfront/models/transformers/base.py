@@ -101,13 +101,16 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         placeholder for the prompt. Video only from transformers 5.18 (:data:`VIDEO_MIN_VERSION`)
         and where the processor counts video tokens, as in vLLM 0.33."""
         proc = self.hf_processor
-        found = []
+        found, present = [], []
         for modality, attrs in _SUBPROCESSORS.items():
             if not any(getattr(proc, a, None) is not None for a in attrs):
                 continue
+            present.append(modality)
             if modality == "video" and not self.serves_video:
                 continue
             if self.native is not None and modality in self.native.unproven:
+                continue
+            if self.native is not None and not self.native.takes(modality):
                 continue
             if not isinstance(getattr(proc, f"{modality}_token", None), str):
                 raise UnsupportedModelError(
@@ -116,6 +119,10 @@ class TransformersProcessingInfo(BaseProcessingInfo):
                     "not a chat-style multimodal processor mmfront can serve."
                 )
             found.append(modality)
+        reasons = [self.why_unsupported(m) for m in present if m not in found]
+        if not found and any(reasons):
+            raise UnsupportedModelError(f"{type(proc).__name__}: none of its modalities can be served here. "
+                                        + " ".join(r for r in reasons if r))
         if not found:
             raise UnsupportedModelError(
                 f"{type(proc).__name__} exposes no image processor or audio feature extractor, so the "
@@ -130,6 +137,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         proc = self.hf_processor
         if TRANSFORMERS_VERSION < VIDEO_MIN_VERSION or not isinstance(getattr(proc, "video_token", None), str):
             return False
+        if self.native is not None and self.native.mm_limits is not None and "video" in self.native.mm_limits:
+            return True  # vLLM's native processor counts a video's tokens itself
         frames = getattr(proc.video_processor, "temporal_patch_size", 1)
         try:
             counted = proc._get_num_multimodal_tokens(video_sizes=[(frames, 224, 224)])
@@ -140,6 +149,8 @@ class TransformersProcessingInfo(BaseProcessingInfo):
     def why_unsupported(self, modality: str) -> str:
         if self.native is not None and modality in self.native.unproven:
             return self.native.unproven[modality]
+        if self.native is not None and not self.native.takes(modality):
+            return self.native.why_limited(modality)
         proc = self.hf_processor
         if modality != "video" or getattr(proc, "video_processor", None) is None:
             return ""
@@ -163,8 +174,11 @@ class TransformersProcessingInfo(BaseProcessingInfo):
 
     def get_supported_mm_limits(self) -> Mapping[str, int | None]:
         """Unlimited, as vLLM's transformers backend; where the native class runs, its limits."""
-        caps = self.native.mm_limits if self.native is not None else {}
-        return {m: caps[m].count if m in caps else None for m in self.modalities}
+        limits = self.native.mm_limits if self.native is not None and self.native.mm_limits is not None else {}
+        return {m: limits[m].count if m in limits else None for m in self.modalities}
+
+    def why_limited(self, modality: str) -> str:
+        return self.native.why_limited(modality) if self.native is not None else ""
 
     @property
     def places_items_itself(self) -> bool:
