@@ -1,0 +1,184 @@
+"""Qwen3-ASR and Qwen2.5-Omni send what vLLM 0.33's native frontend sends (issue 32; the harness is
+``vllm_parity``, see ``test_vllm_parity.py``).
+
+Both post-process a clip as vLLM's Omni processors do (``mmfront.models.qwen2_5_omni.omni_audio_outputs``):
+its mel frames trimmed to its own length, flat along time (``input_audio_features``, dim 1) by
+``audio_feature_lengths``, with its ``feature_attention_mask``, both batched on the CPU; ranges
+without a mask. Qwen2.5-Omni's images and videos are Qwen2.5-VL's fields without device
+normalisation, a video's ``second_per_grid_ts`` and the shared ``use_audio_in_video`` flag. Cases:
+clips of two lengths, two clips, the same clip twice; images of three sizes and aspect ratios, two
+images, the same image twice; a short clip with every frame kept, a sampled clip, two clips. A cache
+hit sends the bytes of a miss, and an item sends the same bytes whatever else is in its request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from vllm_parity import (
+    AUDIO_SECONDS,
+    Case,
+    assert_a_hit_sends_the_miss,
+    default_cases,
+    family_folder,
+    prompt_for,
+    run_family,
+    video_clip,
+    wire_frames,
+)
+
+from mmfront import MultiModalConfig
+from mmfront.errors import ProcessorError, UnsupportedModelError
+from mmfront.models.registry import create_processor
+from mmfront.models.transformers import OFFSETS_MIN_VERSION, TRANSFORMERS_VERSION
+from mmfront.testing.media import make_audio, make_image
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
+
+PEER = vllm_peer_python()
+needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
+
+LEGACY = TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION
+OMNI_LEGACY = ("under transformers < 5.15 (Legacy) Qwen2.5-Omni is refused for the native class: the Legacy backend "
+               "cannot split its two-image probe (test_qwen2_5_omni_is_refused_on_the_legacy_backend)")
+
+PROVEN = ("Qwen3ASRProcessor", "Qwen2_5OmniProcessor")
+VLLM_PROCESSOR = {"Qwen3ASRProcessor": "Qwen3ASRMultiModalProcessor",
+                  "Qwen2_5OmniProcessor": "Qwen2_5OmniThinkerMultiModalProcessor"}
+AUDIO_KEYS = ["audio_feature_lengths", "feature_attention_mask", "input_audio_features"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("parity-qwen-audio")
+
+
+def _clip(seconds: float, seed: int) -> tuple[Any, int]:
+    return make_audio(seconds, 16000, seed=seed), 16000
+
+
+def cases(processor_class: str) -> list[Case]:
+    """The default cases of the family's modalities and the same clip twice."""
+    clip = _clip(AUDIO_SECONDS[1], 1)
+    modalities = ["audio"] if processor_class == "Qwen3ASRProcessor" else ["image", "video", "audio"]
+    return [*default_cases(modalities), Case("audio_same_twice", "audio", [clip, clip])]
+
+
+@needs_peer
+@pytest.mark.slow
+@pytest.mark.parametrize("processor_class", PROVEN)
+def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> None:
+    if LEGACY and processor_class == "Qwen2_5OmniProcessor":
+        pytest.skip(OMNI_LEGACY)
+    result = run_family(processor_class, root, cases=cases(processor_class))
+    assert "vllm_error" not in result and "mmfront_error" not in result, result
+    assert result["mmfront_impl"] == "native"
+    resolved = result["vllm"]["resolved"]
+    assert resolved["processor"] == VLLM_PROCESSOR[processor_class]
+    assert resolved["dtype"] == "bfloat16" and resolved["mm_device_do_normalize"] is False
+    assert set(result["diff"]) == {c.name for c in cases(processor_class)}
+    for name, diff in result["diff"].items():
+        assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
+    vllm = result["vllm"]["cases"]
+
+    first, second = vllm["audio_two"]["mm_kwargs"]["audio"]
+    assert sorted(first) == AUDIO_KEYS
+    assert first["input_audio_features"]["field"][0] == "flat"
+    assert first["input_audio_features"]["field"][1]["dim"] == 1
+    assert first["feature_attention_mask"]["field"] == ["batched", {"keep_on_cpu": True}]
+    assert first["audio_feature_lengths"]["field"] == ["batched", {"keep_on_cpu": True}]
+    # each clip's frames trimmed to its own length: 1.0 s and 1.6 s at a 10 ms hop
+    mel = 128 if processor_class == "Qwen3ASRProcessor" else 80
+    assert (first["input_audio_features"]["data"][1:3], second["input_audio_features"]["data"][1:3]) == (
+        ["bfloat16", [mel, 100]], ["bfloat16", [mel, 160]])
+    assert first["audio_feature_lengths"]["data"][1:3] == ["int64", []]
+    # the masks as HF padded them: Qwen3-ASR's clip alone (to a multiple of 100 frames), Qwen2.5-Omni's to 30 s
+    padded = [[100], [200]] if processor_class == "Qwen3ASRProcessor" else [[3000], [3000]]
+    assert [c["feature_attention_mask"]["data"][1:3] for c in (first, second)] == [["int32", p] for p in padded]
+    ranges = vllm["audio_two"]["mm_placeholders"]["audio"]
+    tokens = [13, 21] if processor_class == "Qwen3ASRProcessor" else [25, 40]
+    assert [r[1] for r in ranges] == tokens and all(r[2] is None for r in ranges)
+    one, two = vllm["audio_same_twice"]["mm_hashes"]["audio"]
+    assert one == two
+    if processor_class == "Qwen3ASRProcessor":
+        return
+
+    (image,) = vllm["image_one"]["mm_kwargs"]["image"]
+    assert sorted(image) == ["image_grid_thw", "pixel_values"]
+    assert image["image_grid_thw"]["field"] == ["batched", {"keep_on_cpu": True}]
+    assert image["pixel_values"]["field"][0] == "flat" and image["pixel_values"]["data"][1] == "bfloat16"
+    first_video, second_video = vllm["video_two"]["mm_kwargs"]["video"]
+    assert sorted(first_video) == ["pixel_values_videos", "second_per_grid_ts", "use_audio_in_video", "video_grid_thw"]
+    assert first_video["second_per_grid_ts"]["field"] == ["batched", {"keep_on_cpu": True}]
+    assert first_video["use_audio_in_video"]["field"][0] == "shared"
+    assert first_video["use_audio_in_video"]["data"][1:3] == ["bool", []]
+    assert [v["pixel_values_videos"]["data"][2] for v in (first_video, second_video)] == [[2304, 1176], [1152, 1176]]
+    assert [r[1:] for r in vllm["video_two"]["mm_placeholders"]["video"]] == [[576, None], [288, None]]
+
+
+@pytest.mark.parametrize("processor_class", PROVEN)
+def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> None:
+    if LEGACY and processor_class == "Qwen2_5OmniProcessor":
+        pytest.skip(OMNI_LEGACY)
+    folder, _ = family_folder(processor_class, root)
+    proc = create_processor(folder, MultiModalConfig())
+    assert proc.info.native is not None
+    miss, _ = assert_a_hit_sends_the_miss(proc, "audio", [_clip(1.0, 0), _clip(1.6, 1)])
+    assert [sorted(item) for item in miss["mm_kwargs"]["audio"]] == [AUDIO_KEYS, AUDIO_KEYS]
+    if processor_class == "Qwen2_5OmniProcessor":
+        miss, _ = assert_a_hit_sends_the_miss(proc, "image", [make_image(48, 40, seed=0), make_image(40, 56, seed=1)])
+        assert [sorted(item) for item in miss["mm_kwargs"]["image"]] == [["image_grid_thw", "pixel_values"]] * 2
+
+
+def test_qwen2_5_omni_items_do_not_change_with_the_request(root: Path) -> None:
+    """An image, a clip and a video alone send what they send in one request holding all three, and a
+    clip what it sends beside a longer one (vLLM makes one HF call of the whole request)."""
+    if LEGACY:
+        pytest.skip(OMNI_LEGACY)
+    folder, _ = family_folder("Qwen2_5OmniProcessor", root)
+    proc = create_processor(folder, MultiModalConfig())
+    tokenizer = proc.info.get_tokenizer()
+    media: dict[str, list[Any]] = {"image": [make_image(64, 32, seed=2)], "audio": [_clip(1.0, 0)],
+                                   "video": [video_clip(4, 2.0, range(4), seed=1)]}
+
+    def apply(data: dict[str, list[Any]]) -> Any:
+        text = "".join(prompt_for(proc.get_placeholder_str(m, 0), len(items)) for m, items in data.items())
+        return proc.apply(tokenizer.encode(text, add_special_tokens=False), data)
+
+    together = wire_frames(apply(media))
+    for modality, items in media.items():
+        assert wire_frames(apply({modality: items}))[modality] == together[modality], modality
+    pair = wire_frames(apply({"audio": [_clip(1.0, 0), _clip(1.6, 1)]}))["audio"]
+    assert pair[0] == together["audio"][0]
+
+
+def test_qwen2_5_omni_is_refused_on_the_legacy_backend(root: Path) -> None:
+    """The Legacy backend is not proven for the native class: under transformers < 5.15 it cannot split
+    the two adjacent images of its probe (no per-item counts), so it builds no Qwen2.5-Omni processor.
+    The native class is refused first, with the reason."""
+    folder, _ = family_folder("Qwen2_5OmniProcessor", root)
+    with pytest.raises(UnsupportedModelError, match=r"Legacy transformers backend.*cannot locate two adjacent images"):
+        create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
+    backend = MultiModalConfig(transformers_backend="legacy", model_impl="transformers")
+    if not LEGACY:
+        assert create_processor(folder, backend).info.native is None
+        return
+    with pytest.raises(ProcessorError, match=r"Could not locate 2 image item\(s\) in Qwen2_5OmniProcessor"):
+        create_processor(folder, backend)
+
+
+def test_qwen3_asr_realtime_stays_refused(root: Path, tmp_path: Path) -> None:
+    """vLLM runs another processor for the realtime class (``Qwen3ASRRealtimeMultiModalProcessor``),
+    not compared: a folder naming it is refused for the native class."""
+    import json
+    import shutil
+
+    folder, _ = family_folder("Qwen3ASRProcessor", root)
+    realtime = tmp_path / "realtime"
+    shutil.copytree(folder, realtime)
+    config = json.loads((realtime / "config.json").read_text())
+    (realtime / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ASRRealtimeGeneration"]}))
+    with pytest.raises(UnsupportedModelError, match=r"Qwen3ASRRealtimeGeneration runs vLLM 0\.33's native class"):
+        create_processor(realtime)
+    assert create_processor(realtime, MultiModalConfig(model_impl="transformers")).info.native is None
