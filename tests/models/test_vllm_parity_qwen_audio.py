@@ -30,7 +30,7 @@ from vllm_parity import (
 )
 
 from mmfront import MultiModalConfig
-from mmfront.errors import ProcessorError, UnsupportedModelError
+from mmfront.errors import ConfigError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.models.registry import create_processor
 from mmfront.models.transformers import OFFSETS_MIN_VERSION, TRANSFORMERS_VERSION
 from mmfront.testing.media import make_audio, make_image
@@ -61,8 +61,10 @@ def _clip(seconds: float, seed: int) -> tuple[Any, int]:
 def cases(processor_class: str) -> list[Case]:
     """The default cases of the family's modalities and the same clip twice."""
     clip = _clip(AUDIO_SECONDS[1], 1)
-    modalities = ["audio"] if processor_class == "Qwen3ASRProcessor" else ["image", "video", "audio"]
-    return [*default_cases(modalities), Case("audio_same_twice", "audio", [clip, clip])]
+    if processor_class == "Qwen3ASRProcessor":
+        return [*default_cases(["audio"]), Case("audio_same_twice", "audio", [clip, clip])]
+    off = Case("video_audio_in_video_off", "video", [video_clip(4, 2.0, range(4), seed=1)], {"use_audio_in_video": False})
+    return [*default_cases(["image", "video", "audio"]), Case("audio_same_twice", "audio", [clip, clip]), off]
 
 
 @needs_peer
@@ -115,6 +117,8 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     assert first_video["use_audio_in_video"]["data"][1:3] == ["bool", []]
     assert [v["pixel_values_videos"]["data"][2] for v in (first_video, second_video)] == [[2304, 1176], [1152, 1176]]
     assert [r[1:] for r in vllm["video_two"]["mm_placeholders"]["video"]] == [[576, None], [288, None]]
+    (off,) = vllm["video_audio_in_video_off"]["mm_kwargs"]["video"]
+    assert off["use_audio_in_video"]["data"] == first_video["use_audio_in_video"]["data"]  # False, as without the kwarg
 
 
 @pytest.mark.parametrize("processor_class", PROVEN)
@@ -151,6 +155,24 @@ def test_qwen2_5_omni_items_do_not_change_with_the_request(root: Path) -> None:
         assert wire_frames(apply({modality: items}))[modality] == together[modality], modality
     pair = wire_frames(apply({"audio": [_clip(1.0, 0), _clip(1.6, 1)]}))["audio"]
     assert pair[0] == together["audio"][0]
+
+
+def test_qwen2_5_omni_refuses_audio_in_video(root: Path) -> None:
+    """vLLM interleaves a video's audio into its placeholder with ``use_audio_in_video``; mmfront does
+    not build that yet, so the native class refuses it (a request's kwarg and a deployment's)."""
+    if LEGACY:
+        pytest.skip(OMNI_LEGACY)
+    folder, _ = family_folder("Qwen2_5OmniProcessor", root)
+    proc = create_processor(folder, MultiModalConfig())
+    ids = proc.info.get_tokenizer().encode(prompt_for(proc.get_placeholder_str("video", 0), 1), add_special_tokens=False)
+    media = {"video": [video_clip(4, 2.0, range(4))], "audio": [_clip(1.0, 0)]}
+    with pytest.raises(ValidationError, match=r"mm_processor_kwargs\.use_audio_in_video=True: vLLM's native processor "
+                                              r"then interleaves each video's audio track"):
+        proc.apply(ids, media, hf_processor_mm_kwargs={"use_audio_in_video": True})
+    with pytest.raises(ConfigError, match=r"MultiModalConfig\.mm_processor_kwargs\.use_audio_in_video=True"):
+        create_processor(folder, MultiModalConfig(mm_processor_kwargs={"use_audio_in_video": True}))
+    backend = MultiModalConfig(mm_processor_kwargs={"use_audio_in_video": True}, model_impl="transformers")
+    assert create_processor(folder, backend).info.native is None
 
 
 def test_qwen2_5_omni_is_refused_on_the_legacy_backend(root: Path) -> None:

@@ -29,11 +29,19 @@ from mmfront.processing.native import NativeInputs
 __all__ = [
     "QWEN2_5_OMNI",
     "QWEN2_5_OMNI_NATIVE",
+    "USE_AUDIO_IN_VIDEO_UNPROVEN",
     "omni_audio_fields",
     "omni_audio_outputs",
     "qwen2_5_omni_fields",
     "qwen2_5_omni_outputs",
 ]
+
+
+USE_AUDIO_IN_VIDEO_UNPROVEN = (
+    "vLLM's native processor then interleaves each video's audio track into the video's placeholder (one range per "
+    "video holding both, the audio's and the video's tokens told apart by their is_embed masks), which mmfront does "
+    "not yet build")
+"""Why ``use_audio_in_video`` is refused while the native class runs (every Omni processor of vLLM's)."""
 
 
 def _clips(value: Any) -> Iterator[torch.Tensor]:
@@ -96,7 +104,7 @@ def qwen2_5_omni_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[st
 
 QWEN2_5_OMNI_NATIVE = NativeInputs(
     ("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel"), qwen2_5_omni_fields, outputs=qwen2_5_omni_outputs,
-    whole_range_embeds=True,
+    whole_range_embeds=True, unproven_kwargs={"use_audio_in_video": USE_AUDIO_IN_VIDEO_UNPROVEN},
     legacy_mismatch="it is not proven there: under transformers < 5.15 it cannot locate two adjacent images in HF's "
                     "expansion of its probe (one run of image tokens, no per-item counts), so it builds no Qwen2.5-Omni "
                     "processor")

@@ -13,7 +13,8 @@ from typing import Any
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "engine_range",
+           "refuse_unproven_kwargs"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
@@ -63,6 +64,9 @@ class NativeInputs:
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
+    unproven_kwargs: Mapping[str, str] = field(default_factory=dict)
+    """HF kwarg -> why what the native class reads when it is set (truthy) is not yet proven equal:
+    a request or deployment setting it is refused (the reason in the error) while the class runs."""
 
 
 def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> PlaceholderRange:
@@ -71,3 +75,14 @@ def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> 
     if native is not None and native.whole_range_embeds and mask is not None and bool(mask.all()):
         return PlaceholderRange(offset=placeholder.offset, length=placeholder.length, is_embed=None)
     return placeholder
+
+
+def refuse_unproven_kwargs(native: NativeInputs | None, kwargs: Mapping[str, Any], *, where: str) -> str:
+    """Why ``kwargs`` (named ``where`` in the message) cannot be served by the native class, or ``""``."""
+    if native is None:
+        return ""
+    for key, why in native.unproven_kwargs.items():
+        if kwargs.get(key):
+            return (f"{where}.{key}={kwargs[key]!r}: {why}. Leave it unset, or serve the model with "
+                    "--model-impl transformers.")
+    return ""

@@ -56,7 +56,7 @@ from mmfront.processing.hf import (
     resolve_model_dtype,
     valid_hf_kwargs,
 )
-from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS, NativeInputs, engine_range
+from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS, NativeInputs, engine_range, refuse_unproven_kwargs
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
@@ -297,6 +297,10 @@ class BaseMultiModalProcessor(ABC):
                                               name="MultiModalConfig.mm_processor_kwargs")
             if refused:
                 raise ConfigError(refused)
+        unproven = refuse_unproven_kwargs(info.native, info.config.mm_processor_kwargs or {},
+                                          where="MultiModalConfig.mm_processor_kwargs")
+        if unproven:
+            raise ConfigError(unproven)
 
     def check_request_kwargs(self, kwargs: Mapping[str, Any] | None) -> None:
         """Refuse a request's HF kwargs that are malformed, or out of :attr:`mm_kwarg_specs`,
@@ -314,6 +318,9 @@ class BaseMultiModalProcessor(ABC):
                                           owner=type(self).__name__)
         if refused:
             raise ValidationError(refused, parameter="mm_processor_kwargs")
+        unproven = refuse_unproven_kwargs(self.info.native, kwargs, where="mm_processor_kwargs")
+        if unproven:
+            raise ValidationError(unproven, parameter="mm_processor_kwargs")
 
     # --- hooks -----------------------------------------------------------------------------
 
