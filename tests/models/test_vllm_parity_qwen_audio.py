@@ -190,17 +190,31 @@ def test_qwen2_5_omni_is_refused_on_the_legacy_backend(root: Path) -> None:
         create_processor(folder, backend)
 
 
-def test_qwen3_asr_realtime_stays_refused(root: Path, tmp_path: Path) -> None:
-    """vLLM runs another processor for the realtime class (``Qwen3ASRRealtimeMultiModalProcessor``),
-    not compared: a folder naming it is refused for the native class."""
+def _renamed(folder: Path, architecture: str, where: Path) -> Path:
+    """A copy of ``folder`` whose config.json names ``architecture``."""
     import json
     import shutil
 
-    folder, _ = family_folder("Qwen3ASRProcessor", root)
-    realtime = tmp_path / "realtime"
-    shutil.copytree(folder, realtime)
-    config = json.loads((realtime / "config.json").read_text())
-    (realtime / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3ASRRealtimeGeneration"]}))
+    shutil.copytree(folder, where)
+    config = json.loads((where / "config.json").read_text())
+    (where / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
+    return where
+
+
+def test_qwen2_5_omni_model_runs_the_same_class(root: Path, tmp_path: Path) -> None:
+    """vLLM registers ``Qwen2_5OmniModel`` to the thinker class and processor proven here."""
+    if LEGACY:
+        pytest.skip(OMNI_LEGACY)
+    from mmfront.models.qwen2_5_omni import QWEN2_5_OMNI_NATIVE
+
+    folder = _renamed(family_folder("Qwen2_5OmniProcessor", root)[0], "Qwen2_5OmniModel", tmp_path / "model")
+    assert create_processor(folder).info.native is QWEN2_5_OMNI_NATIVE
+
+
+def test_qwen3_asr_realtime_stays_refused(root: Path, tmp_path: Path) -> None:
+    """vLLM runs another processor for the realtime class (``Qwen3ASRRealtimeMultiModalProcessor``),
+    not compared: a folder naming it is refused for the native class."""
+    realtime = _renamed(family_folder("Qwen3ASRProcessor", root)[0], "Qwen3ASRRealtimeGeneration", tmp_path / "rt")
     with pytest.raises(UnsupportedModelError, match=r"Qwen3ASRRealtimeGeneration runs vLLM 0\.33's native class"):
         create_processor(realtime)
     assert create_processor(realtime, MultiModalConfig(model_impl="transformers")).info.native is None
