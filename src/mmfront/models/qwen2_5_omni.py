@@ -24,7 +24,7 @@ from mmfront.models.catalog import register_model
 from mmfront.models.qwen2_vl import qwen2_vl_fields
 from mmfront.models.spec import ModelSpec
 from mmfront.parse import MultiModalDataItems
-from mmfront.processing.native import NativeInputs
+from mmfront.processing.native import UNTRUNCATED_KWARGS, NativeInputs
 
 __all__ = [
     "QWEN2_5_OMNI",
@@ -104,7 +104,7 @@ def qwen2_5_omni_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[st
 
 QWEN2_5_OMNI_NATIVE = NativeInputs(
     ("Qwen2_5OmniForConditionalGeneration", "Qwen2_5OmniModel"), qwen2_5_omni_fields, outputs=qwen2_5_omni_outputs,
-    whole_range_embeds=True, unproven_kwargs={"use_audio_in_video": USE_AUDIO_IN_VIDEO_UNPROVEN},
+    whole_range_embeds=True, hf_defaults=UNTRUNCATED_KWARGS, unproven_kwargs={"use_audio_in_video": USE_AUDIO_IN_VIDEO_UNPROVEN},
     legacy_mismatch="it is not proven there: under transformers < 5.15 it cannot locate two adjacent images in HF's "
                     "expansion of its probe (one run of image tokens, no per-item counts), so it builds no Qwen2.5-Omni "
                     "processor")

@@ -19,7 +19,7 @@ from mmfront.models.catalog import register_model
 from mmfront.models.qwen2_5_omni import omni_audio_fields, omni_audio_outputs
 from mmfront.models.spec import ModelSpec
 from mmfront.parse import MultiModalDataItems
-from mmfront.processing.native import NativeInputs
+from mmfront.processing.native import UNTRUNCATED_KWARGS, NativeInputs
 
 __all__ = ["QWEN3_ASR", "QWEN3_ASR_NATIVE", "qwen3_asr_fields", "qwen3_asr_outputs"]
 
@@ -36,7 +36,7 @@ def qwen3_asr_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, 
 
 
 QWEN3_ASR_NATIVE = NativeInputs(("Qwen3ASRForConditionalGeneration",), qwen3_asr_fields, outputs=qwen3_asr_outputs,
-                                whole_range_embeds=True)
+                                whole_range_embeds=True, hf_defaults=UNTRUNCATED_KWARGS)
 
 QWEN3_ASR = register_model(ModelSpec(model_type="qwen3_asr", hf_processor_class="Qwen3ASRProcessor",
                                      native=QWEN3_ASR_NATIVE))

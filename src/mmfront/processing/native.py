@@ -13,7 +13,7 @@ from typing import Any
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "engine_range",
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "UNTRUNCATED_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "engine_range",
            "refuse_unproven_kwargs"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
@@ -33,6 +33,11 @@ native processor adds to a video's HF outputs from its metadata (Qwen3-VL's fram
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
 they win over the deployment's and the request's kwargs, as there."""
+
+UNTRUNCATED_KWARGS: Mapping[str, Any] = {"truncation": False}
+"""What vLLM's ``_get_hf_mm_inputs`` puts under every HF call that has text, below the deployment's and
+the request's kwargs. It is meant for the tokenizer (the text is a dummy), but HF hands it to the
+feature extractor too, and Whisper's then keeps a clip's frames past its 30 s window."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class NativeInputs:
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
+    hf_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """HF kwargs vLLM's processor calls HF with, below the deployment's and the request's
+    (:data:`UNTRUNCATED_KWARGS`; with them Qwen2.5-Omni's clips past 30 s keep every frame)."""
     unproven_kwargs: Mapping[str, str] = field(default_factory=dict)
     """HF kwarg -> why what the native class reads when it is set (truthy) is not yet proven equal:
     a request or deployment setting it is refused (the reason in the error) while the class runs."""

@@ -514,8 +514,9 @@ class BaseMultiModalProcessor(ABC):
         """Process the selected items in one job; record their updates; return items by hash.
 
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, hf_processor_mm_kwargs,
-                                      DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
+        native_defaults = self.info.native.hf_defaults if self.info.native is not None else None
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, native_defaults, self.info.config.mm_processor_kwargs,
+                                      hf_processor_mm_kwargs, DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
         kw_items, resolved = self.process_subset(mm_items.subset(selection), hf_kwargs, executor)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():
