@@ -186,6 +186,67 @@ def test_qwen2_5_omni_items_do_not_change_with_the_request(root: Path) -> None:
     assert pair[0] == together["audio"][0]
 
 
+def _peer_describe(folder: Path, name: str, ids: list[int], media: dict[str, list[Any]], sent: Any,
+                   where: Path) -> dict[str, Any]:
+    """vLLM's own description of one request of several modalities, and of mmfront's items
+    (``sent``: an ``apply`` output) decoded by vLLM: ``(vLLM's case, mmfront's decoded items)``."""
+    import json
+    import os
+    import subprocess
+
+    import msgspec
+    import numpy as np
+    from vllm_parity import PEER_SCRIPT
+
+    entries: dict[str, list[Any]] = {}
+    for modality, items in media.items():
+        for i, item in enumerate(items):
+            path = where / f"{modality}-{i}"
+            if modality == "image":
+                item.save(path.with_suffix(".png"))
+                entries.setdefault(modality, []).append(str(path.with_suffix(".png")))
+                continue
+            np.save(path.with_suffix(".npy"), item[0])
+            extra = {"sr": item[1]} if modality == "audio" else {"metadata": item[1]}
+            entries.setdefault(modality, []).append({"path": str(path.with_suffix(".npy")), **extra})
+    frames = where / "mmfront.msgpack"
+    frames.write_bytes(msgspec.msgpack.encode(wire_frames(sent)))
+    spec = {"folder": str(folder), "dtype": "bfloat16", "model_impl": "auto", "mmfront": {name: str(frames)},
+            "cases": [{"name": name, "prompt_token_ids": ids, "media": entries, "mm_processor_kwargs": {}}]}
+    (where / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    run = subprocess.run([str(PEER), str(PEER_SCRIPT), str(where / "spec.json")], capture_output=True, text=True,
+                         env=env, timeout=900, check=True)
+    peer = json.loads(run.stdout.strip().splitlines()[-1])
+    return {"vllm": peer["cases"][name], "decoded": peer["decoded"][name]}
+
+
+@needs_peer
+@pytest.mark.slow
+def test_qwen2_5_omni_request_of_every_modality_equals_vllm(root: Path, tmp_path: Path) -> None:
+    """An image, a clip and a video in one prompt: vLLM makes one HF call of them all, mmfront's items
+    are the ones each sends alone; ids, ranges, hashes and every item equal."""
+    if LEGACY:
+        pytest.skip(OMNI_LEGACY)
+    from vllm_parity import compare
+
+    folder, _ = family_folder("Qwen2_5OmniProcessor", root)
+    proc = create_processor(folder, MultiModalConfig())
+    media: dict[str, list[Any]] = {"image": [make_image(64, 32, seed=2)], "audio": [_clip(1.0, 0)],
+                                   "video": [video_clip(4, 2.0, range(4), seed=1)]}
+    text = "".join(prompt_for(proc.get_placeholder_str(m, 0), len(items)) for m, items in media.items())
+    ids = proc.info.get_tokenizer().encode(text, add_special_tokens=False)
+    out = proc.apply(ids, media)
+    peer = _peer_describe(folder, "every_modality", ids, media, out, tmp_path)
+    mine = {"prompt_token_ids": list(out["prompt_token_ids"]), "mm_kwargs": peer["decoded"],
+            "mm_placeholders": {m: [[r.offset, r.length, None if r.is_embed is None else r.is_embed.tolist()] for r in rs]
+                                for m, rs in out["mm_placeholders"].items()},
+            "mm_hashes": {m: list(h) for m, h in out["mm_hashes"].items()}}
+    assert compare(peer["vllm"], mine) == {"differs": [], "details": []}
+    assert sorted(peer["vllm"]["mm_kwargs"]) == ["audio", "image", "video"]
+    assert [r[1:] for r in peer["vllm"]["mm_placeholders"]["audio"]] == [[25, None]]
+
+
 def test_qwen2_5_omni_refuses_audio_in_video(root: Path) -> None:
     """vLLM interleaves a video's audio into its placeholder with ``use_audio_in_video``; mmfront does
     not build that yet, so the native class refuses it (a request's kwarg and a deployment's)."""
