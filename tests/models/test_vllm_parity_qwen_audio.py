@@ -162,6 +162,10 @@ def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> 
     if processor_class == "Qwen2_5OmniProcessor":
         miss, _ = assert_a_hit_sends_the_miss(proc, "image", [make_image(48, 40, seed=0), make_image(40, 56, seed=1)])
         assert [sorted(item) for item in miss["mm_kwargs"]["image"]] == [["image_grid_thw", "pixel_values"]] * 2
+        clips = [video_clip(8, 2.0, range(8)), video_clip(4, 2.0, range(4), seed=1)]
+        miss, _ = assert_a_hit_sends_the_miss(proc, "video", clips)
+        assert [sorted(item) for item in miss["mm_kwargs"]["video"]] == [
+            ["pixel_values_videos", "second_per_grid_ts", "use_audio_in_video", "video_grid_thw"]] * 2
 
 
 def test_qwen2_5_omni_items_do_not_change_with_the_request(root: Path) -> None:
