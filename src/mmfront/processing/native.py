@@ -14,8 +14,8 @@ from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
 from mmfront.processing.updates import PromptUpdate
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "EngineUpdates", "ItemLimit", "NativeInputs",
-           "PromptFinish", "VideoOutputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "UNTRUNCATED_KWARGS", "EngineFields", "EngineOutputs", "EngineUpdates", "ItemLimit",
+           "NativeInputs", "PromptFinish", "VideoOutputs", "engine_range", "refuse_unproven_kwargs"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
@@ -41,6 +41,11 @@ appends after placing the items (PaliGemma's newline)."""
 DEVICE_NORMALIZE_KWARGS: Mapping[str, Any] = {"do_normalize": False, "do_rescale": False}
 """What vLLM merges into every HF call when the engine normalises (``MultiModalConfig.merge_mm_processor_kwargs``):
 they win over the deployment's and the request's kwargs, as there."""
+
+UNTRUNCATED_KWARGS: Mapping[str, Any] = {"truncation": False}
+"""What vLLM's ``_get_hf_mm_inputs`` puts under every HF call that has text, below the deployment's and
+the request's kwargs. It is meant for the tokenizer (the text is a dummy), but HF hands it to the
+feature extractor too, and Whisper's then keeps a clip's frames past its 30 s window."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,13 @@ class NativeInputs:
     """What vLLM's processor appends to a prompt holding items once they are placed. It only appends,
     so the placeholder ranges stay."""
 
+    hf_defaults: Mapping[str, Any] = field(default_factory=dict)
+    """HF kwargs vLLM's processor calls HF with, below the deployment's and the request's
+    (:data:`UNTRUNCATED_KWARGS`; with them Qwen2.5-Omni's clips past 30 s keep every frame)."""
+    unproven_kwargs: Mapping[str, str] = field(default_factory=dict)
+    """HF kwarg -> why what the native class reads when it is set (truthy) is not yet proven equal:
+    a request or deployment setting it is refused (the reason in the error) while the class runs."""
+
     def takes(self, modality: str) -> bool:
         """Whether the class takes ``modality`` items at all (:attr:`mm_limits`)."""
         return self.mm_limits is None or modality in self.mm_limits
@@ -122,3 +134,14 @@ def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> 
     if native is not None and native.whole_range_embeds and mask is not None and bool(mask.all()):
         return PlaceholderRange(offset=placeholder.offset, length=placeholder.length, is_embed=None)
     return placeholder
+
+
+def refuse_unproven_kwargs(native: NativeInputs | None, kwargs: Mapping[str, Any], *, where: str) -> str:
+    """Why ``kwargs`` (named ``where`` in the message) cannot be served by the native class, or ``""``."""
+    if native is None:
+        return ""
+    for key, why in native.unproven_kwargs.items():
+        if kwargs.get(key):
+            return (f"{where}.{key}={kwargs[key]!r}: {why}. Leave it unset, or serve the model with "
+                    "--model-impl transformers.")
+    return ""

@@ -56,7 +56,7 @@ from mmfront.processing.hf import (
     resolve_model_dtype,
     valid_hf_kwargs,
 )
-from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS, NativeInputs, engine_range
+from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS, NativeInputs, engine_range, refuse_unproven_kwargs
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
@@ -304,6 +304,10 @@ class BaseMultiModalProcessor(ABC):
                                               name="MultiModalConfig.mm_processor_kwargs")
             if refused:
                 raise ConfigError(refused)
+        unproven = refuse_unproven_kwargs(info.native, info.config.mm_processor_kwargs or {},
+                                          where="MultiModalConfig.mm_processor_kwargs")
+        if unproven:
+            raise ConfigError(unproven)
 
     def check_request_kwargs(self, kwargs: Mapping[str, Any] | None) -> None:
         """Refuse a request's HF kwargs that are malformed, or out of :attr:`mm_kwarg_specs`,
@@ -321,6 +325,9 @@ class BaseMultiModalProcessor(ABC):
                                           owner=type(self).__name__)
         if refused:
             raise ValidationError(refused, parameter="mm_processor_kwargs")
+        unproven = refuse_unproven_kwargs(self.info.native, kwargs, where="mm_processor_kwargs")
+        if unproven:
+            raise ValidationError(unproven, parameter="mm_processor_kwargs")
 
     # --- hooks -----------------------------------------------------------------------------
 
@@ -517,8 +524,9 @@ class BaseMultiModalProcessor(ABC):
         """Process the selected items in one job; record their updates; return items by hash.
 
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, hf_processor_mm_kwargs,
-                                      DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
+        native_defaults = self.info.native.hf_defaults if self.info.native is not None else None
+        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, native_defaults, self.info.config.mm_processor_kwargs,
+                                      hf_processor_mm_kwargs, DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
         kw_items, resolved = self.process_subset(mm_items.subset(selection), hf_kwargs, executor)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():
