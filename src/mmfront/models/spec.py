@@ -93,6 +93,11 @@ class ModelSpec:
     Legacy transformers backend (``auto`` picks it where HF reports no offsets, as Mllama's
     ``__call__`` never reaches ``replace_image_token``) takes the placeholder itself as each item's
     expansion, since adjacent items' tokens could not be told apart in HF's ids."""
+    hf_class_optional: bool = False
+    """The model is newer than the oldest transformers mmfront supports (5.14.1 has no
+    ``Cosmos3EdgeProcessor``): where the installed transformers lacks ``hf_processor_class``,
+    :func:`~mmfront.models.catalog.register_model` leaves the spec out, as no folder of the model
+    loads there. False: a class transformers does not know is a misspelling (``ConfigError``)."""
     native: NativeInputs | None = None
     """What vLLM 0.33's native class for the model reads, once the parity suite proves mmfront sends
     exactly that (``tests/models/test_vllm_parity.py``). Without it, a folder whose architecture vLLM

@@ -63,6 +63,11 @@ class NativeInputs:
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
+    placeholders: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Modality -> the HF processor attributes whose text, concatenated, is the placeholder vLLM's
+    processor replaces as a whole (Cosmos3 Edge's video: ``<|vision_start|><|video_pad|><|vision_end|>``,
+    its chat template's spelling, becomes the frames with their own markers); the modality's
+    ``{modality}_token`` otherwise."""
 
 
 def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> PlaceholderRange:

@@ -165,8 +165,11 @@ class TransformersProcessingInfo(BaseProcessingInfo):
     def placeholder(self, modality: str) -> str:
         """The text placeholder of ``modality``: the processor's ``{modality}_token``, or the
         attribute its model module names (Gemma 3's ``boi_token``, since transformers < 5.15
-        names the soft token ``processor.image_token``)."""
+        names the soft token ``processor.image_token``), or, while vLLM's native class runs, the
+        text its processor replaces (``NativeInputs.placeholders``)."""
         proc = self.hf_processor
+        if self.native is not None and modality in self.native.placeholders:
+            return "".join(str(getattr(proc, attr)) for attr in self.native.placeholders[modality])
         attr = backend_placeholder_attr(type(proc), modality)
         if attr is not None and isinstance(getattr(proc, attr, None), str):
             return str(getattr(proc, attr))
