@@ -141,13 +141,12 @@ def register_model(spec: ModelSpec) -> ModelSpec:
     Its processor (if any) serves its HF processor class and model type, as with
     :func:`register_processor`; its options and reference encoder become what
     :func:`model_options` and :func:`reference_model` find. A name
-    another model already declared raises :class:`ConfigError`, before anything is registered. A spec
-    whose ``hf_class_optional`` class this transformers lacks is left out."""
+    another model already declared raises :class:`ConfigError`, before anything is registered. The
+    names of a spec whose ``hf_class_optional`` class this transformers lacks are not checked."""
     if not isinstance(spec, ModelSpec):
         raise InputTypeError(f"register_model takes a ModelSpec, got {spec!r}.")
-    if spec.hf_class_optional and not _is_hf_processor_class(spec.hf_processor_class):
-        return spec
-    _check_hf_names(spec.hf_processor_class, (spec.model_type,))
+    if not spec.hf_class_optional or _is_hf_processor_class(spec.hf_processor_class):
+        _check_hf_names(spec.hf_processor_class, (spec.model_type,))
     if (spec.processor is None) != (spec.info is None):
         raise ConfigError(f"register_model: {spec.model_type!r} gives a processor without info or info without a "
                           "processor; a native processor needs both (neither: the transformers backend serves it).")

@@ -96,8 +96,9 @@ class ModelSpec:
     hf_class_optional: bool = False
     """The model is newer than the oldest transformers mmfront supports (5.14.1 has no
     ``Cosmos3EdgeProcessor``): where the installed transformers lacks ``hf_processor_class``,
-    :func:`~mmfront.models.catalog.register_model` leaves the spec out, as no folder of the model
-    loads there. False: a class transformers does not know is a misspelling (``ConfigError``)."""
+    :func:`~mmfront.models.catalog.register_model` does not check its names, as no folder of the
+    model loads there to look them up. False: a class transformers does not know is a misspelling
+    (``ConfigError``)."""
     native: NativeInputs | None = None
     """What vLLM 0.33's native class for the model reads, once the parity suite proves mmfront sends
     exactly that (``tests/models/test_vllm_parity.py``). Without it, a folder whose architecture vLLM

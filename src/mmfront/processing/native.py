@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmfront.errors import ValidationError
 from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "engine_range"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "AudioSamples", "EngineFields", "EngineOutputs", "NativeInputs", "VideoOutputs", "check_kwargs", "engine_range"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
@@ -25,6 +26,9 @@ as vLLM's processor hands them to its fields``: where the backend lays an item's
 (LLaVA-NeXT's tiles ``[1, tiles, C, H, W]`` per image where vLLM's batched field gives ``[tiles, C,
 H, W]``), names it otherwise (InternVL's ``image_num_patches``) or vLLM adds what HF's call drops
 (Llama 4's ``aspect_ratios`` from the images' sizes, Idefics3's ``num_patches``)."""
+AudioSamples = Callable[[Any, Any], Any]
+"""``(one clip's samples at the feature extractor's rate, the HF processor) -> the samples vLLM's
+processor hands HF`` (Qwen3-Omni pads each clip to whole hops)."""
 VideoOutputs = Callable[[Mapping[str, Any], Any, Mapping[str, Any]], Mapping[str, Any]]
 """``(one video's metadata, the HF processor, the request's HF kwargs) -> outputs by key``: what vLLM's
 native processor adds to a video's HF outputs from its metadata (Qwen3-VL's frame ``timestamps``)."""
@@ -63,11 +67,28 @@ class NativeInputs:
     whole_range_embeds: bool = False
     """vLLM's replacement is the embedding tokens alone (no ``PromptUpdateDetails.select_*``), so a
     range whose every token is embedded carries no ``is_embed`` mask."""
+    audio_samples: AudioSamples | None = None
+    """What vLLM's processor does to each clip before its HF call (``_get_hf_mm_inputs``); ``None``:
+    nothing. The clip's hash and the prompt's ids are those of the clip as sent."""
+    refused_kwargs: Mapping[str, str] = field(default_factory=dict)
+    """HF kwarg -> why the class's inputs are not proven where a request sets it: a request setting it
+    (true, at the top level or in a modality's scope) is refused with the reason before HF is called."""
     placeholders: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Modality -> the HF processor attributes whose text, concatenated, is the placeholder vLLM's
     processor replaces as a whole (Cosmos3 Edge's video: ``<|vision_start|><|video_pad|><|vision_end|>``,
     its chat template's spelling, becomes the frames with their own markers); the modality's
     ``{modality}_token`` otherwise."""
+
+
+def check_kwargs(native: NativeInputs | None, hf_kwargs: Mapping[str, Any]) -> None:
+    """Refuse a request that sets one of ``native.refused_kwargs`` (a typed error with the reason)."""
+    if native is None or not native.refused_kwargs:
+        return
+    scopes = [hf_kwargs, *(v for v in hf_kwargs.values() if isinstance(v, Mapping))]
+    for key, why in native.refused_kwargs.items():
+        if any(scope.get(key) for scope in scopes):
+            raise ValidationError(f"{key} is not served while vLLM's native class runs: {why}.",
+                                  parameter="mm_processor_kwargs")
 
 
 def engine_range(placeholder: PlaceholderRange, native: NativeInputs | None) -> PlaceholderRange:

@@ -56,7 +56,7 @@ from mmfront.processing.hf import (
     resolve_model_dtype,
     valid_hf_kwargs,
 )
-from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS, NativeInputs, engine_range
+from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS, NativeInputs, check_kwargs, engine_range
 from mmfront.processing.updates import (
     PlaceholderFeaturesInfo,
     PromptUpdate,
@@ -509,6 +509,7 @@ class BaseMultiModalProcessor(ABC):
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
         hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, self.info.config.mm_processor_kwargs, hf_processor_mm_kwargs,
                                       DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
+        check_kwargs(self.info.native, hf_kwargs)
         kw_items, resolved = self.process_subset(mm_items.subset(selection), hf_kwargs, executor)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():

@@ -307,9 +307,8 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
                     videos = mm_items.get_items("video", VideoProcessorItems)
                     outputs = [self._call_on_video(videos.get(i), hf_kwargs) for i in range(videos.get_count())]
                 else:
-                    audios = mm_items.get_items("audio", AudioProcessorItems)
-                    lengths = {audios.get_audio_length(i) for i in range(audios.get_count())}
-                    groups = [audios.get_all()] if len(lengths) == 1 else [[a] for a in audios.get_all()]
+                    clips = self._hf_clips(mm_items.get_items("audio", AudioProcessorItems))
+                    groups = [clips] if len({len(c) for c in clips}) == 1 else [[c] for c in clips]
                     outputs = [self._call_on_dummy_text("audio", group, hf_kwargs) for group in groups]
                 data, lay = self._lay_out(modality, items, outputs, hf_kwargs)
             self._add_item_sizes(modality, outputs, data, lay)
@@ -322,6 +321,15 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             layout[modality] = lay
         out[LAYOUT_KEY] = layout
         return out
+
+    def _hf_clips(self, audios: AudioProcessorItems) -> list[Any]:
+        """The clips as HF gets them: as parsed, or as vLLM's native processor hands them to HF
+        (``NativeInputs.audio_samples``) while its class runs."""
+        clips = list(audios.get_all())
+        native = self.info.native
+        if native is not None and native.audio_samples is not None:
+            clips = [native.audio_samples(clip, self.info.hf_processor) for clip in clips]
+        return clips
 
     def _image_outputs(self, items: Any, hf_kwargs: Mapping[str, Any],
                        ) -> tuple[list[dict[str, Any]], tuple[dict[str, Any], ModalityLayout]]:
