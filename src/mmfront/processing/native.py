@@ -14,8 +14,8 @@ from mmfront.inputs import MultiModalFieldConfig, PlaceholderRange
 from mmfront.parse import MultiModalDataItems
 from mmfront.processing.updates import PromptUpdate
 
-__all__ = ["DEVICE_NORMALIZE_KWARGS", "UNTRUNCATED_KWARGS", "EngineFields", "EngineOutputs", "EngineUpdates", "ItemLimit",
-           "NativeInputs", "PromptFinish", "VideoOutputs", "engine_range", "refuse_unproven_kwargs"]
+__all__ = ["DEVICE_NORMALIZE_KWARGS", "UNTRUNCATED_KWARGS", "AudioSamples", "EngineFields", "EngineOutputs", "EngineUpdates",
+           "ItemLimit", "NativeInputs", "PromptFinish", "VideoOutputs", "engine_range", "refuse_unproven_kwargs"]
 
 EngineFields = Callable[[Mapping[str, Any], Any], Mapping[str, MultiModalFieldConfig]]
 """``(one HF call's outputs, the HF processor) -> field config by key``: vLLM's
@@ -27,6 +27,9 @@ as vLLM's processor hands them to its fields``: where the backend lays an item's
 (LLaVA-NeXT's tiles ``[1, tiles, C, H, W]`` per image where vLLM's batched field gives ``[tiles, C,
 H, W]``), names it otherwise (InternVL's ``image_num_patches``) or vLLM adds what HF's call drops
 (Llama 4's ``aspect_ratios`` from the images' sizes, Idefics3's ``num_patches``)."""
+AudioSamples = Callable[[Any, Any], Any]
+"""``(one clip's samples at the feature extractor's rate, the HF processor) -> the samples vLLM's
+processor hands HF`` (Qwen3-Omni pads each clip to whole hops)."""
 VideoOutputs = Callable[[Mapping[str, Any], Any, Mapping[str, Any]], Mapping[str, Any]]
 """``(one video's metadata, the HF processor, the request's HF kwargs) -> outputs by key``: what vLLM's
 native processor adds to a video's HF outputs from its metadata (Qwen3-VL's frame ``timestamps``)."""
@@ -110,6 +113,16 @@ class NativeInputs:
     """HF kwarg -> why what the native class reads when it is set (truthy) is not yet proven equal:
     a request or deployment setting it is refused (the reason in the error) while the class runs."""
 
+    audio_samples: AudioSamples | None = None
+    """What vLLM's processor does to each clip before its HF call (``_get_hf_mm_inputs``); ``None``:
+    nothing. The clip's hash and the prompt's ids are those of the clip as sent."""
+    placeholders: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Modality -> the HF processor attributes whose text, concatenated, is the placeholder vLLM's
+    processor replaces as a whole (Cosmos3 Edge's video: ``<|vision_start|><|video_pad|><|vision_end|>``,
+    its chat template's spelling, becomes the frames with their own markers); the modality's
+    ``{modality}_token`` otherwise."""
+
+
     def takes(self, modality: str) -> bool:
         """Whether the class takes ``modality`` items at all (:attr:`mm_limits`)."""
         return self.mm_limits is None or modality in self.mm_limits
@@ -140,8 +153,10 @@ def refuse_unproven_kwargs(native: NativeInputs | None, kwargs: Mapping[str, Any
     """Why ``kwargs`` (named ``where`` in the message) cannot be served by the native class, or ``""``."""
     if native is None:
         return ""
+    scopes = [("", kwargs), *((f"{name}.", v) for name, v in kwargs.items() if isinstance(v, Mapping))]
     for key, why in native.unproven_kwargs.items():
-        if kwargs.get(key):
-            return (f"{where}.{key}={kwargs[key]!r}: {why}. Leave it unset, or serve the model with "
-                    "--model-impl transformers.")
+        for prefix, scope in scopes:
+            if scope.get(key):
+                return (f"{where}.{prefix}{key}={scope[key]!r}: {why}. Leave it unset, or serve the model with "
+                        "--model-impl transformers.")
     return ""

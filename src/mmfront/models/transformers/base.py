@@ -192,8 +192,11 @@ class TransformersProcessingInfo(BaseProcessingInfo):
     def placeholder(self, modality: str) -> str:
         """The text placeholder of ``modality``: the processor's ``{modality}_token``, or the
         attribute its model module names (Gemma 3's ``boi_token``, since transformers < 5.15
-        names the soft token ``processor.image_token``)."""
+        names the soft token ``processor.image_token``), or, while vLLM's native class runs, the
+        text its processor replaces (``NativeInputs.placeholders``)."""
         proc = self.hf_processor
+        if self.native is not None and modality in self.native.placeholders:
+            return "".join(str(getattr(proc, attr)) for attr in self.native.placeholders[modality])
         attr = backend_placeholder_attr(type(proc), modality)
         if attr is not None and isinstance(getattr(proc, attr, None), str):
             return str(getattr(proc, attr))
@@ -333,9 +336,8 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
                     videos = mm_items.get_items("video", VideoProcessorItems)
                     outputs = [self._call_on_video(videos.get(i), hf_kwargs) for i in range(videos.get_count())]
                 else:
-                    audios = mm_items.get_items("audio", AudioProcessorItems)
-                    lengths = {audios.get_audio_length(i) for i in range(audios.get_count())}
-                    groups = [audios.get_all()] if len(lengths) == 1 else [[a] for a in audios.get_all()]
+                    clips = self._hf_clips(mm_items.get_items("audio", AudioProcessorItems))
+                    groups = [clips] if len({len(c) for c in clips}) == 1 else [[c] for c in clips]
                     outputs = [self._call_on_dummy_text("audio", group, hf_kwargs) for group in groups]
                 data, lay = self._lay_out(modality, items, outputs, hf_kwargs)
             self._add_item_sizes(modality, outputs, data, lay)
@@ -348,6 +350,15 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             layout[modality] = lay
         out[LAYOUT_KEY] = layout
         return out
+
+    def _hf_clips(self, audios: AudioProcessorItems) -> list[Any]:
+        """The clips as HF gets them: as parsed, or as vLLM's native processor hands them to HF
+        (``NativeInputs.audio_samples``) while its class runs."""
+        clips = list(audios.get_all())
+        native = self.info.native
+        if native is not None and native.audio_samples is not None:
+            clips = [native.audio_samples(clip, self.info.hf_processor) for clip in clips]
+        return clips
 
     def _image_outputs(self, items: Any, hf_kwargs: Mapping[str, Any],
                        ) -> tuple[list[dict[str, Any]], tuple[dict[str, Any], ModalityLayout]]:
