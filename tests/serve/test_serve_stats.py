@@ -6,6 +6,7 @@ address; the SSE keep-alive comment. test_vllm_serve_metrics.py compares all of 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterator
@@ -17,8 +18,10 @@ import pytest
 from mmfront import InputPreprocessor, MultiModalConfig
 from mmfront.config import DataParallelConfig
 from mmfront.engine.client_events import EngineStep
+from mmfront.errors import ConfigError
 from mmfront.serve import iteration_stats
 from mmfront.serve.app import SSE_KEEP_ALIVE_COMMENT, with_sse_keep_alive
+from mmfront.serve.args import add_serve_parser, plan_from_args, serve_argv
 from mmfront.serve.banner import listen_address, non_default_args
 from mmfront.serve.iteration_stats import StatsRecorder
 from mmfront.serve.request_log import RequestLogger
@@ -252,3 +255,25 @@ def test_sse_keep_alive_comments_fill_the_silences() -> None:
     assert chunks[0] == b"data: 1\n\n" and chunks[-1] == b"data: 2\n\n"
     assert set(chunks[1:-1]) == {SSE_KEEP_ALIVE_COMMENT} and 2 <= len(chunks) - 2 <= 3
     assert SSE_KEEP_ALIVE_COMMENT == b": keep-alive\n\n"
+
+
+def parse_serve(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mmfront")
+    add_serve_parser(parser.add_subparsers())
+    return parser.parse_args(serve_argv(["serve", *argv]))
+
+
+def test_the_flags_reach_the_settings(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = plan_from_args(parse_serve(
+        str(tmp_path), "--disable-log-stats", "--enable-log-outputs", "--disable-log-deltas",
+        "--enable-prompt-tokens-details", "--sse-keep-alive-interval", "15")).settings
+    assert (settings.disable_log_stats, settings.enable_log_outputs, settings.enable_log_deltas,
+            settings.enable_prompt_tokens_details, settings.sse_keep_alive_interval) == (True, True, False, True, 15)
+    defaults = plan_from_args(parse_serve(str(tmp_path))).settings
+    assert (defaults.disable_log_stats, defaults.enable_log_outputs, defaults.enable_log_deltas,
+            defaults.enable_prompt_tokens_details, defaults.sse_keep_alive_interval) == (False, False, True, False, 0)
+    with pytest.raises(SystemExit):
+        parse_serve(str(tmp_path), "--sse-keep-alive-interval", "-1")
+    assert "--sse-keep-alive-interval" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="must be a non-negative integer"):
+        ServeSettings(tmp_path, sse_keep_alive_interval=-1)

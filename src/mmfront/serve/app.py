@@ -44,7 +44,7 @@ from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
-from mmfront.serve.iteration_stats import StatsRecorder
+from mmfront.serve.iteration_stats import Recorder, StatsRecorder
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -160,10 +160,16 @@ class _Server:
         engines = [rank.index for rank in client.client.ranks] or [0]
         self.metrics = ServerMetrics(self.model_name, self.preprocessor, client, max_model_len=self.max_model_len or 0,
                                      engine_indexes=engines, engine_stats=not settings.disable_log_stats)
-        self.stats_log = None if settings.disable_log_stats else StatsLog(
-            engines, MultiModalCacheDelta(self.preprocessor.stats), kv_cache_device=kv_cache_device())
-        self.stats = StatsRecorder([] if self.stats_log is None else [self.metrics.record, self.stats_log.record])
-        if self.stats_log is not None:
+        self.stats_log = None
+        if settings.api_server_count > 1 and not settings.disable_log_stats:
+            logger.warning("--api-server-count is more than 1: no stats line, as in vLLM (each API server sees only "
+                           "its own requests); /metrics is kept.")
+        elif not settings.disable_log_stats:
+            self.stats_log = StatsLog(engines, MultiModalCacheDelta(self.preprocessor.stats),
+                                      kv_cache_device=kv_cache_device())
+        loggers: list[Recorder] = [] if settings.disable_log_stats else [self.metrics.record]
+        self.stats = StatsRecorder(loggers + ([] if self.stats_log is None else [self.stats_log.record]))
+        if loggers:
             client.add_step_observer(self.stats.on_step)
         self.request_log = RequestLogger(settings.max_log_len) if settings.enable_log_requests else None
         self.output_log = self.request_log if settings.enable_log_outputs else None
