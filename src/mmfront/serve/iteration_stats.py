@@ -150,6 +150,8 @@ class _RequestState:
     prompt_len: int
     max_tokens: int | None
     parent: _Parent | None
+    engine_index: int = 0
+    """The engine its outputs came from (the label of its statistics)."""
     prefilling: bool = True
     num_generation_tokens: int = 0
     num_preemptions: int = 0
@@ -196,7 +198,7 @@ class StatsRecorder:
                 return
             stats = IterationStats(time.time())
             _finished(stats, state, reason)
-        self._record(0, None, stats)
+        self._record(state.engine_index, None, stats)
 
     def on_step(self, step: EngineStep, request_ids: list[str]) -> None:
         """One message of outputs: :meth:`AsyncEngineClient.add_step_observer`'s callback."""
@@ -206,6 +208,7 @@ class StatsRecorder:
                 state = self._requests.get(request_id)
                 if state is None or stats is None:
                     continue
+                state.engine_index = step.engine_index
                 _update(stats, state, output, step.timestamp)
                 if output.finish_reason is not None:
                     del self._requests[request_id]

@@ -543,6 +543,7 @@ __all__ = [
     "ModelList",
     "ModelPermission",
     "OpenAIBody",
+    "PromptTokenUsageInfo",
     "ResponseHead",
     "ServerLoad",
     "ToolCall",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -116,12 +117,19 @@ class StatsLog:
         self.kv_cache_device = kv_cache_device
         self.mm_cache = mm_cache
         self.mm_caching = CachingMetrics()
+        self._lock = threading.Lock()
+        """:meth:`record` runs on the engine client's reader thread, :meth:`log` on the app's."""
 
     def record(self, engine: int, scheduler: SchedulerStats | None, stats: IterationStats | None) -> None:
         """vLLM's ``LoggingStatLogger.record``."""
         state = self.engines.get(engine)
         if state is None:
             return
+        with self._lock:
+            self._record(state, scheduler, stats)
+
+    @staticmethod
+    def _record(state: _EngineLog, scheduler: SchedulerStats | None, stats: IterationStats | None) -> None:
         if stats is not None:
             state.prompt_tokens += stats.prompt_token_stats.computed
             state.generation_tokens += stats.num_generation_tokens
@@ -136,7 +144,8 @@ class StatsLog:
         """vLLM's ``LoggingStatLogger.log``, once per engine."""
         self.mm_caching.observe(self.mm_cache())
         for state in self.engines.values():
-            self._log_engine(state)
+            with self._lock:
+                self._log_engine(state)
 
     def _log_engine(self, state: _EngineLog) -> None:
         now = time.monotonic()
