@@ -158,7 +158,8 @@ class _Server:
         self.fingerprint = {"none": None, "custom": settings.fingerprint_value}.get(
             settings.fingerprint_mode, f"mmfront-{__version__}-{digest}")
         engines = [rank.index for rank in client.client.ranks] or [0]
-        self.metrics = ServerMetrics(self.model_name, self.preprocessor, client, max_model_len=self.max_model_len or 0,
+        context = self.max_model_len or _model_context(self.preprocessor.pipeline.processor.info)
+        self.metrics = ServerMetrics(self.model_name, self.preprocessor, client, max_model_len=context,
                                      engine_indexes=engines, engine_stats=not settings.disable_log_stats)
         self.stats_log = None
         if settings.api_server_count > 1 and not settings.disable_log_stats:
@@ -649,6 +650,16 @@ def _model_vocab_size(info: BaseProcessingInfo, tokenizer_size: int) -> int:
     except ConfigError:
         return tokenizer_size
     return int(getattr(config.get_text_config(), "vocab_size", None) or tokenizer_size)
+
+
+def _model_context(info: BaseProcessingInfo) -> int:
+    """The context vLLM would derive from the model's config (``max_position_embeddings``), for
+    an app whose engines did not say theirs; 1 where the model has no config."""
+    try:
+        config = info.get_hf_config()
+    except ConfigError:
+        return 1
+    return int(getattr(config.get_text_config(), "max_position_embeddings", None) or 1)
 
 
 @dataclass(frozen=True)
