@@ -24,7 +24,8 @@ from mmfront.serve.app import SSE_KEEP_ALIVE_COMMENT, with_sse_keep_alive
 from mmfront.serve.args import add_serve_parser, plan_from_args, serve_argv
 from mmfront.serve.banner import listen_address, non_default_args
 from mmfront.serve.iteration_stats import StatsRecorder
-from mmfront.serve.request_log import RequestLogger
+from mmfront.serve.request_log import RequestLogger, logged_message
+from mmfront.serve.responses import ChatMessage, FunctionCall, ToolCall
 from mmfront.serve.settings import ServePlan, ServeSettings
 from mmfront.serve.stats import FAMILIES, ServerMetrics, request_tokens_buckets
 from mmfront.serve.stats_log import StatsLog
@@ -229,6 +230,11 @@ def test_output_logs_in_vllms_words(caplog: pytest.LogCaptureFixture) -> None:
         "Generated response cmpl-2 (streaming delta): output: 'he', finish_reason: None",
         "Generated response cmpl-2 (streaming complete) details: output_token_ids: None",
         "Generated response cmpl-2 (streaming complete): output: 'hell', finish_reason: streaming_complete"]
+    call = ToolCall(id="c1", function=FunctionCall("get_weather", '{"city": "Paris"}'))
+    assert logged_message(ChatMessage(content="hi")) == "hi"
+    assert logged_message(ChatMessage(content=None, tool_calls=[call])) == \
+        '[tool_calls: get_weather({"city": "Paris"})]'
+    assert logged_message(ChatMessage(content=None)) == ""
 
 
 def test_the_banners_options_and_address(tmp_path: Path) -> None:

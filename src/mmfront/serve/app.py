@@ -48,7 +48,7 @@ from mmfront.serve.iteration_stats import Recorder, StatsRecorder
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
-from mmfront.serve.request_log import RequestLogger
+from mmfront.serve.request_log import RequestLogger, logged_message
 from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
@@ -341,7 +341,7 @@ class _Server:
                                          prompt_token_ids=prompt_ids if req.return_token_ids else None)
         if self.output_log is not None:
             for choice, output in zip(body_choices, choices):
-                logged = _logged_message(choice.message)
+                logged = logged_message(choice.message)
                 if logged:
                     self.output_log.log_outputs(head.id, logged, output.token_ids, choice.finish_reason)
         return json_response(answer, headers=headers)
@@ -735,15 +735,6 @@ def _chat_prompt_details(choice: ChoiceOutput, inputs: MultiModalInputs) -> resp
         cached_tokens=_cached_tokens(choice),
         created_cache_tokens=0 if choice.prefill is None else choice.prefill.num_cache_creation_tokens,
         multimodal_tokens=by_modality or None)
-
-
-def _logged_message(message: responses.ChatMessage) -> str:
-    """What vLLM logs of an answer's message: its content, else its tool calls as ``name(arguments)``."""
-    if message.content:
-        return message.content
-    if message.tool_calls:
-        return f"[tool_calls: {', '.join(f'{c.function.name}({c.function.arguments})' for c in message.tool_calls)}]"
-    return ""
 
 
 def _add_reasoning_tokens(usage: UsageInfo, parsing: RequestParsing, choices: list[ChoiceOutput]) -> None:

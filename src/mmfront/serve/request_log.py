@@ -10,6 +10,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from mmfront.serve.responses import ChatMessage
+
 logger = logging.getLogger("mmfront.serve.requests")
 
 
@@ -49,4 +51,13 @@ class RequestLogger:
         self.log_inputs(request_id, getattr(request, "prompt", None), None, None)
 
 
-__all__ = ["RequestLogger", "logger"]
+def logged_message(message: ChatMessage) -> str:
+    """What vLLM logs of an answer's message: its content, else its tool calls as ``name(arguments)``."""
+    if message.content:
+        return message.content
+    if message.tool_calls:
+        return f"[tool_calls: {', '.join(f'{c.function.name}({c.function.arguments})' for c in message.tool_calls)}]"
+    return ""
+
+
+__all__ = ["RequestLogger", "logged_message", "logger"]
