@@ -162,13 +162,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from mmfront.errors import ConfigError, HandshakeError
     from mmfront.serve.api_servers import serve_api_servers
     from mmfront.serve.args import plan_from_args
-    from mmfront.serve.launcher import serve
+    from mmfront.serve.banner import log_version_and_args
+    from mmfront.serve.launcher import serve, show_logs
 
     try:
         plan = plan_from_args(args)
     except ConfigError as e:
         print(f"mmfront serve: {e}", file=sys.stderr)
         return 2
+    show_logs()
+    log_version_and_args(plan)
     try:
         return serve_api_servers(plan) if plan.settings.api_server_count > 1 else serve(plan)
     except HandshakeError as e:

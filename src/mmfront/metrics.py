@@ -65,9 +65,9 @@ class _Metric:
 
 
 METRICS = (
-    _Metric("vllm:mm_cache_queries", "Multi-modal processor cache queries, in items (as vLLM counts them).",
+    _Metric("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.",
             "mm_cache_queries"),
-    _Metric("vllm:mm_cache_hits", "Multi-modal processor cache hits, in items (as vLLM counts them).",
+    _Metric("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.",
             "mm_cache_hits"),
     _Metric("mmfront:mm_cache_requests", "Multi-modal requests that looked items up in the processor cache.",
             "mm_cache_requests"),

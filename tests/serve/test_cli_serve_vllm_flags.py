@@ -27,16 +27,8 @@ from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 NOT_YET = {
     "--reasoning-effort-map": "mapping reasoning_effort values to thinking-token budgets is not taken yet",
     "--tool-strict-level": "strict tool schemas need xgrammar structural tags, which mmfront does not send yet",
-    "--enable-prompt-tokens-details": "prompt_tokens_details needs the engine's cached-token counts, which "
-                                      "mmfront's output path does not read yet",
-    "--disable-prompt-tokens-details": "see --enable-prompt-tokens-details",
     "--enable-per-request-metrics": "per-request timing metrics in responses are issue 33's observability work",
     "--disable-per-request-metrics": "see --enable-per-request-metrics",
-    "--sse-keep-alive-interval": "keep-alive comments in idle streams are not written yet",
-    "--enable-log-outputs": "output logs are issue 33's observability work",
-    "--disable-log-outputs": "see --enable-log-outputs",
-    "--enable-log-deltas": "output logs are issue 33's observability work",
-    "--disable-log-deltas": "see --enable-log-deltas",
 }
 """API-server flags refused for now, each with why (docs/serving.md lists them)."""
 

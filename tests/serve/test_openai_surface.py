@@ -350,10 +350,32 @@ def test_models_health_version(setup: Setup, gemma3_weights_dir: Path) -> None:
     assert httpx.get(setup.served.url + "/version").json() == {"version": __version__}
 
 
+def scrape(url: str) -> dict[str, float]:
+    """Each series of ``/metrics`` by its line's name and labels."""
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(url + "/metrics").text.splitlines() if line and not line.startswith("#")}
+
+
 def test_metrics_carry_vllms_names(setup: Setup, client: openai.OpenAI) -> None:
-    client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=2)
+    before = scrape(setup.served.url)
+    answer = client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=2)
+    after = scrape(setup.served.url)
     text = httpx.get(setup.served.url + "/metrics").text
     labels = f'engine="0",model_name="{MODEL_NAME}"'
+
+    def grew(name: str) -> float:
+        return after[f"{name}{{{labels}}}"] - before[f"{name}{{{labels}}}"]
+
+    # the worker sends a stock engine's statistics: the request's prompt, tokens and timings are counted
+    assert answer.usage is not None
+    assert grew("vllm:prompt_tokens_total") == answer.usage.prompt_tokens
+    assert grew("vllm:generation_tokens_total") == answer.usage.completion_tokens == 2
+    assert grew("vllm:request_prompt_tokens_sum") == answer.usage.prompt_tokens
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
+                 "vllm:request_queue_time_seconds_count", "vllm:request_params_max_tokens_count"):
+        assert grew(name) == 1, name
+    assert grew("vllm:inter_token_latency_seconds_count") == 1
+    assert after[f"vllm:num_requests_running{{{labels}}}"] == 0
     for name in ("vllm:mm_cache_queries_total", "vllm:mm_cache_hits_total", "vllm:prompt_tokens_total",
                  "vllm:generation_tokens_total", "vllm:num_requests_running", "vllm:num_requests_waiting"):
         assert f"{name}{{{labels}}}" in text, name

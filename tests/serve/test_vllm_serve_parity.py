@@ -70,6 +70,7 @@ from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_pyt
 PEER = vllm_peer_python()
 MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
 PEER_DIR = Path(__file__).resolve().parents[3] / "shared" / "peer"
+LOG_STATS_ENGINE = Path(__file__).resolve().parent / "data" / "stock_engine_log_stats.py"
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
               pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
 
@@ -124,11 +125,12 @@ class Side:
 
 def start_side(name: str, server: list[str], server_env: dict[str, str], folder: Path, *,
                model: Path | None = None, engine_args: Sequence[str] = (), engine_path: Sequence[Path] = (),
-               server_args: Sequence[str] = ()) -> Side:
+               server_args: Sequence[str] = (), engine_log_stats: bool = False) -> Side:
     """A stock engine (headless, tcp handshake) and ``server`` (an argv prefix taking the shared
     serve flags) pointed at each other through a free rpc port; ``engine_args`` go to the engine
     (a ``--distributed-executor-backend`` there wins over the stub's), ``engine_path`` on its
-    ``PYTHONPATH``, ``server_args`` to the server after the shared flags."""
+    ``PYTHONPATH``, ``server_args`` to the server after the shared flags. ``engine_log_stats``: the
+    engine sends its statistics (data/stock_engine_log_stats.py), as a production engine does."""
     assert PEER is not None and MODEL is not None
     model = model or MODEL
     rpc, port = get_open_ports_list(2)
@@ -139,7 +141,8 @@ def start_side(name: str, server: list[str], server_env: dict[str, str], folder:
     engine_env = {**vllm_env, "PYTHONPATH": os.pathsep.join(map(str, engine_path))} if engine_path else vllm_env
     with side.logs["engine"].open("wb") as log:
         side.processes["engine"] = subprocess.Popen(
-            [str(PEER), str(PEER_DIR / "stock_engine.py"), str(model), f"tcp://127.0.0.1:{rpc}",
+            [str(PEER), *([str(LOG_STATS_ENGINE), str(PEER_DIR)] if engine_log_stats else [str(PEER_DIR / "stock_engine.py")]),
+             str(model), f"tcp://127.0.0.1:{rpc}",
              "--", "--mm-processor-cache-gb", "4", *engine_args],
             cwd=PEER_DIR, stdout=log, stderr=subprocess.STDOUT, env=engine_env, start_new_session=True)
     argv = [*server, "serve", str(model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,

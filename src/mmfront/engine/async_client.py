@@ -36,11 +36,11 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mmfront.engine.client import EngineClient, RequestFailed, RequestOutput, UtilityReply
+from mmfront.engine.client import EngineClient, EngineStep, RequestFailed, RequestOutput, UtilityReply
 from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
 from mmfront.errors import DecodeError, EngineDeadError, TransportError, UtilityCallError, ValidationError
@@ -91,6 +91,9 @@ class EngineProcess(Protocol):
     def poll(self) -> int | None: ...
 
 
+StepObserver = Callable[[EngineStep, list[str]], None]
+"""Called with each :class:`~mmfront.engine.client_events.EngineStep` and its outputs' request ids."""
+
 FIRST_CALL_ID = 1 << 32
 """The client numbers its utility calls from here; the transport numbers mmfront's own utility
 messages (``RESET_CACHE``, ``MIRROR_ONLY``) from 0, so an answer to one never resolves a call."""
@@ -110,7 +113,7 @@ class AsyncEngineClient:
         self, processor: InputProcessor, transport: BaseTransport, *, engine_timeout_s: float = 30.0,
         poll_interval_s: float = 0.05, engines: Sequence[EngineInfo] = (),
     ) -> None:
-        self.client = EngineClient(processor, transport, stream_outputs=True, engines=engines)
+        self.client = EngineClient(processor, transport, stream_outputs=True, engines=engines, step_events=True)
         self.transport = transport
         self.engine_timeout_s = engine_timeout_s
         self._poll_interval_s = poll_interval_s
@@ -127,6 +130,7 @@ class AsyncEngineClient:
         self._died_at: dict[int, float] = {}
         self._processes: dict[int, EngineProcess] = {}
         self._checked = 0.0
+        self._step_observers: list[StepObserver] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._reader = threading.Thread(target=self._read, name="mmfront-engine-reader", daemon=True)
@@ -167,6 +171,13 @@ class AsyncEngineClient:
         frontend watches its local engine processes the same way), noticed within a poll interval."""
         with self._lock:
             self._processes[engine_index] = process
+
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call ``observer(step, request_ids)`` on the reader thread for every message of outputs,
+        before its outputs reach their streams (vLLM's output handler records its statistics
+        first too); ``request_ids[i]`` is the caller's id of ``step.outputs[i]``."""
+        with self._lock:
+            self._step_observers.append(observer)
 
     async def add_request(
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
@@ -418,6 +429,23 @@ class AsyncEngineClient:
                 self._put(event.request_id, event.error)
             elif isinstance(event, UtilityReply):
                 self._answer(event.output)
+            elif isinstance(event, EngineStep):
+                self._observe(event)
+
+    def _observe(self, step: EngineStep) -> None:
+        with self._lock:
+            observers = list(self._step_observers)
+            if not observers:
+                return
+            streams = [self._streams.get(output.request_id) for output in step.outputs]
+        ours = EngineStep(step.engine_index, step.timestamp, step.scheduler_stats,
+                          [output for output, stream in zip(step.outputs, streams) if stream is not None])
+        ids = [stream.request_id for stream in streams if stream is not None]
+        for observer in observers:
+            try:
+                observer(ours, ids)
+            except Exception:  # statistics never stop the outputs
+                logger.exception("A step observer failed")
 
     def _answer(self, output: UtilityOutput) -> None:
         with self._lock:
@@ -559,4 +587,4 @@ class BlockingEngineClient:
         self.close()
 
 
-__all__ = ["FIRST_CALL_ID", "AsyncEngineClient", "BlockingEngineClient", "engine_request_id"]
+__all__ = ["FIRST_CALL_ID", "AsyncEngineClient", "BlockingEngineClient", "StepObserver", "engine_request_id"]

@@ -38,7 +38,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mmfront.engine.client_events import ClientEvent, RequestAdmitted, RequestFailed, RequestOutput, UtilityReply
+from mmfront.engine.client_events import (
+    ClientEvent,
+    EngineStep,
+    RequestAdmitted,
+    RequestFailed,
+    RequestOutput,
+    UtilityReply,
+)
 from mmfront.engine.client_state import ClientStats, EngineRank, InFlight
 from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.transports import BaseTransport
@@ -86,7 +93,7 @@ class EngineClient:
 
     def __init__(
         self, processor: InputProcessor, transport: BaseTransport, *, stream_outputs: bool = False,
-        engines: Sequence[EngineInfo] = (),
+        engines: Sequence[EngineInfo] = (), step_events: bool = False,
     ) -> None:
         self.processor = processor
         """Rank 0's processor; the other ranks' share its model and processing."""
@@ -110,6 +117,8 @@ class EngineClient:
         self.stream_outputs = stream_outputs
         """Keep admitted requests until their last output (the engine's outputs come back over
         the same transport); otherwise a request is done for the client once admitted."""
+        self.step_events = step_events
+        """Report each message of outputs as an :class:`EngineStep` too (for statistics)."""
         known = [info.max_model_len for info in engines]
         self.max_model_len: int | None = min(known) if known else None
         """The engines' context length (the smallest start-up answer, as vLLM takes it): a request
@@ -296,6 +305,9 @@ class EngineClient:
                 self._untrack(output.request_id)
                 entry.rank.processor.request_finished(output.request_id)
             events.append(RequestOutput(output.request_id, output))
+        if self.step_events and (outputs.outputs or outputs.scheduler_stats is not None):
+            ours = [event.output for event in events if isinstance(event, RequestOutput)]
+            events.insert(0, EngineStep(outputs.engine_index, outputs.timestamp, outputs.scheduler_stats, ours))
         return events
 
     def _on_admitted(self, admitted: Admitted) -> list[ClientEvent]:
@@ -500,5 +512,5 @@ class EngineClient:
 
 
 __all__ = [
-    "ClientEvent", "ClientStats", "EngineClient", "EngineRank", "RequestAdmitted", "RequestFailed", "RequestOutput",
+    "ClientEvent", "ClientStats", "EngineClient", "EngineRank", "EngineStep", "RequestAdmitted", "RequestFailed", "RequestOutput",
     "UtilityReply"]

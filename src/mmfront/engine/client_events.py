@@ -5,6 +5,7 @@ into stream items and errors."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from mmfront.errors import MMFrontError
 from mmfront.wire import EngineCoreRequest
@@ -43,7 +44,22 @@ class UtilityReply:
     output: UtilityOutput
 
 
-ClientEvent = RequestAdmitted | RequestFailed | RequestOutput | UtilityReply
+@dataclass(frozen=True)
+class EngineStep:
+    """One message of engine outputs, for statistics (``EngineClient(step_events=True)``): what
+    vLLM's output handler reads besides the outputs themselves. It comes before the step's
+    :class:`RequestOutput` events, and ``outputs`` holds theirs (the requests this client runs)."""
+
+    engine_index: int
+    timestamp: float
+    """The engine's clock when it sent the step (``time.monotonic`` of the engine's host)."""
+    scheduler_stats: Any
+    """vLLM's ``SchedulerStats`` as msgpack decoded it (a ``dict``), or ``None`` from an engine
+    started with ``--disable-log-stats`` or one that keeps none."""
+    outputs: list[EngineCoreOutput]
 
 
-__all__ = ["ClientEvent", "RequestAdmitted", "RequestFailed", "RequestOutput", "UtilityReply"]
+ClientEvent = RequestAdmitted | RequestFailed | RequestOutput | UtilityReply | EngineStep
+
+
+__all__ = ["ClientEvent", "EngineStep", "RequestAdmitted", "RequestFailed", "RequestOutput", "UtilityReply"]

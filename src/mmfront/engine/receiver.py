@@ -272,9 +272,10 @@ class EngineCoreReceiver:
             if ready:
                 return ready
 
-    def send(self, outputs: Sequence[EngineCoreOutput]) -> None:
+    def send(self, outputs: Sequence[EngineCoreOutput], scheduler_stats: Mapping[str, Any] | None = None) -> None:
         """Send step outputs to the frontends their requests came from; a finished request is
-        forgotten (its id may be reused)."""
+        forgotten (its id may be reused). ``scheduler_stats``: vLLM's ``SchedulerStats`` of the
+        step (as a map), sent with each frontend's outputs, as an engine that keeps statistics does."""
         by_frontend: dict[int, list[EngineCoreOutput]] = {}
         for output in outputs:
             frontend = self._routes.get(output.request_id)
@@ -285,7 +286,8 @@ class EngineCoreReceiver:
                 del self._routes[output.request_id]
         now = time.time()
         for index, group in by_frontend.items():
-            message = EngineCoreOutputs(engine_index=self.engine_index, outputs=group, timestamp=now)
+            message = EngineCoreOutputs(engine_index=self.engine_index, outputs=group, timestamp=now,
+                                        scheduler_stats=scheduler_stats)
             self._send_to(self._frontends[index], encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
         self._drop_broken()
 
@@ -304,6 +306,17 @@ class EngineCoreReceiver:
             if not frontend.dropped:
                 self._ready += self._admit(frontend, [request])
         return aborted
+
+    def send_scheduler_stats(self, scheduler_stats: Mapping[str, Any]) -> None:
+        """vLLM's request-count message (outputs with only ``SchedulerStats``) to every frontend:
+        how an idle engine tells its API servers that its counts changed (requests aborted)."""
+        message = EngineCoreOutputs(engine_index=self.engine_index, scheduler_stats=scheduler_stats,
+                                    timestamp=time.time())
+        frames = encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message))
+        for frontend in self._frontends:
+            if not frontend.dropped:
+                self._send_to(frontend, frames)
+        self._drop_broken()
 
     def send_heartbeats(self) -> None:
         """Greet every frontend (``EngineHello``): the heartbeat thread calls it every

@@ -13,9 +13,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mmfront.cache.base import BaseMultiModalReceiverCache
 from mmfront.cache.factory import get_processor_cache_type, receiver_cache_from_config
@@ -27,6 +29,7 @@ from mmfront.engine.transports import EngineTransportFactory
 from mmfront.engine.utilities import WorkerUtilities
 from mmfront.errors import ConfigError, MMFrontError
 from mmfront.wire.handshake import EngineCoreReadyResponse
+from mmfront.wire.structs import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
 
 logger = logging.getLogger(__name__)
 
@@ -41,26 +44,72 @@ class WorkerStats:
     encoder_lookups: int = 0
 
 
+class StepStats:
+    """What a stock vLLM engine that keeps statistics tells its API servers, kept for mmfront's
+    engine: a request's first output carries its ``QUEUED`` and ``SCHEDULED`` events and its
+    ``PrefillStats`` (every prompt token computed: the runner keeps no prefix cache), and every
+    step its ``SchedulerStats`` (the requests running; no KV-cache blocks to count). The API
+    server's ``vllm:`` metrics and stats line are made of these."""
+
+    def __init__(self) -> None:
+        self.queued: dict[str, tuple[float, int]] = {}
+        """Requests admitted and not yet stepped: when, and their prompt's length."""
+
+    def admitted(self, request_id: str, prompt_tokens: int) -> None:
+        self.queued[request_id] = (time.time(), prompt_tokens)
+
+    def aborted(self, request_id: str) -> None:
+        self.queued.pop(request_id, None)
+
+    def idle(self) -> dict[str, Any]:
+        """The ``SchedulerStats`` of an engine with nothing to run."""
+        return {"num_running_reqs": 0, "num_waiting_reqs": len(self.queued), "num_skipped_waiting_reqs": 0,
+                "kv_cache_usage": 0.0}
+
+    def stepped(self, outputs: Sequence[EngineCoreOutput], scheduled: float, running: int) -> dict[str, Any]:
+        """Put the events and prefill statistics on the first outputs; the step's ``SchedulerStats``."""
+        for output in outputs:
+            first = self.queued.pop(output.request_id, None)
+            if first is None:
+                continue
+            queued, prompt = first
+            output.events = [EngineCoreEvent(EngineCoreEventType.QUEUED, queued),
+                             EngineCoreEvent(EngineCoreEventType.SCHEDULED, scheduled)]
+            output.prefill_stats = {"num_prompt_tokens": prompt, "num_computed_tokens": prompt, "num_cached_tokens": 0,
+                                    "num_local_cached_tokens": 0, "num_external_cached_tokens": 0,
+                                    "num_cache_creation_tokens": 0}
+        return {"num_running_reqs": running, "num_waiting_reqs": len(self.queued), "num_skipped_waiting_reqs": 0,
+                "kv_cache_usage": 0.0}
+
+
 def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Event, stats: WorkerStats) -> None:
-    """The engine loop: admit what arrived, drop what was aborted, run one step, send its outputs.
-    While the engine sleeps (:class:`~mmfront.engine.utilities.WorkerUtilities`) it runs no step:
-    requests are admitted and held."""
+    """The engine loop: admit what arrived, drop what was aborted, run one step, send its outputs
+    (with the statistics of :class:`StepStats`). While the engine sleeps
+    (:class:`~mmfront.engine.utilities.WorkerUtilities`) it runs no step: requests are admitted and held."""
     utilities = WorkerUtilities(runner, receiver)
     receiver.utilities = utilities.methods
+    step_stats = StepStats()
     while not stop.is_set():
         stepping = runner.has_unfinished_requests and not utilities.paused
         for request in receiver.poll(0.0 if stepping else 0.05):
             try:
                 runner.add(request)
                 stats.requests += 1
+                step_stats.admitted(request.request_id, len(request.prompt_token_ids or ()))
             except MMFrontError as e:
                 receiver.send([error_output(request.request_id, e)])
-        for request_id in receiver.take_aborted():
+        aborted = receiver.take_aborted()
+        for request_id in aborted:
             runner.abort(request_id)
+            step_stats.aborted(request_id)
+        if aborted and not runner.has_unfinished_requests:  # no step will say so
+            receiver.send_scheduler_stats(step_stats.idle())
         if runner.has_unfinished_requests and not utilities.paused:
+            scheduled = time.time()
             outputs = runner.step()
             stats.tokens += sum(len(o.new_token_ids) for o in outputs)
-            receiver.send(outputs)
+            running = len(runner.request_ids)
+            receiver.send(outputs, step_stats.stepped(outputs, scheduled, running))
     info = runner.encoder_cache_stats()
     stats.encoder_hits, stats.encoder_lookups = info.hits, info.total
 
@@ -134,4 +183,4 @@ def run_worker(
     return stats
 
 
-__all__ = ["WorkerStats", "ready_response", "receiver_caches", "run_worker", "serve"]
+__all__ = ["StepStats", "WorkerStats", "ready_response", "receiver_caches", "run_worker", "serve"]

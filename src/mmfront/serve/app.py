@@ -44,16 +44,18 @@ from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
+from mmfront.serve.iteration_stats import Recorder, StatsRecorder
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
-from mmfront.serve.request_log import RequestLogger
+from mmfront.serve.request_log import RequestLogger, logged_message
 from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead, UsageInfo
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
+from mmfront.serve.stats_log import MultiModalCacheDelta, StatsLog, kv_cache_device, log_stats_interval
 from mmfront.serve.tool_parsers import ToolCall
 from mmfront.wire import SamplingParams
-from mmfront.wire.structs import EngineCoreOutput
+from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
 _DONE = b"data: [DONE]\n\n"
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
@@ -76,9 +78,11 @@ def _sse(chunk: msgspec.Struct) -> bytes:
 
 
 class _Generation:
-    """The engine streams of one HTTP request, each read by its own task into one queue."""
+    """The engine streams of one HTTP request, each read by its own task into one queue
+    (``request_ids``: each stream's request)."""
 
-    def __init__(self, streams: list[AsyncIterator[EngineCoreOutput]]) -> None:
+    def __init__(self, streams: list[AsyncIterator[EngineCoreOutput]], request_ids: list[str]) -> None:
+        self.request_ids = request_ids
         self.queue: asyncio.Queue[tuple[int, EngineCoreOutput | BaseException | None]] = asyncio.Queue()
         self.tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(streams)]
 
@@ -101,12 +105,40 @@ class _Generation:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
+SSE_KEEP_ALIVE_COMMENT = b": keep-alive\n\n"
+
+
 def _event_stream(chunks: AsyncIterator[bytes], gen: _Generation, headers: dict[str, str] | None,
-                  ) -> StreamingResponse:
+                  keep_alive_s: float) -> StreamingResponse:
     """The SSE response; closing ``gen`` afterwards also covers a client gone before the first
     chunk, when the chunk generator never starts (so its own cleanup never runs)."""
-    return StreamingResponse(chunks, media_type="text/event-stream", headers=headers,
+    body = chunks if keep_alive_s <= 0 else with_sse_keep_alive(chunks, keep_alive_s)
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers,
                              background=BackgroundTask(gen.close))
+
+
+async def with_sse_keep_alive(chunks: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
+    """vLLM's ``with_sse_keep_alive``: ``chunks``, with an SSE comment whenever none came for
+    ``interval`` seconds. One pending ``anext`` is waited on, never cancelled mid-chunk."""
+    pending = asyncio.ensure_future(anext(chunks))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield SSE_KEEP_ALIVE_COMMENT
+                continue
+            try:
+                chunk = pending.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+            pending = asyncio.ensure_future(anext(chunks))
+    finally:
+        pending.cancel()
+        with contextlib.suppress(BaseException):
+            await pending
+        with contextlib.suppress(BaseException):
+            await chunks.aclose()  # type: ignore[attr-defined]
 
 
 class _Server:
@@ -125,8 +157,24 @@ class _Server:
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
         self.fingerprint = {"none": None, "custom": settings.fingerprint_value}.get(
             settings.fingerprint_mode, f"mmfront-{__version__}-{digest}")
-        self.metrics = ServerMetrics(self.model_name, self.preprocessor, client)
+        engines = [rank.index for rank in client.client.ranks] or [0]
+        context = self.max_model_len or _model_context(self.preprocessor.pipeline.processor.info)
+        self.metrics = ServerMetrics(self.model_name, self.preprocessor, client, max_model_len=context,
+                                     engine_indexes=engines, engine_stats=not settings.disable_log_stats)
+        self.stats_log = None
+        if settings.api_server_count > 1 and not settings.disable_log_stats:
+            logger.warning("--api-server-count is more than 1: no stats line, as in vLLM (each API server sees only "
+                           "its own requests); /metrics is kept.")
+        elif not settings.disable_log_stats:
+            self.stats_log = StatsLog(engines, MultiModalCacheDelta(self.preprocessor.stats),
+                                      kv_cache_device=kv_cache_device())
+        loggers: list[Recorder] = [] if settings.disable_log_stats else [self.metrics.record]
+        self.stats = StatsRecorder(loggers + ([] if self.stats_log is None else [self.stats_log.record]))
+        if loggers:
+            client.add_step_observer(self.stats.on_step)
         self.request_log = RequestLogger(settings.max_log_len) if settings.enable_log_requests else None
+        self.output_log = self.request_log if settings.enable_log_outputs else None
+        """Where ``--enable-log-outputs`` logs (it needs ``--enable-log-requests``, as vLLM's)."""
         self.load_tracker = LoadCount()
         self.parsing = ChatParsing(settings, self.tokenizer)
 
@@ -273,9 +321,8 @@ class _Server:
         role = self._role(req)
         echo = _echoed_message(req, role) if req.echo else ""
         if req.stream:
-            chunks = self._chat_chunks(gen, choices, head, req, prompt_ids=prompt_ids, role=role, echo=echo,
-                                       parsing=parsing)
-            return _event_stream(chunks, gen, headers)
+            chunks = self._chat_chunks(gen, choices, head, req, inputs=inputs, role=role, echo=echo, parsing=parsing)
+            return _event_stream(chunks, gen, headers, self.settings.sse_keep_alive_interval)
         try:
             await self._drain(gen, choices)
         finally:
@@ -288,8 +335,15 @@ class _Server:
             for i, c in enumerate(choices)]
         usage = responses.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices))
         _add_reasoning_tokens(usage, parsing, choices)
+        if self.settings.enable_prompt_tokens_details:
+            usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
         answer = responses.chat_response(head, body_choices, usage, prompt_logprobs=choices[0].prompt_logprobs,
                                          prompt_token_ids=prompt_ids if req.return_token_ids else None)
+        if self.output_log is not None:
+            for choice, output in zip(body_choices, choices):
+                logged = logged_message(choice.message)
+                if logged:
+                    self.output_log.log_outputs(head.id, logged, output.token_ids, choice.finish_reason)
         return json_response(answer, headers=headers)
 
     async def _completions(self, request: Request, body: bytes) -> Response:
@@ -313,7 +367,7 @@ class _Server:
                   for p, (inputs, _) in zip(prompts, prepared) for _ in range(params.n)]
         if req.stream:
             chunks = self._completion_chunks(gen, choices, head, req, echoes)
-            return _event_stream(chunks, gen, headers)
+            return _event_stream(chunks, gen, headers, self.settings.sse_keep_alive_interval)
         try:
             await self._drain(gen, choices)
         finally:
@@ -330,6 +384,12 @@ class _Server:
                 token_ids=list(c.token_ids) if req.return_token_ids else None, prompt_logprobs=c.prompt_logprobs,
                 prompt_token_ids=prompt.token_ids if req.return_token_ids else None))
         usage = responses.usage(sum(lengths), sum(len(c.token_ids) for c in choices))
+        if self.output_log is not None:
+            for c in choices:
+                self.output_log.log_outputs(head.id, c.text, c.token_ids, c.finish_reason)
+        if self.settings.enable_prompt_tokens_details:  # the last prompt's, as vLLM's
+            usage.prompt_tokens_details = responses.PromptTokenUsageInfo(
+                cached_tokens=_cached_tokens(choices[-1]), created_cache_tokens=None, multimodal_tokens=None)
         return json_response(responses.completion_response(head, body_choices, usage), headers=headers)
 
     # --- the pieces -----------------------------------------------------------------------------
@@ -361,33 +421,33 @@ class _Server:
         base = f"{response_id}-{secrets.token_hex(4)}"
         streams: list[AsyncIterator[EngineCoreOutput]] = []
         choices: list[ChoiceOutput] = []
+        request_ids = [f"{k}_{base}" if n > 1 or len(prepared) > 1 else base for k in range(len(prepared) * n)]
         try:
             for p, (inputs, options) in enumerate(prepared):
+                if self.request_log is not None:
+                    self.request_log.log_inputs(base, inputs.get("prompt"), inputs["prompt_token_ids"], params)
+                self.stats.add_requests(request_ids[p * n:(p + 1) * n], len(inputs["prompt_token_ids"]),
+                                        params.max_tokens)
                 for i in range(n):
                     child = protocol.child_params(params, i) if n > 1 else params
-                    request_id = f"{p * n + i}_{base}" if n > 1 or len(prepared) > 1 else base
-                    if self.request_log is not None and i == 0:
-                        self.request_log.log_inputs(base, inputs.get("prompt"), inputs["prompt_token_ids"], params)
-                    streams.append(await self.client.add_request(request_id, inputs, child, options=options))
-                    self.metrics.on_added(len(inputs["prompt_token_ids"]))
+                    streams.append(await self.client.add_request(request_ids[p * n + i], inputs, child,
+                                                                 options=options))
                     choices.append(ChoiceOutput(make_detokenizer(
                         self.tokenizer, inputs["prompt_token_ids"], skip_special_tokens=params.skip_special_tokens),
                         child, self.logprob_tokens))
         except BaseException:
             for stream in streams:
                 await stream.aclose()  # type: ignore[attr-defined]
-            for _ in streams:
-                self.metrics.on_finished(None, started=False)
+            for request_id in request_ids:
+                self.stats.drop(request_id)
             raise
-        return _Generation(streams), choices
+        return _Generation(streams, request_ids), choices
 
     async def _deltas(self, gen: _Generation, choices: list[ChoiceOutput]) -> AsyncIterator[tuple[int, Delta]]:
         """Each choice's deltas until every choice finished. Outputs that arrived while the last
         chunk was written are merged into one delta per choice, as vLLM's output collector
         merges them: a slow client gets fewer, larger chunks instead of a growing backlog."""
         open_choices = set(range(len(choices)))
-        started: set[int] = set()
-        given_up = "abort"
         try:
             while open_choices:
                 batch = [await gen.queue.get()]
@@ -397,41 +457,34 @@ class _Server:
                 for index, item in batch:
                     if index not in open_choices:
                         continue
-                    if index not in started:
-                        started.add(index)
-                        self.metrics.on_first_output()
                     if isinstance(item, BaseException):
-                        given_up = "error"
                         raise item
                     if item is None:  # the stream ended without a finish: aborted by someone else
                         choices[index].finish_reason = choices[index].finish_reason or "abort"
                         delta = Delta("", [], None, "abort")
                     else:
                         delta = choices[index].process(item)
-                    self.metrics.on_tokens(len(delta.token_ids))
-                    if delta.stopped:
+                    if delta.stopped:  # vLLM's output processor finishes it as the engine would
+                        self.stats.finish(gen.request_ids[index], FinishReason.STOP)
                         gen.stop(index)
                     if delta.finish_reason is not None:
                         open_choices.discard(index)
-                        self.metrics.on_finished(delta.finish_reason, started=True)
                     merged[index] = merged[index].then(delta) if index in merged else delta
                 for index, delta in merged.items():
                     yield index, delta
-        except Exception:
-            given_up = "error"
-            raise
         finally:  # what is still open was given up: the client left, or a choice failed
             for index in open_choices:
-                self.metrics.on_finished(given_up, started=index in started)
+                self.stats.drop(gen.request_ids[index])
 
     async def _drain(self, gen: _Generation, choices: list[ChoiceOutput]) -> None:
         async for _ in self._deltas(gen, choices):
             pass
 
     async def _chat_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
-                           req: ChatCompletionRequest, *, prompt_ids: list[int], role: str, echo: str,
+                           req: ChatCompletionRequest, *, inputs: MultiModalInputs, role: str, echo: str,
                            parsing: RequestParsing) -> AsyncIterator[bytes]:
         """``echo``: the last message's content, sent first (``echo``)."""
+        prompt_ids = list(inputs["prompt_token_ids"])
         with_usage, running = self._usage_options(req)
         prompt_tokens = len(prompt_ids)
         fmt = self._logprob_format(req)
@@ -452,6 +505,8 @@ class _Server:
                 text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
                 if parsed is not None:
                     step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
+                    self._log_chat_delta(head.id, step.content, step.reasoning,
+                                         "".join(c.arguments for _, c in step.tool_calls), delta)
                     if not step and delta.finish_reason is None and logprobs is None:
                         continue  # the parsers hold this text back (vLLM sends no chunk)
                     yield _sse(responses.chat_chunk(
@@ -463,6 +518,7 @@ class _Server:
                         tool_calls=[_delta_call(n, c) for n, c in step.tool_calls],
                         token_ids=delta.token_ids if req.return_token_ids else None))
                     continue
+                self._log_chat_delta(head.id, text, None, "", delta)
                 yield _sse(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                                                 stop_reason=delta.stop_reason, fingerprint=not with_usage,
                                                 usage_info=so_far(len(choices[i].token_ids)),
@@ -470,7 +526,10 @@ class _Server:
             if with_usage:
                 usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
                 _add_reasoning_tokens(usage, parsing, choices)
+                if self.settings.enable_prompt_tokens_details:
+                    usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
                 yield _sse(responses.chat_usage_chunk(head, usage))
+            self._log_stream_complete(head.id, choices)
         except Exception as e:
             yield _sse(error_body(e))
         finally:
@@ -502,6 +561,9 @@ class _Server:
                         offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
                 so_far = (responses.usage(len(prompt.token_ids), len(choices[i].token_ids), details=False) if running
                           else None)
+                if self.output_log is not None and delta.text and self.settings.enable_log_deltas:
+                    self.output_log.log_outputs(head.id, delta.text, delta.token_ids, delta.finish_reason,
+                                                is_streaming=True, delta=True)
                 yield _sse(responses.completion_chunk(
                     head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far,
@@ -510,12 +572,33 @@ class _Server:
             if with_usage:
                 usage = responses.usage(sum(len(p.token_ids) for p in prompts[::max(req.n or 1, 1)]),
                                         sum(len(c.token_ids) for c in choices), details=False)
+                if self.settings.enable_prompt_tokens_details:
+                    usage.prompt_tokens_details = responses.PromptTokenUsageInfo(
+                        cached_tokens=_cached_tokens(choices[-1]))
                 yield _sse(responses.completion_usage_chunk(head, usage))
+            self._log_stream_complete(head.id, choices)
         except Exception as e:
             yield _sse(error_body(e))
         finally:
             await gen.close()
         yield _DONE
+
+    def _log_chat_delta(self, request_id: str, content: str | None, reasoning: str | None, tool_args: str,
+                        delta: Delta) -> None:
+        """vLLM's log of a chat stream's delta: its text, ``[reasoning: ...]`` and ``[tool_calls: ...]``."""
+        if self.output_log is None or not self.settings.enable_log_deltas:
+            return
+        parts = [part for part in (content, reasoning and f"[reasoning: {reasoning}]",
+                                   tool_args and f"[tool_calls: {tool_args}]") if part]
+        if parts:
+            self.output_log.log_outputs(request_id, " ".join(parts), delta.token_ids, delta.finish_reason,
+                                        is_streaming=True, delta=True)
+
+    def _log_stream_complete(self, request_id: str, choices: list[ChoiceOutput]) -> None:
+        """vLLM's log of each choice's whole text once its stream is complete."""
+        if self.output_log is not None:
+            for choice in choices:
+                self.output_log.log_outputs(request_id, choice.text, None, "streaming_complete", is_streaming=True)
 
     def _decode_token(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
@@ -567,6 +650,16 @@ def _model_vocab_size(info: BaseProcessingInfo, tokenizer_size: int) -> int:
     except ConfigError:
         return tokenizer_size
     return int(getattr(config.get_text_config(), "vocab_size", None) or tokenizer_size)
+
+
+def _model_context(info: BaseProcessingInfo) -> int:
+    """The context vLLM would derive from the model's config (``max_position_embeddings``), for
+    an app whose engines did not say theirs; 1 where the model has no config."""
+    try:
+        config = info.get_hf_config()
+    except ConfigError:
+        return 1
+    return int(getattr(config.get_text_config(), "max_position_embeddings", None) or 1)
 
 
 @dataclass(frozen=True)
@@ -626,6 +719,22 @@ def _parsed_choice(parsing: RequestParsing, index: int, choice: ChoiceOutput,
     return responses.chat_choice(index, content, logprobs,
                                  parsing.finish_reason(choice.finish_reason, bool(calls)), choice.stop_reason,
                                  role=role, token_ids=token_ids, reasoning=message.reasoning, tool_calls=calls)
+
+
+def _cached_tokens(choice: ChoiceOutput) -> int:
+    """The prompt tokens the engine's prefix cache held (0 from an engine that keeps no statistics, as vLLM's)."""
+    return 0 if choice.prefill is None else choice.prefill.num_cached_tokens
+
+
+def _chat_prompt_details(choice: ChoiceOutput, inputs: MultiModalInputs) -> responses.PromptTokenUsageInfo:
+    """vLLM's ``_make_prompt_tokens_details``: cached and newly cached prompt tokens, and the
+    multimodal placeholder tokens by modality (``None`` without media)."""
+    by_modality = {modality: sum(r.length for r in ranges)
+                   for modality, ranges in (inputs.get("mm_placeholders") or {}).items() if ranges}
+    return responses.PromptTokenUsageInfo(
+        cached_tokens=_cached_tokens(choice),
+        created_cache_tokens=0 if choice.prefill is None else choice.prefill.num_cache_creation_tokens,
+        multimodal_tokens=by_modality or None)
 
 
 def _add_reasoning_tokens(usage: UsageInfo, parsing: RequestParsing, choices: list[ChoiceOutput]) -> None:
@@ -707,6 +816,25 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return json_response(responses.HTTPErrorResponse(exc.detail), exc.status_code, dict(exc.headers or {}))
 
 
+@contextlib.asynccontextmanager
+async def _log_stats_periodically(stats_log: StatsLog | None, app: Starlette) -> AsyncIterator[None]:
+    """vLLM's lifespan task: the stats line every ``VLLM_LOG_STATS_INTERVAL`` seconds while the app runs."""
+    async def run(log: StatsLog) -> None:
+        interval = log_stats_interval()
+        while True:
+            await asyncio.sleep(interval)
+            log.log()
+
+    task = None if stats_log is None else asyncio.create_task(run(stats_log))
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
     """The OpenAI-compatible app of ``vllm serve`` over ``client``.
 
@@ -730,7 +858,8 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
         routes.append(Route("/tokenizer_info", server.tokenizer_info, methods=["GET"]))
     if not settings.disable_fastapi_docs:
         routes += openapi.routes([(r.path, sorted(r.methods or ())) for r in routes])
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_error},
+                    lifespan=partial(_log_stats_periodically, server.stats_log))
     # vLLM's order: the last added is outermost (user middleware, X-Request-Id, the API key, CORS)
     app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                        allow_credentials=settings.allow_credentials, allow_methods=list(settings.allowed_methods),
@@ -749,4 +878,4 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
     return app
 
 
-__all__ = ["create_app", "error_response", "json_response"]
+__all__ = ["SSE_KEEP_ALIVE_COMMENT", "create_app", "error_response", "json_response", "with_sse_keep_alive"]

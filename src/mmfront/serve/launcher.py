@@ -38,6 +38,7 @@ from mmfront.engine.handshake import EngineInfo, FrontendHandshake
 from mmfront.engine.transports import ZmqAddresses, ZmqFrontendTransport
 from mmfront.errors import HandshakeError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
+from mmfront.serve.banner import listen_address, log_routes
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -334,6 +335,7 @@ def run_app(frontend: Frontend, settings: ServeSettings, sockets: list[socket.so
     show_logs()
     try:
         app = create_app(frontend.client, settings)
+        log_routes(listen_address(settings), app.routes)
         server = uvicorn.Server(uvicorn_config(app, settings))
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=sockets)

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from mmfront.serve.errors import engine_error
+from mmfront.serve.iteration_stats import PrefillStats, prefill_stats
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason, LogprobsLists, LogprobsTensors
 
@@ -272,6 +273,9 @@ class ChoiceOutput:
     """``None`` until the engine sent the prompt's (when asked for), then ``[None, ...]``."""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prefill: PrefillStats | None = None
+    """The engine's account of the prompt (its first output's ``prefill_stats``; only an engine
+    that keeps statistics sends one)."""
     _sent: int = 0
 
     @property
@@ -295,6 +299,8 @@ class ChoiceOutput:
         """Take one engine output; raises what the engine reported for a failed request."""
         if output.finish_reason == FinishReason.ERROR:
             raise engine_error(output)
+        if self.prefill is None and output.prefill_stats is not None:
+            self.prefill = prefill_stats(output.prefill_stats)
         new_ids = list(output.new_token_ids)
         hide_last = output.finish_reason == FinishReason.STOP and not self.params.include_stop_str_in_output
         first = len(self.token_ids)

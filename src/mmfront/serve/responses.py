@@ -62,6 +62,15 @@ class CompletionTokenUsageInfo(msgspec.Struct, kw_only=True):
     reasoning_tokens: int = 0
 
 
+class PromptTokenUsageInfo(msgspec.Struct, kw_only=True):
+    """vLLM's ``PromptTokenUsageInfo`` (``--enable-prompt-tokens-details``); a stream's chunk
+    carries only the fields vLLM sets."""
+
+    cached_tokens: int | UnsetType | None = UNSET
+    created_cache_tokens: int | UnsetType | None = UNSET
+    multimodal_tokens: dict[str, int] | UnsetType | None = UNSET
+
+
 class UsageInfo(msgspec.Struct, kw_only=True):
     """vLLM's ``UsageInfo``: a whole response writes both ``*_details`` as ``null``, a chat chunk's
     running usage only ``completion_tokens_details``, other chunks neither."""
@@ -69,7 +78,7 @@ class UsageInfo(msgspec.Struct, kw_only=True):
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
-    prompt_tokens_details: UnsetType | None = UNSET
+    prompt_tokens_details: PromptTokenUsageInfo | UnsetType | None = UNSET
     completion_tokens_details: CompletionTokenUsageInfo | UnsetType | None = UNSET
 
 
@@ -534,6 +543,7 @@ __all__ = [
     "ModelList",
     "ModelPermission",
     "OpenAIBody",
+    "PromptTokenUsageInfo",
     "ResponseHead",
     "ServerLoad",
     "ToolCall",

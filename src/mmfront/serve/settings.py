@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
-from mmfront.flags import flag, json_list, port, positive_int, seconds
+from mmfront.flags import count, flag, json_list, port, positive_int, seconds
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 """Request bodies above this are refused before they are read whole (413)."""
@@ -80,6 +80,9 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser.")
+        if self.sse_keep_alive_interval < 0:
+            raise ConfigError("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive "
+                              "comments).")
 
     # --- the HTTP server (vLLM's FrontendArgs) ---
     uds: str | None = field(default=None, metadata=flag(metavar="PATH"))
@@ -132,8 +135,23 @@ class ServeSettings:
     """Serve ``/tokenizer_info`` (the tokenizer's configuration, chat template included)."""
     enable_log_requests: bool = field(default=False, metadata=flag(negation="--disable-log-requests"))
     """Log each request (its id and sampling parameters at INFO; its prompt at DEBUG)."""
+    disable_log_stats: bool = field(default=False, metadata=flag(negation=""))
+    """No statistics: no periodic stats line (every ``VLLM_LOG_STATS_INTERVAL`` seconds, 10 by
+    default) and none of the engine's request and scheduler families on ``/metrics``."""
     max_log_len: int | None = field(default=None, metadata=flag(metavar="N"))
-    """Most prompt characters or token ids a request log shows (``None``: all)."""
+    """Most prompt or output characters, or token ids, a request log shows (``None``: all)."""
+    enable_log_outputs: bool = field(default=False, metadata=flag())
+    """Log each response's output too (with ``--enable-log-requests``): its text and finish reason
+    at INFO, its token ids at DEBUG; a stream's deltas one by one, then its whole text."""
+    enable_log_deltas: bool = field(default=True, metadata=flag())
+    """With ``--enable-log-outputs``, log a stream's deltas (off: only its whole text)."""
+    enable_prompt_tokens_details: bool = field(default=False, metadata=flag())
+    """Answer ``usage.prompt_tokens_details``: the prompt tokens the engine's prefix cache held
+    (``cached_tokens``) and, for chat, those it newly cached (``created_cache_tokens``) and the
+    multimodal placeholder tokens by modality (``multimodal_tokens``)."""
+    sse_keep_alive_interval: int = field(default=0, metadata=flag(parse=count, metavar="S"))
+    """Write an SSE comment (``: keep-alive``) into a streaming response idle this many seconds
+    (queued, prefilling, between tokens), so proxies with read timeouts keep the connection; 0: never."""
     trust_request_mm_kwargs: bool = field(default=False, metadata=flag())
     """Take a request's ``mm_processor_kwargs`` and ``media_io_kwargs``; off, a request sending them is
     refused (400): they change how much work and memory its media take. Turn on only for trusted clients."""
