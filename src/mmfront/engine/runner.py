@@ -353,6 +353,8 @@ class ModelRunner:
 
 
 def error_output(request_id: str, exc: MMFrontError) -> EngineCoreOutput:
-    """The output that ends ``request_id`` alone with ``exc``: the other requests carry on."""
+    """The output that ends ``request_id`` alone with ``exc``: the other requests carry on. A
+    request error's message names its field as vLLM's do, so the frontend can answer with it."""
+    message = exc.vllm_message() if isinstance(exc, ValidationError) else str(exc)
     return EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR,
-                            error=RequestError(type(exc).__name__, str(exc)))
+                            error=RequestError(type(exc).__name__, message))
