@@ -183,3 +183,11 @@ def test_greedy_requests_pass() -> None:
                    SamplingParams(temperature=0, seed=3, top_p=0.1, top_k=4, min_p=0.5, watermarking=True,
                                   extra_args={"k": 1}, min_tokens=2, stop_token_ids=[5], ignore_eos=True)):
         check_reference_request(request(params))
+
+
+def test_the_docs_list_every_field_it_refuses() -> None:
+    text = (Path(__file__).parents[2] / "docs" / "engine.md").read_text()
+    section = text.split("### What the reference engine refuses", 1)[1].split("\n## ", 1)[0]
+    for parameter in [*(limit.parameter for limit in REFERENCE_ENGINE_LIMITS), "lora_request", "pooling_params",
+                      "prompt_embeds"]:
+        assert f"`{parameter}`" in section, parameter
