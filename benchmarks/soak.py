@@ -217,7 +217,7 @@ class Soak:
         started = time.monotonic()
         try:
             stream = await self.client.add_request(request_id, self.media.messages(planned, n, combo),
-                                                   SamplingParams(max_tokens=STEPS))
+                                                   SamplingParams(max_tokens=STEPS, temperature=0.0))
         except MediaTooLargeError as e:
             ok = planned.kind == "oversize" and e.parameter == "multi_modal_data"
             tally.record(request_id, "rejected", None if ok else f"refused: {e!r}")

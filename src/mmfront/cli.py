@@ -260,7 +260,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "handshake (--data-parallel-address/--data-parallel-rpc-port, as "
                                         "'vllm serve --headless'; or --handshake), or connect to their sockets, and "
                                         "serve their requests with the model in MODEL (a local folder with "
-                                        "weights), greedy decoding. For several frontends repeat --input and "
+                                        "weights), greedy decoding of one sequence per request; a request "
+                                        "that asks for more (temperature above 0, n above 1, penalties, "
+                                        "logprobs, structured outputs, ...) is refused with the field it names, "
+                                        "never answered greedily. For several frontends repeat --input and "
                                         "--output (and --shm-name), paired in order; each frontend keeps its own "
                                         "processor cache. Stops on SIGTERM or Ctrl-C.")
     add_options(worker, WorkerOptions)

@@ -64,6 +64,7 @@ and wire errors between P0 and P1, and the failures an engine reports for one re
 from __future__ import annotations
 
 import errno
+import re
 from collections.abc import Sequence
 
 
@@ -116,6 +117,31 @@ class ValidationError(MMFrontError, ValueError):
         super().__init__(message)
         self.parameter = parameter
         self.value = value
+
+    def vllm_message(self) -> str:
+        """The message as ``str(VLLMValidationError)`` writes it (with ``(parameter=..., value=...)``
+        where :attr:`message_names_parameter`): what an API server answers, and what an mmfront
+        engine sends in its ``RequestError``, so that the field travels with it."""
+        message = str(self) or "Internal server error"
+        if not self.message_names_parameter or self.parameter is None:
+            return message
+        return message + (f" (parameter={self.parameter})" if self.value is None
+                          else f" (parameter={self.parameter}, value={self.value})")
+
+    @classmethod
+    def from_vllm_message(cls, message: str) -> ValidationError:
+        """The error :meth:`vllm_message` wrote ``message`` for, its field and value read back
+        (the value as text); a message without them is the error's message alone."""
+        found = _NAMED_PARAMETER.fullmatch(message) if cls.message_names_parameter else None
+        if found is None:
+            return cls(message)
+        error = cls(found["message"])
+        error.parameter, error.value = found["parameter"], found["value"]
+        return error
+
+
+_NAMED_PARAMETER = re.compile(r"(?P<message>.*) \(parameter=(?P<parameter>[A-Za-z_][\w.\[\]]*)"
+                              r"(?:, value=(?P<value>.*))?\)", re.DOTALL)
 
 
 class RequestBodyError(ValidationError):

@@ -59,7 +59,7 @@ def test_two_api_servers_share_one_mmfront_worker_each_with_its_own_mirror(gemma
     combos = [(0,), (1, 2), (0, 1), (2,), (0,), (1, 2)]
     try:
         async def one(client: AsyncEngineClient, request_id: str, combo: tuple[int, ...]) -> list[int]:
-            stream = await client.add_request(request_id, chat(combo), SamplingParams(max_tokens=3))
+            stream = await client.add_request(request_id, chat(combo), SamplingParams(max_tokens=3, temperature=0.0))
             return [t async for output in stream for t in output.new_token_ids]
 
         async def main() -> list[list[int]]:

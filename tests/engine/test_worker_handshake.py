@@ -61,7 +61,7 @@ def test_worker_through_the_handshake_serves_chats_with_repeated_images(gemma3_w
         assert {EXTRA_MIRROR, EXTRA_ADMITTED, EXTRA_HEARTBEAT} <= info.extras
 
         async def one(n: int, combo: tuple[int, ...]) -> list[int]:
-            stream = await client.add_request(f"w{n}", chat(combo), SamplingParams(max_tokens=3))
+            stream = await client.add_request(f"w{n}", chat(combo), SamplingParams(max_tokens=3, temperature=0.0))
             return [t async for output in stream for t in output.new_token_ids]
 
         async def main() -> list[list[int]]:
@@ -100,7 +100,7 @@ def test_worker_command_through_the_handshake_abort_stops_generation(gemma3_weig
     client, worker, pre = _meet(gemma3_weights_dir)
     try:
         async def main() -> int:
-            stream = await client.add_request("long", chat((0,)), SamplingParams(max_tokens=400, ignore_eos=True))
+            stream = await client.add_request("long", chat((0,)), SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0))
             got = 0
             async for output in stream:
                 got += len(output.new_token_ids)
@@ -126,7 +126,7 @@ def test_worker_killed_mid_request_fails_it_within_30_s(gemma3_weights_dir: Path
     client, worker, pre = _meet(gemma3_weights_dir)
     try:
         async def main() -> float:
-            stream = await client.add_request("doomed", chat((2,)), SamplingParams(max_tokens=400, ignore_eos=True))
+            stream = await client.add_request("doomed", chat((2,)), SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0))
             await anext(stream)
             worker.kill()
             start = time.monotonic()
@@ -145,5 +145,5 @@ def test_worker_killed_mid_request_fails_it_within_30_s(gemma3_weights_dir: Path
 
 
 async def _answer(client: AsyncEngineClient, request_id: str, combo: tuple[int, ...]) -> list[int]:
-    stream = await client.add_request(request_id, chat(combo), SamplingParams(max_tokens=3))
+    stream = await client.add_request(request_id, chat(combo), SamplingParams(max_tokens=3, temperature=0.0))
     return [t async for output in stream for t in output.new_token_ids]

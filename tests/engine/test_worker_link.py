@@ -54,7 +54,7 @@ def chat(images: tuple[int, ...]) -> list[dict[str, Any]]:
 
 
 async def collect(client: AsyncEngineClient, request_id: str, images: tuple[int, ...], max_tokens: int) -> list[int]:
-    stream = await client.add_request(request_id, chat(images), SamplingParams(max_tokens=max_tokens))
+    stream = await client.add_request(request_id, chat(images), SamplingParams(max_tokens=max_tokens, temperature=0.0))
     return [t async for output in stream for t in output.new_token_ids]
 
 
@@ -232,7 +232,7 @@ def test_a_frontend_that_goes_away_costs_only_itself(
     client_b = AsyncEngineClient(InputProcessor(pre_b), PipeTransport(b_p0), engine_timeout_s=60)
     try:
         async def main() -> tuple[list[list[int]], list[list[int]]]:
-            long = await client_b.add_request("b-long", chat((0,)), SamplingParams(max_tokens=400, ignore_eos=True))
+            long = await client_b.add_request("b-long", chat((0,)), SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0))
             await anext(long)
             during = asyncio.gather(*(collect(client_a, f"a-{i}", c, 3) for i, c in enumerate(COMBOS[:4])))
             await asyncio.get_running_loop().run_in_executor(None, client_b.close_blocking)

@@ -87,7 +87,7 @@ def expected(gemma3_weights_dir: Path) -> dict[tuple[int, ...], list[int]]:
 
 
 async def collect(client: AsyncEngineClient, request_id: str, images: tuple[int, ...], max_tokens: int) -> list[int]:
-    stream = await client.add_request(request_id, chat(images), SamplingParams(max_tokens=max_tokens))
+    stream = await client.add_request(request_id, chat(images), SamplingParams(max_tokens=max_tokens, temperature=0.0))
     return [t async for output in stream for t in output.new_token_ids]
 
 
@@ -119,8 +119,8 @@ def test_utility_calls_reach_both_ranks(ranks: Ranks) -> None:
 
 def test_an_abort_stops_generation_on_the_rank_that_runs_it(ranks: Ranks) -> None:
     async def main() -> int:
-        keep = await ranks.client.add_request("keep", chat((0,)), SamplingParams(max_tokens=40, ignore_eos=True))
-        long = await ranks.client.add_request("long", chat((1,)), SamplingParams(max_tokens=400, ignore_eos=True))
+        keep = await ranks.client.add_request("keep", chat((0,)), SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.0))
+        long = await ranks.client.add_request("long", chat((1,)), SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0))
         assert ranks.client.rank_of("long") == 1
         got = 0
         async for output in long:
@@ -135,8 +135,8 @@ def test_an_abort_stops_generation_on_the_rank_that_runs_it(ranks: Ranks) -> Non
 
 def test_a_rank_killed_mid_request_fails_it_promptly_and_the_other_rank_finishes(ranks: Ranks) -> None:
     async def main() -> float:
-        survivor = await ranks.client.add_request("s", chat((2,)), SamplingParams(max_tokens=30, ignore_eos=True))
-        doomed = await ranks.client.add_request("d", chat((3,)), SamplingParams(max_tokens=400, ignore_eos=True))
+        survivor = await ranks.client.add_request("s", chat((2,)), SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0))
+        doomed = await ranks.client.add_request("d", chat((3,)), SamplingParams(max_tokens=400, ignore_eos=True, temperature=0.0))
         assert ranks.client.rank_of("d") == 1
         await anext(doomed)
         ranks.procs[1].kill()

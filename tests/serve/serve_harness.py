@@ -21,7 +21,7 @@ from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake, engi
 from mmfront.engine.receiver import EngineCoreReceiver
 from mmfront.engine.runner import ModelRunner
 from mmfront.engine.transports.zmq import ZmqFrontendTransport
-from mmfront.engine.worker import WorkerStats, ready_response, receiver_caches
+from mmfront.engine.worker import WORKER_EXTRAS, WorkerStats, ready_response, receiver_caches
 from mmfront.engine.worker import serve as serve_engine
 from mmfront.serve.app import create_app
 from mmfront.serve.settings import ServeSettings
@@ -84,7 +84,7 @@ def _worker(model_dir: Path, config: MultiModalConfig, address: str, stop: threa
             stats: WorkerStats) -> None:
     """``run_worker`` met through the handshake, with ``stats`` the caller can read while it runs."""
     runner = ModelRunner(model_dir)
-    transport = engine_handshake(address, 0, ready_response(runner), local=True)
+    transport = engine_handshake(address, 0, ready_response(runner), local=True, extras=WORKER_EXTRAS)
     with EngineCoreReceiver(transport, receiver_caches(config, 1, None)[0]) as receiver:
         serve_engine(receiver, runner, stop, stats)
 

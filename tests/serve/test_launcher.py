@@ -63,7 +63,7 @@ def frontend(gemma3_weights_dir: Path, exits: Exits) -> Iterator[Frontend]:
 
 
 async def answer(frontend: Frontend, request_id: str, max_tokens: int = 3) -> list[int]:
-    stream = await frontend.client.add_request(request_id, chat("What is this?"), SamplingParams(max_tokens=max_tokens))
+    stream = await frontend.client.add_request(request_id, chat("What is this?"), SamplingParams(max_tokens=max_tokens, temperature=0.0))
     return [t async for output in stream for t in output.new_token_ids]
 
 
@@ -104,7 +104,7 @@ def test_a_killed_engine_fails_its_request_at_once_and_is_reported(frontend: Fro
 
     async def main() -> None:
         stream = await frontend.client.add_request("long", chat("Talk."), SamplingParams(max_tokens=200,
-                                                                                        ignore_eos=True))
+                                                                                        ignore_eos=True, temperature=0.0))
         async for _ in stream:
             os.kill(process.pid, signal.SIGKILL)
 

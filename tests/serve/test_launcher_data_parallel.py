@@ -52,7 +52,7 @@ def frontend(gemma3_weights_dir: Path, exits: list[tuple[int, int]]) -> Iterator
 
 
 async def answer(frontend: Frontend, request_id: str, i: int, max_tokens: int = 2) -> list[int]:
-    stream = await frontend.client.add_request(request_id, chat(i), SamplingParams(max_tokens=max_tokens))
+    stream = await frontend.client.add_request(request_id, chat(i), SamplingParams(max_tokens=max_tokens, temperature=0.0))
     return [t async for output in stream for t in output.new_token_ids]
 
 
@@ -80,7 +80,7 @@ def test_a_killed_rank_fails_what_it_owed_and_is_reported(frontend: Frontend, ex
     process is killed: exactly one request fails, the other runs to its end on rank 0."""
     assert frontend.engines is not None
     victim = frontend.engines.processes[1]
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    params = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.0)
 
     async def drain(stream: Any) -> int | BaseException:
         try:

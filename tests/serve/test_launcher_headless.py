@@ -78,7 +78,7 @@ def test_with_no_local_engine_it_waits_for_a_headless_one(gemma3_weights_dir: Pa
             assert (EXTRA_MIRROR in info.extras) == (kind == "mmfront worker")
 
             async def answer() -> list[int]:
-                stream = await frontend.client.add_request("h", CHAT, SamplingParams(max_tokens=3))
+                stream = await frontend.client.add_request("h", CHAT, SamplingParams(max_tokens=3, temperature=0.0))
                 return [t async for output in stream for t in output.new_token_ids]
 
             tokens = asyncio.run(asyncio.wait_for(answer(), 120))

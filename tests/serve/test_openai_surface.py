@@ -94,7 +94,7 @@ def sse_events(response: httpx.Response) -> list[Any]:
 @pytest.mark.parametrize("name", ["one", "two"])
 def test_chat_with_images_answers_the_models_own_text_and_usage(setup: Setup, client: openai.OpenAI,
                                                                  name: str) -> None:
-    out = client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS[name], max_tokens=MAX_TOKENS)
+    out = client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS[name], max_tokens=MAX_TOKENS, temperature=0)
     assert out.id.startswith("chatcmpl-") and out.object == "chat.completion" and out.model == MODEL_NAME
     [choice] = out.choices
     assert choice.index == 0 and choice.message.role == "assistant"
@@ -108,7 +108,8 @@ def test_chat_with_images_answers_the_models_own_text_and_usage(setup: Setup, cl
 
 def test_chat_json_has_vllms_fields(setup: Setup) -> None:
     body = httpx.post(setup.served.v1 + "/chat/completions", timeout=120,
-                      json={"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS}).json()
+                      json={"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS,
+                            "temperature": 0}).json()
     assert list(body) == ["id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
                           "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
                           "ec_transfer_params", "metrics"]
@@ -122,7 +123,7 @@ def test_chat_json_has_vllms_fields(setup: Setup) -> None:
 
 def test_chat_stream_sends_role_content_finish_usage_and_done(setup: Setup) -> None:
     response = httpx.post(setup.served.v1 + "/chat/completions", timeout=120, json={
-        "model": MODEL_NAME, "messages": PROMPTS["two"], "max_tokens": MAX_TOKENS, "stream": True,
+        "model": MODEL_NAME, "messages": PROMPTS["two"], "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True}})
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response)
@@ -145,7 +146,7 @@ def test_chat_stream_sends_role_content_finish_usage_and_done(setup: Setup) -> N
 
 def test_chat_stream_with_the_openai_client(setup: Setup, client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=MAX_TOKENS,
-                                            stream=True)
+                                            temperature=0, stream=True)
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == setup.text("one")
@@ -159,7 +160,8 @@ def test_async_client_runs_requests_concurrently(setup: Setup) -> None:
     async def main() -> list[str | None]:
         async with openai.AsyncOpenAI(base_url=setup.served.v1, api_key="unused", max_retries=0) as aclient:
             outs = await asyncio.gather(*(aclient.chat.completions.create(
-                model=MODEL_NAME, messages=PROMPTS[name], max_tokens=MAX_TOKENS) for name in ("one", "two", "one")))
+                model=MODEL_NAME, messages=PROMPTS[name], max_tokens=MAX_TOKENS, temperature=0)
+                for name in ("one", "two", "one")))
         return [o.choices[0].message.content for o in outs]
 
     assert asyncio.run(main()) == [setup.text("one"), setup.text("two"), setup.text("one")]
@@ -167,14 +169,14 @@ def test_async_client_runs_requests_concurrently(setup: Setup) -> None:
 
 def test_n_choices_are_separate_engine_requests_merged(setup: Setup, client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=MAX_TOKENS, n=3,
-                                         temperature=1.0)
+                                         temperature=1.0, extra_body={"top_k": 1})
     assert [c.index for c in out.choices] == [0, 1, 2]
-    assert [c.message.content for c in out.choices] == [setup.text("one")] * 3  # the reference engine is greedy
+    assert [c.message.content for c in out.choices] == [setup.text("one")] * 3  # top_k 1: greedy, as the engine
     assert out.usage is not None and out.usage.completion_tokens == 3 * len(setup.expected["one"])
     assert out.usage.prompt_tokens == prompt_tokens(setup, "one")
     events = sse_events(httpx.post(setup.served.v1 + "/chat/completions", timeout=120, json={
         "model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS, "n": 2, "temperature": 1.0,
-        "stream": True}))
+        "top_k": 1, "stream": True}))
     texts = {0: "", 1: ""}
     for event in events[:-1]:
         [choice] = event["choices"]
@@ -187,7 +189,7 @@ def test_stop_string_cuts_the_text_and_ends_the_choice(setup: Setup, include: bo
     full = setup.text("one")
     stop = full[len(full) // 2:len(full) // 2 + 2]
     cut = full.index(stop) + (len(stop) if include else 0)
-    body = {"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS, "stop": [stop],
+    body = {"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS, "temperature": 0, "stop": [stop],
             "include_stop_str_in_output": include}
     out = httpx.post(setup.served.v1 + "/chat/completions", json=body, timeout=120).json()
     [choice] = out["choices"]
@@ -202,7 +204,7 @@ def test_stop_string_cuts_the_text_and_ends_the_choice(setup: Setup, include: bo
 
 def test_x_request_id_names_the_response(setup: Setup) -> None:
     response = httpx.post(setup.served.v1 + "/chat/completions", headers={"X-Request-Id": "abc-123"}, timeout=120,
-                          json={"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": 2})
+                          json={"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": 2, "temperature": 0})
     assert response.json()["id"] == "chatcmpl-abc-123" and response.headers["x-request-id"] == "abc-123"
 
 
@@ -210,13 +212,13 @@ def test_x_request_id_names_the_response(setup: Setup) -> None:
 
 
 def test_completion_of_a_text_prompt(setup: Setup, client: openai.OpenAI) -> None:
-    out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS["plain"], max_tokens=MAX_TOKENS)
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPTS["plain"], max_tokens=MAX_TOKENS, temperature=0)
     assert out.id.startswith("cmpl-") and out.object == "text_completion"
     [choice] = out.choices
     assert choice.text == setup.text("plain") and choice.finish_reason == finish_of(setup, "plain")
     assert out.usage is not None and out.usage.prompt_tokens == prompt_tokens(setup, "plain")
     stream = client.completions.create(model=MODEL_NAME, prompt=PROMPTS["plain"], max_tokens=MAX_TOKENS,
-                                       stream=True, stream_options={"include_usage": True})
+                                       temperature=0, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == setup.text("plain")
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
@@ -225,7 +227,8 @@ def test_completion_of_a_text_prompt(setup: Setup, client: openai.OpenAI) -> Non
 
 def test_completion_of_several_prompts(setup: Setup) -> None:
     out = httpx.post(setup.served.v1 + "/completions", timeout=120, json={
-        "model": MODEL_NAME, "prompt": [PROMPTS["plain"], PROMPTS["plain"]], "max_tokens": MAX_TOKENS}).json()
+        "model": MODEL_NAME, "prompt": [PROMPTS["plain"], PROMPTS["plain"]], "max_tokens": MAX_TOKENS,
+        "temperature": 0}).json()
     assert [c["index"] for c in out["choices"]] == [0, 1]
     assert [c["text"] for c in out["choices"]] == [setup.text("plain")] * 2
     assert out["usage"]["prompt_tokens"] == 2 * prompt_tokens(setup, "plain")
@@ -270,7 +273,7 @@ ERRORS = [
 @pytest.mark.parametrize(("case", "change", "status", "kind", "param"), ERRORS, ids=[e[0] for e in ERRORS])
 def test_error_table(setup: Setup, case: str, change: dict[str, Any], status: int, kind: str,
                      param: str | None) -> None:
-    body = {"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": 2, **change}
+    body = {"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": 2, "temperature": 0, **change}
     body = {k: v for k, v in body.items() if v is not None}
     response = httpx.post(setup.served.v1 + "/chat/completions", json=body, timeout=120)
     assert response.status_code == status, response.text
@@ -296,27 +299,27 @@ def test_malformed_json_and_unknown_routes(setup: Setup) -> None:
 
 def test_openai_client_raises_its_typed_errors(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
-        client.chat.completions.create(model="nope", messages=PROMPTS["one"], max_tokens=2)
+        client.chat.completions.create(model="nope", messages=PROMPTS["one"], max_tokens=2, temperature=0)
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=-1)
     assert info.value.body["param"] == "max_tokens"  # type: ignore[index]
 
 
 def test_api_key_is_required_on_v1_routes(setup: Setup) -> None:
-    body = {"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": 2}
+    body = {"model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": 2, "temperature": 0}
     assert httpx.post(setup.keyed_url + "/v1/chat/completions", json=body, timeout=60).status_code == 401
     wrong = httpx.post(setup.keyed_url + "/v1/chat/completions", json=body, timeout=60,
                        headers={"Authorization": "Bearer wrong"})
     assert (wrong.status_code, wrong.json()) == (401, {"error": "Unauthorized"})
     assert httpx.get(setup.keyed_url + "/health").status_code == 200  # only /v1 is guarded, as in vLLM
     keyed = openai.OpenAI(base_url=setup.keyed_url + "/v1", api_key=API_KEY, max_retries=0)
-    assert keyed.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=2).choices
+    assert keyed.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=2, temperature=0).choices
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=setup.keyed_url + "/v1", api_key="wrong", max_retries=0).models.list()
 
 
 def test_body_over_the_limit_is_refused_before_it_is_read(setup: Setup) -> None:
-    big = {"model": MODEL_NAME, "max_tokens": 2, "messages": chat(0, text="x" * (2 * BODY_LIMIT))}
+    big = {"model": MODEL_NAME, "max_tokens": 2, "temperature": 0, "messages": chat(0, text="x" * (2 * BODY_LIMIT))}
     response = httpx.post(setup.small_body_url + "/v1/chat/completions", json=big, timeout=60)
     assert response.status_code == 413 and response.json()["error"]["code"] == 413
 
@@ -328,7 +331,7 @@ def test_body_over_the_limit_is_refused_before_it_is_read(setup: Setup) -> None:
     response = httpx.post(setup.small_body_url + "/v1/chat/completions", content=chunks(), timeout=60,
                           headers={"Content-Type": "application/json"})
     assert response.status_code == 413
-    small = {"model": MODEL_NAME, "max_tokens": 2, "messages": PROMPTS["one"]}
+    small = {"model": MODEL_NAME, "max_tokens": 2, "temperature": 0, "messages": PROMPTS["one"]}
     assert httpx.post(setup.small_body_url + "/v1/chat/completions", json=small, timeout=60).status_code == 200
 
 
@@ -358,7 +361,7 @@ def scrape(url: str) -> dict[str, float]:
 
 def test_metrics_carry_vllms_names(setup: Setup, client: openai.OpenAI) -> None:
     before = scrape(setup.served.url)
-    answer = client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=2)
+    answer = client.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=2, temperature=0)
     after = scrape(setup.served.url)
     text = httpx.get(setup.served.url + "/metrics").text
     labels = f'engine="0",model_name="{MODEL_NAME}"'
@@ -386,7 +389,7 @@ def test_metrics_carry_vllms_names(setup: Setup, client: openai.OpenAI) -> None:
 
 def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(setup: Setup) -> None:
     events = sse_events(httpx.post(setup.served.v1 + "/chat/completions", timeout=120, json={
-        "model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS, "stream": True,
+        "model": MODEL_NAME, "messages": PROMPTS["one"], "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
     chunks = events[:-2]
     prompt = prompt_tokens(setup, "one")
@@ -407,5 +410,6 @@ def test_the_app_mounts_in_another_asgi_app(setup: Setup, gemma3_weights_dir: Pa
         assert httpx.get(url + "/llm/health").status_code == 200
         assert httpx.get(url + "/llm/v1/models").status_code == 401
         mounted = openai.OpenAI(base_url=url + "/llm/v1", api_key=API_KEY, max_retries=0, timeout=120)
-        out = mounted.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=MAX_TOKENS)
+        out = mounted.chat.completions.create(model=MODEL_NAME, messages=PROMPTS["one"], max_tokens=MAX_TOKENS,
+                                              temperature=0)
         assert out.choices[0].message.content == setup.text("one")

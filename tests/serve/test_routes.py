@@ -274,9 +274,9 @@ def test_return_tokens_as_token_ids(apps: Apps) -> None:
 
 def test_request_log(apps: Apps, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="mmfront.serve.requests"):
-        post(f"{apps.flagged}/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 2},
+        post(f"{apps.flagged}/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 2, "temperature": 0},
              headers={"X-Request-Id": "logged-1"})
-        post(f"{apps.plain}/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 2},
+        post(f"{apps.plain}/v1/completions", {"prompt": "The quick brown fox", "max_tokens": 2, "temperature": 0},
              headers={"X-Request-Id": "unlogged-1"})
     messages = [r.getMessage() for r in caplog.records if r.name == "mmfront.serve.requests"]
     received = [m for m in messages if m.startswith("Received request ")]
@@ -299,7 +299,7 @@ def test_default_chat_template_kwargs_under_the_requests(apps: Apps) -> None:
 
 
 def test_fingerprint_modes(apps: Apps) -> None:
-    body = {"prompt": "The quick brown fox", "max_tokens": 1}
+    body = {"prompt": "The quick brown fox", "max_tokens": 1, "temperature": 0}
     assert post(f"{apps.flagged}/v1/completions", body).json()["system_fingerprint"] == "fp-1"
     assert post(f"{apps.bare}/v1/completions", body).json()["system_fingerprint"] is None
     assert post(f"{apps.plain}/v1/completions", body).json()["system_fingerprint"].startswith("mmfront-")
@@ -308,7 +308,7 @@ def test_fingerprint_modes(apps: Apps) -> None:
 def test_server_load(apps: Apps) -> None:
     """``/load`` counts generation requests in flight, only with the flag."""
     assert httpx.get(f"{apps.flagged}/load").json() == {"server_load": 0}
-    body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True}
+    body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
     seen: dict[str, set[int]] = {}
     for name, url in (("flagged", apps.flagged), ("plain", apps.plain)):
         with ThreadPoolExecutor(1) as pool:

@@ -43,10 +43,11 @@ def served(qwen2_audio_weights_dir: Path) -> Iterator[tuple[Served, str]]:
 def test_chat_with_audio_json_and_stream(served: tuple[Served, str], part: str) -> None:
     s, want = served
     client = openai.OpenAI(base_url=s.v1, api_key="unused", max_retries=0, timeout=120)
-    out = client.chat.completions.create(model=MODEL_NAME, messages=messages(part), max_tokens=MAX_TOKENS)  # type: ignore[arg-type]
+    out = client.chat.completions.create(model=MODEL_NAME, messages=messages(part), max_tokens=MAX_TOKENS,  # type: ignore[arg-type]
+                                         temperature=0)
     assert out.choices[0].message.content == want
     response = httpx.post(s.v1 + "/chat/completions", timeout=120, json={
-        "model": MODEL_NAME, "messages": messages(part), "max_tokens": MAX_TOKENS, "stream": True,
+        "model": MODEL_NAME, "messages": messages(part), "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True}})
     events = [block.removeprefix("data: ") for block in response.text.split("\n\n") if block]
     assert events[-1] == "[DONE]"

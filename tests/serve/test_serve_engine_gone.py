@@ -49,7 +49,8 @@ def assert_engine_idle(served: Served) -> None:
 
 
 def test_disconnects_and_stop_strings_abort_and_a_dead_engine_fails_fast(gemma3_weights_dir: Path) -> None:
-    long_body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": LONG, "ignore_eos": True}
+    long_body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": LONG, "ignore_eos": True,
+                 "temperature": 0}
     [first] = greedy_answers(gemma3_weights_dir, [MESSAGES], 6)
     with serve(gemma3_weights_dir, engine_timeout_s=3) as served:
         early = expected_text(served.preprocessor.tokenizer, first)
@@ -70,7 +71,7 @@ def test_disconnects_and_stop_strings_abort_and_a_dead_engine_fails_fast(gemma3_
         assert (stopped["finish_reason"], stopped["stop_reason"]) == ("stop", stop)
         assert_engine_idle(served)
         assert served.worker_stats.tokens < LONG
-        after = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
+        after = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3, "temperature": 0}, timeout=60)
         assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 3
 
         # the engine goes away while a request streams and another waits for its whole answer
@@ -95,5 +96,5 @@ def test_disconnects_and_stop_strings_abort_and_a_dead_engine_fails_fast(gemma3_
         assert stats.requests == 6 and stats.tokens < 2 * LONG
         health = httpx.get(served.url + "/health")
         assert health.status_code == 503
-        refused = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3}, timeout=60)
+        refused = httpx.post(chat_url, json={"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3, "temperature": 0}, timeout=60)
         assert refused.status_code == 500 and refused.json()["error"]["type"] == "InternalServerError"

@@ -48,6 +48,7 @@ from mmfront.engine.client_events import (
 )
 from mmfront.engine.client_state import ClientStats, EngineRank, InFlight
 from mmfront.engine.handshake import EngineInfo
+from mmfront.engine.reference_limits import check_reference_params
 from mmfront.engine.transports import BaseTransport
 from mmfront.errors import ConfigError, EngineDeadError, MMFrontError, TransportError, ValidationError
 from mmfront.inputs import MultiModalInputs
@@ -55,7 +56,7 @@ from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, Req
 from mmfront.preprocess.context_length import check_context_length
 from mmfront.timing import stage
 from mmfront.wire import Frame, MsgpackEncoder, SamplingParams
-from mmfront.wire.handshake import EXTRA_ADMITTED, EXTRA_MIRROR, MMFRONT_EXTRAS
+from mmfront.wire.handshake import EXTRA_ADMITTED, EXTRA_MIRROR, EXTRA_REFERENCE_LIMITS, MMFRONT_EXTRAS
 from mmfront.wire.messages import (
     ABORT,
     ADMITTED,
@@ -405,6 +406,8 @@ class EngineClient:
             try:
                 check_context_length(self.max_model_len, prepared.params.max_tokens,
                                      len(prepared.inputs.get("prompt_token_ids") or []))
+                if EXTRA_REFERENCE_LIMITS in rank.extras:
+                    check_reference_params(prepared.params)
             except ValidationError:
                 self._release(prepared.request_id)
                 raise

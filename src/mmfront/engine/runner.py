@@ -13,8 +13,10 @@ engine core does, so that what mmfront sends can be checked end to end against
 * where the model numbers positions itself from its multimodal inputs (Qwen2-VL's M-RoPE), its
   module's ``ReferenceModel.positions`` gives the prompt's position ids and the offset of every
   decoded token, kept per request (the HF model keeps one offset for all);
-* decoding is greedy with a KV cache per request (whatever the sampling parameters ask;
-  ``max_tokens``, ``min_tokens``, ``stop_token_ids`` and ``ignore_eos`` are honoured). A step
+* decoding is greedy with a KV cache per request (whatever the sampling parameters ask:
+  ``mmfront worker`` refuses the requests that ask for more, :mod:`mmfront.engine.reference_limits`;
+  ``max_tokens``, ``min_tokens`` (the stop tokens masked until then, as vLLM does),
+  ``stop_token_ids`` and ``ignore_eos`` are honoured). A step
   prefills the requests added since the last step and decodes one token for every other running
   request. The decode runs per request: requests of different lengths would need their caches
   padded into one batch, which buys nothing on the tiny models this engine is for.
@@ -302,7 +304,7 @@ class ModelRunner:
         except MMFrontError as exc:
             return error_output(seq.request_id, exc)
         seq.features = []  # their data is in the KV cache now; do not hold it while decoding
-        return self._append(seq, int(logits.argmax()))
+        return self._append(seq, self._pick(seq, logits))
 
     def _run_prompt(self, seq: _Sequence, rows: list[torch.Tensor]) -> torch.Tensor:
         inputs_embeds = self.model.get_input_embeddings()(torch.tensor(seq.prompt, device=self.device))
@@ -322,7 +324,17 @@ class ModelRunner:
         if seq.position_rows:
             position = len(seq.prompt) + len(seq.output) - 1 + seq.position_offset
             extra["position_ids"] = torch.full((seq.position_rows, 1, 1), position, device=self.device)
-        return self._append(seq, int(self._forward(seq, self.model.get_input_embeddings()(ids), extra).argmax()))
+        return self._append(seq, self._pick(seq, self._forward(seq, self.model.get_input_embeddings()(ids), extra)))
+
+    def _pick(self, seq: _Sequence, logits: torch.Tensor) -> int:
+        """The likeliest token; before ``min_tokens``, the likeliest that does not stop the request
+        (vLLM's ``MinTokensLogitsProcessor`` masks the EOS and stop token ids until then)."""
+        if len(seq.output) < seq.min_tokens:
+            stops = sorted(self.eos_token_ids | seq.stop_token_ids)
+            if stops:
+                logits = logits.clone()
+                logits[stops] = float("-inf")
+        return int(logits.argmax())
 
     def _forward(self, seq: _Sequence, inputs_embeds: torch.Tensor, extra: dict[str, Any]) -> torch.Tensor:
         """One forward over ``inputs_embeds`` on top of ``seq``'s KV cache; the last position's logits."""
@@ -353,6 +365,8 @@ class ModelRunner:
 
 
 def error_output(request_id: str, exc: MMFrontError) -> EngineCoreOutput:
-    """The output that ends ``request_id`` alone with ``exc``: the other requests carry on."""
+    """The output that ends ``request_id`` alone with ``exc``: the other requests carry on. A
+    request error's message names its field as vLLM's do, so the frontend can answer with it."""
+    message = exc.vllm_message() if isinstance(exc, ValidationError) else str(exc)
     return EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR,
-                            error=RequestError(type(exc).__name__, str(exc)))
+                            error=RequestError(type(exc).__name__, message))

@@ -4,7 +4,9 @@ It is built only on what an existing engine would embed: :class:`EngineCoreRecei
 transport per frontend (several API servers, one engine, each frontend with its own receiver
 cache; ``mmfront worker`` connects over vLLM's ZMQ sockets) takes requests (features filled in from the P1 cache), a
 :class:`~mmfront.engine.runner.ModelRunner` encodes the items, places their embeddings and
-decodes greedily, and the receiver streams the outputs back. The loop below is the whole engine
+decodes greedily, and the receiver streams the outputs back. A request that asks for more than
+greedy decoding of one sequence (sampling, logprobs, penalties, ...) is refused with the field it
+names (:mod:`mmfront.engine.reference_limits`), never answered greedily. The loop below is the whole engine
 (docs/engine.md walks through it as the example of embedding the receiver).
 """
 
@@ -24,14 +26,25 @@ from mmfront.cache.factory import get_processor_cache_type, receiver_cache_from_
 from mmfront.config import MultiModalConfig
 from mmfront.engine.handshake import engine_handshake_all
 from mmfront.engine.receiver import EngineCoreReceiver, mm_feature_limit
+from mmfront.engine.reference_limits import check_reference_request
 from mmfront.engine.runner import ModelRunner, error_output
 from mmfront.engine.transports import EngineTransportFactory
 from mmfront.engine.utilities import WorkerUtilities
 from mmfront.errors import ConfigError, MMFrontError
-from mmfront.wire.handshake import EngineCoreReadyResponse
+from mmfront.wire.handshake import (
+    EXTRA_ADMITTED,
+    EXTRA_HEARTBEAT,
+    EXTRA_MIRROR,
+    EXTRA_REFERENCE_LIMITS,
+    EngineCoreReadyResponse,
+)
 from mmfront.wire.structs import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
 
 logger = logging.getLogger(__name__)
+
+WORKER_EXTRAS = (EXTRA_MIRROR, EXTRA_ADMITTED, EXTRA_HEARTBEAT, EXTRA_REFERENCE_LIMITS)
+"""What ``mmfront worker`` announces in vLLM's handshake: the receiver's extras, and that it is
+the reference engine, so mmfront's client refuses what it cannot honour before sending it."""
 
 
 @dataclass
@@ -83,7 +96,8 @@ class StepStats:
 
 
 def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Event, stats: WorkerStats) -> None:
-    """The engine loop: admit what arrived, drop what was aborted, run one step, send its outputs
+    """The engine loop: admit what arrived (refusing what the reference engine cannot honour,
+    :mod:`mmfront.engine.reference_limits`), drop what was aborted, run one step, send its outputs
     (with the statistics of :class:`StepStats`). While the engine sleeps
     (:class:`~mmfront.engine.utilities.WorkerUtilities`) it runs no step: requests are admitted and held."""
     utilities = WorkerUtilities(runner, receiver)
@@ -93,6 +107,7 @@ def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Eve
         stepping = runner.has_unfinished_requests and not utilities.paused
         for request in receiver.poll(0.0 if stepping else 0.05):
             try:
+                check_reference_request(request)
                 runner.add(request)
                 stats.requests += 1
                 step_stats.admitted(request.request_id, len(request.prompt_token_ids or ()))
@@ -166,7 +181,7 @@ def run_worker(
     transports = [connect(engine_index) for connect in frontends]
     try:
         for address in handshake:
-            transports += engine_handshake_all(address, engine_index, ready, local=local)
+            transports += engine_handshake_all(address, engine_index, ready, local=local, extras=WORKER_EXTRAS)
         caches = receiver_caches(config, len(transports), shm_name)
     except BaseException:
         for transport in transports:
@@ -183,4 +198,4 @@ def run_worker(
     return stats
 
 
-__all__ = ["StepStats", "WorkerStats", "ready_response", "receiver_caches", "run_worker", "serve"]
+__all__ = ["WORKER_EXTRAS", "StepStats", "WorkerStats", "ready_response", "receiver_caches", "run_worker", "serve"]

@@ -34,7 +34,12 @@ DESCRIPTION = (
     "('vllm serve MODEL --headless') or mmfront's ('mmfront worker MODEL --data-parallel-address HEAD'), on "
     "--data-parallel-address:--data-parallel-rpc-port. The flags keep vLLM's names; a 'vllm serve' flag that "
     "configures only the engines is refused with a message saying it belongs on the engines' command line, "
-    "and any other flag it does not take is refused by name."
+    "and any other flag it does not take is refused by name. "
+    "The engines it starts are mmfront's reference engine ('mmfront worker': HF transformers, greedy "
+    "decoding of one sequence per request, no batching): it refuses with 400 what it cannot honour "
+    "(temperature above 0, n above 1, penalties, logprobs, structured outputs, logit bias, ...: "
+    "docs/engine.md, 'What the reference engine refuses'); for sampling and real serving, run vLLM's engine "
+    "cores ('vllm serve MODEL --headless ...') behind --data-parallel-size-local 0."
 )
 
 

@@ -40,10 +40,7 @@ def error_info(exc: BaseException) -> ErrorInfo:
     if not isinstance(exc, MMFrontError):
         logger.exception("Unexpected error while serving a request", exc_info=exc)
         return ErrorInfo(str(exc) or "Internal server error", MMFrontError.error_type, None, MMFrontError.http_status)
-    message = str(exc) or "Internal server error"
-    if isinstance(exc, ValidationError) and exc.message_names_parameter and exc.parameter is not None:
-        message += (f" (parameter={exc.parameter})" if exc.value is None
-                    else f" (parameter={exc.parameter}, value={exc.value})")
+    message = exc.vllm_message() if isinstance(exc, ValidationError) else str(exc) or "Internal server error"
     return ErrorInfo(message, exc.error_type, exc.parameter, exc.http_status)
 
 
@@ -61,16 +58,20 @@ def _error_classes(root: type[MMFrontError] = MMFrontError) -> dict[str, type[MM
 def engine_error(output: EngineCoreOutput) -> MMFrontError:
     """The error an engine's ``FinishReason.ERROR`` output stands for. mmfront's engine names the
     class of what it raised and vLLM's names ``validation_error`` for an invalid request: those
-    are the request's fault, raised as that class. Anything else is the engine's: a
+    are the request's fault, raised as that class (mmfront's with the field its message names,
+    :meth:`~mmfront.errors.ValidationError.from_vllm_message`; vLLM's API server reads no field
+    from its engine's, and neither does this one). Anything else is the engine's: a
     :class:`~mmfront.errors.RetryableRequestError` where the engine says a retry may pass (or
     names a retryable class), else a :class:`~mmfront.errors.GenerationError`, as vLLM's
     ``RequestError.to_exception`` does."""
     error = output.error
     if error is None:
         return GenerationError("The engine failed the request: Internal server error")
-    named = ValidationError if error.code == VLLM_VALIDATION_CODE else _error_classes().get(error.code)
+    if error.code == VLLM_VALIDATION_CODE:
+        return ValidationError(error.message)
+    named = _error_classes().get(error.code)
     if named is not None and issubclass(named, ValidationError):
-        return named(error.message)
+        return named.from_vllm_message(error.message)
     retryable = error.retryable or bool(getattr(named, "retryable", False))
     return (RetryableRequestError if retryable else GenerationError)(f"The engine failed the request: {error.message}")
 

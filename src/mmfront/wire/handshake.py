@@ -29,6 +29,10 @@ EXTRA_SIDE_CHANNEL: Final = "side_channel"
 """Over ``ipc``, the engine opened the memfd side channel for large frames."""
 MMFRONT_EXTRAS: Final = frozenset({EXTRA_MIRROR, EXTRA_ADMITTED, EXTRA_HEARTBEAT, EXTRA_SIDE_CHANNEL})
 """Every extra an mmfront engine (one embedding ``EngineCoreReceiver``) may announce."""
+EXTRA_REFERENCE_LIMITS: Final = "reference_limits"
+"""The engine is mmfront's reference engine (``mmfront worker``): it refuses what it cannot honour
+(``mmfront.engine.reference_limits``), and P0 refuses the same requests before sending them, so a
+stream is refused with a 400 too. A limit, not a feature: no engine is assumed to have it."""
 ENGINE_CORE_DEAD: Final = b"ENGINE_CORE_DEAD"
 """The single frame a stock engine pushes on its output socket when it dies of an error."""
 
@@ -104,6 +108,7 @@ __all__ = [
     "EXTRA_ADMITTED",
     "EXTRA_HEARTBEAT",
     "EXTRA_MIRROR",
+    "EXTRA_REFERENCE_LIMITS",
     "EXTRA_SIDE_CHANNEL",
     "MMFRONT_EXTRAS",
     "EngineCoreReadyResponse",

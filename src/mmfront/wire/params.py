@@ -173,6 +173,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             self.skip_reading_prefix_cache = (
                 self.prompt_logprobs is not None or self.prompt_logprob_token_ids is not None)
 
+    @property
+    def is_greedy(self) -> bool:
+        """Whether each token is the likeliest one (temperature 0: vLLM's ``SamplingType.GREEDY``)."""
+        return self.temperature < _SAMPLING_EPS
+
     def update_from_generation_config(self, generation_config: Mapping[str, Any], eos_token_id: int | None) -> None:
         """vLLM's rule for the model's end of sequence: the tokenizer's ``eos_token_id`` stops the
         request (unless ``ignore_eos``) and counts for ``min_tokens``; the generation config's
