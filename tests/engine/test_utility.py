@@ -255,12 +255,12 @@ def test_mmfront_worker_answers_the_calls_with_vllms_meaning(gemma3_weights_dir:
             assert await client.get_supported_tasks() == ("generate",)
             assert await client.is_sleeping() is False
             running = await client.add_request("running", messages((0,), 1),
-                                               SamplingParams(max_tokens=100_000, ignore_eos=True))
+                                               SamplingParams(max_tokens=100_000, ignore_eos=True, temperature=0.0))
             await anext(running)
             await client.sleep(1)  # mode "abort": what runs is aborted
             assert [o.finish_reason async for o in running][-1] == FinishReason.ABORT
             assert await client.is_sleeping() is True
-            held = await client.add_request("held", messages((1,), 2), SamplingParams(max_tokens=2, ignore_eos=True))
+            held = await client.add_request("held", messages((1,), 2), SamplingParams(max_tokens=2, ignore_eos=True, temperature=0.0))
             first = asyncio.ensure_future(anext(held))
             await asyncio.sleep(1.0)
             assert not first.done()  # taken, and held while the engine sleeps
@@ -273,7 +273,7 @@ def test_mmfront_worker_answers_the_calls_with_vllms_meaning(gemma3_weights_dir:
             assert await client.reset_encoder_cache() is None
             assert await client.reset_mm_cache() is None
             kept = await client.add_request("kept", messages((0,), 3),
-                                            SamplingParams(max_tokens=100_000, ignore_eos=True))
+                                            SamplingParams(max_tokens=100_000, ignore_eos=True, temperature=0.0))
             outputs: list[Any] = []
 
             async def consume() -> None:
