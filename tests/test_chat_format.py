@@ -24,7 +24,7 @@ from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
 from mmfront.processing.processor import BaseMultiModalProcessor
 from mmfront.testing.media import image_data_url, make_audio, make_image, wav_bytes
-from mmfront.testing.models import load_processor
+from mmfront.testing.models import fixture_model_impl, load_processor
 
 IMAGE_PART = {"type": "image_url", "image_url": {"url": image_data_url(make_image(40, 30, seed=0))}}
 AUDIO_PART = {"type": "input_audio", "input_audio": {
@@ -35,7 +35,7 @@ TRANSFORMERS_ONLY = {"glmasr"}
 
 
 def kind_config(kind: str) -> MultiModalConfig:
-    return MultiModalConfig(model_impl="transformers" if kind in TRANSFORMERS_ONLY else "auto")
+    return MultiModalConfig(model_impl="transformers" if kind in TRANSFORMERS_ONLY else fixture_model_impl(kind))
 
 
 def openai_conversation(modality: str) -> list[dict[str, Any]]:
@@ -88,7 +88,7 @@ def test_prompt_equals_hf_apply_chat_template(kind_dir: tuple[str, Path], add_ge
 
 
 def test_idefics3_string_turns_are_kept(idefics3_dir: Path) -> None:
-    proc = create_processor(idefics3_dir, MultiModalConfig())
+    proc = create_processor(idefics3_dir, kind_config("idefics3"))
     out = parse(proc, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}])
     assert out.prompt == "<|im_start|>System: Be brief.<end_of_utterance>\nUser: Hi.<end_of_utterance>\nAssistant:"
 

@@ -23,7 +23,7 @@ from mmfront import InputPreprocessor, InputProcessor, MultiModalConfig
 from mmfront.engine.runner import ModelRunner
 from mmfront.fixtures.catalog import fixture_kinds
 from mmfront.testing.media import image_data_url, make_audio, make_image, wav_bytes
-from mmfront.testing.models import load_processor
+from mmfront.testing.models import fixture_model_impl, load_processor
 from mmfront.wire import EngineCoreRequest, MsgpackDecoder, MsgpackEncoder, SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
@@ -86,8 +86,10 @@ class Family:
     def config(self) -> MultiModalConfig:
         """``ModelRunner(folder)`` runs the checkpoint's own dtype, so the frontend is told that
         dtype (as ``vllm serve --dtype`` would be), not ``--dtype auto``'s bfloat16 for a float32
-        checkpoint."""
-        return MultiModalConfig(dtype=fixture_kinds()[self.kind].torch_dtype)  # type: ignore[arg-type]
+        checkpoint. The model implementation is the one a user must name on the installed
+        transformers (``fixture_model_impl``)."""
+        return MultiModalConfig(dtype=fixture_kinds()[self.kind].torch_dtype,  # type: ignore[arg-type]
+                                model_impl=fixture_model_impl(self.kind))
 
     @cached_property
     def input_processor(self) -> InputProcessor:

@@ -22,6 +22,7 @@ from mmfront.models.registry import create_processor
 from mmfront.preprocess import InputPreprocessor
 from mmfront.processing.processor import BaseMultiModalProcessor
 from mmfront.testing.media import image_data_url, make_image
+from mmfront.testing.models import fixture_model_impl
 
 IMAGE = {"type": "image_url", "image_url": {"url": image_data_url(make_image(40, 30, seed=0))}}
 
@@ -54,7 +55,7 @@ def test_placeholder_split_across_text_parts(gemma3: BaseMultiModalProcessor, wi
 @pytest.mark.parametrize("kind", ["idefics3", "qwen2_audio", "glmasr"])  # Emu3's template spaces parts apart
 def test_split_placeholder_is_refused_for_templates_that_join_parts(kind: str, request: pytest.FixtureRequest) -> None:
     # GLM-ASR's native inputs are not proven equal to vLLM's (refused for --model-impl auto): its transformers layout
-    impl = "transformers" if kind == "glmasr" else "auto"
+    impl = "transformers" if kind == "glmasr" else fixture_model_impl(kind)
     proc = create_processor(request.getfixturevalue(f"{kind}_dir"), MultiModalConfig(model_impl=impl))
     token = proc.get_placeholder_str(next(iter(proc.info.allowed_mm_limits)), 0)
     half = len(token) // 2
@@ -130,7 +131,8 @@ def test_stray_token_is_refused_on_a_cache_hit_too(pre: InputPreprocessor) -> No
 
 @pytest.mark.backend
 def test_transformers_backend_refuses_an_extra_placeholder(idefics3_dir: Path) -> None:
-    proc = create_processor(idefics3_dir)  # Offsets on transformers >= 5.15, Legacy below
+    # Offsets on transformers >= 5.15, Legacy below
+    proc = create_processor(idefics3_dir, MultiModalConfig(model_impl=fixture_model_impl("idefics3")))
     with pytest.raises(PromptUpdateError) as e:
         proc.apply("<image> and <image>", {"image": [make_image(40, 30, seed=5)]})
     assert (e.value.parameter, e.value.expected, e.value.found) == ("image", 1, 2)

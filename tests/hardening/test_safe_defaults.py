@@ -72,13 +72,13 @@ _PEAK_SCRIPT = textwrap.dedent("""
     from PIL import Image
     from mmfront.config import MultiModalConfig
     from mmfront.preprocess import InputPreprocessor
-    from mmfront.testing.models import build_model_folder
+    from mmfront.testing.models import build_model_folder, fixture_model_impl
 
     def kib(key):
         return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key))
 
     kind, budget = sys.argv[1], int(sys.argv[2])
-    config = MultiModalConfig(max_media_request_decode_bytes=budget)
+    config = MultiModalConfig(max_media_request_decode_bytes=budget, model_impl=fixture_model_impl(kind))
     # The largest square image both limits let through: the pixel limit, and the decode charge (4 B/px).
     side = math.isqrt(min(config.image_pixel_limit, budget // 4))
     pixels = np.zeros((side, side, 3), dtype=np.uint8)

@@ -33,7 +33,7 @@ from packaging.version import Version
 
 from markers import NEEDS_TORCHVISION, VIDEO_SERVED
 from mmfront.models.transformers.base import TRANSFORMERS_VERSION
-from mmfront.testing.models import build_model_folder
+from mmfront.testing.models import build_model_folder, fixture_model_impl
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 from preloaded import popen
 
@@ -147,6 +147,7 @@ def _case_params() -> list[Any]:
 @pytest.mark.parametrize("case", _case_params())
 def test_startup_peak_is_in_proportion_to_the_largest_item(case: str, folders: dict[tuple[str, str], Path]) -> None:
     _family, kind, sizes, config, dummy, budget_mib = CASES[case]
+    config = {"model_impl": fixture_model_impl(kind), **config}  # a case's own setting wins
     result = measure_startup(folders[(kind, json.dumps(sizes, sort_keys=True))], config)
     assert (tuple(result["dummy"]) if result["dummy"] else None) == dummy
     assert result["growth"] <= budget_mib * MiB, f"warm-up grew the peak RSS by {result['growth'] / MiB:.0f} MiB"

@@ -25,13 +25,20 @@ from vllm_parity import (
 )
 
 from mmfront import MultiModalConfig
-from mmfront.errors import UnsupportedModelError
+from mmfront.errors import ProcessorError, UnsupportedModelError
 from mmfront.models.registry import create_processor
 from mmfront.models.transformers import OFFSETS_MIN_VERSION, TRANSFORMERS_VERSION
 from mmfront.testing.media import make_audio
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 
-LEGACY_OPEN = "proven under transformers >= 5.15 only; the Legacy backend is open (docs/vllm-parity.md)"
+LEGACY = TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION
+LEGACY_REFUSED = {
+    "Idefics3Processor": "refused for the native class on the Legacy backend (test_idefics3_is_refused_on_the_legacy_backend)",
+    "Gemma3nProcessor": "refused for the native class on the Legacy backend (test_gemma3n_is_refused_on_the_legacy_backend...)",
+}
+LEGACY_REFUSED["SmolVLMProcessor"] = LEGACY_REFUSED["Idefics3Processor"]
+WRAPPED_AUDIO = "<|audio_bos|><|AUDIO|><|audio_eos|>"
+"""Qwen2-Audio's chat template's spelling of a clip; HF < 5.15 wraps a bare ``<|AUDIO|>`` so itself."""
 
 PEER = vllm_peer_python()
 needs_peer = pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
@@ -45,19 +52,21 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cases(processor_class: str) -> list[Case] | None:
-    """The default cases; Qwen2-Audio's add the same clip twice."""
+    """The default cases; Qwen2-Audio's add the same clip twice and clips its chat template wraps."""
     if processor_class != "Qwen2AudioProcessor":
         return None
-    clip = (make_audio(AUDIO_SECONDS[1], 16000, seed=1), 16000)
-    return [*default_cases(["audio"]), Case("audio_same_twice", "audio", [clip, clip])]
+    clips = [(make_audio(s, 16000, seed=i), 16000) for i, s in enumerate(AUDIO_SECONDS)]
+    return [*default_cases(["audio"]), Case("audio_same_twice", "audio", [clips[1], clips[1]]),
+            Case("audio_wrapped", "audio", clips[:1], placeholder=WRAPPED_AUDIO),
+            Case("audio_two_wrapped", "audio", clips, placeholder=WRAPPED_AUDIO)]
 
 
 @needs_peer
 @pytest.mark.slow
 @pytest.mark.parametrize("processor_class", PROVEN)
 def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> None:
-    if TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION:
-        pytest.skip(LEGACY_OPEN)
+    if LEGACY and processor_class in LEGACY_REFUSED:
+        pytest.skip(LEGACY_REFUSED[processor_class])
     result = run_family(processor_class, root, cases=cases(processor_class))
     assert "vllm_error" not in result and "mmfront_error" not in result, result
     assert result["mmfront_impl"] == "native"
@@ -68,7 +77,7 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
         assert diff == {"differs": [], "details": []}, f"{processor_class} {name}: {diff}"
     vllm = result["vllm"]["cases"]
     if processor_class == "Qwen2AudioProcessor":
-        assert set(result["diff"]) == {"audio_one", "audio_two", "audio_same_twice"}
+        assert set(result["diff"]) == {"audio_one", "audio_two", "audio_same_twice", "audio_wrapped", "audio_two_wrapped"}
         (item,) = vllm["audio_one"]["mm_kwargs"]["audio"]
         assert sorted(item) == ["feature_attention_mask", "input_features"]
         assert item["input_features"]["field"] == ["batched", {"keep_on_cpu": False}]
@@ -77,6 +86,14 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
         assert first == second
         ranges = vllm["audio_two"]["mm_placeholders"]["audio"]
         assert [r[1] for r in ranges] == [25, 40] and all(r[2] is None for r in ranges)
+        # a bare <|AUDIO|> becomes the clip's audio tokens alone; the template's wrappers stay outside the range
+        audio = vllm["audio_one"]["prompt_token_ids"][2]
+        bos, eos = (vllm["audio_wrapped"]["prompt_token_ids"][i] for i in (2, 28))
+        assert vllm["audio_one"]["prompt_token_ids"][2:27] == [audio] * 25 and audio not in (bos, eos)
+        assert vllm["audio_wrapped"]["mm_placeholders"]["audio"] == [[3, 25, None]]
+        wrapped = vllm["audio_two_wrapped"]
+        assert [(r[0], r[1], r[2]) for r in wrapped["mm_placeholders"]["audio"]] == [(3, 25, None), (32, 40, None)]
+        assert [wrapped["prompt_token_ids"][i] for i in (2, 28, 31, 72)] == [bos, eos, bos, eos]
         return
     if processor_class == "Gemma3nProcessor":
         assert set(result["diff"]) == {"image_one", "image_tall", "image_two", "image_same_twice", "audio_one",
@@ -100,10 +117,24 @@ def test_engine_inputs_equal_vllm_native(processor_class: str, root: Path) -> No
     assert all(r[2] is not None and not all(r[2]) for r in ranges)  # the image tokens alone are embedded
 
 
+@needs_peer
+@pytest.mark.slow
+def test_qwen2_audio_on_the_legacy_backend_equals_vllm_native(root: Path) -> None:
+    """The Legacy backend (transformers < 5.15's, or forced) places a clip as vLLM's class does: a bare
+    ``<|AUDIO|>`` becomes the audio tokens alone (HF 5.14 wraps it), a wrapped one keeps its wrappers
+    outside the range, with no mask."""
+    result = run_family("Qwen2AudioProcessor", root, cases=cases("Qwen2AudioProcessor"),
+                        config_kwargs={"transformers_backend": "legacy"})
+    assert "vllm_error" not in result and "mmfront_error" not in result, result
+    assert result["mmfront_impl"] == "native"
+    assert result["diff"] and all(d == {"differs": [], "details": []} for d in result["diff"].values()), result["diff"]
+    assert result["mmfront"]["audio_two_wrapped"]["mm_placeholders"]["audio"] == [[3, 25, None], [32, 40, None]]
+
+
 @pytest.mark.parametrize("processor_class", ["Idefics3Processor", "Qwen2AudioProcessor"])
 def test_cache_hit_sends_what_a_miss_sends(processor_class: str, root: Path) -> None:
-    if TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION and processor_class == "Idefics3Processor":
-        pytest.skip(LEGACY_OPEN)
+    if LEGACY and processor_class in LEGACY_REFUSED:
+        pytest.skip(LEGACY_REFUSED[processor_class])
     folder, _ = family_folder(processor_class, root)
     config = MultiModalConfig()
     proc = create_processor(folder, config)
@@ -120,3 +151,25 @@ def test_gemma3n_is_refused_on_the_legacy_backend_for_the_native_class(root: Pat
         create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
     backend = MultiModalConfig(transformers_backend="legacy", model_impl="transformers")
     assert create_processor(folder, backend).info.native is None
+
+
+@pytest.mark.parametrize("processor_class", ["Idefics3Processor", "SmolVLMProcessor"])
+def test_idefics3_is_refused_on_the_legacy_backend(processor_class: str, root: Path) -> None:
+    """The Legacy backend locates a tiled image by HF < 5.15's token counts, not proven equal to vLLM's layout."""
+    folder, _ = family_folder(processor_class, root)
+    with pytest.raises(UnsupportedModelError, match=r"Legacy transformers backend.*<row_R_col_C> and <global-img>.*"
+                                                     r"not proven equal to vLLM's.*--model-impl transformers"):
+        create_processor(folder, MultiModalConfig(transformers_backend="legacy"))
+
+
+@pytest.mark.skipif(not LEGACY, reason="transformers >= 5.15 runs the Offsets backend, which reads each expansion from HF")
+@pytest.mark.parametrize(("processor_class", "why"), [
+    ("Idefics3Processor", r"per-item counts \[858, 858\]: the counts do not add up to those tokens: before transformers "
+                          r"5.15 Idefics3's processor counts each <row_R_col_C> and <global-img> marker as one token"),
+    ("SmolVLMProcessor", r"in 5 run\(s\), per-item counts None: the processor reports no per-item token counts"),
+])
+def test_legacy_backend_says_why_it_cannot_locate_split_markers(processor_class: str, why: str, root: Path) -> None:
+    """The parity folders' tokenizer splits ``<row_1_col_1>`` into characters, which HF 5.14 counts as one token."""
+    folder, _ = family_folder(processor_class, root)
+    with pytest.raises(ProcessorError, match=why + r".*Upgrade transformers to >= 5.15"):
+        create_processor(folder, MultiModalConfig(model_impl="transformers"))

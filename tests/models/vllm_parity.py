@@ -54,6 +54,8 @@ class Case:
     media: list[Any]
     """PIL images, ``(samples, rate)`` audio, or ``(frames, metadata)`` video."""
     mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
+    placeholder: str = ""
+    """The text standing for each item in the prompt (empty: the processor's placeholder)."""
 
 
 def default_cases(modalities: Sequence[str]) -> list[Case]:
@@ -348,7 +350,7 @@ def run_family(processor_class: str, root: Path, *, dtype: str | None = None, mo
         for case in cases:
             if proc is None or tokenizer is None:
                 break
-            text = prompt_for(proc.get_placeholder_str(case.modality, 0), len(case.media))
+            text = prompt_for(case.placeholder or proc.get_placeholder_str(case.modality, 0), len(case.media))
             ids = tokenizer.encode(text, add_special_tokens=False)
             entries = _save_media(case, where)
             spec_cases.append({"name": case.name, "prompt_token_ids": ids, "media": {case.modality: entries},

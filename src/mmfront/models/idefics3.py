@@ -6,7 +6,8 @@ with the encoder the reference engine runs (its offline ``idefics3`` fixture is
 vLLM's ``Idefics3MultiModalProcessor``: the call's tiles ``[tiles, C, H, W]`` (HF's batch of one
 prompt squeezed), ``pixel_values`` and ``pixel_attention_mask`` flat along them by each image's
 ``num_patches`` (batched, kept on the CPU; the model pops it without a default), and each range
-masked to the image tokens (``select_token_id``).
+masked to the image tokens (``select_token_id``). Refused for that class on the Legacy backend
+(``IDEFICS3_NATIVE.legacy_mismatch``).
 """
 
 from __future__ import annotations
@@ -78,8 +79,11 @@ def _tiles(feature: MultiModalFeatureSpec) -> int:
     return int(data["pixel_values"].data.shape[1])  # type: ignore[union-attr]
 
 
-IDEFICS3_NATIVE = NativeInputs(("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
-                               idefics3_fields, outputs=idefics3_outputs)
+IDEFICS3_NATIVE = NativeInputs(
+    ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"), idefics3_fields, outputs=idefics3_outputs,
+    legacy_mismatch=("it locates a tiled image's tokens by counts HF < 5.15 takes with each <row_R_col_C> and <global-img> "
+                     "marker as one token (SmolVLM reports none), so it cannot place an image where the tokenizer "
+                     "splits those markers, and its placement of tiled images is not proven equal to vLLM's"))
 
 IDEFICS3 = register_model(ModelSpec(
     model_type="idefics3",

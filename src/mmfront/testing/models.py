@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from mmfront.errors import ConfigError
 from mmfront.fixtures.catalog import fixture_kinds
@@ -37,6 +37,7 @@ __all__ = [
     "build_model_folder",
     "cached_model_dir",
     "default_model_dir",
+    "fixture_model_impl",
     "load_processor",
     "mmfront_home",
 ]
@@ -105,6 +106,18 @@ def load_processor(folder: Path | str, **kwargs: Any) -> ProcessorMixin:
 
     make_pil_image_processors_reachable()
     return AutoProcessor.from_pretrained(str(folder), **kwargs)
+
+
+def fixture_model_impl(kind: str) -> Literal["auto", "transformers"]:
+    """``--model-impl`` a user serves ``kind`` with on the installed transformers: ``auto``, or
+    ``transformers`` where vLLM's native class is refused for its family there (the Legacy backend,
+    transformers < 5.15, for a family whose ``NativeInputs.legacy_mismatch`` says why)."""
+    from mmfront.models.catalog import model_specs
+    from mmfront.models.transformers import OFFSETS_MIN_VERSION, TRANSFORMERS_VERSION
+
+    spec = model_specs().get(fixture_kinds()[kind].model_type)
+    refused = spec is not None and spec.native is not None and bool(spec.native.legacy_mismatch)
+    return "transformers" if refused and TRANSFORMERS_VERSION < OFFSETS_MIN_VERSION else "auto"
 
 
 def mmfront_home() -> Path:

@@ -152,6 +152,13 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
         self.unexpanded = unexpanded_placeholders(type(self.info.hf_processor))
         self.frames = {modality: self._learn_frame(modality) for modality in self.modalities
                        if modality not in self.unexpanded}
+        native = self.info.native
+        self.bare = frozenset(m for m, frame in self.frames.items()
+                              if frame.wrappers is not None and native is not None and native.whole_range_embeds)
+        """Modalities whose item replaces its placeholder with the embedding tokens alone: vLLM's native
+        class replaces a placeholder so (``NativeInputs.whole_range_embeds``) where HF < 5.15 wraps a
+        bare one in begin/end tokens of its own (Qwen2-Audio's ``<|audio_bos|>``/``<|audio_eos|>``).
+        The prompt's own begin/end tokens then stay in the prompt, as in vLLM."""
 
     def _dummy_call_kwargs(self) -> dict[str, Any]:
         return {"return_mm_token_type_ids": True, "text_kwargs": {"add_special_tokens": False}}
@@ -177,7 +184,7 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
         ids = list(self.info.tokenizer.encode(text, add_special_tokens=special))
         for modality in mm_counts:
             wrappers = self.frames[modality].wrappers if modality in self.frames else None
-            if wrappers is not None:
+            if wrappers is not None and modality not in self.bare:
                 ids = unwrap(ids, self.info.placeholder_ids(modality), wrappers)
         return ids
 
@@ -186,8 +193,11 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
     ) -> tuple[list[int], Mapping[str, Sequence[PlaceholderFeaturesInfo]]]:
         """The splice, with each range taking in a begin/end token the prompt itself puts right
         around it (``<|audio_bos|><|AUDIO|><|audio_eos|>``), as the structure tokens an expansion
-        brings are in its range."""
+        brings are in its range. Not while vLLM's native class runs: its range is what replaced the
+        placeholder, never the prompt's own tokens around it."""
         ids, placeholders = super()._apply_prompt_updates(prompt_ids, mm_prompt_updates)
+        if self.info.native is not None:
+            return ids, placeholders
         bounds = placeholder_spans(placeholders)
         prev_end = {start: bounds[i - 1][1] if i else 0 for i, (start, _) in enumerate(bounds)}
         next_start = {stop: bounds[i + 1][0] if i + 1 < len(bounds) else len(ids)
@@ -223,6 +233,9 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
         else:
             expansions = [ids[start:stop] for out in outputs
                           for ids, start, stop in self._expansions(modality, items, out, hf_kwargs)]
+        if modality in self.bare:  # without the begin/end tokens HF brings
+            wrappers = self.frames[modality].wrappers
+            expansions = [ids[1:-1] if (ids[0], ids[-1]) == wrappers else ids for ids in expansions]
         data[f"{modality}_replacement_ids"] = torch.tensor([t for ids in expansions for t in ids], dtype=torch.int64)
         layout.replacement_sizes = [len(ids) for ids in expansions]
         if modality == "audio":
@@ -252,12 +265,20 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
             positions = np.flatnonzero(np.isin(array, self.info.embed_token_ids(modality)))
         found = split_positions(positions, count, sizes)
         if found is None:
+            if sizes is None:
+                why = ("the processor reports no per-item token counts before transformers 5.15, and the items' tokens "
+                       "are not one run each (a tiled image: SmolVLM's tiles, Gemma3's pan-and-scan crops)")
+            elif sum(sizes) != positions.size:
+                why = ("the counts do not add up to those tokens: before transformers 5.15 Idefics3's processor counts "
+                       "each <row_R_col_C> and <global-img> marker as one token whatever the tokenizer makes of it, "
+                       "and Gemma3's does not count its pan-and-scan crops")
+            else:
+                why = "the counts do not split those tokens into one contiguous run per item"
             raise ProcessorError(
                 f"Could not locate {count} {modality} item(s) in {type(self.info.hf_processor).__name__}'s "
                 f"expansion of the dummy text: {positions.size} {modality} token(s) in {len(token_runs(positions))} "
-                f"run(s), per-item counts {sizes}. Known case: Gemma3 with do_pan_and_scan, whose crop count the "
-                "processor does not report before transformers 5.15; upgrade transformers to >= 5.15 (Offsets "
-                "backend) or turn do_pan_and_scan off."
+                f"run(s), per-item counts {sizes}: {why}. Upgrade transformers to >= 5.15 (Offsets backend), or turn "
+                "off the processor's tiling (do_image_splitting, do_pan_and_scan)."
             )
         begin, end = self.info.wrapper_ids(modality)
         return widen_to_wrappers(ids, found, [begin] * count, [end] * count)
