@@ -52,9 +52,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 from _harness import Report
 from bench_serve import _stop, _tail
@@ -91,8 +90,7 @@ VOCAB_SIZE = 2048
 """Above every token the stub engine generates here (1000 + 10 * images + k)."""
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     """One model and its limits, served by every side that can serve it."""
 
     key: str
@@ -159,21 +157,19 @@ CONFIGS = (
 
 
 
-@dataclass(frozen=True)
-class Pass:
+class Pass(NamedTuple):
     requests_per_s: float
     median_ttft_ms: float
     cpu_ms_per_request: float
 
 
-@dataclass
-class Served:
+class Served(NamedTuple):
     """One side in one round: its passes (new images, then the same again), or why it has none."""
 
     side: str
-    startup_rss_mib: float = 0.0
-    passes: list[Pass] = field(default_factory=list)
-    failed: str = ""
+    startup_rss_mib: float
+    passes: list[Pass]
+    failed: str
 
 
 def _group_members(pgid: int) -> list[list[str]]:
@@ -304,21 +300,20 @@ def serve_side(side: str, python: Path, model: Path, config: Config, seed: int, 
     start or fails a pass is returned with the reason (the other sides still run)."""
     tag = f"{config.key}-{side.replace(' ', '-')}-{seed}"
     logs = tuple(folder / f"{tag}-{name}.log" for name in ("engine", "server", "bench"))
-    served = Served(side)
+    rss, passes, failed = 0.0, [], ""
     with logs[0].open("wb") as elog, logs[1].open("wb") as slog, logs[2].open("wb") as blog:
         base, server, engine = _launch(side, python, model, config, (elog, slog))
         try:
-            served.startup_rss_mib = _wait_healthy(base, server, engine, (logs[1], logs[0])) / 2**20
+            rss = _wait_healthy(base, server, engine, (logs[1], logs[0])) / 2**20
             _warm_up(base)
-            for n in range(2):
-                served.passes.append(_client_pass(python, model, config, base, seed, prompts,
-                                                  folder / f"{tag}-{n}.json", blog, server.pid))
+            passes = [_client_pass(python, model, config, base, seed, prompts, folder / f"{tag}-{n}.json", blog,
+                                   server.pid) for n in range(2)]
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
-            served.failed = f"{type(e).__name__}: {e}"[:600]
+            failed = f"{type(e).__name__}: {e}"[:600]
         finally:
             _stop(server, grace_s=10)
             _stop(engine)
-    return served
+    return Served(side, rss, passes, failed)
 
 
 def measure(python: Path, config: Config, sides: Sequence[str], *, rounds: int, prompts: int,
