@@ -24,7 +24,7 @@ so one side's start-up bug cannot take the shared machine down.
 
 Configurations (``CONFIGS``): Qwen2.5-VL on an offline folder built by
 :func:`mmfront.testing.models.build_model_folder` (real patch and merge sizes, ``min_pixels``
-3136) with a small pixel limit (16 tokens an image) and with the standard one (12845056 pixels),
+3136) with a small pixel limit (at most 16 tokens an image) and with the standard one (12845056 pixels),
 1024x768 images; Gemma 3 on the peer venv's ``tiny-gemma3-896`` folder (real sizes, 256 tokens
 an image), 896x896 images, where the Rust frontend is not measured (``vllm-rs`` has no Gemma 3
 image processor). ``MMFRONT_BENCH_FRONTENDS`` (comma-separated keys) runs only some of them.
@@ -85,7 +85,8 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 QWEN_MIN_PIXELS = 3136
 QWEN_STANDARD_MAX_PIXELS = 12845056
 QWEN_SMALL_MAX_PIXELS = 12544
-"""16 tokens an image (a 112x112 image: 8x8 patches of 14 px, merged 2x2)."""
+"""At most 16 tokens an image (112x112 px: 8x8 patches of 14 px, merged 2x2); a 1024x768 image
+becomes 112x84 px, 12 tokens."""
 VOCAB_SIZE = 2048
 """Above every token the stub engine generates here (1000 + 10 * images + k)."""
 
@@ -313,6 +314,9 @@ def serve_side(side: str, python: Path, model: Path, config: Config, seed: int, 
         finally:
             _stop(server, grace_s=10)
             _stop(engine)
+    said = failed or "; ".join(f"{p.requests_per_s:.1f}/s, TTFT {p.median_ttft_ms:.0f} ms, CPU {p.cpu_ms_per_request:.1f} ms"
+                               for p in passes)
+    print(f"  {GROUP}: {config.name}, {side}, seed {seed}: {said}", file=sys.stderr, flush=True)
     return Served(side, rss, passes, failed)
 
 
