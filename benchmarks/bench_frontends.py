@@ -87,6 +87,9 @@ QWEN_STANDARD_MAX_PIXELS = 12845056
 QWEN_SMALL_MAX_PIXELS = 12544
 """At most 16 tokens an image (112x112 px: 8x8 patches of 14 px, merged 2x2); a 1024x768 image
 becomes 112x84 px, 12 tokens."""
+QWEN_POSITIONS = 128000
+"""A real Qwen2.5-VL checkpoint's ``max_position_embeddings``: room for the standard limit's
+largest image (16384 tokens), which vLLM checks against ``--max-model-len``."""
 VOCAB_SIZE = 2048
 """Above every token the stub engine generates here (1000 + 10 * images + k)."""
 
@@ -126,7 +129,7 @@ def qwen2_5_vl_folder(work: Path, max_pixels: int) -> Path:
 def _words_for_stub_tokens(folder: Path) -> None:
     """Gives the folder's small tokenizer a word for every id up to ``VOCAB_SIZE``, so that the
     stub engine's tokens (1000 and up) decode to text in every frontend: a stream without text
-    has no first token for the client to time."""
+    has no first token for the client to time. The text config gets the real positions."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -136,7 +139,7 @@ def _words_for_stub_tokens(folder: Path) -> None:
     config = json.loads(config_path.read_text())
     for section in (config, config.get("text_config")):
         if isinstance(section, dict) and "vocab_size" in section:
-            section["vocab_size"] = len(tokenizer)
+            section.update(vocab_size=len(tokenizer), max_position_embeddings=QWEN_POSITIONS)
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 

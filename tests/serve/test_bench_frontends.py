@@ -79,6 +79,7 @@ def test_the_qwen_folder_has_the_standard_minimum_its_limit_and_words_for_the_st
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
     assert config["text_config"]["vocab_size"] == 2048
+    assert config["text_config"]["max_position_embeddings"] == 128000
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert len(tokenizer) == 2048
     assert tokenizer.decode([1010, 1011]) == " w1010 w1011"
