@@ -38,9 +38,12 @@ from mmfront.serve.launcher import (
 )
 from mmfront.serve.model_limits import check_max_model_len
 from mmfront.serve.settings import ServePlan, ServeSettings
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
+
+PEER = vllm_peer_python()
 
 TOO_LONG = ("User-specified max_model_len (131073) is greater than the derived max_model_len "
-            "(max_position_embeddings=131072 or model_max_length=None in model's config.json).")
+            "(max_position_embeddings=131072.0 or model_max_length=None in model's config.json).")
 REFUSAL = f"{TOO_LONG} To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
 CAUTION = "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution."
 
@@ -84,6 +87,29 @@ def test_max_model_len_above_the_models_limit_is_refused_with_vllms_message(gemm
         check_max_model_len(131073, gemma3_dir, env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"})
     [warning] = caplog.records
     assert warning.getMessage().startswith(f"{TOO_LONG} {CAUTION}")
+
+
+_VLLM_REFUSAL = textwrap.dedent("""
+    import sys
+    from vllm.config import ModelConfig
+    try:
+        ModelConfig(model=sys.argv[1], max_model_len=int(sys.argv[2]))
+    except Exception as e:
+        print(str(e).split("Value error, ", 1)[1].splitlines()[0].split(" [type=value_error")[0])  # pydantic's frame
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_side_by_side
+@pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
+def test_the_refusal_is_vllms_own(gemma3_dir: Path) -> None:
+    assert PEER is not None
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ALLOW_LONG_MAX_MODEL_LEN"}
+    done = subprocess.run([str(PEER), "-c", _VLLM_REFUSAL, str(gemma3_dir), "131073"], check=True,
+                          capture_output=True, text=True, timeout=300, env={**env, "VLLM_TARGET_DEVICE": "cpu"})
+    with pytest.raises(ConfigError) as refused:
+        check_max_model_len(131073, gemma3_dir, env={})
+    assert done.stdout.strip() == str(refused.value)
 
 
 def test_the_command_refuses_max_model_len_before_any_engine_starts(gemma3_dir: Path) -> None:

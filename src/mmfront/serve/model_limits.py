@@ -28,11 +28,11 @@ _WARNING = ("VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If
             "position encoding, positions exceeding derived_max_model_len will cause a CUDA array out-of-bounds error.")
 
 
-def derived_max_model_len(text_config: Any, model_type: str, tokenizer_config: Mapping[str, Any] | None
-                          ) -> tuple[float, str | None]:
-    """The model's limit and the key it came from, as vLLM derives it from the text config (its
-    class defaults included), the RoPE scaling factor (Gemma 3's is already in) and the
-    tokenizer's ``model_max_length``; ``inf`` when no key says."""
+def derived_max_model_len(text_config: Any) -> tuple[float, str | None]:
+    """The model's limit and the key it came from, as vLLM derives it for a generative model from
+    the text config (its class defaults included) and the RoPE scaling factor (Gemma 3's is
+    already in); ``inf`` when no key says. A float, as vLLM's (its architecture config holds it
+    as one), so the refusal prints it as vLLM's does."""
     limit, key = float("inf"), None
     for name in LENGTH_KEYS:
         value = getattr(text_config, name, None)
@@ -42,12 +42,11 @@ def derived_max_model_len(text_config: Any, model_type: str, tokenizer_config: M
             limit = min(limit, value)
     if model_max_length := getattr(text_config, "model_max_length", None):
         limit, key = model_max_length, "model_max_length"
-    if tokenizer_config:
-        limit = min(limit, tokenizer_config.get("model_max_length", limit))
+    limit = float(limit)
     if limit == float("inf"):
         return limit, key
     rope = _rope_parameters(text_config)
-    if rope and "gemma3" not in model_type:
+    if rope and "gemma3" not in str(getattr(text_config, "model_type", "")):
         factor: float | None = 1.0
         for parameters in rope:
             if parameters.get("rope_type", parameters.get("type")) not in SCALING_RULES_KEPT:
@@ -72,20 +71,14 @@ def check_max_model_len(max_model_len: int | None, model: Path, *, trust_remote_
     ``ValueError``, word for word), or warn when ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` allows it."""
     if max_model_len is None or max_model_len == -1:
         return
-    import json
-
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(str(model), local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
         raise ConfigError(f"Could not read the model config from {str(model)!r} to check --max-model-len: {e}") from e
-    tokenizer_config = None
-    path = model / "tokenizer_config.json"
-    if path.is_file():
-        tokenizer_config = json.loads(path.read_text(encoding="utf-8"))
     text_config = config.get_text_config()
-    limit, key = derived_max_model_len(text_config, str(getattr(config, "model_type", "")), tokenizer_config)
+    limit, key = derived_max_model_len(text_config)
     if max_model_len <= limit:
         return
     model_max_length = getattr(text_config, "model_max_length", None)
