@@ -13,7 +13,9 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -158,8 +160,40 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_and_end_the_process(command: Callable[[], int]) -> int:
+    """Run ``command`` (a server's whole life), then end the process without the interpreter's
+    teardown: with torch and transformers loaded, tearing the modules down takes about a second of
+    every shutdown and has nothing left to release (the engines are stopped, the sockets and
+    shared memory closed by then). The ``atexit`` handlers registered while the command runs run
+    first (the ending is registered before them); the one registered earlier, by importing this
+    module, is ``logging``'s, which the ending runs itself. The status is the command's, or the one
+    its exception ends the process with."""
+    import atexit
+    import logging
+    import os
+
+    status = [1]
+
+    def end() -> None:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status[0])
+
+    atexit.register(end)
+    try:
+        status[0] = command()
+    except SystemExit as e:
+        status[0] = e.code if isinstance(e.code, int) else int(e.code is not None)
+        raise
+    except KeyboardInterrupt:
+        status[0] = 128 + signal.SIGINT
+        raise
+    return status[0]
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from mmfront.errors import ConfigError, HandshakeError
+    from mmfront.errors import AddressInUseError, ConfigError, HandshakeError
     from mmfront.serve.api_servers import serve_api_servers
     from mmfront.serve.args import plan_from_args
     from mmfront.serve.banner import log_version_and_args
@@ -174,7 +208,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     log_version_and_args(plan)
     try:
         return serve_api_servers(plan) if plan.settings.api_server_count > 1 else serve(plan)
-    except HandshakeError as e:
+    except ConfigError as e:
+        print(f"mmfront serve: {e}", file=sys.stderr)
+        return 2
+    except (HandshakeError, AddressInUseError) as e:
         print(f"mmfront serve: {e}", file=sys.stderr)
         return 1
 
@@ -284,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``mmfront`` command on ``argv`` (``None``: this process's command line, as the console
+    script and ``python -m mmfront.cli`` run it; then ``serve`` and ``worker`` end the process
+    at once when they are done, :func:`run_and_end_the_process`)."""
+    own_process = argv is None
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["serve"]:
@@ -297,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         if refuse is None:
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         refuse(extras)
+    if own_process and args.func in (cmd_serve, cmd_worker):
+        return run_and_end_the_process(lambda: int(args.func(args)))
     return int(args.func(args))
 
 

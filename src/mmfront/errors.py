@@ -377,6 +377,11 @@ class TransportError(MMFrontError, RuntimeError):
     error_type = "ServiceUnavailableError"
 
 
+class AddressInUseError(MMFrontError, OSError):
+    """The server's HTTP address (``--host``:``--port``) is taken by another socket: found before
+    any engine starts, so nothing is left to stop."""
+
+
 class EngineDeadError(TransportError):
     """The engine stopped answering, or restarted after the request had produced output: the
     request cannot finish. ``retryable`` is true: send it again (vLLM's ``EngineDeadError``,

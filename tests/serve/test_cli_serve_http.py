@@ -1,6 +1,7 @@
 """``mmfront serve`` as a user runs it, answered by OpenAI's own client: the command starts its
 engine, serves chats (whole and streamed) under the served model name; a killed engine turns
-``/health`` to 503 and fails the stream in flight at once; SIGTERM ends the server with status 0
+``/health`` to 503 and fails the stream in flight at once (kept alive by
+``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``: without it the server exits, tests/serve/test_launcher_start_stop.py); SIGTERM ends the server with status 0
 and no engine left. One server (and one worker) for the module."""
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def server(gemma3_weights_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
             [sys.executable, "-m", "mmfront.cli", "serve", str(gemma3_weights_dir), "--host", "127.0.0.1", "--port",
              str(port), "--served-model-name", "tiny", "--mm-processor-cache-gb", "0.05", "--processing-lanes", "0",
              "--uvicorn-log-level", "warning"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
     running = Running(process, f"http://127.0.0.1:{port}", log)
     try:
         deadline = time.monotonic() + 240

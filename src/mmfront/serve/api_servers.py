@@ -13,8 +13,8 @@ kernel spreads new connections over them.
 
 This process starts the API servers and the local engines and relays what they must know of
 each other; then it supervises: an API server that exits unasked stops the whole server (an
-engine's exit is seen by the API servers, whose requests fail and whose ``/health`` turns 503,
-and logged here); SIGINT or SIGTERM stops the API servers (each finishes its requests), then
+engine's exit is logged here and seen by the API servers, whose requests fail and which exit with
+status 1 unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` keeps them up, answering 503 on ``/health``); SIGINT or SIGTERM stops the API servers (each finishes its requests), then
 the engines.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import signal
-import socket
+import sys
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -33,37 +33,29 @@ from mmfront.errors import HandshakeError
 from mmfront.serve.launcher import (
     STOP_GRACE_S,
     EngineProcesses,
+    banner,
     bind_handshake,
     bind_link,
+    check_start,
     client_over,
     exit_on_sigterm,
+    keep_alive_on_engine_death,
+    listening_socket,
     log_engine_exit,
     meet_engines,
     run_app,
+    show_logs,
     start_engines,
 )
 from mmfront.serve.settings import ServePlan
 
 logger = logging.getLogger(__name__)
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket on ``host``:``port`` that other ``SO_REUSEPORT`` sockets of this user may share."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def _api_server(index: int, plan: ServePlan, port: int, conn: Connection) -> None:
     """One API server process: bind its link and tell the parent where it is; server 0 runs the
     handshake (naming the others' sockets), the others read their ready responses; then serve
-    HTTP on its own socket of the shared port. A start-up error ends the process (status 1)."""
+    HTTP on its own socket of the shared port. A start-up error ends the process (status 1), and
+    so does an engine's death unless kept alive."""
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     link = bind_link(plan, client_index=index)
     conn.send(("link", link.transport.addresses, link.shm_name))
@@ -79,11 +71,11 @@ def _api_server(index: int, plan: ServePlan, port: int, conn: Connection) -> Non
             link.close()
             raise
     frontend = client_over(link, plan, infos, None)
-    sock = listening_socket(plan.settings.host, port)
+    sock = listening_socket(plan.settings.host, port, reuse_port=True)
     sock.listen(2048)
     conn.send(("serving",))
     conn.close()
-    run_app(frontend, plan.settings, sockets=[sock])
+    sys.exit(run_app(frontend, plan.settings, sockets=[sock], keep_alive=keep_alive_on_engine_death()))
 
 
 def _stop_processes(processes: list[BaseProcess], grace_s: float = STOP_GRACE_S) -> None:
@@ -101,8 +93,15 @@ def serve_api_servers(plan: ServePlan) -> int:
     """Run ``plan.settings.api_server_count`` API servers and the local engines until SIGINT or
     SIGTERM; the exit status (1 when a process exited unasked)."""
     count = plan.settings.api_server_count
-    reserved = listening_socket(plan.settings.host, plan.settings.port)  # fails early if the port is taken
+    show_logs()
+    reserved = listening_socket(plan.settings.host, plan.settings.port, reuse_port=True)  # fails early if taken
     port = int(reserved.getsockname()[1])
+    try:
+        check_start(plan)
+    except BaseException:
+        reserved.close()
+        raise
+    logger.info("%s; %d API servers", banner(plan), count)
     context = multiprocessing.get_context("spawn")
     servers: list[BaseProcess] = []
     engines: EngineProcesses | None = None
@@ -177,4 +176,4 @@ def _supervise(servers: list[BaseProcess], stop_signal: list[int]) -> int:
     return 0
 
 
-__all__ = ["listening_socket", "serve_api_servers"]
+__all__ = ["serve_api_servers"]

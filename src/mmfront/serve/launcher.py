@@ -13,6 +13,13 @@ SIGTERM, then SIGKILL after a grace period, when the server shuts down or exits 
 that exits on its own is a dead engine: the client watches each local engine's process
 (``AsyncEngineClient.watch_process``), so the requests that rank owed fail at once and
 ``/health`` answers 503; the launcher logs the exit.
+
+Start and stop follow ``vllm serve``: the HTTP port is bound before anything starts (a port in
+use fails at once), ``--max-model-len`` is checked against the model's limit, a banner names the
+model, the engines and the addresses, and the wait for headless engines is logged every
+:data:`WAIT_LOG_INTERVAL_S`. An engine's death stops the server with status 1 (a supervisor
+restarts it), as vLLM 0.33's API server exits, unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` is set:
+then it stays up, answering 503 on ``/health`` until the rank is heard again.
 """
 
 from __future__ import annotations
@@ -20,13 +27,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,9 +44,10 @@ from mmfront.config import MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.engine.handshake import EngineInfo, FrontendHandshake
 from mmfront.engine.transports import ZmqAddresses, ZmqFrontendTransport
-from mmfront.errors import HandshakeError
+from mmfront.errors import AddressInUseError, ConfigError, HandshakeError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.serve.banner import listen_address, log_routes
+from mmfront.serve.model_limits import check_max_model_len
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
 
 logger = logging.getLogger(__name__)
@@ -46,6 +55,57 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
 """How long a local engine gets to stop after SIGTERM before it is killed."""
 _WATCH_INTERVAL_S = 0.2
+WAIT_LOG_INTERVAL_S = 10.0
+"""How often the wait for headless engines is logged (vLLM's ``wait_for_engine_startup`` polls as often)."""
+KEEP_ALIVE = "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
+ENGINE_NAME = "mmfront worker"
+ENGINE_KIND = f"{ENGINE_NAME} (mmfront's reference engine on HF transformers)"
+"""What the local engines are, as the banner says it."""
+ENGINE_DEATH_STATUS = 1
+"""The server's exit status after an engine died (not kept alive)."""
+
+
+def keep_alive_on_engine_death(env: Mapping[str, str] = os.environ) -> bool:
+    """``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` as vLLM 0.33 reads it (``bool(int(value))``: ``1`` keeps the
+    server up, ``0`` or unset lets it exit); a value that is not an integer is refused."""
+    value = env.get(KEEP_ALIVE, "0")
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise ConfigError(f"{KEEP_ALIVE}={value!r}: give 1 (keep the server up after an engine dies) or 0.") from None
+
+
+def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """A socket bound on ``host``:``port`` (``reuse_port``: other ``SO_REUSEPORT`` sockets of this
+    user may share it, for ``--api-server-count``); :class:`~mmfront.errors.AddressInUseError` when the
+    address is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise AddressInUseError(f"Cannot listen on {host}:{port}: {e.strerror or e}. Another process holds the "
+                                "port: stop it or choose another --port.") from e
+    return sock
+
+
+def banner(plan: ServePlan, handshake: str | None = None) -> str:
+    """The start-up line: the model, the engines (how many are started here, of which kind, and
+    how many are awaited headless, at which address) and where HTTP is served."""
+    settings, parallel = plan.settings, plan.parallel
+    local, total = parallel.local_ranks, parallel.data_parallel_size
+    engines = [f"{local} local {ENGINE_KIND}"] if local else []
+    if total > local:
+        engines.append(f"{total - local} headless at tcp://{parallel.data_parallel_address}:"
+                       f"{parallel.data_parallel_rpc_port}")
+    where = f"unix:{settings.uds}" if settings.uds else (
+        f"{'https' if settings.ssl_certfile else 'http'}://{settings.host}:{settings.port}")
+    return (f"mmfront serve: model {settings.model} (served as {', '.join(settings.model_names)}); engines: "
+            f"{' + '.join(engines)}; API on {where}")
 
 
 def worker_command(
@@ -136,11 +196,10 @@ class EngineProcesses:
 
 
 def log_engine_exit(rank: int, status: int) -> None:
-    """What ``mmfront serve`` does when a local engine exits unasked: say so (the client has
-    failed what that rank owed)."""
-    how = f"signal {-status}" if status < 0 else f"status {status}"
-    logger.error("Engine rank %d exited (%s): requests sent to it fail, and /health answers 503. Restart mmfront "
-                 "serve to start it again.", rank, how)
+    """What ``mmfront serve`` does when a local engine exits unasked: say which and how (the
+    client has failed what that rank owed; the watchdog of :func:`run_app` decides what follows)."""
+    how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
+    logger.error("Engine rank %d (%s) died: %s. The requests it had fail.", rank, ENGINE_NAME, how)
 
 
 @dataclass
@@ -185,10 +244,15 @@ class _EngineWait:
                 self.handshake.close()
                 self.transport.close()
 
-    def join(self, engines: EngineProcesses | None) -> list[EngineInfo]:
-        """The engines' start-up answers; :class:`HandshakeError` naming a local engine that exited first."""
+    def join(self, engines: EngineProcesses | None, waiting: str | None = None) -> list[EngineInfo]:
+        """The engines' start-up answers; :class:`HandshakeError` naming a local engine that exited
+        first. ``waiting`` is logged every :data:`WAIT_LOG_INTERVAL_S` while the wait lasts."""
+        started = logged = time.monotonic()
         try:
             while not self.done.wait(_WATCH_INTERVAL_S):
+                if waiting is not None and time.monotonic() - logged >= WAIT_LOG_INTERVAL_S:
+                    logged = time.monotonic()
+                    logger.info("%s (%.0f s so far)", waiting, logged - started)
                 exited = engines.exited() if engines is not None else []
                 if exited:
                     rank, code = exited[0]
@@ -273,11 +337,18 @@ def meet_engines(link: Link, handshake: FrontendHandshake, plan: ServePlan,
                  engines: EngineProcesses | None) -> list[EngineInfo]:
     """Every rank's start-up answer through ``handshake`` (failing at once, naming the rank, when
     a local engine of ``engines`` exits first); the handshake is closed after. On failure the
-    link is closed."""
-    if engines is None:
-        logger.info("Waiting for %d engine(s) on %s", plan.parallel.data_parallel_size, handshake.address)
+    link is closed. The wait for headless ranks is logged every :data:`WAIT_LOG_INTERVAL_S`, as
+    vLLM logs its own."""
+    parallel = plan.parallel
+    headless = parallel.data_parallel_size - parallel.local_ranks  # the local ones are started by this command
+    waiting = None
+    if headless:
+        waiting = f"Waiting for {headless} engine(s) at {handshake.address}"
+        logger.info("%s: start them with 'vllm serve MODEL --headless' or 'mmfront worker MODEL "
+                    "--data-parallel-address %s --data-parallel-rpc-port %d'", waiting,
+                    parallel.data_parallel_address, parallel.data_parallel_rpc_port)
     try:
-        infos = _EngineWait(handshake, link.transport, plan.engine_ready_timeout_s).join(engines)
+        infos = _EngineWait(handshake, link.transport, plan.engine_ready_timeout_s).join(engines, waiting)
     except BaseException:
         link.preprocessor.close()
         raise
@@ -320,9 +391,12 @@ def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
     return frontend
 
 
-def run_app(frontend: Frontend, settings: ServeSettings, sockets: list[socket.socket] | None = None) -> None:
+def run_app(frontend: Frontend, settings: ServeSettings, sockets: list[socket.socket] | None = None, *,
+            keep_alive: bool = False) -> int:
     """The app over ``frontend.client`` under uvicorn until SIGINT or SIGTERM (on ``sockets``
-    when given, else on ``settings.host``:``settings.port``), then close the frontend.
+    when given, else on ``settings.host``:``settings.port``), then close the frontend; the exit
+    status: 0, or :data:`ENGINE_DEATH_STATUS` when an engine died and ``keep_alive`` is off (the
+    server shuts down as on SIGTERM, as vLLM 0.33's watchdog stops its server).
 
     uvicorn shuts down gracefully on either signal, then raises it again with the handler it
     found; SIGTERM's is set here to end the process through ``finally``, so the engines are
@@ -333,14 +407,62 @@ def run_app(frontend: Frontend, settings: ServeSettings, sockets: list[socket.so
 
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     show_logs()
+    watchdog = None
     try:
         app = create_app(frontend.client, settings)
         log_routes(listen_address(settings), app.routes)
         server = uvicorn.Server(uvicorn_config(app, settings))
+        watchdog = EngineWatchdog(frontend, server, keep_alive)
         with contextlib.suppress(KeyboardInterrupt):
             server.run(sockets=sockets)
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         frontend.close()
+    return ENGINE_DEATH_STATUS if watchdog is not None and watchdog.stopped_server else 0
+
+
+class EngineWatchdog:
+    """Watches the client for dead engines from a thread: logs each death (with the client's
+    reason: a local engine's exit status, a headless one's dropped link or silence) and, unless
+    kept alive, tells uvicorn to shut down (``should_exit``, which uvicorn reads every 0.1 s)."""
+
+    INTERVAL_S = 0.2
+
+    def __init__(self, frontend: Frontend, server: Any, keep_alive: bool) -> None:
+        self.frontend = frontend
+        self.server = server
+        self.keep_alive = keep_alive
+        self.stopped_server = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mmfront-engine-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        client = self.frontend.client
+        reported = False
+        while not self._stop.wait(self.INTERVAL_S):
+            if not client.errored:
+                if reported:
+                    logger.info("Every engine answers again: /health answers 200.")
+                reported = False
+                continue
+            if reported:
+                continue
+            reported = True
+            if self.keep_alive:
+                logger.error("%s The server stays up (%s=1): /health answers 503 until the engine is back.",
+                             client.dead_error, KEEP_ALIVE)
+                continue
+            logger.error("%s Stopping the server (exit status %d) as vllm serve does; set %s=1 to keep it up.",
+                         client.dead_error, ENGINE_DEATH_STATUS, KEEP_ALIVE)
+            self.stopped_server = True
+            self.server.should_exit = True
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 def uvicorn_config(app: Any, settings: ServeSettings) -> Any:
@@ -390,23 +512,58 @@ def exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def check_start(plan: ServePlan) -> None:
+    """What is refused before anything starts, as ``vllm serve`` refuses it: a
+    ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` that is not an integer, a ``--max-model-len`` above the model's limit."""
+    keep_alive_on_engine_death()
+    check_max_model_len(plan.config.max_model_len, plan.settings.model,
+                        trust_remote_code=plan.config.trust_remote_code)
+
+
+def http_sockets(settings: ServeSettings) -> list[socket.socket] | None:
+    """The HTTP socket, bound now so that a port in use fails before any engine starts
+    (``None`` for ``--uds``, which uvicorn binds)."""
+    return None if settings.uds else [listening_socket(settings.host, settings.port)]
+
+
 def serve(plan: ServePlan) -> int:
-    """Run ``mmfront serve`` with one API server until SIGINT or SIGTERM: the engines, the
+    """Run ``mmfront serve`` with one API server until SIGINT or SIGTERM, or an engine's death
+    (status :data:`ENGINE_DEATH_STATUS` unless kept alive): the port, the checks, the engines, the
     client, the app under uvicorn."""
     signal.signal(signal.SIGTERM, exit_on_sigterm)
-    run_app(start_frontend(plan), plan.settings)
-    return 0
+    show_logs()
+    sockets = http_sockets(plan.settings)
+    try:
+        check_start(plan)
+        logger.info("%s", banner(plan))
+        frontend = start_frontend(plan)
+    except BaseException:
+        for sock in sockets or []:
+            sock.close()
+        raise
+    return run_app(frontend, plan.settings, sockets, keep_alive=keep_alive_on_engine_death())
 
 
 __all__ = [
+    "ENGINE_DEATH_STATUS",
+    "ENGINE_KIND",
+    "ENGINE_NAME",
+    "KEEP_ALIVE",
+    "WAIT_LOG_INTERVAL_S",
     "AccessLogFilter",
     "EngineProcesses",
+    "EngineWatchdog",
     "Frontend",
     "Link",
+    "banner",
     "bind_handshake",
     "bind_link",
+    "check_start",
     "client_over",
     "exit_on_sigterm",
+    "http_sockets",
+    "keep_alive_on_engine_death",
+    "listening_socket",
     "log_engine_exit",
     "meet_engines",
     "run_app",
