@@ -7,11 +7,17 @@ run (these machines are noisy, so absolute numbers from different runs do not co
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
+import signal
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 
 def median_time(fn: Callable[[], object], *, repeat: int = 15, number: int = 0, budget_s: float = 0.2) -> float:
@@ -75,3 +81,20 @@ def format_row(row: Row) -> str:
     status = {True: "ok", False: "MISS", None: ""}[row.ok]
     value = f"{row.value:.3f}" if row.unit == "x" else f"{row.value:.4g}"
     return f"  {row.group:<22} {row.name:<52} {value:>10} {row.unit:<3} {row.target:<10} {status}"
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 0.0) -> None:
+    """The process and its children (it leads its own process group); SIGTERM first if ``grace_s``."""
+    if grace_s and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+def log_tail(path: Path) -> list[str]:
+    """A log's last lines, for an error that says why a process failed."""
+    return path.read_text(errors="replace").strip().splitlines()[-5:] if path.exists() else []

@@ -55,8 +55,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from _harness import Report
-from bench_serve import _stop, _tail
+from _harness import Report, log_tail, stop_process
 from mmfront.network import get_open_ports_list
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import build_model_folder
@@ -234,7 +233,7 @@ def _launch(side: str, python: Path, model: Path, config: Config,
     try:
         server = subprocess.Popen(argv, stdout=logs[1], stderr=subprocess.STDOUT, env=env, start_new_session=True)
     except BaseException:
-        _stop(engine)
+        stop_process(engine)
         raise
     return f"http://127.0.0.1:{port}", server, engine
 
@@ -246,7 +245,7 @@ def _wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess
     peak = 0
     while time.monotonic() < deadline:
         if server.poll() is not None or engine.poll() is not None:
-            raise RuntimeError(f"a process exited before the server was ready: {[_tail(log) for log in logs]}")
+            raise RuntimeError(f"a process exited before the server was ready: {[log_tail(log) for log in logs]}")
         peak = max(peak, group_rss_bytes(server.pid))
         if peak > RSS_CAP:
             raise RuntimeError(f"the server's processes held {peak / 2**30:.1f} GiB while starting "
@@ -256,7 +255,7 @@ def _wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess
             if reply.status == 200:
                 return peak
         time.sleep(SAMPLE_S)
-    raise RuntimeError(f"the server was not healthy after {STARTUP_S:.0f} s: {[_tail(log) for log in logs]}")
+    raise RuntimeError(f"the server was not healthy after {STARTUP_S:.0f} s: {[log_tail(log) for log in logs]}")
 
 
 def _warm_up(base: str) -> None:
@@ -290,11 +289,11 @@ def _client_pass(python: Path, model: Path, config: Config, base: str, seed: int
                           timeout=PASS_S, start_new_session=True).returncode
     cpu_s = group_cpu_s(server_pid) - before
     if code != 0 or not result.is_file():
-        raise RuntimeError(f"vllm bench serve exited with code {code}: {_tail(Path(log.name))}")
+        raise RuntimeError(f"vllm bench serve exited with code {code}: {log_tail(Path(log.name))}")
     saved = json.loads(result.read_text())
     if saved["completed"] != prompts or saved.get("failed", 0):
         raise RuntimeError(f"vllm bench serve: {saved['completed']} of {prompts} requests completed, "
-                           f"{saved.get('failed')} failed: {_tail(Path(log.name))}")
+                           f"{saved.get('failed')} failed: {log_tail(Path(log.name))}")
     return Pass(float(saved["request_throughput"]), float(saved["median_ttft_ms"]), cpu_s * 1e3 / prompts)
 
 
@@ -315,8 +314,8 @@ def serve_side(side: str, python: Path, model: Path, config: Config, seed: int, 
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
             failed = f"{type(e).__name__}: {e}"[:600]
         finally:
-            _stop(server, grace_s=10)
-            _stop(engine)
+            stop_process(server, grace_s=10)
+            stop_process(engine)
     said = failed or "; ".join(f"{p.requests_per_s:.1f}/s, TTFT {p.median_ttft_ms:.0f} ms, CPU {p.cpu_ms_per_request:.1f} ms"
                                for p in passes)
     print(f"  {GROUP}: {config.name}, {side}, seed {seed}: {said}", file=sys.stderr, flush=True)

@@ -29,11 +29,9 @@ without them the benchmark is skipped and says so.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,7 +42,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from _harness import Report
+from _harness import Report, log_tail, stop_process
 from mmfront.config import MultiModalConfig
 from mmfront.demo import DemoRequest, generate_workload
 from mmfront.engine.async_client import AsyncEngineClient
@@ -108,17 +106,6 @@ def _launch_engine(python: Path, model: Path, address: str, log: IO[bytes]) -> s
                             start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    """The process and its children (it leads its own process group)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-
-
-def _tail(path: Path) -> list[str]:
-    return path.read_text(errors="replace").strip().splitlines()[-5:] if path.exists() else []
-
-
 async def _mmfront_requests(client: AsyncEngineClient, work: Workload) -> tuple[float, list[float]]:
     async def answer(request: DemoRequest) -> float:
         stream = await client.add_request(request.request_id, request.messages,
@@ -163,7 +150,7 @@ def _run_mmfront(python: Path, model: Path, work: Workload, folder: Path) -> Sid
             try:
                 [info] = handshake.wait(STARTUP_S)
             except Exception as e:
-                raise RuntimeError(f"the stock engine did not start for mmfront ({e}): {_tail(log_path)}") from e
+                raise RuntimeError(f"the stock engine did not start for mmfront ({e}): {log_tail(log_path)}") from e
             finally:
                 handshake.close()
             connected = time.time()
@@ -174,7 +161,7 @@ def _run_mmfront(python: Path, model: Path, work: Workload, folder: Path) -> Sid
                 client.close_blocking()
             else:
                 transport.close()
-            _stop(engine)
+            stop_process(engine)
             if preprocessor is not None:
                 preprocessor.close()
     return Side(connected - started, first_output_at - connected, rates)
@@ -188,7 +175,7 @@ def _read_json(proc: subprocess.Popen[str], *logs: Path) -> dict[str, Any]:
             result: dict[str, Any] = json.loads(line)
             return result
     code = proc.wait(60)
-    raise RuntimeError(f"the vLLM peer exited with code {code}: {[_tail(log) for log in logs]}")
+    raise RuntimeError(f"the vLLM peer exited with code {code}: {[log_tail(log) for log in logs]}")
 
 
 def _watch(peer: subprocess.Popen[str], engine: subprocess.Popen[bytes], done: threading.Event) -> None:
@@ -197,7 +184,7 @@ def _watch(peer: subprocess.Popen[str], engine: subprocess.Popen[bytes], done: t
     deadline = time.monotonic() + STARTUP_S + REQUESTS_S
     while not done.wait(0.5):
         if engine.poll() is not None or time.monotonic() > deadline:
-            _stop(peer)
+            stop_process(peer)
             return
 
 
@@ -225,9 +212,9 @@ def _run_vllm(python: Path, model: Path, work: Workload, folder: Path) -> Side:
         finally:
             done.set()
             if engine is not None:
-                _stop(engine)
+                stop_process(engine)
             if peer.poll() is None:
-                _stop(peer)
+                stop_process(peer)
     return Side(result["connected_at"] - started, result["first_output_at"] - result["connected_at"],
                 result["requests_per_s"])
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from _harness import Report
+from _harness import Report, log_tail, stop_process
 from mmfront.config import MultiModalConfig
 from mmfront.engine.client import EngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
@@ -93,22 +92,6 @@ def _launch_engine(python: Path, model: Path, address: str, log: IO[bytes]) -> s
                             start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen[Any], grace_s: float = 0.0) -> None:
-    """The process and its children (it leads its own process group); SIGTERM first if ``grace_s``."""
-    if grace_s and proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace_s)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-
-
-def _tail(path: Path) -> list[str]:
-    return path.read_text(errors="replace").strip().splitlines()[-5:] if path.exists() else []
-
-
 def _peer_env() -> dict[str, str]:
     return dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
 
@@ -140,13 +123,13 @@ def _wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess
     deadline = time.monotonic() + STARTUP_S
     while time.monotonic() < deadline:
         if server.poll() is not None or engine.poll() is not None:
-            raise RuntimeError(f"a process exited before the server was ready: {[_tail(log) for log in logs]}")
+            raise RuntimeError(f"a process exited before the server was ready: {[log_tail(log) for log in logs]}")
         with contextlib.suppress(OSError, urllib.error.URLError), \
                 urllib.request.urlopen(base + "/health", timeout=2) as reply:
             if reply.status == 200:
                 return
         time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy after {STARTUP_S:.0f} s: {[_tail(log) for log in logs]}")
+    raise RuntimeError(f"the server was not healthy after {STARTUP_S:.0f} s: {[log_tail(log) for log in logs]}")
 
 
 def _bench_serve(python: Path, model: Path, base: str, seed: int, prompts: int, result: Path, log: IO[bytes]) -> Pass:
@@ -166,11 +149,11 @@ def _bench_serve(python: Path, model: Path, base: str, seed: int, prompts: int, 
     code = subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT, env=_peer_env(),
                           timeout=PASS_S, start_new_session=True).returncode
     if code != 0 or not result.is_file():
-        raise RuntimeError(f"vllm bench serve exited with code {code}: {_tail(Path(log.name))}")
+        raise RuntimeError(f"vllm bench serve exited with code {code}: {log_tail(Path(log.name))}")
     saved = json.loads(result.read_text())
     if saved["completed"] != prompts or saved.get("failed", 0):
         raise RuntimeError(f"vllm bench serve: {saved['completed']} of {prompts} requests completed, "
-                           f"{saved.get('failed')} failed: {_tail(Path(log.name))}")
+                           f"{saved.get('failed')} failed: {log_tail(Path(log.name))}")
     return Pass(float(saved["request_throughput"]), float(saved["median_ttft_ms"]))
 
 
@@ -189,8 +172,8 @@ def _run_server(side: str, python: Path, model: Path, seed: int, prompts: int, f
             passes = [_bench_serve(python, model, base, seed, prompts, folder / f"{tag}-{seed}-{n}.json", blog)
                       for n in range(2)]
         finally:
-            _stop(server, grace_s=10)
-            _stop(engine)
+            stop_process(server, grace_s=10)
+            stop_process(engine)
     return Served(*passes)
 
 
@@ -254,7 +237,7 @@ def _run_ceiling(python: Path, model: Path, seed: int, prompts: int, folder: Pat
             try:
                 [info] = handshake.wait(STARTUP_S)
             except Exception as e:
-                raise RuntimeError(f"the stock engine did not start ({e}): {_tail(log_path)}") from e
+                raise RuntimeError(f"the stock engine did not start ({e}): {log_tail(log_path)}") from e
             finally:
                 handshake.close()
             recorder = _Recorder()
@@ -270,7 +253,7 @@ def _run_ceiling(python: Path, model: Path, seed: int, prompts: int, folder: Pat
             new, repeated = (_pump(transport, requests) for requests in passes)
         finally:
             transport.close()
-            _stop(engine)
+            stop_process(engine)
             if preprocessor is not None:
                 preprocessor.close()
     return new, repeated
