@@ -27,8 +27,9 @@ from mmfront.config import DataParallelConfig
 from mmfront.errors import AddressInUseError, ConfigError, HandshakeError
 from mmfront.network import get_open_port
 from mmfront.serve import launcher
+from mmfront.serve.banner import engines_banner
 from mmfront.serve.launcher import (
-    banner,
+    ENGINE_KIND,
     bind_handshake,
     bind_link,
     keep_alive_on_engine_death,
@@ -124,11 +125,11 @@ def test_the_command_refuses_max_model_len_before_any_engine_starts(gemma3_dir: 
 def test_the_banner_names_the_model_the_engines_and_the_addresses(tmp_path: Path) -> None:
     local = ServePlan(ServeSettings(tmp_path, served_model_name=("tiny",), host="127.0.0.1", port=8123),
                       MultiModalConfig(), DataParallelConfig(2))
-    assert banner(local) == (f"mmfront serve: model {tmp_path} (served as tiny); engines: 2 local mmfront worker "
+    assert engines_banner(local, ENGINE_KIND) == (f"mmfront serve: model {tmp_path} (served as tiny); engines: 2 local mmfront worker "
                              "(mmfront's reference engine on HF transformers); API on http://127.0.0.1:8123")
     mixed = ServePlan(ServeSettings(tmp_path, uds="/tmp/s.sock"), MultiModalConfig(),
                       DataParallelConfig(3, 1, "10.0.0.2", 29555))
-    assert banner(mixed) == (f"mmfront serve: model {tmp_path} (served as {tmp_path}); engines: 1 local mmfront "
+    assert engines_banner(mixed, ENGINE_KIND) == (f"mmfront serve: model {tmp_path} (served as {tmp_path}); engines: 1 local mmfront "
                              "worker (mmfront's reference engine on HF transformers) + 2 headless at "
                              "tcp://10.0.0.2:29555; API on unix:/tmp/s.sock")
 

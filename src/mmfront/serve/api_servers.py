@@ -30,10 +30,11 @@ from typing import Any
 
 from mmfront.engine.handshake import wait_for_ready_responses
 from mmfront.errors import HandshakeError
+from mmfront.serve.banner import engines_banner
 from mmfront.serve.launcher import (
+    ENGINE_KIND,
     STOP_GRACE_S,
     EngineProcesses,
-    banner,
     bind_handshake,
     bind_link,
     check_start,
@@ -101,7 +102,7 @@ def serve_api_servers(plan: ServePlan) -> int:
     except BaseException:
         reserved.close()
         raise
-    logger.info("%s; %d API servers", banner(plan), count)
+    logger.info("%s; %d API servers", engines_banner(plan, ENGINE_KIND), count)
     context = multiprocessing.get_context("spawn")
     servers: list[BaseProcess] = []
     engines: EngineProcesses | None = None

@@ -66,4 +66,19 @@ def log_routes(address: str, routes: Iterable[Any]) -> None:
             logger.info("Route: %s, Methods: %s", path, ", ".join(sorted(methods)))
 
 
-__all__ = ["SENSITIVE", "listen_address", "log_routes", "log_version_and_args", "logger", "non_default_args"]
+def engines_banner(plan: ServePlan, engine_kind: str) -> str:
+    """The launcher's start-up line: the model, the engines (how many are started here, of
+    ``engine_kind``, and how many are awaited headless, at which address) and where HTTP is served."""
+    settings, parallel = plan.settings, plan.parallel
+    local, total = parallel.local_ranks, parallel.data_parallel_size
+    engines = [f"{local} local {engine_kind}"] if local else []
+    if total > local:
+        engines.append(f"{total - local} headless at tcp://{parallel.data_parallel_address}:"
+                       f"{parallel.data_parallel_rpc_port}")
+    where = f"unix:{settings.uds}" if settings.uds else (
+        f"{'https' if settings.ssl_certfile else 'http'}://{settings.host}:{settings.port}")
+    return (f"mmfront serve: model {settings.model} (served as {', '.join(settings.model_names)}); engines: "
+            f"{' + '.join(engines)}; API on {where}")
+
+
+__all__ = ["SENSITIVE", "engines_banner", "listen_address", "log_routes", "log_version_and_args", "logger", "non_default_args"]

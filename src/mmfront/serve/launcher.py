@@ -46,7 +46,7 @@ from mmfront.engine.handshake import EngineInfo, FrontendHandshake
 from mmfront.engine.transports import ZmqAddresses, ZmqFrontendTransport
 from mmfront.errors import AddressInUseError, ConfigError, HandshakeError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
-from mmfront.serve.banner import listen_address, log_routes
+from mmfront.serve.banner import engines_banner, listen_address, log_routes
 from mmfront.serve.model_limits import check_max_model_len
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
 
@@ -91,21 +91,6 @@ def listening_socket(host: str, port: int, *, reuse_port: bool = False) -> socke
         raise AddressInUseError(f"Cannot listen on {host}:{port}: {e.strerror or e}. Another process holds the "
                                 "port: stop it or choose another --port.") from e
     return sock
-
-
-def banner(plan: ServePlan, handshake: str | None = None) -> str:
-    """The start-up line: the model, the engines (how many are started here, of which kind, and
-    how many are awaited headless, at which address) and where HTTP is served."""
-    settings, parallel = plan.settings, plan.parallel
-    local, total = parallel.local_ranks, parallel.data_parallel_size
-    engines = [f"{local} local {ENGINE_KIND}"] if local else []
-    if total > local:
-        engines.append(f"{total - local} headless at tcp://{parallel.data_parallel_address}:"
-                       f"{parallel.data_parallel_rpc_port}")
-    where = f"unix:{settings.uds}" if settings.uds else (
-        f"{'https' if settings.ssl_certfile else 'http'}://{settings.host}:{settings.port}")
-    return (f"mmfront serve: model {settings.model} (served as {', '.join(settings.model_names)}); engines: "
-            f"{' + '.join(engines)}; API on {where}")
 
 
 def worker_command(
@@ -535,7 +520,7 @@ def serve(plan: ServePlan) -> int:
     sockets = http_sockets(plan.settings)
     try:
         check_start(plan)
-        logger.info("%s", banner(plan))
+        logger.info("%s", engines_banner(plan, ENGINE_KIND))
         frontend = start_frontend(plan)
     except BaseException:
         for sock in sockets or []:
@@ -555,7 +540,6 @@ __all__ = [
     "EngineWatchdog",
     "Frontend",
     "Link",
-    "banner",
     "bind_handshake",
     "bind_link",
     "check_start",
