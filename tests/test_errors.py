@@ -133,6 +133,7 @@ BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "MultiModalCacheMissError": (RuntimeError,),
     "CacheError": (RuntimeError,),
     "ResourceError": (OSError,),
+    "AddressInUseError": (OSError,),
     "ShmHandleError": (ValueError,),
     "DecodeError": (ValueError,),
     "UnknownUtilityError": (ValueError,),

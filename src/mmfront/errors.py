@@ -43,6 +43,7 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     ├── MultiModalCacheMissError [RuntimeError]
     ├── CacheError [RuntimeError]
     ├── ResourceError [OSError]
+    ├── AddressInUseError [OSError]
     ├── ShmHandleError [ValueError]
     ├── DecodeError [ValueError]
     │   └── UnknownUtilityError
@@ -348,6 +349,11 @@ def resource_error(exc: BaseException, *, doing: str) -> ResourceError | None:
     return None
 
 
+class AddressInUseError(MMFrontError, OSError):
+    """The server's HTTP address (``--host``:``--port``) is taken by another socket: found before
+    any engine starts, so nothing is left to stop."""
+
+
 class ShmHandleError(MMFrontError, ValueError):
     """A shared-memory handle is forged, stale, or points at data that has been overwritten."""
 
@@ -375,11 +381,6 @@ class TransportError(MMFrontError, RuntimeError):
 
     http_status = 503
     error_type = "ServiceUnavailableError"
-
-
-class AddressInUseError(MMFrontError, OSError):
-    """The server's HTTP address (``--host``:``--port``) is taken by another socket: found before
-    any engine starts, so nothing is left to stop."""
 
 
 class EngineDeadError(TransportError):
