@@ -130,6 +130,9 @@ class EngineProcesses:
         self.processes: list[subprocess.Popen[bytes]] = []
         self.stopping = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._on_exit: Callable[[int, int], None] | None = None
+        self._reported: set[int] = set()
+        self._report_lock = threading.Lock()
         atexit.register(self.stop)
         linux = sys.platform.startswith("linux")
         try:
@@ -150,21 +153,32 @@ class EngineProcesses:
         return [(rank, code) for rank, p in enumerate(self.processes) if (code := p.poll()) is not None]
 
     def watch(self, on_exit: Callable[[int, int], None]) -> None:
-        """Call ``on_exit(rank, status)`` from a thread for each engine that exits before :meth:`stop`."""
+        """Call ``on_exit(rank, status)`` once for each engine that exits before :meth:`stop`: from a
+        thread, and from :meth:`stop` itself for an exit the thread had not seen yet (the server may
+        stop on the client's news of the death before the thread's next look)."""
+        self._on_exit = on_exit
+
         def run() -> None:
-            reported: set[int] = set()
             while not self.stopping.wait(_WATCH_INTERVAL_S):
-                for rank, code in self.exited():
-                    if rank not in reported and not self.stopping.is_set():
-                        reported.add(rank)
-                        on_exit(rank, code)
+                self._report_exits()
 
         self._watcher = threading.Thread(target=run, name="mmfront-engine-watch", daemon=True)
         self._watcher.start()
 
+    def _report_exits(self) -> None:
+        with self._report_lock:
+            if self._on_exit is None or self.stopping.is_set():
+                return  # after stop() began, exits are the ones it asked for
+            for rank, code in self.exited():
+                if rank not in self._reported:
+                    self._reported.add(rank)
+                    self._on_exit(rank, code)
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM every engine still running, SIGKILL those still running after ``grace_s``."""
-        self.stopping.set()
+        self._report_exits()
+        with self._report_lock:
+            self.stopping.set()
         for p in self.processes:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
