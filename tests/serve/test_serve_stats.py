@@ -20,9 +20,9 @@ from mmfront.config import DataParallelConfig
 from mmfront.engine.client_events import EngineStep
 from mmfront.errors import ConfigError
 from mmfront.serve import iteration_stats
-from mmfront.serve.app import SSE_KEEP_ALIVE_COMMENT, with_sse_keep_alive
 from mmfront.serve.args import add_serve_parser, plan_from_args, serve_argv
 from mmfront.serve.banner import listen_address, non_default_args
+from mmfront.serve.event_stream import SSE_KEEP_ALIVE_COMMENT, with_sse_keep_alive
 from mmfront.serve.iteration_stats import StatsRecorder
 from mmfront.serve.request_log import RequestLogger, logged_message
 from mmfront.serve.responses import ChatMessage, FunctionCall, ToolCall

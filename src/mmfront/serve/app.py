@@ -26,11 +26,10 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -44,6 +43,7 @@ from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
+from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
 from mmfront.serve.iteration_stats import Recorder, StatsRecorder
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
@@ -57,7 +57,6 @@ from mmfront.serve.tool_parsers import ToolCall
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
-_DONE = b"data: [DONE]\n\n"
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
 """The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
 logger = logging.getLogger(__name__)
@@ -71,10 +70,6 @@ def error_response(exc: BaseException) -> Response:
     """``exc`` as vLLM answers it, with the status of its class (:mod:`mmfront.serve.errors`)."""
     body = error_body(exc)
     return json_response(body, body.error.code)
-
-
-def _sse(chunk: msgspec.Struct) -> bytes:
-    return b"data: " + ENCODER.encode(chunk) + b"\n\n"
 
 
 class _Generation:
@@ -103,42 +98,6 @@ class _Generation:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-SSE_KEEP_ALIVE_COMMENT = b": keep-alive\n\n"
-
-
-def _event_stream(chunks: AsyncIterator[bytes], gen: _Generation, headers: dict[str, str] | None,
-                  keep_alive_s: float) -> StreamingResponse:
-    """The SSE response; closing ``gen`` afterwards also covers a client gone before the first
-    chunk, when the chunk generator never starts (so its own cleanup never runs)."""
-    body = chunks if keep_alive_s <= 0 else with_sse_keep_alive(chunks, keep_alive_s)
-    return StreamingResponse(body, media_type="text/event-stream", headers=headers,
-                             background=BackgroundTask(gen.close))
-
-
-async def with_sse_keep_alive(chunks: AsyncIterator[bytes], interval: float) -> AsyncIterator[bytes]:
-    """vLLM's ``with_sse_keep_alive``: ``chunks``, with an SSE comment whenever none came for
-    ``interval`` seconds. One pending ``anext`` is waited on, never cancelled mid-chunk."""
-    pending = asyncio.ensure_future(anext(chunks))
-    try:
-        while True:
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield SSE_KEEP_ALIVE_COMMENT
-                continue
-            try:
-                chunk = pending.result()
-            except StopAsyncIteration:
-                return
-            yield chunk
-            pending = asyncio.ensure_future(anext(chunks))
-    finally:
-        pending.cancel()
-        with contextlib.suppress(BaseException):
-            await pending
-        with contextlib.suppress(BaseException):
-            await chunks.aclose()  # type: ignore[attr-defined]
 
 
 class _Server:
@@ -322,7 +281,7 @@ class _Server:
         echo = _echoed_message(req, role) if req.echo else ""
         if req.stream:
             chunks = self._chat_chunks(gen, choices, head, req, inputs=inputs, role=role, echo=echo, parsing=parsing)
-            return _event_stream(chunks, gen, headers, self.settings.sse_keep_alive_interval)
+            return event_stream_response(chunks, gen.close, headers, self.settings.sse_keep_alive_interval)
         try:
             await self._drain(gen, choices)
         finally:
@@ -367,7 +326,7 @@ class _Server:
                   for p, (inputs, _) in zip(prompts, prepared) for _ in range(params.n)]
         if req.stream:
             chunks = self._completion_chunks(gen, choices, head, req, echoes)
-            return _event_stream(chunks, gen, headers, self.settings.sse_keep_alive_interval)
+            return event_stream_response(chunks, gen.close, headers, self.settings.sse_keep_alive_interval)
         try:
             await self._drain(gen, choices)
         finally:
@@ -495,10 +454,10 @@ class _Server:
 
         try:
             for i in range(len(choices)):
-                yield _sse(responses.chat_role_chunk(head, i, so_far(0), role=role,
+                yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
                                                      prompt_token_ids=prompt_ids if req.return_token_ids else None))
             for i in range(len(choices) if echo else 0):
-                yield _sse(responses.chat_echo_chunk(head, i, echo, so_far(0)))
+                yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
             async for i, delta in self._deltas(gen, choices):
                 logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], _top_logprobs(req), fmt)
                             if req.logprobs else None)
@@ -509,7 +468,7 @@ class _Server:
                                          "".join(c.arguments for _, c in step.tool_calls), delta)
                     if not step and delta.finish_reason is None and logprobs is None:
                         continue  # the parsers hold this text back (vLLM sends no chunk)
-                    yield _sse(responses.chat_chunk(
+                    yield sse_event(responses.chat_chunk(
                         head, i, step.content or None,
                         logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
                                                                                parsed[i].calls_made),
@@ -519,7 +478,7 @@ class _Server:
                         token_ids=delta.token_ids if req.return_token_ids else None))
                     continue
                 self._log_chat_delta(head.id, text, None, "", delta)
-                yield _sse(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
+                yield sse_event(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                                                 stop_reason=delta.stop_reason, fingerprint=not with_usage,
                                                 usage_info=so_far(len(choices[i].token_ids)),
                                                 token_ids=delta.token_ids if req.return_token_ids else None))
@@ -528,13 +487,13 @@ class _Server:
                 _add_reasoning_tokens(usage, parsing, choices)
                 if self.settings.enable_prompt_tokens_details:
                     usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
-                yield _sse(responses.chat_usage_chunk(head, usage))
+                yield sse_event(responses.chat_usage_chunk(head, usage))
             self._log_stream_complete(head.id, choices)
         except Exception as e:
-            yield _sse(error_body(e))
+            yield sse_event(error_body(e))
         finally:
             await gen.close()
-        yield _DONE
+        yield SSE_DONE
 
     async def _completion_chunks(self, gen: _Generation, choices: list[ChoiceOutput], head: ResponseHead,
                                  req: CompletionRequest, prompts: list[_EchoedPrompt]) -> AsyncIterator[bytes]:
@@ -564,7 +523,7 @@ class _Server:
                 if self.output_log is not None and delta.text and self.settings.enable_log_deltas:
                     self.output_log.log_outputs(head.id, delta.text, delta.token_ids, delta.finish_reason,
                                                 is_streaming=True, delta=True)
-                yield _sse(responses.completion_chunk(
+                yield sse_event(responses.completion_chunk(
                     head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far,
                     prompt_token_ids=prompt.token_ids if first and (req.echo or req.return_token_ids) else None,
@@ -575,13 +534,13 @@ class _Server:
                 if self.settings.enable_prompt_tokens_details:
                     usage.prompt_tokens_details = responses.PromptTokenUsageInfo(
                         cached_tokens=_cached_tokens(choices[-1]))
-                yield _sse(responses.completion_usage_chunk(head, usage))
+                yield sse_event(responses.completion_usage_chunk(head, usage))
             self._log_stream_complete(head.id, choices)
         except Exception as e:
-            yield _sse(error_body(e))
+            yield sse_event(error_body(e))
         finally:
             await gen.close()
-        yield _DONE
+        yield SSE_DONE
 
     def _log_chat_delta(self, request_id: str, content: str | None, reasoning: str | None, tool_args: str,
                         delta: Delta) -> None:
@@ -878,4 +837,4 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
     return app
 
 
-__all__ = ["SSE_KEEP_ALIVE_COMMENT", "create_app", "error_response", "json_response", "with_sse_keep_alive"]
+__all__ = ["create_app", "error_response", "json_response"]
