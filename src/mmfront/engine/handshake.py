@@ -157,7 +157,7 @@ class FrontendHandshake:
                                  f"expected engine ranks 0..{self.parallel.data_parallel_size - 1}.")
         try:
             status = _decode_status(payload[0] if payload else b"")
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, RecursionError) as e:  # a nesting bomb is malformed too
             raise HandshakeError(f"Engine rank {index} sent a malformed handshake message: {e}.") from e
         expect_local = index < self.parallel.local_ranks
         if status.local != expect_local or (not status.local and not status.headless):
@@ -184,7 +184,7 @@ class FrontendHandshake:
                                  f"(it must greet {self.address} first).")
         try:
             rank.ready = _decode_ready(payload)
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, RecursionError) as e:  # a nesting bomb is malformed too
             raise HandshakeError(f"Engine rank {index}'s first message is not a ready response: {e}.") from e
 
     def _missing(self, ranks: dict[int, _Rank], timeout: float) -> str:
@@ -235,7 +235,7 @@ def wait_for_ready_responses(
                                  f"{sorted(wanted)}.")
         try:
             ready = _decode_ready(payload)
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, RecursionError) as e:  # a nesting bomb is malformed too
             raise HandshakeError(f"Engine rank {index}'s first message is not a ready response: {e}.") from e
         got[index] = dataclasses.replace(wanted[index], ready=ready)
     infos = [got[i] for i in sorted(got)]
@@ -285,7 +285,7 @@ def engine_handshake_all(
                                  f"within {timeout} s.")
         try:
             metadata = _decode_metadata(dealer.recv())
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, RecursionError) as e:  # a nesting bomb is malformed too
             raise HandshakeError(f"The frontend at {handshake_address} answered with no handshake metadata: {e}.") from e
         pairs = list(zip(metadata.addresses.inputs, metadata.addresses.outputs))
         if not pairs or len(metadata.addresses.inputs) != len(metadata.addresses.outputs):

@@ -25,7 +25,7 @@ import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -84,6 +84,7 @@ _FIELD_NAMES: dict[str, frozenset[str]] = {
     name: frozenset(f.name for f in dataclasses.fields(cls)) for cls, name in MMF_CLASS_TO_FACTORY.items()
 }
 _REQUIRED_FIELDS: dict[str, frozenset[str]] = {"flat": frozenset({"slices"}), "shared": frozenset({"batch_size"})}
+T = TypeVar("T")
 
 
 # --- encoder ----------------------------------------------------------------------------------
@@ -234,10 +235,8 @@ class MsgpackDecoder:
             return self._decoder.decode(body)
         except DecodeError:
             raise
-        except msgspec.DecodeError as e:
-            raise DecodeError(f"Malformed message: {e}") from e
-        except RecursionError as e:
-            raise DecodeError("Malformed message: nested too deeply") from e
+        except (msgspec.DecodeError, RecursionError) as e:
+            raise _malformed("message", e) from e
         finally:
             local.frames, local.budget = outer
 
@@ -307,6 +306,39 @@ class MsgpackDecoder:
         return [self._decode_nested(x, depth + 1) for x in obj]
 
 
+def _malformed(what: str, error: msgspec.DecodeError | RecursionError) -> DecodeError:
+    """The typed error for bytes msgspec refused: a ``RecursionError`` is a nesting bomb (msgspec
+    recurses once per level, up to the interpreter's limit), which must never escape untyped."""
+    reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+    return DecodeError(f"Malformed {what}: {reason}")
+
+
+def decode_untrusted(decode: Callable[[Any], T], data: Any, what: str) -> T:
+    """``decode(data)`` with a plain msgspec decoder, for bytes a peer sent: every failure,
+    nesting bombs included, is a :class:`DecodeError` naming ``what``."""
+    try:
+        return decode(data)
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise _malformed(what, e) from e
+
+
+_ARRAY_HEADERS = {0xDC: 2, 0xDD: 4}
+"""msgpack's array16 and array32 headers: the bytes of their big-endian length."""
+
+
+def msgpack_array_length(raw: msgspec.Raw) -> int | None:
+    """The length of the msgpack array in ``raw`` (``None``: another value, nil included), read
+    from its header: counting a peer's array never costs an object per element."""
+    data = memoryview(raw)
+    if not data.nbytes:
+        return None
+    first = data[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F
+    size = _ARRAY_HEADERS.get(first)
+    return None if size is None else int.from_bytes(data[1:1 + size], "big")
+
+
 def _decode_slice(obj: Any) -> slice:
     if not isinstance(obj, (list, tuple)) or len(obj) != 3:
         raise DecodeError(f"A slice must be encoded as [start, stop, step], got {describe(obj)}")
@@ -367,4 +399,6 @@ __all__ = [
     "Frame",
     "MsgpackDecoder",
     "MsgpackEncoder",
+    "decode_untrusted",
+    "msgpack_array_length",
 ]

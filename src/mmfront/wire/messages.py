@@ -25,7 +25,7 @@ import msgspec
 
 from mmfront.errors import DecodeError
 from mmfront.wire._tensors import Frame, as_frames, frame_view
-from mmfront.wire.codec import MsgpackDecoder
+from mmfront.wire.codec import MsgpackDecoder, decode_untrusted, msgpack_array_length
 from mmfront.wire.structs import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
 
 
@@ -272,11 +272,12 @@ def encode_envelope(kind: bytes, message: Sequence[Frame], stamp: MirrorStamp | 
 
 class _RequestOutline(msgspec.Struct, array_like=True):
     """An ``EngineCoreRequest`` with its features left undecoded: counting them costs a scan of
-    the bytes, not the decode of each feature."""
+    the bytes and the read of one array header, not an object per feature (a million empty
+    features would otherwise cost far more memory than their bytes)."""
 
     request_id: msgspec.Raw
     prompt_token_ids: msgspec.Raw
-    mm_features: list[msgspec.Raw] | None
+    mm_features: msgspec.Raw
 
 
 _decode_outline = msgspec.msgpack.Decoder(_RequestOutline).decode
@@ -284,12 +285,12 @@ _decode_outline = msgspec.msgpack.Decoder(_RequestOutline).decode
 
 def _check_feature_count(body: Frame, max_mm_features: int) -> None:
     try:
-        features = _decode_outline(frame_view(body, 2)).mm_features
-    except msgspec.DecodeError:
-        return  # malformed: the full decode says how
-    if features is not None and len(features) > max_mm_features:
+        count = msgpack_array_length(_decode_outline(frame_view(body, 2)).mm_features)
+    except (msgspec.DecodeError, RecursionError):
+        return  # malformed, or nested too deeply: the full decode says how
+    if count is not None and count > max_mm_features:
         raise DecodeError(
-            f"A request carries {len(features)} multimodal features; this engine takes at most {max_mm_features} "
+            f"A request carries {count} multimodal features; this engine takes at most {max_mm_features} "
             "per request (its limit_mm_per_prompt). Send fewer items per request."
         )
 
@@ -303,10 +304,7 @@ def decode_message(frames: Iterable[Frame], direction: Direction, *, max_mm_feat
         raise DecodeError(f"An envelope has at least 3 frames (type, stamp, body), got {len(frames)}.")
     kind = message_kind(frames[0], direction)
     raw_stamp = frame_view(frames[1], 1)
-    try:
-        stamp = _decode_stamp(raw_stamp) if raw_stamp.nbytes else None
-    except msgspec.DecodeError as e:
-        raise DecodeError(f"Malformed mirror stamp: {e}") from e
+    stamp = decode_untrusted(_decode_stamp, raw_stamp, "mirror stamp") if raw_stamp.nbytes else None
     if stamp is None and kind.needs_stamp:
         raise DecodeError(f"A {kind.name} message must carry the stamp of the request it stands for.")
     if max_mm_features is not None and kind.code == REQUEST:

@@ -31,6 +31,7 @@ import msgspec
 
 from mmfront.errors import DecodeError, UnknownUtilityError
 from mmfront.wire import Frame, frame_view
+from mmfront.wire.codec import decode_untrusted, msgpack_array_length
 from mmfront.wire.messages import (
     CACHE_MISS,
     ENGINE_OUTPUTS,
@@ -55,7 +56,9 @@ _BY_UTILITY: Final = {k.utility: k for k in MESSAGE_KINDS.values() if k.utility 
 with its ``call_id``, so that the engine can answer it (a stock frontend waits for the answer)."""
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode_utility = msgspec.msgpack.Decoder(tuple[int, int, str, list[msgspec.Raw]]).decode
+_decode_utility = msgspec.msgpack.Decoder(tuple[int, int, str, msgspec.Raw]).decode
+"""A utility call from a peer, its arguments left undecoded (counted from their array header)."""
+_decode_one_argument = msgspec.msgpack.Decoder(tuple[msgspec.Raw]).decode
 _decode_call = msgspec.msgpack.Decoder(tuple[int, str, msgspec.Raw]).decode
 
 
@@ -93,16 +96,17 @@ def envelope_from_request_frames(frames: Sequence[Frame]) -> list[Frame]:
             raise DecodeError(f"Unknown request type {request_type!r}; mmfront sends "
                               f"{', '.join(t.name for t in EngineCoreRequestType)}.")
         return [kind.code, stamp, body, *aux]
-    try:
-        _, call_id, method, args = _decode_utility(frame_view(body, 1))
-    except msgspec.DecodeError as e:
-        raise DecodeError(f"Malformed utility call: {e}") from e
+    _, call_id, method, args = decode_untrusted(_decode_utility, frame_view(body, 1), "utility call")
+    count = msgpack_array_length(args)
+    if count is None:
+        raise DecodeError("Malformed utility call: its arguments are not an array.")
     kind = _BY_UTILITY.get(method)
-    if kind is not None and len(args) == 1:
-        return [kind.code, stamp, bytes(args[0]), *aux]
+    if kind is not None and count == 1:
+        (argument,) = decode_untrusted(_decode_one_argument, args, "utility call")
+        return [kind.code, stamp, bytes(argument), *aux]
     if kind is None and method in UTILITY_METHODS and call_id >= 0:
         return [UTILITY, stamp, _encode((call_id, method, args)), *aux]
-    raise UnknownUtilityError(f"Unknown utility call {method!r} with {len(args)} arguments; an mmfront engine "
+    raise UnknownUtilityError(f"Unknown utility call {method!r} with {count} arguments; an mmfront engine "
                               f"answers {sorted(UTILITY_METHODS)}.", call_id=call_id)
 
 
