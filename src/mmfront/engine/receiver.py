@@ -158,6 +158,8 @@ class _Frontend:
     broken: BaseException | None = None
     """Why a send or a receive failed: the frontend is gone, the engine loop drops it."""
     dropped: bool = False
+    messages_dropped: int = 0
+    """Messages not sent because this frontend's queue was full (under ``send_lock``)."""
 
 
 def _beat(ref: weakref.ref[EngineCoreReceiver], stop: threading.Event, period: float) -> None:
@@ -192,6 +194,13 @@ class EngineCoreReceiver:
     :class:`~mmfront.errors.TransportError`, a receive ``EOFError``: its P0 went away) is dropped:
     its transport is closed, its requests come back from :meth:`take_aborted`, and the other
     frontends are served on.
+
+    Nothing is sent waiting for room (``BaseTransport.try_send``), so a frontend that stops
+    reading never holds the engine loop or the heartbeat thread. When its queue is full, what
+    changes no request (refusals of malformed messages, heartbeats, idle statistics) is dropped
+    and counted (:attr:`messages_dropped`, logged sparingly); what does (outputs, admissions,
+    cache misses, utility answers) cannot be dropped without stranding its requests, so that
+    frontend is dropped as one whose link broke.
 
     Heartbeats (``EngineHello`` every ``heartbeat_s``) come from a daemon thread the receiver
     owns, so P0 hears from the engine while a long step runs (``engine_timeout_s``); it stops on
@@ -244,8 +253,14 @@ class EngineCoreReceiver:
         frontend = _Frontend(transport, EngineReceiver(cache, max_mm_features=self.max_mm_features),
                              len(self._frontends))
         self._frontends.append(frontend)
-        self._send_to(frontend, self._hello)
+        self._send_to(frontend, self._hello, droppable=True)
         return frontend.index
+
+    @property
+    def messages_dropped(self) -> int:
+        """Messages dropped so far because their frontend's queue was full (refusals, heartbeats,
+        idle statistics: nothing a request waits for)."""
+        return sum(f.messages_dropped for f in self._frontends)
 
     @property
     def frontends_served(self) -> int:
@@ -315,14 +330,14 @@ class EngineCoreReceiver:
         frames = encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message))
         for frontend in self._frontends:
             if not frontend.dropped:
-                self._send_to(frontend, frames)
+                self._send_to(frontend, frames, droppable=True)
         self._drop_broken()
 
     def send_heartbeats(self) -> None:
         """Greet every frontend (``EngineHello``): the heartbeat thread calls it every
         ``heartbeat_s``; safe from any thread."""
         for frontend in list(self._frontends):
-            self._send_to(frontend, self._hello)
+            self._send_to(frontend, self._hello, droppable=True)
 
     def close(self) -> None:
         self._stop_heartbeats.set()
@@ -436,24 +451,36 @@ class EngineCoreReceiver:
             output.failure_message = f"Call to {name} method failed: {e}"
         self._send_utility_output(frontend, output)
 
-    def _send_utility_output(self, frontend: _Frontend, output: UtilityOutput) -> None:
+    def _send_utility_output(self, frontend: _Frontend, output: UtilityOutput, *, droppable: bool = False) -> None:
         message = EngineCoreOutputs(engine_index=self.engine_index, utility_output=output, timestamp=time.time())
-        self._send_to(frontend, encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)))
+        self._send_to(frontend, encode_envelope(ENGINE_OUTPUTS, self._encoder.encode(message)), droppable=droppable)
 
     def _reply(self, frontend: _Frontend, replies: list[Reply]) -> None:
         for reply in replies:
             self._send_to(frontend, reply)
 
-    def _send_to(self, frontend: _Frontend, frames: Sequence[Frame]) -> None:
-        """Send on ``frontend``'s transport from any thread; a frontend whose link broke gets
-        nothing more (the engine loop drops it)."""
+    def _send_to(self, frontend: _Frontend, frames: Sequence[Frame], *, droppable: bool = False) -> None:
+        """Send on ``frontend``'s transport from any thread, never waiting for room; a frontend
+        whose link broke gets nothing more (the engine loop drops it). On a full queue a
+        ``droppable`` message is dropped and counted; any other breaks the link."""
         with frontend.send_lock:
             if frontend.broken is not None:
                 return
             try:
-                frontend.transport.send(frames)
+                if frontend.transport.try_send(frames):
+                    return
             except TransportError as e:
                 self._mark_broken(frontend, e)
+                return
+            if not droppable:
+                self._mark_broken(frontend, TransportError(
+                    f"frontend {frontend.index} does not read what the engine sends (its queue is full)"))
+                return
+            frontend.messages_dropped += 1
+            dropped = frontend.messages_dropped
+        if _worth_logging(dropped):
+            logger.warning("Engine %d: frontend %d does not read what the engine sends; dropped a refusal or "
+                           "heartbeat (%d dropped for it so far).", self.engine_index, frontend.index, dropped)
 
     @staticmethod
     def _mark_broken(frontend: _Frontend, error: BaseException) -> None:
@@ -486,7 +513,7 @@ class EngineCoreReceiver:
                            self.engine_index, frontend.index, self.decode_errors, error)
         call_id = error.call_id if isinstance(error, UnknownUtilityError) else -1
         kind = "DecodeError" if isinstance(error, DecodeError) else type(error).__name__
-        self._send_utility_output(frontend, UtilityOutput(call_id, failure_message=f"{kind}: {error}"))
+        self._send_utility_output(frontend, UtilityOutput(call_id, failure_message=f"{kind}: {error}"), droppable=True)
 
     def _wait(self, seconds: float) -> list[EngineCoreRequest]:
         """Sleep until a message arrives (one frontend: in its ``recv``) or ``seconds`` pass."""

@@ -49,12 +49,14 @@ the reference engine, so mmfront's client refuses what it cannot honour before s
 
 @dataclass
 class WorkerStats:
-    """What the engine did: requests served, tokens generated, encoder cache hits and lookups."""
+    """What the engine did: requests served, tokens generated, encoder cache hits and lookups,
+    and messages dropped because their frontend did not read them (refusals, heartbeats)."""
 
     requests: int = 0
     tokens: int = 0
     encoder_hits: int = 0
     encoder_lookups: int = 0
+    messages_dropped: int = 0
 
 
 class StepStats:
@@ -127,6 +129,7 @@ def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Eve
             receiver.send(outputs, step_stats.stepped(outputs, scheduled, running))
     info = runner.encoder_cache_stats()
     stats.encoder_hits, stats.encoder_lookups = info.hits, info.total
+    stats.messages_dropped = receiver.messages_dropped
 
 
 def receiver_caches(

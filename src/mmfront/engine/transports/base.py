@@ -38,6 +38,13 @@ class BaseTransport(ABC):
     def send(self, frames: Sequence[Frame]) -> None:
         """Send one message; raises :class:`~mmfront.errors.TransportError` when the peer is gone."""
 
+    def try_send(self, frames: Sequence[Frame]) -> bool:
+        """Send one message without waiting for room: ``False`` when the peer's queue is full
+        (the message was not sent). How an engine sends, so that a peer that stops reading never
+        holds its loop. A transport with no bounded queue sends as :meth:`send` does."""
+        self.send(frames)
+        return True
+
     @abstractmethod
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
         """The next message's frames, or ``None`` if none arrived within ``timeout`` seconds

@@ -52,6 +52,10 @@ from mmfront.errors import ConfigError, EngineDeadError, TransportError
 from mmfront.wire import Frame
 from mmfront.wire.handshake import ENGINE_CORE_DEAD
 
+DEFAULT_OUTPUT_HWM = 10_000
+"""Messages an engine queues for a frontend that does not read them (its PUSH socket's SNDHWM)
+when neither ``output_hwm`` nor ``hwm`` is given: past it the engine drops what it would send
+(:meth:`ZmqEngineTransport.try_send`) rather than wait or grow without bound."""
 SIDE_CHANNEL_MIN_BYTES = 1 << 20
 """Request frames from this size go on the ``ipc`` side channel (smaller ones cost more to map
 than to copy)."""
@@ -92,9 +96,9 @@ def _check_limits(hwm: int, max_frame_bytes: int, send_timeout_s: float | None) 
         raise ConfigError(f"send_timeout_s must be None (wait) or >= 0, got {send_timeout_s}.")
 
 
-def _send(sock: zmq.Socket, frames: Sequence[Frame], who: str) -> None:
+def _send(sock: zmq.Socket, frames: Sequence[Frame], who: str, flags: int = 0) -> None:
     try:
-        sock.send_multipart(frames, copy=False)
+        sock.send_multipart(frames, flags, copy=False)
     except zmq.Again as e:
         raise TransportError(f"{who} did not take the message within send_timeout_s (its queue is full); "
                              "retry later or raise hwm.") from e
@@ -277,7 +281,9 @@ class ZmqEngineTransport(BaseTransport):
     ``ready`` is the DEALER's first message: the engine's encoded ready response after vLLM's
     handshake (empty without one; P0 accepts any payload as "connected"). The side channel
     takes ``side_secret`` (the one this engine announced in the handshake), else
-    ``addresses.side_secret``; with neither, the engine gets plain frames."""
+    ``addresses.side_secret``; with neither, the engine gets plain frames. ``output_hwm``
+    bounds the messages queued for P0 (``None``: ``hwm``, else :data:`DEFAULT_OUTPUT_HWM`; the
+    queue is never unbounded): :meth:`try_send`, how the engine sends, refuses past it."""
 
     def __init__(
         self,
@@ -290,8 +296,11 @@ class ZmqEngineTransport(BaseTransport):
         side_channel: bool = True,
         ready: bytes = b"",
         side_secret: bytes | None = None,
+        output_hwm: int | None = None,
     ) -> None:
         _check_limits(hwm, max_frame_bytes, send_timeout_s)
+        if output_hwm is not None and output_hwm < 1:
+            raise ConfigError(f"output_hwm must be a positive number of messages (or None), got {output_hwm}.")
         self.engine_index = engine_index
         identity = engine_identity(engine_index)
         self._side: FdChannelConnection | None = None
@@ -310,6 +319,7 @@ class ZmqEngineTransport(BaseTransport):
             self._dealer.setsockopt(zmq.IDENTITY, identity)
             for sock in (self._dealer, self._push):
                 _configure(sock, hwm, max_frame_bytes, send_timeout_s)
+            self._push.setsockopt(zmq.SNDHWM, output_hwm or hwm or DEFAULT_OUTPUT_HWM)
             self._dealer.connect(addresses.input)
             self._push.connect(addresses.output)
             self._dealer.send(ready)
@@ -324,6 +334,15 @@ class ZmqEngineTransport(BaseTransport):
 
     def send(self, frames: Sequence[Frame]) -> None:
         _send(self._push, output_frames(frames, engine_index=self.engine_index), "P0")
+
+    def try_send(self, frames: Sequence[Frame]) -> bool:
+        try:
+            _send(self._push, output_frames(frames, engine_index=self.engine_index), "P0", zmq.NOBLOCK)
+        except TransportError as e:
+            if isinstance(e.__cause__, zmq.Again):
+                return False
+            raise
+        return True
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
         """The next message, or ``None`` after ``timeout`` seconds. A message whose side-channel
@@ -358,6 +377,7 @@ def zmq_engine_factory(input_address: str, output_address: str) -> EngineTranspo
 
 
 __all__ = [
+    "DEFAULT_OUTPUT_HWM",
     "SIDE_CHANNEL_MIN_BYTES",
     "ZmqAddresses",
     "ZmqEngineTransport",
