@@ -104,8 +104,8 @@ def flood(rogue: ZmqFrontendTransport, messages: int) -> int:
 @pytest.mark.parametrize(("hwm", "output_bound"), [(0, DEFAULT_OUTPUT_HWM), (1000, 1000)],
                          ids=["default", "the-attacks-hwm"])
 def test_a_rogue_that_floods_and_never_reads_cannot_stop_the_engine(hwm: int, output_bound: int) -> None:
-    with ZmqFrontendTransport(hwm=ROGUE_HWM, send_timeout_s=1.0) as rogue, ZmqFrontendTransport() as client, \
-            engine_with(client, rogue, hwm=hwm) as engine:
+    rogue, client = ZmqFrontendTransport(hwm=ROGUE_HWM, send_timeout_s=1.0), ZmqFrontendTransport()
+    with rogue, client, engine_with(client, rogue, hwm=hwm) as engine:
         assert answered_within(client, "before", 10.0)
         messages = 3 * (output_bound + 2 * ROGUE_HWM)  # the engine's queue to it fills three times over
         flooder = threading.Thread(target=flood, args=(rogue, messages), daemon=True)
@@ -129,8 +129,8 @@ def test_a_rogue_that_floods_and_never_reads_cannot_stop_the_engine(hwm: int, ou
 
 def test_a_rogue_whose_outputs_cannot_be_queued_is_dropped_and_the_others_served() -> None:
     requests = 500
-    with ZmqFrontendTransport(hwm=ROGUE_HWM) as rogue, ZmqFrontendTransport() as client, \
-            engine_with(client, rogue, output_hwm=100) as engine:
+    rogue, client = ZmqFrontendTransport(hwm=ROGUE_HWM), ZmqFrontendTransport()
+    with rogue, client, engine_with(client, rogue, output_hwm=100) as engine:
         for k in range(requests):  # valid requests; admissions and outputs pile up unread
             rogue.send(encode_envelope(REQUEST, ENC.encode(request(f"rogue-{k}"))))
         deadline = time.monotonic() + 30.0
@@ -143,5 +143,6 @@ def test_a_rogue_whose_outputs_cannot_be_queued_is_dropped_and_the_others_served
 
 @pytest.mark.parametrize("output_hwm", [0, -1])
 def test_output_hwm_must_be_positive(output_hwm: int) -> None:
-    with ZmqFrontendTransport() as p0, pytest.raises(ConfigError, match="output_hwm must be a positive number"):
+    p0 = ZmqFrontendTransport()
+    with p0, pytest.raises(ConfigError, match="output_hwm must be a positive number"):
         ZmqEngineTransport(p0.addresses, 0, output_hwm=output_hwm)
