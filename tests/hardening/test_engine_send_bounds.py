@@ -128,8 +128,8 @@ def test_a_rogue_that_floods_and_never_reads_cannot_stop_the_engine(hwm: int, ou
 
 
 def test_a_rogue_whose_outputs_cannot_be_queued_is_dropped_and_the_others_served() -> None:
-    requests = 500
-    rogue, client = ZmqFrontendTransport(hwm=ROGUE_HWM), ZmqFrontendTransport()
+    requests = 20_000  # far more admissions than the queues and the socket buffers hold
+    rogue, client = ZmqFrontendTransport(hwm=ROGUE_HWM, send_timeout_s=1.0), ZmqFrontendTransport()
     with rogue, client, engine_with(client, rogue, output_hwm=100) as engine:
         for k in range(requests):  # valid requests; admissions and outputs pile up unread
             try:
