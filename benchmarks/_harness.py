@@ -14,7 +14,9 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,3 +100,18 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 0.0) -> None:
 def log_tail(path: Path) -> list[str]:
     """A log's last lines, for an error that says why a process failed."""
     return path.read_text(errors="replace").strip().splitlines()[-5:] if path.exists() else []
+
+
+def wait_healthy(base: str, processes: Sequence[subprocess.Popen[Any]], logs: Sequence[Path], timeout_s: float) -> None:
+    """Wait until ``base``'s ``/health`` answers 200; a process of ``processes`` that exits
+    first, or ``timeout_s`` passing, is an error with the tail of each log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            raise RuntimeError(f"a process exited before the server was ready: {[log_tail(log) for log in logs]}")
+        with contextlib.suppress(OSError, urllib.error.URLError), \
+                urllib.request.urlopen(base + "/health", timeout=2) as reply:
+            if reply.status == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the server was not healthy after {timeout_s:.0f} s: {[log_tail(log) for log in logs]}")

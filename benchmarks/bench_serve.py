@@ -30,7 +30,6 @@ without them the benchmark is skipped and says so.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -45,7 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from _harness import Report, log_tail, stop_process
+from _harness import Report, log_tail, stop_process, wait_healthy
 from mmfront.config import MultiModalConfig
 from mmfront.engine.client import EngineClient
 from mmfront.engine.handshake import DataParallelConfig, FrontendHandshake
@@ -118,20 +117,6 @@ def _post_chat(base: str, max_tokens: int) -> None:
         json.load(reply)
 
 
-def _wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess.Popen[bytes],
-                  logs: tuple[Path, Path]) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None or engine.poll() is not None:
-            raise RuntimeError(f"a process exited before the server was ready: {[log_tail(log) for log in logs]}")
-        with contextlib.suppress(OSError, urllib.error.URLError), \
-                urllib.request.urlopen(base + "/health", timeout=2) as reply:
-            if reply.status == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not healthy after {STARTUP_S:.0f} s: {[log_tail(log) for log in logs]}")
-
-
 def _bench_serve(python: Path, model: Path, base: str, seed: int, prompts: int, result: Path, log: IO[bytes]) -> Pass:
     """One pass of vLLM's own client; its saved result's throughput and median TTFT."""
     command = [str(python.parent / "vllm"), "bench", "serve", "--backend", "openai-chat", "--base-url", base,
@@ -167,7 +152,7 @@ def _run_server(side: str, python: Path, model: Path, seed: int, prompts: int, f
                                   stderr=subprocess.STDOUT, env=_peer_env(), start_new_session=True)
         engine = _launch_engine(python, model, f"tcp://127.0.0.1:{rpc}", elog)
         try:
-            _wait_healthy(base, server, engine, (server_log, engine_log))
+            wait_healthy(base, [server, engine], [server_log, engine_log], STARTUP_S)
             _post_chat(base, OUTPUT_TOKENS)
             passes = [_bench_serve(python, model, base, seed, prompts, folder / f"{tag}-{seed}-{n}.json", blog)
                       for n in range(2)]

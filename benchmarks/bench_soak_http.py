@@ -40,8 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -50,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from _harness import Report, log_tail, stop_process
+from _harness import Report, stop_process, wait_healthy
 from mmfront.network import get_open_port
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.models import cached_model_dir
@@ -172,19 +170,6 @@ def start_server(model: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def wait_healthy(base: str, server: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"mmfront serve exited with {server.returncode}: {log_tail(log)}")
-        with contextlib.suppress(OSError, urllib.error.URLError), \
-                urllib.request.urlopen(base + "/health", timeout=2) as reply:
-            if reply.status == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"mmfront serve was not healthy after {STARTUP_S:.0f} s: {log_tail(log)}")
 
 
 @dataclass
@@ -455,7 +440,7 @@ def soak(options: SoakOptions) -> dict[str, Any]:
         log = Path(options.server_log or Path(tmp) / "serve.log")
         server = start_server(model_dir, port, log)
         try:
-            wait_healthy(base, server, log)
+            wait_healthy(base, [server], [log], STARTUP_S)
             return asyncio.run(soak_phases(base, str(model_dir), server, port, options))
         finally:
             stop_process(server, grace_s=10.0)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import struct
 import tracemalloc
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from local_services import Inbox
 from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver
-from mmfront.engine.transports import BaseTransport
 from mmfront.engine.transports.zmq_frames import envelope_from_request_frames
 from mmfront.errors import DecodeError
 from mmfront.wire.codec import MsgpackDecoder
@@ -138,28 +137,11 @@ def test_a_nesting_bomb_in_an_add_or_abort_on_vllms_frames_is_a_decode_error(
 # --- the engine loop answers it and goes on -------------------------------------------------------
 
 
-class Inbox(BaseTransport):
-    """The engine's end of a link whose frontend queued ``inbox``; records what the engine sent."""
-
-    def __init__(self, inbox: list[list[Any]]) -> None:
-        self.inbox = deque(inbox)
-        self.sent: list[list[Any]] = []
-
-    def send(self, frames: Sequence[Any]) -> None:
-        self.sent.append(list(frames))
-
-    def recv(self, timeout: float | None = None) -> list[Any] | None:
-        return self.inbox.popleft() if self.inbox else None
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_engine_loop_refuses_each_bomb_to_its_sender_and_serves_the_next_message() -> None:
     bombs = [[code, STAMP, place([index], bomb(DEEP, container))]
              for code in TO_ENGINE for index in range(12) for container in ("array", "map")]
     good = msgspec.msgpack.encode(["good", [1, 2, 3], None, None, None, 0.0, None, None, None])
-    link = Inbox([*bombs, [b"R", b"", good]])
+    link = Inbox(*bombs, [b"R", b"", good])
     with EngineCoreReceiver(link, heartbeat_s=60.0, round_budget=len(bombs) + 1) as receiver:
         ready = receiver.poll(0.0)
     assert [r.request_id for r in ready] == ["good"]
