@@ -1,4 +1,5 @@
-"""Issue 36, Build 6: nesting and size bombs on every decode path of the engine's receiver.
+"""Issue 36, Build 6: nesting and size bombs on every decode path of the engine's receiver (and
+of vLLM's start-up handshake, both ways).
 
 79 of 3,000 fuzzed messages used to escape ``EngineCoreReceiver.handle`` as an untyped
 ``RecursionError`` (the request's feature count was read with a plain msgspec decode), the
@@ -11,20 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import threading
 import tracemalloc
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 import pytest
+import zmq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from local_services import Inbox
+from mmfront.engine.handshake import FrontendHandshake, engine_handshake_all
 from mmfront.engine.receiver import EngineCoreReceiver, EngineReceiver
+from mmfront.engine.transports.zmq import ZmqFrontendTransport, engine_identity
 from mmfront.engine.transports.zmq_frames import envelope_from_request_frames
-from mmfront.errors import DecodeError
+from mmfront.errors import DecodeError, HandshakeError
 from mmfront.wire.codec import MsgpackDecoder
+from mmfront.wire.handshake import EngineCoreReadyResponse
 from mmfront.wire.messages import (
     ENGINE_OUTPUTS,
     MESSAGE_KINDS,
@@ -181,3 +187,46 @@ def test_a_million_empty_utility_arguments_are_counted_from_their_header() -> No
     with pytest.raises(DecodeError, match=f"Unknown utility call 'mmfront_mirror_only' with {MILLION} arguments"):
         envelope_from_request_frames(frames)
     assert peak_bytes(lambda: envelope_from_request_frames(frames)) < len(body)
+
+
+# --- vLLM's start-up handshake, both ways ---------------------------------------------------------------
+
+
+def map_with(bombed: str, **fields: Any) -> bytes:
+    """A msgpack map of ``fields`` and, under ``bombed``, a map whose one value is a nesting bomb
+    (what a field typed ``Any`` or ``dict[str, Any]`` takes)."""
+    head = bytes([0x80 | (len(fields) + 1)])
+    pairs = b"".join(msgspec.msgpack.encode(k) + msgspec.msgpack.encode(v) for k, v in fields.items())
+    return head + pairs + msgspec.msgpack.encode(bombed) + b"\x81\xa1k" + bomb(DEEP, "array")
+
+
+def test_a_nesting_bomb_in_an_engines_hello_is_a_handshake_error() -> None:
+    hello = map_with("parallel_config_hash", status="HELLO", local=True, headless=False)
+    p0 = ZmqFrontendTransport()
+    with p0, FrontendHandshake(p0) as handshake:
+        ctx = zmq.Context()
+        try:
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.setsockopt(zmq.IDENTITY, engine_identity(0))
+            dealer.connect(handshake.address)
+            dealer.send(hello)
+            with pytest.raises(HandshakeError, match="Engine rank 0 sent a malformed handshake message"):
+                handshake.wait(10)
+        finally:
+            ctx.destroy(linger=0)
+
+
+def test_a_nesting_bomb_in_a_frontends_handshake_metadata_is_a_handshake_error() -> None:
+    metadata = map_with("parallel_config", addresses={"inputs": ["ipc://x"], "outputs": ["ipc://y"]})
+    ctx = zmq.Context()
+    try:
+        router = ctx.socket(zmq.ROUTER)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        answered = threading.Thread(target=lambda: router.send_multipart([router.recv_multipart()[0], metadata]),
+                                    daemon=True)
+        answered.start()
+        with pytest.raises(HandshakeError, match="answered with no handshake metadata"):
+            engine_handshake_all(f"tcp://127.0.0.1:{port}", 0, EngineCoreReadyResponse(16, 16, 1), timeout=10)
+        answered.join(10)
+    finally:
+        ctx.destroy(linger=0)
