@@ -115,6 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         spec = importlib.util.spec_from_file_location(path.stem, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module  # as an import would: dataclasses look their module up there
         spec.loader.exec_module(module)
         module.run(report, quick=args.quick)
     missed = [r for r in report.rows if r.ok is False]
