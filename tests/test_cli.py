@@ -102,6 +102,18 @@ def test_bench_only_with_a_whole_name_runs_that_benchmark_alone(bench_folder: Pa
     assert "ran alpha False" in out and "ran alphabet False" in out
 
 
+def test_bench_runs_a_benchmark_that_defines_dataclasses(bench_folder: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    (bench_folder / "bench_options.py").write_text(
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n\n@dataclass\nclass Options:\n"
+        "    minutes: float = 10.0\n\ndef run(report, quick):\n    print('ran options', Options().minutes)\n")
+    try:
+        assert main(["bench", "--dir", str(bench_folder), "--only", "options"]) == 0
+    finally:
+        sys.modules.pop("bench_options", None)
+    assert "ran options 10.0" in capsys.readouterr().out
+
+
 def test_bench_runs_everything_without_only(bench_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--dir", str(bench_folder)]) == 0
     out = capsys.readouterr().out
