@@ -27,7 +27,7 @@ from mmfront.flags import add_options, flag, port, values
 from mmfront.serve.args import add_serve_parser, serve_argv
 
 DESCRIPTION = (
-    "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL_DIR' is the OpenAI-compatible server that "
+    "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL' is the OpenAI-compatible server that "
     "takes the place of 'vllm serve'; 'mmfront demo' runs the main job end to end on the "
     "embedded default model (an offline Gemma 3 processor at real sizes); 'mmfront bench' runs the "
     "benchmarks and prints each speed goal as a ratio against a baseline measured in the same run."
