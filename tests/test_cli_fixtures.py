@@ -14,7 +14,7 @@ from mmfront.cli import main
 from mmfront.config import MultiModalConfig
 from mmfront.models.registry import create_processor
 from mmfront.testing.coverage import HOOKED_PROCESSORS
-from mmfront.testing.models import build_model_folder
+from mmfront.testing.models import build_model_folder, fixture_model_impl
 
 KINDS = ["emu3\tfixture kind (emu3)", "gemma3\tfixture kind (gemma3), --weights",
          "gemma3-896\tfixture kind (gemma3), --weights", "glmasr\tfixture kind (glmasr)",
@@ -40,7 +40,8 @@ def test_build_writes_the_tests_folder_of_a_kind_and_says_how_to_serve_it(
         f"mmfront fixtures: wrote idefics3 to {folder}; serve it with:\n"
         f"  mmfront serve {folder} --data-parallel-size-local 0  # no weights: in front of headless engines\n")
     assert files(folder) == files(build_model_folder("idefics3", tmp_path / "direct"))
-    assert type(create_processor(folder, MultiModalConfig()).info.hf_processor).__name__ == "Idefics3Processor"
+    config = MultiModalConfig(model_impl=fixture_model_impl("idefics3"))
+    assert type(create_processor(folder, config).info.hf_processor).__name__ == "Idefics3Processor"
 
 
 def test_build_writes_a_surveyed_processor_class_mmfront_loads(tmp_path: Path) -> None:

@@ -18,10 +18,15 @@ from pathlib import Path
 from mmfront.errors import ModelFilesNotFoundError
 from mmfront.flags import flag
 
-WEIGHT_FILE_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.h5", "*.msgpack",
-                        "*.onnx", "*.tflite", "*.ot")
-"""The files a repository's weights are stored in, left out when only the API server's files are
-needed (``*.safetensors.index.json``, a small JSON file, stays)."""
+WEIGHT_FILE_PATTERNS = (
+    "*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.gguf", "*.h5", "*.msgpack", "*.onnx", "*.onnx_data",
+    # large assets that tokenizers and processors never read
+    "*.png", "*.jpg", "*.jpeg", "*.gif", "*.webp", "*.mp3", "*.mp4", "*.wav", "*.flac", "*.parquet", "*.arrow",
+    "*.ipynb", "*.zip", "*.tar*",
+)
+"""The files left out when only the API server's files are needed: vLLM 0.33's own list
+(``_WEIGHT_FILE_PATTERNS`` of ``vllm.transformers_utils.repo_utils``, which its API server's
+``get_non_weight_snapshot_path`` leaves out the same way), so both fetch the same files."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ def resolve_model_folder(model: str | Path, *, revision: str | None = None, down
     repo_id = str(model)
     if path.exists():
         raise ModelFilesNotFoundError(f"{flag_name} {repo_id!r} is a file; pass the model's folder or a hub id.")
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HFValidationError,
@@ -66,13 +71,12 @@ def resolve_model_folder(model: str | Path, *, revision: str | None = None, down
 
     try:
         folder = snapshot_download(repo_id, revision=revision, cache_dir=download_dir, token=token,
+                                   local_files_only=constants.HF_HUB_OFFLINE,
                                    ignore_patterns=None if weights else list(WEIGHT_FILE_PATTERNS))
     except HFValidationError as e:
         raise ModelFilesNotFoundError(f"{flag_name} {repo_id!r} is neither a folder nor a hub id (ORG/NAME): "
                                       f"{e}") from e
     except LocalEntryNotFoundError as e:
-        from huggingface_hub import constants
-
         cache = f"--download-dir {download_dir}" if download_dir is not None else "the Hugging Face cache (HF_HUB_CACHE)"
         at = f" at revision {revision!r}" if revision is not None else ""
         why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE
