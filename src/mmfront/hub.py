@@ -86,16 +86,14 @@ def resolve_model_folder(model: str | Path, *, revision: str | None = None, down
             f"Download it where the network allows ('hf download {repo_id}"
             f"{'' if revision is None else ' --revision ' + revision}', with --cache-dir for another cache), point "
             "--download-dir at the cache holding it, or pass the model's local folder.") from e
-    except GatedRepoError as e:
-        raise ModelFilesNotFoundError(f"{flag_name} {repo_id!r} is a gated hub repository: accept its terms on the "
-                                      "hub and pass a token that may read it (--hf-token or HF_TOKEN).") from e
-    except RepositoryNotFoundError as e:
-        raise ModelFilesNotFoundError(f"{flag_name} {repo_id!r} is not a folder nor a hub repository this token may "
-                                      "read; check the id, or pass a token (--hf-token or HF_TOKEN) for a private "
-                                      "one.") from e
-    except RevisionNotFoundError as e:
-        raise ModelFilesNotFoundError(f"{flag_name} {repo_id!r} has no revision {revision!r} on the hub; pass a "
-                                      "branch, tag or commit it has.") from e
+    except (GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError) as e:
+        what = ("is a gated hub repository: accept its terms on the hub and pass a token that may read it "
+                "(--hf-token or HF_TOKEN)" if isinstance(e, GatedRepoError)
+                else f"has no revision {revision!r} on the hub; pass a branch, tag or commit it has"
+                if isinstance(e, RevisionNotFoundError)
+                else "is not a folder nor a hub repository this token may read; check the id, or pass a token "
+                     "(--hf-token or HF_TOKEN) for a private one")
+        raise ModelFilesNotFoundError(f"{flag_name} {repo_id!r} {what}.") from e
     except OSError as e:
         raise ModelFilesNotFoundError(f"{flag_name} {repo_id!r}: the hub repository could not be downloaded: "
                                       f"{type(e).__name__}: {e}") from e
