@@ -18,13 +18,15 @@ from mmfront.cli import build_parser, main
 RST_MARKUP = re.compile(r"``|:[a-z]+:`|`_\b|\.\. [a-z]+::")
 
 
-def _parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    parser = build_parser()
-    yield "mmfront", parser
+def _parsers(parser: argparse.ArgumentParser | None = None, prefix: str = "mmfront") -> Iterator[
+        tuple[str, argparse.ArgumentParser]]:
+    """Every parser of the command line, sub-commands' own sub-commands included (``fixtures list``)."""
+    parser = parser or build_parser()
+    yield prefix, parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                yield f"mmfront {name}", sub
+                yield from _parsers(sub, f"{prefix} {name}")
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,7 +44,8 @@ def test_version_through_the_module_entry_point() -> None:
 
 def test_the_parsers_are_the_expected_ones() -> None:
     assert [name for name, _ in _parsers()] == ["mmfront", "mmfront serve", "mmfront demo", "mmfront bench",
-                                                "mmfront worker", "mmfront models"]
+                                                "mmfront worker", "mmfront models", "mmfront fixtures",
+                                                "mmfront fixtures list", "mmfront fixtures build"]
 
 
 @pytest.mark.parametrize(("name", "parser"), list(_parsers()), ids=lambda v: v if isinstance(v, str) else "")
