@@ -167,6 +167,14 @@ def test_worker_needs_a_frontend_by_handshake_or_by_sockets() -> None:
     assert str(exc.value.code).startswith("mmfront worker: give a frontend to serve: --data-parallel-address")
 
 
+def test_worker_takes_a_hub_id_and_says_what_to_do_when_it_is_not_cached() -> None:
+    with pytest.raises(SystemExit) as exc:  # the suite runs with HF_HUB_OFFLINE=1 (tests/conftest.py)
+        main(["worker", "tiny-org/absent", "--data-parallel-address", "127.0.0.1"])
+    assert str(exc.value.code).startswith("mmfront worker: MODEL 'tiny-org/absent' is not a folder, and the hub "
+                                          "repository is not in the Hugging Face cache (HF_HUB_CACHE) (HF_HUB_OFFLINE "
+                                          "is set). Download it where the network allows")
+
+
 def test_worker_takes_vllms_handshake_options() -> None:
     from mmfront.cli import build_parser
 

@@ -45,7 +45,8 @@ class WorkerOptions:
     Its cache flags take the defaults of the configuration fields they mirror."""
 
     model: str = field(metadata=flag(positional=True, metavar="MODEL"))
-    """Model folder (config.json, weights, processor)."""
+    """Model folder (config.json, weights, processor), or a hub id read from the HF cache
+    (HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE honoured) and downloaded where missing."""
     transport: str = field(default="zmq", metadata=flag(metavar="NAME"))
     """How to reach the frontends, one of mmfront.engine.transports.ENGINE_TRANSPORTS (zmq: vLLM's ZMQ sockets)."""
     input: list[str] = field(default_factory=list, metadata=flag(repeat=True, metavar="ADDR"))
@@ -242,6 +243,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from mmfront.engine.transports import ENGINE_TRANSPORTS
     from mmfront.engine.worker import run_worker
+    from mmfront.errors import ModelFilesNotFoundError
+    from mmfront.hub import resolve_model_folder
 
     opts = WorkerOptions(**values(WorkerOptions, args))
     handshake = [*opts.handshake]
@@ -262,8 +265,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     connect = ENGINE_TRANSPORTS.get(opts.transport)
     if connect is None:
         raise SystemExit(f"mmfront worker: unknown --transport {opts.transport!r}; known: {', '.join(ENGINE_TRANSPORTS)}")
+    try:
+        model = resolve_model_folder(opts.model, weights=True)
+    except ModelFilesNotFoundError as e:
+        raise SystemExit(f"mmfront worker: {e}") from e
     frontends = [connect(i, o) for i, o in zip(opts.input, opts.output)]
-    stats = run_worker(opts.model, frontends, config, engine_index=opts.engine_index, handshake=handshake,
+    stats = run_worker(model, frontends, config, engine_index=opts.engine_index, handshake=handshake,
                        local=opts.local,
                        shm_name=shm_names if opts.cache == "shm" else None, device=opts.device, dtype=opts.dtype)
     if opts.json:
@@ -320,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "handshake (--data-parallel-address/--data-parallel-rpc-port, as "
                                         "'vllm serve --headless'; or --handshake), or connect to their sockets, and "
                                         "serve their requests with the model in MODEL (a local folder with "
-                                        "weights), greedy decoding of one sequence per request; a request "
+                                        "weights, or a hub id as 'mmfront serve' takes it), greedy decoding of one sequence per request; a request "
                                         "that asks for more (temperature above 0, n above 1, penalties, "
                                         "logprobs, structured outputs, ...) is refused with the field it names, "
                                         "never answered greedily. For several frontends repeat --input and "
