@@ -44,18 +44,21 @@ LEGACY_STAMP := $(LEGACY_VENV)/.mmfront-installed
 
 install: $(STAMP)
 
-# What `make demo` needs: mmfront, its runtime dependencies and the `demo` extra (OpenAI's client,
-# which sends the demo's requests to `mmfront serve`); no test tools, no Ray.
+# What `make demo` needs, and what serving every family of docs/models.md needs: mmfront, its runtime
+# dependencies, the `demo` extra (OpenAI's client, which sends the demo's requests to `mmfront
+# serve`), the `video` extra (PyAV: video items) and torchvision and torchaudio as `make test` installs
+# them (the families whose processors need them, see above); no test tools, no Ray. So
+# `mmfront fixtures build FAMILY DIR` and `mmfront serve DIR` work in it for every family.
 $(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
-	$(PY) -m pip install $(PIP_FLAGS) -e ".[demo]"
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[demo,video]"
+	$(PY) -c "$(HAS_MODULE)" torchvision || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
+	$(PY) -c "$(HAS_MODULE)" torchaudio || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHAUDIO_PIN)"
 	touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install $(PIP_FLAGS) -e ".[test,ray]"
-	$(PY) -c "$(HAS_MODULE)" torchvision || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
-	$(PY) -c "$(HAS_MODULE)" torchaudio || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHAUDIO_PIN)"
 	touch $(STAMP)
 
 # Run by .venv-legacy's python with .venv's site-packages as argument: the .pth file of the overlay.

@@ -18,13 +18,15 @@ from mmfront.cli import build_parser, main
 RST_MARKUP = re.compile(r"``|:[a-z]+:`|`_\b|\.\. [a-z]+::")
 
 
-def _parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
-    parser = build_parser()
-    yield "mmfront", parser
+def _parsers(parser: argparse.ArgumentParser | None = None, prefix: str = "mmfront") -> Iterator[
+        tuple[str, argparse.ArgumentParser]]:
+    """Every parser of the command line, sub-commands' own sub-commands included (``fixtures list``)."""
+    parser = parser or build_parser()
+    yield prefix, parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                yield f"mmfront {name}", sub
+                yield from _parsers(sub, f"{prefix} {name}")
 
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -42,7 +44,8 @@ def test_version_through_the_module_entry_point() -> None:
 
 def test_the_parsers_are_the_expected_ones() -> None:
     assert [name for name, _ in _parsers()] == ["mmfront", "mmfront serve", "mmfront demo", "mmfront bench",
-                                                "mmfront worker", "mmfront models"]
+                                                "mmfront worker", "mmfront models", "mmfront fixtures",
+                                                "mmfront fixtures list", "mmfront fixtures build"]
 
 
 @pytest.mark.parametrize(("name", "parser"), list(_parsers()), ids=lambda v: v if isinstance(v, str) else "")
@@ -174,6 +177,14 @@ def test_worker_needs_a_frontend_by_handshake_or_by_sockets() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["worker", "unused-model"])
     assert str(exc.value.code).startswith("mmfront worker: give a frontend to serve: --data-parallel-address")
+
+
+def test_worker_takes_a_hub_id_and_says_what_to_do_when_it_is_not_cached() -> None:
+    with pytest.raises(SystemExit) as exc:  # the suite runs with HF_HUB_OFFLINE=1 (tests/conftest.py)
+        main(["worker", "tiny-org/absent", "--data-parallel-address", "127.0.0.1"])
+    assert str(exc.value.code).startswith("mmfront worker: MODEL 'tiny-org/absent' is not a folder, and the hub "
+                                          "repository is not in the Hugging Face cache (HF_HUB_CACHE) (HF_HUB_OFFLINE "
+                                          "is set). Download it where the network allows")
 
 
 def test_worker_takes_vllms_handshake_options() -> None:

@@ -109,6 +109,7 @@ def test_docstring_tree_matches_the_class_bases(name: str) -> None:
 
 BUILTIN_OF: dict[str, tuple[type[BaseException], ...]] = {
     "ConfigError": (ValueError,),
+    "ModelFilesNotFoundError": (ValueError,),
     "UnsupportedModelError": (ValueError,),
     "MissingOffsetsError": (ValueError,),
     "FieldConfigError": (ValueError,),

@@ -1,6 +1,7 @@
 """The ``mmfront`` command: ``serve`` is the OpenAI-compatible server, ``demo`` runs the main job
 on the embedded default model, ``worker`` is the reference engine, ``bench`` runs the benchmarks
-in ``benchmarks/``, ``models`` surveys which HF processors mmfront serves (``docs/models.md``).
+in ``benchmarks/``, ``models`` surveys which HF processors mmfront serves (``docs/models.md``),
+``fixtures`` writes an offline folder of a served family to try ``serve`` on.
 
 Help strings are plain text (no RST markup), since argparse prints them as they are. Parsing
 imports nothing heavy (no torch, transformers or numpy: ``mmfront --help`` answers at once);
@@ -27,7 +28,7 @@ from mmfront.flags import add_options, flag, port, values
 from mmfront.serve.args import add_serve_parser, serve_argv
 
 DESCRIPTION = (
-    "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL_DIR' is the OpenAI-compatible server that "
+    "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL' is the OpenAI-compatible server that "
     "takes the place of 'vllm serve'; 'mmfront demo' runs the main job end to end on the "
     "embedded default model (an offline Gemma 3 processor at real sizes); 'mmfront bench' runs the "
     "benchmarks and prints each speed goal as a ratio against a baseline measured in the same run."
@@ -44,7 +45,8 @@ class WorkerOptions:
     Its cache flags take the defaults of the configuration fields they mirror."""
 
     model: str = field(metadata=flag(positional=True, metavar="MODEL"))
-    """Model folder (config.json, weights, processor)."""
+    """Model folder (config.json, weights, processor), or a hub id read from the HF cache
+    (HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE honoured) and downloaded where missing."""
     transport: str = field(default="zmq", metadata=flag(metavar="NAME"))
     """How to reach the frontends, one of mmfront.engine.transports.ENGINE_TRANSPORTS (zmq: vLLM's ZMQ sockets)."""
     input: list[str] = field(default_factory=list, metadata=flag(repeat=True, metavar="ADDR"))
@@ -161,6 +163,28 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fixtures_list(args: argparse.Namespace) -> int:
+    from mmfront.testing.api import families
+
+    for family in families().values():
+        model_type = f" ({family.model_type})" if family.model_type else ""
+        print(f"{family.name}\t{family.source}{model_type}{', --weights' if family.weights else ''}")
+    return 0
+
+
+def cmd_fixtures_build(args: argparse.Namespace) -> int:
+    from mmfront.testing.api import build_family_folder
+
+    try:
+        folder = build_family_folder(args.family, Path(args.dir), with_weights=args.weights)
+    except ConfigError as e:
+        print(f"mmfront fixtures: {e}", file=sys.stderr)
+        return 2
+    engines = "" if args.weights else " --data-parallel-size-local 0  # no weights: in front of headless engines"
+    print(f"mmfront fixtures: wrote {args.family} to {folder}; serve it with:\n  mmfront serve {folder}{engines}")
+    return 0
+
+
 def run_and_end_the_process(command: Callable[[], int]) -> int:
     """Run ``command`` (a server's whole life), then end the process without the interpreter's
     teardown: with torch and transformers loaded, tearing the modules down takes about a second of
@@ -220,6 +244,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from mmfront.engine.transports import ENGINE_TRANSPORTS
     from mmfront.engine.worker import run_worker
+    from mmfront.errors import ModelFilesNotFoundError
+    from mmfront.hub import resolve_model_folder
 
     opts = WorkerOptions(**values(WorkerOptions, args))
     handshake = [*opts.handshake]
@@ -240,8 +266,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     connect = ENGINE_TRANSPORTS.get(opts.transport)
     if connect is None:
         raise SystemExit(f"mmfront worker: unknown --transport {opts.transport!r}; known: {', '.join(ENGINE_TRANSPORTS)}")
+    try:
+        model = resolve_model_folder(opts.model, weights=True)
+    except ModelFilesNotFoundError as e:
+        raise SystemExit(f"mmfront worker: {e}") from e
     frontends = [connect(i, o) for i, o in zip(opts.input, opts.output)]
-    stats = run_worker(opts.model, frontends, config, engine_index=opts.engine_index, handshake=handshake,
+    stats = run_worker(model, frontends, config, engine_index=opts.engine_index, handshake=handshake,
                        local=opts.local,
                        shm_name=shm_names if opts.cache == "shm" else None, device=opts.device, dtype=opts.dtype)
     if opts.json:
@@ -258,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mmfront {__version__}",
                         help="print the mmfront version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                help="serve, demo, bench, worker or models; 'mmfront COMMAND --help' lists its options")
+                                help="serve, demo, bench, worker, models or fixtures; 'mmfront COMMAND --help' lists its options")
     add_serve_parser(sub).set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="run the main job end to end on the embedded default model",
                           description="Start 'mmfront serve' on a real model (it starts 'mmfront worker'), send "
@@ -298,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "handshake (--data-parallel-address/--data-parallel-rpc-port, as "
                                         "'vllm serve --headless'; or --handshake), or connect to their sockets, and "
                                         "serve their requests with the model in MODEL (a local folder with "
-                                        "weights), greedy decoding of one sequence per request; a request "
+                                        "weights, or a hub id as 'mmfront serve' takes it), greedy decoding of one sequence per request; a request "
                                         "that asks for more (temperature above 0, n above 1, penalties, "
                                         "logprobs, structured outputs, ...) is refused with the field it names, "
                                         "never answered greedily. For several frontends repeat --input and "
@@ -318,6 +348,27 @@ def build_parser() -> argparse.ArgumentParser:
                         help="survey only these processor classes (e.g. LlavaProcessor)")
     models.add_argument("--verbose", action="store_true", help="print each outcome as it is found")
     models.set_defaults(func=cmd_models)
+    fixtures = sub.add_parser("fixtures", help="write an offline model folder of a served family, to try mmfront serve",
+                              description="'mmfront fixtures list' names every family; 'mmfront fixtures build FAMILY "
+                                          "DIR' writes its offline folder (config.json, processor, tokenizer, chat "
+                                          "template; with --weights a small random-weight model the reference "
+                                          "worker runs) with the builders the test suite proves, so nothing is "
+                                          "downloaded. A family is a fixture kind (gemma3, qwen2_5_vl, ...) or an "
+                                          "HF processor class of docs/models.md's table (LlavaProcessor, ...).")
+    actions = fixtures.add_subparsers(dest="action", required=True, metavar="ACTION", help="list or build")
+    actions.add_parser("list", help="name every family, its source and whether it takes --weights",
+                       description="One line per family: its name, where it comes from (a fixture kind with its "
+                                   "model type, or an HF processor class) and ', --weights' where it has a "
+                                   "random-weight model.").set_defaults(func=cmd_fixtures_list)
+    build = actions.add_parser("build", help="write FAMILY's offline folder into DIR",
+                               description="Write FAMILY's offline folder into DIR (a new or empty folder) and "
+                                           "print the command that serves it.")
+    build.add_argument("family", metavar="FAMILY", help="a name 'mmfront fixtures list' prints")
+    build.add_argument("dir", metavar="DIR", help="the folder to write (new, or empty)")
+    build.add_argument("--weights", action="store_true",
+                       help="add a random-weight model, which the reference worker runs (the families the list "
+                            "marks ', --weights')")
+    build.set_defaults(func=cmd_fixtures_build)
     return parser
 
 

@@ -286,8 +286,9 @@ class MultiModalConfig:
     """Whether an external load balancer spreads requests over the ranks (vLLM's ``--data-parallel-external-lb``)."""
 
     # --- loading the model folder ---
-    tokenizer: str | None = field(default=None, metadata=flag(metavar="DIR"))
-    """A local folder to load the tokenizer from instead of the model folder (``None``: the model's)."""
+    tokenizer: str | None = field(default=None, metadata=flag(metavar="DIR_OR_ID"))
+    """The folder to load the tokenizer from instead of the model's (``None``: the model's); ``mmfront
+    serve`` also takes a hub id, resolved as ``MODEL`` is, at ``--tokenizer-revision``."""
     trust_remote_code: bool = field(default=False, metadata=flag())
     """Let transformers run the code a model folder ships (``auto_map``) to load its processor,
     tokenizer and config; off, such a folder is refused."""

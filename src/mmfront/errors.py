@@ -19,6 +19,7 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
 
     MMFrontError
     ├── ConfigError [ValueError]
+    │   └── ModelFilesNotFoundError
     ├── UnsupportedModelError [ValueError]
     │   └── MissingOffsetsError
     ├── FieldConfigError [ValueError]
@@ -86,6 +87,11 @@ class MMFrontError(Exception):
 
 class ConfigError(MMFrontError, ValueError):
     """A configuration value is invalid."""
+
+
+class ModelFilesNotFoundError(ConfigError):
+    """``MODEL`` (or ``--tokenizer``) is neither a local folder nor a hub repository found in the
+    Hugging Face cache or, where the network is allowed, on the hub."""
 
 
 class UnsupportedModelError(MMFrontError, ValueError):

@@ -39,7 +39,7 @@ def test_the_defaults_are_vllms(tmp_path: Path) -> None:
     p = plan(tmp_path)
     s = p.settings
     assert (s.model, s.host, s.port, s.api_key, s.served_model_name, s.model_names) == (
-        tmp_path, "0.0.0.0", 8000, None, (), (str(tmp_path),))
+        str(tmp_path), "0.0.0.0", 8000, None, (), (str(tmp_path),))
     assert (s.max_body_bytes, s.uvicorn_log_level, s.api_server_count, s.max_logprobs) == (
         DEFAULT_MAX_BODY_BYTES, "info", 1, 20)
     c = p.config
@@ -204,9 +204,11 @@ def test_a_value_the_configuration_refuses_exits_2_with_its_message(
     assert err.startswith("mmfront serve: ") and message in err, err
 
 
-def test_a_model_dir_that_is_not_a_folder_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_model_that_is_neither_a_folder_nor_a_hub_id_exits_2(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", str(tmp_path / "org/model")]) == 2
-    assert "is not a folder; mmfront serves a local model folder" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(
+        f"mmfront serve: MODEL '{tmp_path / 'org/model'}' is neither a folder nor a hub id (ORG/NAME): ")
 
 
 def test_the_worker_command_meets_every_api_server_through_its_handshake_with_its_cache(tmp_path: Path) -> None:

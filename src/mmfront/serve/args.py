@@ -1,9 +1,10 @@
-"""``mmfront serve MODEL_DIR``'s command line: ``vllm serve``'s flag names for everything that
+"""``mmfront serve MODEL``'s command line: ``vllm serve``'s flag names for everything that
 concerns the frontend, mmfront's own beside them, and a refusal naming every other ``vllm serve``
 flag (:mod:`mmfront.serve.vllm_flags`), so nothing is silently ignored.
 
 The flags are generated (:mod:`mmfront.flags`) from the fields of the classes that hold them
 (:data:`SERVE_FLAGS`): :class:`~mmfront.serve.settings.ServeSettings` (HTTP),
+:class:`~mmfront.hub.ModelSource` (where a hub id ``MODEL`` is found),
 :class:`~mmfront.config.MultiModalConfig` (processing, caches, media),
 :class:`~mmfront.config.DataParallelConfig` (where the engines are),
 :class:`~mmfront.serve.settings.LocalEngineOptions` and :class:`~mmfront.serve.settings.ServePlan`
@@ -16,18 +17,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
 from mmfront.flags import add_options, check_unique, expand_argv, flag_table, options, values
+from mmfront.hub import ModelSource, resolve_model_folder, resolve_tokenizer_folder
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
 from mmfront.serve.vllm_flags import refusal
 
 DESCRIPTION = (
-    "Serve MODEL_DIR over vLLM's OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
+    "Serve MODEL (a local folder, or a Hugging Face hub id read from the local HF cache and downloaded where "
+    "missing) over vLLM's OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, "
     "/v1/models, /health, /version, /metrics), in place of 'vllm serve'. By default it starts its engines "
     "itself (--data-parallel-size 'mmfront worker' processes on this host, met through vLLM's start-up "
     "handshake); with --data-parallel-size-local 0 it starts none and waits for headless engines, vLLM's "
@@ -53,10 +55,12 @@ class ServeFlags:
     parallel: type[DataParallelConfig] = DataParallelConfig
     engine: type[LocalEngineOptions] = LocalEngineOptions
     plan: type[ServePlan] = ServePlan
+    source: type[ModelSource] = ModelSource
 
     def groups(self) -> list[tuple[str, type]]:
         """``--help``'s sections, in order, with the class each one's flags come from."""
-        return [("HTTP server", self.settings), ("requests and multimodal processing", self.config),
+        return [("HTTP server", self.settings), ("the model's files", self.source),
+                ("requests and multimodal processing", self.config),
                 ("engines", self.parallel), ("the engines mmfront starts", self.engine),
                 ("waiting for the engines", self.plan)]
 
@@ -108,19 +112,21 @@ def plan_from_args(args: argparse.Namespace, flags: ServeFlags = SERVE_FLAGS) ->
     refuses raises :class:`~mmfront.errors.ConfigError` naming it."""
     if getattr(args, "config_file", None) is not None:
         raise ConfigError("--config is read before parsing: pass the command line through serve_argv().")
-    if not Path(args.model).is_dir():
-        raise ConfigError(f"MODEL_DIR {args.model!r} is not a folder; mmfront serves a local model folder "
-                          "(it downloads nothing).")
     settings = flags.settings(**values(flags.settings, args))
     parallel = flags.parallel(**values(flags.parallel, args))
+    source = flags.source(**values(flags.source, args))
     config = flags.config(**values(flags.config, args))
+    config = replace(config, tokenizer=resolve_tokenizer_folder(config.tokenizer, source))
+    # the reference workers load the weights from this folder; vLLM's engines download their own
+    folder = resolve_model_folder(settings.model, revision=source.revision, download_dir=source.download_dir,
+                                  token=source.hf_token, weights=parallel.local_ranks > 0)
     if config.mm_processor_cache_type == "shm" and config.mm_processor_cache_gb > 0 and (
             not parallel.all_local or parallel.data_parallel_size > 1 or settings.api_server_count > 1):
         raise ConfigError("--mm-processor-cache-type shm serves one engine on this host from one API server (its "
                           "shared memory is theirs); use lru with engines elsewhere, --data-parallel-size or "
                           "--api-server-count above 1 (lru keeps one mirror per rank and API server).")
     engine = flags.engine(**values(flags.engine, args), dtype=None if config.dtype == "auto" else config.dtype)
-    return flags.plan(settings, config, parallel, engine, **values(flags.plan, args))
+    return flags.plan(settings, config, parallel, engine, source=source, resolved_model=folder, **values(flags.plan, args))
 
 
 __all__ = ["DESCRIPTION", "SERVE_FLAGS", "ServeFlags", "add_serve_parser", "plan_from_args", "refuse_unknown",

@@ -16,7 +16,7 @@ from mmfront.serve.settings import ServePlan, ServeSettings
 
 logger = logging.getLogger("mmfront.serve.startup")
 
-SENSITIVE = frozenset({"api_key"})
+SENSITIVE = frozenset({"api_key", "hf_token"})
 """Options whose values are never logged (vLLM's ``_SENSITIVE_ARG_FIELDS`` that mmfront takes)."""
 
 
@@ -24,7 +24,7 @@ def non_default_args(plan: ServePlan) -> dict[str, Any]:
     """Every option of ``plan`` that differs from its default, by its field's name (the
     ``argparse`` destination, as vLLM's ``non-default args`` names them); secrets redacted."""
     found: dict[str, Any] = {}
-    for part in (plan.settings, plan.config, plan.parallel, plan.engine, plan):
+    for part in (plan.settings, plan.config, plan.parallel, plan.engine, plan.source, plan):
         for f in dataclasses.fields(part):
             value = getattr(part, f.name)
             if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -293,7 +293,7 @@ def bind_link(plan: ServePlan, *, client_index: int = 0) -> Link:
     """Load the processing and bind the data sockets: ``ipc`` when every engine is local, else
     ``tcp`` on ``data_parallel_address``, as vLLM binds."""
     parallel = plan.parallel
-    preprocessor = InputPreprocessor(plan.settings.model, plan.config)
+    preprocessor = InputPreprocessor(plan.model_folder, plan.config)
     try:
         preprocessor.warmup()
         transport = (ZmqFrontendTransport("ipc", client_index=client_index) if parallel.all_local
@@ -362,7 +362,7 @@ def start_engines(plan: ServePlan, handshake: str, shm_names: Sequence[str | Non
     if not plan.parallel.local_ranks:
         return None
     names = [name for name in shm_names if name is not None]
-    return EngineProcesses([worker_command(plan.settings.model, rank, [handshake], plan.config, plan.engine,
+    return EngineProcesses([worker_command(plan.model_folder, rank, [handshake], plan.config, plan.engine,
                                            shm_names=names)
                             for rank in range(plan.parallel.local_ranks)], env=env)
 
@@ -515,7 +515,7 @@ def check_start(plan: ServePlan) -> None:
     """What is refused before anything starts, as ``vllm serve`` refuses it: a
     ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` that is not an integer, a ``--max-model-len`` above the model's limit."""
     keep_alive_on_engine_death()
-    check_max_model_len(plan.config.max_model_len, plan.settings.model,
+    check_max_model_len(plan.config.max_model_len, plan.model_folder,
                         trust_remote_code=plan.config.trust_remote_code)
 
 

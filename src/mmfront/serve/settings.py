@@ -18,6 +18,7 @@ from typing import Any, Literal
 from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
 from mmfront.flags import count, flag, json_list, port, positive_int, seconds
+from mmfront.hub import ModelSource
 
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 """Request bodies above this are refused before they are read whole (413)."""
@@ -37,9 +38,11 @@ def one_key(keys: Sequence[str]) -> str:
 class ServeSettings:
     """The HTTP side of one ``mmfront serve``."""
 
-    model: Path = field(metadata=flag(positional=True, metavar="MODEL_DIR", collect=Path))
-    """The model folder, config.json, processor and tokenizer, with the weights when mmfront starts
-    its own engines (``vllm serve MODEL``; mmfront downloads nothing)."""
+    model: str = field(metadata=flag(positional=True, metavar="MODEL"))
+    """The model, as ``vllm serve MODEL`` takes it: a local folder (config.json, processor and
+    tokenizer, with the weights when the engines are mmfront's reference workers) or a Hugging Face
+    hub id, read from the local HF cache and downloaded where missing and the network allows it
+    (``--revision``, ``--download-dir``, ``--hf-token``, ``HF_HUB_OFFLINE``)."""
     served_model_name: tuple[str, ...] = field(default=(), metadata=flag(metavar="NAME"))
     """Names clients may send as ``model``; the first is the one reported (empty: ``model``'s path,
     as vLLM)."""
@@ -195,12 +198,22 @@ class ServePlan:
     config: MultiModalConfig
     parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
     engine: LocalEngineOptions = field(default_factory=LocalEngineOptions)
+    source: ModelSource = field(default_factory=ModelSource)
+    resolved_model: Path | None = None
+    """The local folder ``settings.model`` resolved to (:func:`mmfront.hub.resolve_model_folder`);
+    ``None``: ``settings.model`` is that folder."""
     engine_ready_timeout_s: float = field(default=600.0, metadata=flag(
         name="--engine-ready-timeout", vllm=False, parse=seconds, metavar="S"))
     """Seconds to wait for every engine to be ready (vLLM's ``VLLM_ENGINE_READY_TIMEOUT_S``)."""
     engine_timeout_s: float = field(default=30.0, metadata=flag(
         name="--engine-timeout", vllm=False, parse=seconds, metavar="S"))
     """An engine announcing heartbeats that is silent this long while requests wait is dead."""
+
+    @property
+    def model_folder(self) -> Path:
+        """The folder the API server (and a reference worker) loads the model from; ``settings.model``
+        stays the name it is served and reported under, a hub id as ``vllm serve`` reports it."""
+        return self.resolved_model or Path(self.settings.model)
 
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "LocalEngineOptions", "ServePlan", "ServeSettings", "one_key"]

@@ -29,7 +29,7 @@ ENGINE_ONLY_FLAGS = frozenset({
     "--stream-interval", "--scheduler-cls",
     # model execution
     "--quantization", "-q", "--quantization-config", "--enforce-eager", "--no-enforce-eager", "--seed",
-    "--load-format", "--download-dir", "--revision", "--code-revision", "--attention-backend",
+    "--load-format", "--code-revision", "--attention-backend",
     "--attention-config", "-ac", "--compilation-config", "-cc", "--cudagraph-capture-sizes",
     "--max-cudagraph-capture-size", "--optimization-level", "--performance-mode",
     "--logprobs-mode", "--generation-config", "--override-generation-config", "--hf-overrides",
