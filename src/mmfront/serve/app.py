@@ -39,6 +39,7 @@ from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, R
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
+from mmfront.preprocess.truncation import resolve_truncation
 from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
@@ -60,6 +61,9 @@ from mmfront.wire.structs import EngineCoreOutput, FinishReason
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
 """The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
 logger = logging.getLogger(__name__)
+
+SESSION_ID_HEADER = "X-Session-ID"
+"""The header vLLM reads a request's ``session_id`` from when the body has none."""
 
 
 def json_response(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -266,7 +270,9 @@ class _Server:
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
             chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(protocol.template_kwargs(req)),
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
-            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none))
+            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none),
+            **self._prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
+                                   else req.max_tokens))
         inputs = await self._prepare(req.messages, options, response_id)
         params = parsing.adjust(protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
@@ -297,7 +303,8 @@ class _Server:
         if self.settings.enable_prompt_tokens_details:
             usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
         answer = responses.chat_response(head, body_choices, usage, prompt_logprobs=choices[0].prompt_logprobs,
-                                         prompt_token_ids=prompt_ids if req.return_token_ids else None)
+                                         prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                                         prompt_text=inputs.get("prompt") if req.return_prompt_text else None)
         if self.output_log is not None:
             for choice, output in zip(body_choices, choices):
                 logged = logged_message(choice.message)
@@ -311,7 +318,7 @@ class _Server:
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
-                                 priority=req.priority)
+                                 priority=req.priority, **self._prompt_options(request, req, req.max_tokens or 0))
         prompts = protocol.prompts(req)
         prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
@@ -455,7 +462,9 @@ class _Server:
         try:
             for i in range(len(choices)):
                 yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
-                                                     prompt_token_ids=prompt_ids if req.return_token_ids else None))
+                                                     prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                                                     prompt_text=inputs.get("prompt") if req.return_prompt_text
+                                                     else None))
             for i in range(len(choices) if echo else 0):
                 yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
             async for i, delta in self._deltas(gen, choices):
@@ -582,6 +591,23 @@ class _Server:
                     f"Per-request {name} are disabled by default because they can change multimodal {what} "
                     "resource usage. Start the server with --trust-request-mm-kwargs only when clients are trusted.",
                     parameter=name)
+
+    def _prompt_options(self, request: Request, req: ChatCompletionRequest | CompletionRequest,
+                        max_output_tokens: int | None) -> dict[str, Any]:
+        """The request's options for its prompt (``add_special_tokens``, ``truncate_prompt_tokens``
+        and ``truncation_side``, the limit checked as vLLM checks it) and its engine request's
+        ``session_id`` (vLLM's ``_get_session_id``: the field, else the ``X-Session-ID`` header,
+        else a string ``vllm_xargs["session_id"]``)."""
+        session_id = req.session_id or request.headers.get(SESSION_ID_HEADER) or None
+        if session_id is None and req.vllm_xargs and isinstance(req.vllm_xargs.get("session_id"), str):
+            session_id = str(req.vllm_xargs["session_id"]) or None
+        if req.truncate_prompt_tokens is not None:  # vLLM checks the output budget first
+            self._max_tokens(max_output_tokens or None, 0, "max_completion_tokens"
+                             if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None
+                             else "max_tokens")
+        truncation = resolve_truncation(req.truncate_prompt_tokens, req.truncation_side,
+                                        max_model_len=self.max_model_len, max_output_tokens=max_output_tokens)
+        return {"add_special_tokens": req.add_special_tokens, "truncation": truncation, "session_id": session_id}
 
     def _template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
         """A request's ``chat_template_kwargs`` over ``--default-chat-template-kwargs``."""

@@ -275,7 +275,7 @@ class ChatCompletionResponse(OpenAIBody, kw_only=True):
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
-    prompt_text: None = None
+    prompt_text: str | None = None
     kv_transfer_params: None = None
     ec_transfer_params: None = None
     metrics: None = None
@@ -316,10 +316,11 @@ def completion_choice(index: int, text: str, logprobs: CompletionLogProbs | None
 
 def chat_response(head: ResponseHead, choices: list[ChatCompletionResponseChoice], usage_info: UsageInfo, *,
                   prompt_logprobs: PromptLogprobs | None = None, prompt_token_ids: list[int] | None = None,
-                  ) -> ChatCompletionResponse:
+                  prompt_text: str | None = None) -> ChatCompletionResponse:
+    """``prompt_text``: the rendered prompt (``return_prompt_text``)."""
     return ChatCompletionResponse(**_head(head), choices=choices, system_fingerprint=head.fingerprint,
                                   usage=usage_info, prompt_logprobs=clamp_prompt_logprobs(prompt_logprobs),
-                                  prompt_token_ids=prompt_token_ids)
+                                  prompt_token_ids=prompt_token_ids, prompt_text=prompt_text)
 
 
 def completion_response(head: ResponseHead, choices: list[CompletionResponseChoice], usage_info: UsageInfo,
@@ -371,7 +372,7 @@ class ChatCompletionStreamResponse(OpenAIBody, kw_only=True):
     usage: UsageInfo | UnsetType = UNSET
     system_fingerprint: str | UnsetType | None = UNSET
     prompt_token_ids: list[int] | UnsetType | None = UNSET
-    prompt_text: UnsetType | None = UNSET
+    prompt_text: str | UnsetType | None = UNSET
     kv_transfer_params: UnsetType | None = UNSET
 
 
@@ -393,12 +394,13 @@ def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: boo
 
 
 def chat_role_chunk(head: ResponseHead, index: int, usage_info: UsageInfo | None = None, *, role: str = "assistant",
-                    prompt_token_ids: list[int] | None = None) -> ChatCompletionStreamResponse:
+                    prompt_token_ids: list[int] | None = None, prompt_text: str | None = None,
+                    ) -> ChatCompletionStreamResponse:
     """A stream's first chunk per choice: the role, and empty content (and the prompt's tokens,
-    with ``return_token_ids``)."""
+    with ``return_token_ids``; its rendered text, with ``return_prompt_text``)."""
     choice = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role=role, content=""))
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
-                                        prompt_token_ids=prompt_token_ids, prompt_text=None)
+                                        prompt_token_ids=prompt_token_ids, prompt_text=prompt_text)
 
 
 def chat_echo_chunk(head: ResponseHead, index: int, text: str, usage_info: UsageInfo | None = None,
