@@ -54,7 +54,7 @@ VLLM_FIELDS: dict[str, tuple[str, ...]] = {
 """The fields of vLLM 0.33's request models, in their order (``model_fields``)."""
 
 REFUSED = frozenset({
-    "use_beam_search", "return_weight_versions", "stream_interval", "prompt_embeds", "suffix",
+    "use_beam_search", "prompt_embeds", "suffix",
     "media_io_kwargs", "thinking_token_budget", "chat_template", "mm_processor_kwargs",
 })
 """Refused with a 400 naming the field: mmfront does not implement it yet (``NOT_SUPPORTED`` in
@@ -202,6 +202,9 @@ SHOWN_ELSEWHERE = {
     "tool_choice": "as tools: tests/serve/test_tools_vllm_serve.py and test_chat_parsing.py",
     "parallel_tool_calls": "as tools: tests/serve/test_chat_parsing.py",
     "include_reasoning": "changes an answer only with --reasoning-parser: tests/serve/test_tools_vllm_serve.py",
+    "return_weight_versions": "the reference worker labels no weights (the answer's spans stay null, as vLLM's for "
+                              "such an engine); tests/serve/test_vllm_serve_fields.py shows them on a stock vLLM "
+                              "engine, which labels its weights 'default'",
 }
 """Fields this server (the reference worker, no parsers) cannot show honoured, and the tests that do."""
 

@@ -15,6 +15,7 @@ through an item.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -106,6 +107,18 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "chat_session_id": (CHAT_PATH, text_chat(session_id="session-1"), BODY),
     "completion_session_id": (COMPLETION_PATH, text_completion(session_id="session-1"), BODY),
     "chat_session_id_in_xargs": (CHAT_PATH, text_chat(vllm_xargs={"session_id": "session-2"}), BODY),
+    # stream_interval: a whole answer is the same; 0 is refused
+    "chat_stream_interval_whole": (CHAT_PATH, text_chat(stream_interval=3), BODY),
+    "completion_stream_interval_whole": (COMPLETION_PATH, text_completion(stream_interval=2), BODY),
+    "chat_stream_interval_zero": (CHAT_PATH, text_chat(stream_interval=0), KIND),
+    # return_weight_versions: the stock engine labels its weights "default"
+    "chat_weight_versions": (CHAT_PATH, text_chat(return_weight_versions=True), BODY),
+    "chat_weight_versions_n2": (CHAT_PATH, text_chat(return_weight_versions=True, n=2), BODY),
+    "image_chat_weight_versions": (CHAT_PATH, image_chat(return_weight_versions=True), BODY),
+    "completion_weight_versions": (COMPLETION_PATH, text_completion(return_weight_versions=True), BODY),
+    "completion_weight_versions_two_prompts": (COMPLETION_PATH, text_completion(
+        prompt=["Hello", "there"], return_weight_versions=True), BODY),
+    "chat_weight_versions_stop": (CHAT_PATH, text_chat(return_weight_versions=True, max_tokens=8, stop=["In"]), BODY),
 }
 
 
@@ -149,3 +162,44 @@ def test_a_cut_that_drops_an_image_is_a_400_in_mmfront(pair: Pair) -> None:  # n
     assert (got["type"], got["param"]) == ("BadRequestError", "truncate_prompt_tokens"), mmfront.text
     assert got["message"].startswith("truncate_prompt_tokens=10 would split or drop a(n) image item, which spans "
                                      "tokens 3 to 263 of the 279-token prompt."), mmfront.text
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT_PATH, text_chat(max_tokens=8, stream_interval=3, stream=True)),
+    (COMPLETION_PATH, text_completion(max_tokens=8, stream_interval=3, stream=True)),
+    (CHAT_PATH, text_chat(max_tokens=8, stream_interval=3, n=2, stream=True)),
+], ids=["chat", "completion", "chat_n2"])
+def test_a_stream_interval_batches_the_tokens_as_vllms(pair: Pair, path: str, body: dict[str, Any]) -> None:  # noqa: F811
+    """The first tokens at once, then at least ``stream_interval`` tokens a chunk, then the end
+    (outputs that arrive together are merged too, in both servers: how many chunks there are
+    depends on timing)."""
+    vllm, mmfront = both(pair, "POST", path, body)
+    want, got = read_stream(vllm), read_stream(mmfront)
+    assert (got.text, got.role) == (want.text, want.role), explain(pair, vllm, mmfront)
+    for answer in (vllm, mmfront):
+        per_choice: dict[int, list[list[int]]] = {}
+        for event in answer.text.split("\n\n"):
+            if event.startswith("data: {"):
+                chunk = json.loads(event.removeprefix("data: "))
+                for choice in chunk["choices"]:
+                    if choice.get("token_ids"):
+                        per_choice.setdefault(choice["index"], []).append(choice["token_ids"])
+        assert len(per_choice) == (body.get("n") or 1), answer.text
+        for chunks in per_choice.values():
+            assert sum(map(len, chunks)) == 8, answer.text
+            assert all(len(c) >= 3 for c in chunks[1:-1]), answer.text
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    (CHAT_PATH, text_chat(max_tokens=4, return_weight_versions=True, stream=True)),
+    (CHAT_PATH, text_chat(max_tokens=4, return_weight_versions=True, n=2, stream=True)),
+    (COMPLETION_PATH, text_completion(max_tokens=4, return_weight_versions=True, stream=True)),
+], ids=["chat", "chat_n2", "completion"])
+def test_a_stream_ends_each_choice_with_its_weight_versions(pair: Pair, path: str, body: dict[str, Any]) -> None:  # noqa: F811
+    vllm, mmfront = both(pair, "POST", path, body)
+    want, got = read_stream(vllm), read_stream(mmfront)
+    assert got.text == want.text, explain(pair, vllm, mmfront)
+    spans = {side: {i: c["choices"][0]["weight_versions"] for i, c in stream.finish.items()}
+             for side, stream in (("vllm", want), ("mmfront", got))}
+    assert spans["mmfront"] == spans["vllm"] == {i: [{"version": "default", "start": 0, "end": 4}]
+                                                 for i in range(body.get("n") or 1)}, explain(pair, vllm, mmfront)

@@ -149,16 +149,17 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     return_token_offsets: bool | None = False
     mm_payload: Literal["tensors", "none"] = "tensors"
     return_mm_kwargs: bool | None = None
-    # the prompt's tokens and the engine request's session (vLLM's renderer and engine fields)
+    # the prompt's tokens, the engine request's session, a stream's chunks, the weights' versions (vLLM's
+    # renderer, engine and output-processor fields)
     truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**63 - 1)] | None = None
     truncation_side: Literal["left", "right"] | None = None
     session_id: str | None = None
+    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    return_weight_versions: bool = False
     # refused while not set to vLLM's default (NOT_SUPPORTED says why)
     use_beam_search: bool = False
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     thinking_token_budget: Any = None
-    return_weight_versions: bool = False
-    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -304,8 +305,6 @@ def fits(body: bytes, cls: type[Any]) -> bool:
 
 NOT_SUPPORTED: dict[str, str] = {
     "use_beam_search": "beam search is not supported by mmfront serve",
-    "return_weight_versions": "weight versions are not supported by mmfront serve yet",
-    "stream_interval": "a per-request stream interval is not supported by mmfront serve yet",
     "prompt_embeds": "prompt embeddings are not supported by mmfront serve",
 }
 """The request fields mmfront takes but does not honour, with why: a value other than vLLM's
@@ -720,6 +719,7 @@ def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tok
         extra_args=_extra_args(request),
         repetition_detection=request.repetition_detection,
         routed_experts_prompt_start=request.routed_experts_prompt_start,
+        stream_interval=request.stream_interval,
         skip_clone=True,
     )
 
