@@ -11,8 +11,6 @@ prompts); a stream carries it on its usage chunk only (without ``null`` fields).
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,11 +22,9 @@ from test_vllm_serve_parity import (
     PEER_DIR,
     SERVED,
     Pair,
-    Side,
     both,
     explain,
-    start_side,
-    wait_healthy,
+    running_pair,
 )
 
 from mmfront.testing.peer import SKIP_REASON
@@ -44,19 +40,9 @@ TIMES = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     if PEER is None or MODEL is None or not PEER_DIR.is_dir():
         pytest.skip(SKIP_REASON)
-    folder = tmp_path_factory.mktemp("per_request_metrics")
-    sides: list[Side] = []
-    try:
-        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], {}, folder, server_args=FLAGS,
-                                engine_log_stats=True))
-        env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}
-        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], env, folder, server_args=FLAGS,
-                                engine_log_stats=True))
-        wait_healthy(sides)
-        yield Pair(*sides)
-    finally:
-        for side in sides:
-            side.stop()
+    with running_pair(tmp_path_factory.mktemp("per_request_metrics"), server_args=FLAGS,
+                      engine_log_stats=True) as both_servers:
+        yield both_servers
 
 
 def shape(metrics: Any) -> Any:
