@@ -194,6 +194,8 @@ def test_a_bad_value_exits_2_naming_the_flag(tmp_path: Path, capsys: pytest.Capt
     (["-dp", "2", "-dpl", "1", "--mm-processor-cache-type", "shm"], "shm serves one engine on this host from one"),
     (["-dp", "2", "--mm-processor-cache-type", "shm"], "lru keeps one mirror per rank"),
     (["--api-server-count", "2", "--mm-processor-cache-type", "shm"], "lru keeps one mirror per rank and API"),
+    (["--enable-per-request-metrics", "--disable-log-stats"],
+     "--enable-per-request-metrics requires engine statistics logging; remove --disable-log-stats"),
 ])
 def test_a_value_the_configuration_refuses_exits_2_with_its_message(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str) -> None:

@@ -27,8 +27,6 @@ from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 NOT_YET = {
     "--reasoning-effort-map": "mapping reasoning_effort values to thinking-token budgets is not taken yet",
     "--tool-strict-level": "strict tool schemas need xgrammar structural tags, which mmfront does not send yet",
-    "--enable-per-request-metrics": "per-request timing metrics in responses are issue 33's observability work",
-    "--disable-per-request-metrics": "see --enable-per-request-metrics",
 }
 """API-server flags refused for now, each with why (docs/serving.md lists them)."""
 

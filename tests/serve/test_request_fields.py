@@ -54,8 +54,7 @@ VLLM_FIELDS: dict[str, tuple[str, ...]] = {
 """The fields of vLLM 0.33's request models, in their order (``model_fields``)."""
 
 REFUSED = frozenset({
-    "use_beam_search", "truncate_prompt_tokens", "truncation_side", "session_id", "return_weight_versions",
-    "stream_interval", "add_special_tokens", "documents", "return_prompt_text", "prompt_embeds", "suffix",
+    "use_beam_search", "prompt_embeds", "suffix",
     "media_io_kwargs", "thinking_token_budget", "chat_template", "mm_processor_kwargs",
 })
 """Refused with a 400 naming the field: mmfront does not implement it yet (``NOT_SUPPORTED`` in
@@ -100,7 +99,7 @@ SAMPLES: dict[str, Any] = {
     "continue_final_message": True, "mm_processor_kwargs": {"do_pan_and_scan": True}, "cache_salt": "salt-1",
     "priority": 3, "user": "someone", "length_penalty": 2.0, "return_token_offsets": True, "mm_payload": "none",
     "return_mm_kwargs": False, "watermarking": True,
-    "use_beam_search": True, "truncate_prompt_tokens": 3, "truncation_side": "left", "session_id": "s-1",
+    "use_beam_search": True, "truncate_prompt_tokens": 3, "truncation_side": "right", "session_id": "s-1",
     "return_weight_versions": True, "stream_interval": 2, "documents": [{"title": "a", "text": "b"}],
     "return_prompt_text": True, "prompt_embeds": "AAAA", "suffix": "x", "media_io_kwargs": {"image": {"k": 1}},
     "thinking_token_budget": 10, "prompt_logprobs": 1, "logprob_token_ids": [1], "return_token_ids": True,
@@ -117,6 +116,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     "n": {"chat": {"temperature": 0.5, "top_k": 1}, "completion": {"temperature": 0.5, "top_k": 1}},
     "return_tokens_as_token_ids": {"chat": {"logprobs": True}, "completion": {"logprobs": 1}},
     "add_special_tokens": {"chat": {"add_special_tokens": True}, "completion": {"add_special_tokens": False}},
+    "truncation_side": {"chat": {"truncate_prompt_tokens": 3}, "completion": {"truncate_prompt_tokens": 2}},
     "continue_final_message": {"chat": {"add_generation_prompt": False,
                                         "messages": [*TEXT, {"role": "assistant", "content": "Well"}]}},
 }
@@ -202,6 +202,9 @@ SHOWN_ELSEWHERE = {
     "tool_choice": "as tools: tests/serve/test_tools_vllm_serve.py and test_chat_parsing.py",
     "parallel_tool_calls": "as tools: tests/serve/test_chat_parsing.py",
     "include_reasoning": "changes an answer only with --reasoning-parser: tests/serve/test_tools_vllm_serve.py",
+    "return_weight_versions": "the reference worker labels no weights (the answer's spans stay null, as vLLM's for "
+                              "such an engine); tests/serve/test_vllm_serve_fields.py shows them on a stock vLLM "
+                              "engine, which labels its weights 'default'",
 }
 """Fields this server (the reference worker, no parsers) cannot show honoured, and the tests that do."""
 

@@ -179,21 +179,32 @@ class Pair:
     mmfront: Side
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    if PEER is None or MODEL is None or not PEER_DIR.is_dir():  # modules that import this fixture too
-        pytest.skip(SKIP_REASON)
-    folder = tmp_path_factory.mktemp("parity")
+@contextlib.contextmanager
+def running_pair(folder: Path, *, server_args: Sequence[str] = (), engine_log_stats: bool = False,
+                 env: dict[str, str] | None = None) -> Iterator[Pair]:
+    """Both servers, each with ``server_args`` (and ``env``) in front of its own stock engine,
+    healthy; stopped on exit."""
+    assert PEER is not None
     sides: list[Side] = []
     try:
-        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], {}, folder))
-        mmfront_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}
-        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], mmfront_env, folder))
+        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], dict(env or {}), folder,
+                                server_args=server_args, engine_log_stats=engine_log_stats))
+        mmfront_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu", **(env or {})}
+        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], mmfront_env, folder,
+                                server_args=server_args, engine_log_stats=engine_log_stats))
         wait_healthy(sides)
         yield Pair(*sides)
     finally:
         for side in sides:
             side.stop()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    if PEER is None or MODEL is None or not PEER_DIR.is_dir():  # modules that import this fixture too
+        pytest.skip(SKIP_REASON)
+    with running_pair(tmp_path_factory.mktemp("parity")) as both_servers:
+        yield both_servers
 
 
 @dataclass
@@ -476,3 +487,21 @@ def test_more_images_than_the_limit_is_a_400_in_both(pair: Pair) -> None:
     assert (got["type"], got["code"]) == (want["type"], want["code"]) == ("BadRequestError", 400), \
         explain(pair, vllm, mmfront)
     assert got["param"] == want["param"] == "image", explain(pair, vllm, mmfront)
+
+
+BODY, SAME_ERROR, KIND = "body", "error", "kind"
+"""How :func:`assert_alike` compares two answers: the same 200 body (ids and times masked), the same
+error (status, type, param, code and message) or the same kind of error (all but the message)."""
+
+
+def assert_alike(pair: Pair, vllm: Answer, mmfront: Answer, compare: str) -> None:
+    assert vllm.status == mmfront.status, explain(pair, vllm, mmfront)
+    if compare == BODY:
+        assert vllm.status == 200, explain(pair, vllm, mmfront)
+        assert masked(mmfront.json()) == masked(vllm.json()), explain(pair, vllm, mmfront)
+        return
+    want, got = error(vllm), error(mmfront)
+    assert (got["type"], got["param"], got["code"]) == (want["type"], want["param"], want["code"]), \
+        explain(pair, vllm, mmfront)
+    if compare == SAME_ERROR:
+        assert got["message"] == want["message"], explain(pair, vllm, mmfront)

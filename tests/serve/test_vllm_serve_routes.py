@@ -10,8 +10,8 @@ fetch public image URLs; here a loopback HTTP server serves them, allowed by the
 Each case asserts mmfront answers as vLLM does: the same status and the same body (ids,
 ``created`` and fingerprints masked), or for streams what does not depend on timing. Intended
 differences (docs/serving.md, "Differences from vllm serve") are asserted as such:
-``/tokenizer_info`` names the tokenizer class each server holds, and vLLM's carries the
-``truncation_side: left`` it loads its tokenizer with; the rest of the configuration is equal.
+``/tokenizer_info`` names the tokenizer class each server holds; the rest of the configuration
+(``truncation_side: left`` included) is equal.
 
 Skipped where the peer venv, its model folder or ``../shared/peer`` is absent."""
 
@@ -178,9 +178,8 @@ def test_tokenizer_info(pair: Pair) -> None:
     vllm, mmfront = both(pair, "GET", "/tokenizer_info")
     assert vllm.status == mmfront.status == 200, explain(pair, vllm, mmfront)
     want, got = vllm.json(), mmfront.json()
-    # vLLM loads its tokenizer with truncation_side="left" (it cuts prompts from the left when asked to
-    # truncate); mmfront truncates no prompt, so its tokenizer keeps the folder's settings
-    assert want.pop("truncation_side") == "left"
+    # both cut prompts from the left when asked to truncate (vLLM loads its tokenizer so)
+    assert want["truncation_side"] == got["truncation_side"] == "left"
     own = {"tokenizer_class"}
     assert {k: v for k, v in got.items() if k not in own} == {k: v for k, v in want.items() if k not in own}, \
         explain(pair, vllm, mmfront)

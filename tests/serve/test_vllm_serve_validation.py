@@ -25,14 +25,17 @@ from typing import Any
 
 import pytest
 from test_vllm_serve_parity import (
+    BODY,
+    KIND,
+    SAME_ERROR,
     SERVED,
     Pair,
     ask,
+    assert_alike,
     both,
     completion,
     error,
     explain,
-    masked,
     pair,  # noqa: F401  the module's servers
     read_stream,
 )
@@ -65,7 +68,6 @@ def text_chat(**fields: Any) -> dict[str, Any]:
 
 
 CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
-BODY, SAME_ERROR, KIND = "body", "error", "kind"
 
 CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     # structured outputs the stub's text fits: answered as without them
@@ -151,16 +153,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
 def test_vllms_case_gets_vllms_answer(pair: Pair, case: str) -> None:  # noqa: F811
     path, body, compare = CASES[case]
     vllm, mmfront = both(pair, "POST", path, body)
-    assert vllm.status == mmfront.status, explain(pair, vllm, mmfront)
-    if compare == BODY:
-        assert vllm.status == 200, explain(pair, vllm, mmfront)
-        assert masked(mmfront.json()) == masked(vllm.json()), explain(pair, vllm, mmfront)
-        return
-    want, got = error(vllm), error(mmfront)
-    assert (got["type"], got["param"], got["code"]) == (want["type"], want["param"], want["code"]), \
-        explain(pair, vllm, mmfront)
-    if compare == SAME_ERROR:
-        assert got["message"] == want["message"], explain(pair, vllm, mmfront)
+    assert_alike(pair, vllm, mmfront, compare)
 
 
 @pytest.mark.parametrize("options", [{}, {"include_usage": False}, {"include_usage": True}])

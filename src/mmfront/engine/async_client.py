@@ -439,7 +439,8 @@ class AsyncEngineClient:
                 return
             streams = [self._streams.get(output.request_id) for output in step.outputs]
         ours = EngineStep(step.engine_index, step.timestamp, step.scheduler_stats,
-                          [output for output, stream in zip(step.outputs, streams) if stream is not None])
+                          [output for output, stream in zip(step.outputs, streams) if stream is not None],
+                          step.weight_version)
         ids = [stream.request_id for stream in streams if stream is not None]
         for observer in observers:
             try:

@@ -308,7 +308,8 @@ class EngineClient:
             events.append(RequestOutput(output.request_id, output))
         if self.step_events and (outputs.outputs or outputs.scheduler_stats is not None):
             ours = [event.output for event in events if isinstance(event, RequestOutput)]
-            events.insert(0, EngineStep(outputs.engine_index, outputs.timestamp, outputs.scheduler_stats, ours))
+            events.insert(0, EngineStep(outputs.engine_index, outputs.timestamp, outputs.scheduler_stats, ours,
+                                        outputs.weight_version))
         return events
 
     def _on_admitted(self, admitted: Admitted) -> list[ClientEvent]:

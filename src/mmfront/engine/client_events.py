@@ -57,6 +57,9 @@ class EngineStep:
     """vLLM's ``SchedulerStats`` as msgpack decoded it (a ``dict``), or ``None`` from an engine
     started with ``--disable-log-stats`` or one that keeps none."""
     outputs: list[EngineCoreOutput]
+    weight_version: str | None = None
+    """The label of the weights that made the step (vLLM's engine sends ``"default"`` until its
+    weights are updated)."""
 
 
 ClientEvent = RequestAdmitted | RequestFailed | RequestOutput | UtilityReply | EngineStep

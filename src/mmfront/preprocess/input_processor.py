@@ -152,6 +152,7 @@ class InputProcessor:
             cache_salt=opts.cache_salt,
             data_parallel_rank=opts.data_parallel_rank,
             priority=opts.priority,
+            session_id=opts.session_id,
         )
 
     def build_mm_features(
@@ -177,7 +178,7 @@ class InputProcessor:
     def _validate(self, inputs: MultiModalInputs, params: SamplingParams | None) -> None:
         ids = inputs["prompt_token_ids"]
         if not ids:
-            raise ValidationError("The decoder prompt cannot be empty", parameter="prompt")
+            raise ValidationError("The decoder prompt cannot be empty")  # vLLM's words, no param
         check_context_length(self.config.max_model_len, None if params is None else params.max_tokens, len(ids))
         budget = self.config.encoder_cache_size
         if budget is not None:

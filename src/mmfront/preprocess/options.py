@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from mmfront.errors import InputTypeError, ValidationError
+from mmfront.preprocess.truncation import PromptTruncation
 from mmfront.processing.processor import MultiModalUUIDs
 from mmfront.wire import LoRARequest
 
@@ -45,6 +46,13 @@ class RequestOptions:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: Sequence[Mapping[str, Any]] | None = None
+    add_special_tokens: bool | None = None
+    """Whether the tokenizer adds its special tokens to a text prompt; ``None``: yes for a prompt
+    string, no for rendered chat messages (the template writes them), as vLLM's defaults."""
+    truncation: PromptTruncation | None = None
+    """Cut the prompt to its last (or first) tokens (vLLM's ``truncate_prompt_tokens``)."""
+    session_id: str | None = None
+    """Sent to the engine in ``EngineCoreRequest.session_id`` (vLLM's: related requests' identity)."""
 
     @classmethod
     def of(cls, options: RequestOptions | None, kwargs: Mapping[str, Any]) -> RequestOptions:

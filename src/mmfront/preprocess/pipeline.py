@@ -29,6 +29,7 @@ from mmfront.inputs import MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
 from mmfront.preprocess.options import PromptInput, RequestOptions, from_prompt_dict, is_chat, refuse_chat_options
+from mmfront.preprocess.truncation import added_special_tokens, truncate_prompt
 from mmfront.processing.commit import PreparedInputs, commit, pending_commit
 from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.executors import InPlaceExecutor, ItemExecutor, executor_from_config
@@ -163,9 +164,9 @@ class ModelPipeline:
                 )
             text: str | list[int] = chat.prompt
             mm_data, mm_uuids = chat.mm_data, chat.mm_uuids
-            add_special_tokens = False  # the template writes BOS itself
+            add_special_tokens = False if opts.add_special_tokens is None else opts.add_special_tokens
         elif isinstance(prompt, str):
-            text, add_special_tokens = prompt, True
+            text, add_special_tokens = prompt, opts.add_special_tokens is not False
         elif isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             text, add_special_tokens = list(prompt), False  # type: ignore[arg-type]
         else:
@@ -175,11 +176,19 @@ class ModelPipeline:
             mm_uuids = _per_request_uuids(request_id, mm_data, mm_uuids)
         elif mm_uuids:
             mm_uuids = scope_uuids(mm_uuids, opts.cache_salt)
-        return self.processor.prepare(
+        prepared = self.processor.prepare(
             text, mm_data, mm_uuids=mm_uuids, hf_processor_mm_kwargs=opts.hf_processor_mm_kwargs,
             media_io_kwargs=opts.media_io_kwargs, cache=cache, add_special_tokens=add_special_tokens,
             executor=self.item_executor,
         )
+        truncation = opts.truncation
+        if truncation is None or len(prepared["prompt_token_ids"]) <= truncation.tokens:
+            return prepared
+        added = (0, 0)
+        if isinstance(text, str) and add_special_tokens and truncation.side is None and not prepared["mm_placeholders"]:
+            plain = list(self.processor.info.tokenizer.encode(text, add_special_tokens=False))
+            added = added_special_tokens(prepared["prompt_token_ids"], plain)
+        return truncate_prompt(prepared, truncation, added_specials=added)  # type: ignore[return-value]
 
     # --- lifecycle ------------------------------------------------------------------------------
 

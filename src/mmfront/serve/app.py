@@ -39,12 +39,13 @@ from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, R
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
+from mmfront.preprocess.truncation import resolve_truncation
 from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import openapi, protocol, responses, tokenize
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
 from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
-from mmfront.serve.iteration_stats import Recorder, StatsRecorder
+from mmfront.serve.iteration_stats import Recorder, RequestTimings, StatsRecorder
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -54,12 +55,16 @@ from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
 from mmfront.serve.stats_log import MultiModalCacheDelta, StatsLog, kv_cache_device, log_stats_interval
 from mmfront.serve.tool_parsers import ToolCall
+from mmfront.serve.weight_versions import WeightVersions, WeightVersionSpan
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
 """The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
 logger = logging.getLogger(__name__)
+
+SESSION_ID_HEADER = "X-Session-ID"
+"""The header vLLM reads a request's ``session_id`` from when the body has none."""
 
 
 def json_response(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -78,6 +83,10 @@ class _Generation:
 
     def __init__(self, streams: list[AsyncIterator[EngineCoreOutput]], request_ids: list[str]) -> None:
         self.request_ids = request_ids
+        self.timings: dict[int, RequestTimings] = {}
+        """Each finished choice's timings, where kept (``--enable-per-request-metrics``)."""
+        self.weight_versions: dict[int, list[WeightVersionSpan] | None] = {}
+        """Each finished choice's weight-version spans (``return_weight_versions``)."""
         self.queue: asyncio.Queue[tuple[int, EngineCoreOutput | BaseException | None]] = asyncio.Queue()
         self.tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(streams)]
 
@@ -131,6 +140,8 @@ class _Server:
         self.stats = StatsRecorder(loggers + ([] if self.stats_log is None else [self.stats_log.record]))
         if loggers:
             client.add_step_observer(self.stats.on_step)
+        self.weight_versions = WeightVersions()
+        client.add_step_observer(self.weight_versions.on_step)
         self.request_log = RequestLogger(settings.max_log_len) if settings.enable_log_requests else None
         self.output_log = self.request_log if settings.enable_log_outputs else None
         """Where ``--enable-log-outputs`` logs (it needs ``--enable-log-requests``, as vLLM's)."""
@@ -266,14 +277,17 @@ class _Server:
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
             chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(protocol.template_kwargs(req)),
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
-            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none))
+            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none),
+            **self._prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
+                                   else req.max_tokens))
         inputs = await self._prepare(req.messages, options, response_id)
         params = parsing.adjust(protocol.sampling_params(
             req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
                                   "max_completion_tokens" if req.max_completion_tokens else "max_tokens")))
         protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
         protocol.verify_params(params, self.vocabulary)
-        gen, choices = await self._start(response_id, [(inputs, options)], params)
+        gen, choices = await self._start(response_id, [(inputs, options)], params,
+                                         weight_versions=req.return_weight_versions)
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
         headers = _id_header(request)
@@ -292,12 +306,16 @@ class _Server:
             responses.chat_logprobs(c.token_ids, c.logprobs, _top_logprobs(req), fmt) if req.logprobs else None,
             echo=echo, role=role, token_ids=list(c.token_ids) if req.return_token_ids else None)
             for i, c in enumerate(choices)]
+        for i, choice in enumerate(body_choices):
+            choice.weight_versions = _weight_versions(req, gen, i)
         usage = responses.usage(len(prompt_ids), sum(len(c.token_ids) for c in choices))
         _add_reasoning_tokens(usage, parsing, choices)
         if self.settings.enable_prompt_tokens_details:
             usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
         answer = responses.chat_response(head, body_choices, usage, prompt_logprobs=choices[0].prompt_logprobs,
-                                         prompt_token_ids=prompt_ids if req.return_token_ids else None)
+                                         prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                                         prompt_text=inputs.get("prompt") if req.return_prompt_text else None,
+                                         metrics=self._metrics(gen, usage.completion_tokens))
         if self.output_log is not None:
             for choice, output in zip(body_choices, choices):
                 logged = logged_message(choice.message)
@@ -311,14 +329,14 @@ class _Server:
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
-                                 priority=req.priority)
+                                 priority=req.priority, **self._prompt_options(request, req, req.max_tokens or 0))
         prompts = protocol.prompts(req)
         prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
         params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
         protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
         protocol.verify_params(params, self.vocabulary)
-        gen, choices = await self._start(response_id, prepared, params)
+        gen, choices = await self._start(response_id, prepared, params, weight_versions=req.return_weight_versions)
         head = self._head(response_id)
         headers = _id_header(request)
         echoes = [_EchoedPrompt(list(inputs["prompt_token_ids"]), "" if req.return_token_ids or not req.echo
@@ -342,6 +360,7 @@ class _Server:
                 i, text, logprobs, c.finish_reason, c.stop_reason,
                 token_ids=list(c.token_ids) if req.return_token_ids else None, prompt_logprobs=c.prompt_logprobs,
                 prompt_token_ids=prompt.token_ids if req.return_token_ids else None))
+            body_choices[-1].weight_versions = _weight_versions(req, gen, i)
         usage = responses.usage(sum(lengths), sum(len(c.token_ids) for c in choices))
         if self.output_log is not None:
             for c in choices:
@@ -349,7 +368,9 @@ class _Server:
         if self.settings.enable_prompt_tokens_details:  # the last prompt's, as vLLM's
             usage.prompt_tokens_details = responses.PromptTokenUsageInfo(
                 cached_tokens=_cached_tokens(choices[-1]), created_cache_tokens=None, multimodal_tokens=None)
-        return json_response(responses.completion_response(head, body_choices, usage), headers=headers)
+        answer = responses.completion_response(head, body_choices, usage,
+                                               metrics=self._metrics(gen, usage.completion_tokens))
+        return json_response(answer, headers=headers)
 
     # --- the pieces -----------------------------------------------------------------------------
 
@@ -373,20 +394,24 @@ class _Server:
             self.preprocessor.preprocess, prompt, request_id=request_id, options=options))
 
     async def _start(
-        self, response_id: str, prepared: list[tuple[MultiModalInputs, RequestOptions]], params: SamplingParams,
+        self, response_id: str, prepared: list[tuple[MultiModalInputs, RequestOptions]], params: SamplingParams, *,
+        weight_versions: bool = False,
     ) -> tuple[_Generation, list[ChoiceOutput]]:
-        """Send ``params.n`` engine requests per prompt (ids ``{i}_{base}`` as vLLM's children)."""
+        """Send ``params.n`` engine requests per prompt (ids ``{i}_{base}`` as vLLM's children);
+        ``weight_versions``: track the weights that make each one's tokens."""
         n = params.n
         base = f"{response_id}-{secrets.token_hex(4)}"
         streams: list[AsyncIterator[EngineCoreOutput]] = []
         choices: list[ChoiceOutput] = []
         request_ids = [f"{k}_{base}" if n > 1 or len(prepared) > 1 else base for k in range(len(prepared) * n)]
+        if weight_versions:
+            self.weight_versions.track(request_ids)
         try:
             for p, (inputs, options) in enumerate(prepared):
                 if self.request_log is not None:
                     self.request_log.log_inputs(base, inputs.get("prompt"), inputs["prompt_token_ids"], params)
                 self.stats.add_requests(request_ids[p * n:(p + 1) * n], len(inputs["prompt_token_ids"]),
-                                        params.max_tokens)
+                                        params.max_tokens, keep_timings=self._attributable(len(request_ids)))
                 for i in range(n):
                     child = protocol.child_params(params, i) if n > 1 else params
                     streams.append(await self.client.add_request(request_ids[p * n + i], inputs, child,
@@ -399,6 +424,7 @@ class _Server:
                 await stream.aclose()  # type: ignore[attr-defined]
             for request_id in request_ids:
                 self.stats.drop(request_id)
+                self.weight_versions.drop(request_id)
             raise
         return _Generation(streams, request_ids), choices
 
@@ -407,6 +433,10 @@ class _Server:
         chunk was written are merged into one delta per choice, as vLLM's output collector
         merges them: a slow client gets fewer, larger chunks instead of a growing backlog."""
         open_choices = set(range(len(choices)))
+        held: dict[int, Delta] = {}
+        """Each choice's deltas held back by its ``stream_interval`` (vLLM's output processor sends
+        a stream's first tokens at once, then every ``stream_interval`` tokens, and its end)."""
+        started: set[int] = set()
         try:
             while open_choices:
                 batch = [await gen.queue.get()]
@@ -428,12 +458,26 @@ class _Server:
                         gen.stop(index)
                     if delta.finish_reason is not None:
                         open_choices.discard(index)
+                        timings = self.stats.take_timings(gen.request_ids[index])
+                        if timings is not None:
+                            gen.timings[index] = timings
+                        gen.weight_versions[index] = self.weight_versions.take(gen.request_ids[index],
+                                                                               len(choices[index].token_ids))
+                    if index in held:
+                        delta = held.pop(index).then(delta)
+                    interval = choices[index].params.stream_interval or 1
+                    if (interval > 1 and delta.finish_reason is None and index in started
+                            and len(delta.token_ids) < interval):
+                        held[index] = delta
+                        continue
+                    started.add(index)
                     merged[index] = merged[index].then(delta) if index in merged else delta
                 for index, delta in merged.items():
                     yield index, delta
         finally:  # what is still open was given up: the client left, or a choice failed
             for index in open_choices:
                 self.stats.drop(gen.request_ids[index])
+                self.weight_versions.drop(gen.request_ids[index])
 
     async def _drain(self, gen: _Generation, choices: list[ChoiceOutput]) -> None:
         async for _ in self._deltas(gen, choices):
@@ -455,7 +499,9 @@ class _Server:
         try:
             for i in range(len(choices)):
                 yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
-                                                     prompt_token_ids=prompt_ids if req.return_token_ids else None))
+                                                     prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                                                     prompt_text=inputs.get("prompt") if req.return_prompt_text
+                                                     else None))
             for i in range(len(choices) if echo else 0):
                 yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
             async for i, delta in self._deltas(gen, choices):
@@ -475,19 +521,21 @@ class _Server:
                         stop_reason=delta.stop_reason, fingerprint=not with_usage,
                         usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
                         tool_calls=[_delta_call(n, c) for n, c in step.tool_calls],
-                        token_ids=delta.token_ids if req.return_token_ids else None))
+                        token_ids=delta.token_ids if req.return_token_ids else None,
+                        weight_versions=_weight_versions(req, gen, i)))
                     continue
                 self._log_chat_delta(head.id, text, None, "", delta)
                 yield sse_event(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                                                 stop_reason=delta.stop_reason, fingerprint=not with_usage,
                                                 usage_info=so_far(len(choices[i].token_ids)),
-                                                token_ids=delta.token_ids if req.return_token_ids else None))
+                                                token_ids=delta.token_ids if req.return_token_ids else None,
+                                                weight_versions=_weight_versions(req, gen, i)))
             if with_usage:
                 usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
                 _add_reasoning_tokens(usage, parsing, choices)
                 if self.settings.enable_prompt_tokens_details:
                     usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
-                yield sse_event(responses.chat_usage_chunk(head, usage))
+                yield sse_event(responses.chat_usage_chunk(head, usage, self._metrics(gen, usage.completion_tokens)))
             self._log_stream_complete(head.id, choices)
         except Exception as e:
             yield sse_event(error_body(e))
@@ -527,14 +575,16 @@ class _Server:
                     head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
                     stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far,
                     prompt_token_ids=prompt.token_ids if first and (req.echo or req.return_token_ids) else None,
-                    token_ids=delta.token_ids if req.return_token_ids else None))
+                    token_ids=delta.token_ids if req.return_token_ids else None,
+                    weight_versions=_weight_versions(req, gen, i) if delta.finish_reason is not None else None))
             if with_usage:
                 usage = responses.usage(sum(len(p.token_ids) for p in prompts[::max(req.n or 1, 1)]),
                                         sum(len(c.token_ids) for c in choices), details=False)
                 if self.settings.enable_prompt_tokens_details:
                     usage.prompt_tokens_details = responses.PromptTokenUsageInfo(
                         cached_tokens=_cached_tokens(choices[-1]))
-                yield sse_event(responses.completion_usage_chunk(head, usage))
+                yield sse_event(responses.completion_usage_chunk(head, usage,
+                                                                 self._metrics(gen, usage.completion_tokens)))
             self._log_stream_complete(head.id, choices)
         except Exception as e:
             yield sse_event(error_body(e))
@@ -582,6 +632,34 @@ class _Server:
                     f"Per-request {name} are disabled by default because they can change multimodal {what} "
                     "resource usage. Start the server with --trust-request-mm-kwargs only when clients are trusted.",
                     parameter=name)
+
+    def _attributable(self, engine_requests: int) -> bool:
+        """Whether a request's timings are answered (``--enable-per-request-metrics``): only where
+        one engine request makes it (vLLM leaves them out for ``n`` > 1 and several prompts)."""
+        return self.settings.enable_per_request_metrics and engine_requests == 1
+
+    def _metrics(self, gen: _Generation, generated_tokens: int) -> responses.PerRequestMetrics | None:
+        """``metrics`` of an answer: its one engine request's timings, where answered."""
+        if not self._attributable(len(gen.request_ids)):
+            return None
+        return responses.per_request_metrics(gen.timings.get(0), generated_tokens)
+
+    def _prompt_options(self, request: Request, req: ChatCompletionRequest | CompletionRequest,
+                        max_output_tokens: int | None) -> dict[str, Any]:
+        """The request's options for its prompt (``add_special_tokens``, ``truncate_prompt_tokens``
+        and ``truncation_side``, the limit checked as vLLM checks it) and its engine request's
+        ``session_id`` (vLLM's ``_get_session_id``: the field, else the ``X-Session-ID`` header,
+        else a string ``vllm_xargs["session_id"]``)."""
+        session_id = req.session_id or request.headers.get(SESSION_ID_HEADER) or None
+        if session_id is None and req.vllm_xargs and isinstance(req.vllm_xargs.get("session_id"), str):
+            session_id = str(req.vllm_xargs["session_id"]) or None
+        if req.truncate_prompt_tokens is not None:  # vLLM checks the output budget first
+            self._max_tokens(max_output_tokens or None, 0, "max_completion_tokens"
+                             if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None
+                             else "max_tokens")
+        truncation = resolve_truncation(req.truncate_prompt_tokens, req.truncation_side,
+                                        max_model_len=self.max_model_len, max_output_tokens=max_output_tokens)
+        return {"add_special_tokens": req.add_special_tokens, "truncation": truncation, "session_id": session_id}
 
     def _template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
         """A request's ``chat_template_kwargs`` over ``--default-chat-template-kwargs``."""
@@ -662,6 +740,12 @@ def _echoed_message(req: ChatCompletionRequest, role: str) -> str:
         return "\n".join(str(part.get("text", "")) for part in content
                           if isinstance(part, dict) and part.get("type") == "text")
     return str(content)
+
+
+def _weight_versions(req: ChatCompletionRequest | CompletionRequest, gen: _Generation,
+                     index: int) -> list[WeightVersionSpan] | None:
+    """A finished choice's weight-version spans, where the request asked for them."""
+    return gen.weight_versions.get(index) if req.return_weight_versions else None
 
 
 def _parsed_choice(parsing: RequestParsing, index: int, choice: ChoiceOutput,

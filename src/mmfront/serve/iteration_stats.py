@@ -144,12 +144,26 @@ class _Parent:
     max_generation_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class RequestTimings:
+    """A finished request's timestamps, as vLLM's ``RequestStateStats`` holds them: the engine's
+    ``queued_ts`` and ``scheduled_ts`` events (0 from an engine that keeps no statistics) and the
+    engine timestamps of the steps that brought its first and last tokens."""
+
+    queued_ts: float
+    scheduled_ts: float
+    first_token_ts: float
+    last_token_ts: float
+
+
 @dataclass
 class _RequestState:
     arrival_time: float
     prompt_len: int
     max_tokens: int | None
     parent: _Parent | None
+    keep_timings: bool = False
+    """Whether its :class:`RequestTimings` are kept for the app when it finishes."""
     engine_index: int = 0
     """The engine its outputs came from (the label of its statistics)."""
     prefilling: bool = True
@@ -173,21 +187,31 @@ class StatsRecorder:
     def __init__(self, loggers: list[Recorder]) -> None:
         self.loggers = loggers
         self._requests: dict[str, _RequestState] = {}
+        self._timings: dict[str, RequestTimings] = {}
         self._lock = threading.Lock()
 
-    def add_requests(self, request_ids: list[str], prompt_len: int, max_tokens: int | None) -> None:
-        """The ``n`` choices of one prompt were sent (``len(request_ids) == n``); they arrived now."""
+    def add_requests(self, request_ids: list[str], prompt_len: int, max_tokens: int | None, *,
+                     keep_timings: bool = False) -> None:
+        """The ``n`` choices of one prompt were sent (``len(request_ids) == n``); they arrived now.
+        ``keep_timings``: keep each one's :class:`RequestTimings` when it finishes, until
+        :meth:`take_timings` (``--enable-per-request-metrics``)."""
         now = time.time()
         parent = _Parent(len(request_ids), len(request_ids)) if len(request_ids) > 1 else None
         with self._lock:
             for request_id in request_ids:
-                self._requests[request_id] = _RequestState(now, prompt_len, max_tokens, parent)
+                self._requests[request_id] = _RequestState(now, prompt_len, max_tokens, parent, keep_timings)
+
+    def take_timings(self, request_id: str) -> RequestTimings | None:
+        """A finished request's timings, if they were kept (the app takes them as it sees it finish)."""
+        with self._lock:
+            return self._timings.pop(request_id, None)
 
     def drop(self, request_id: str) -> None:
         """The request was given up before it finished (its client left, it failed): vLLM counts
         nothing more for an aborted request."""
         with self._lock:
             self._requests.pop(request_id, None)
+            self._timings.pop(request_id, None)
 
     def finish(self, request_id: str, reason: FinishReason) -> None:
         """The API server finished the request itself (a stop string), as vLLM's output
@@ -198,6 +222,7 @@ class StatsRecorder:
                 return
             stats = IterationStats(time.time())
             _finished(stats, state, reason)
+            self._keep_timings(request_id, state)
         self._record(state.engine_index, None, stats)
 
     def on_step(self, step: EngineStep, request_ids: list[str]) -> None:
@@ -213,7 +238,13 @@ class StatsRecorder:
                 if output.finish_reason is not None:
                     del self._requests[request_id]
                     _finished(stats, state, FinishReason(output.finish_reason))
+                    self._keep_timings(request_id, state)
         self._record(step.engine_index, scheduler_stats(step.scheduler_stats), stats)
+
+    def _keep_timings(self, request_id: str, state: _RequestState) -> None:
+        if state.keep_timings:
+            self._timings[request_id] = RequestTimings(state.queued_ts, state.scheduled_ts, state.first_token_ts,
+                                                       state.last_token_ts)
 
     def _record(self, engine_index: int, scheduler: SchedulerStats | None, stats: IterationStats | None) -> None:
         for record in self.loggers:
@@ -281,6 +312,7 @@ __all__ = [
     "PrefixCacheStats",
     "PromptTokenStats",
     "Recorder",
+    "RequestTimings",
     "SchedulerStats",
     "StatsRecorder",
     "prefill_stats",

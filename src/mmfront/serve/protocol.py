@@ -149,15 +149,17 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     return_token_offsets: bool | None = False
     mm_payload: Literal["tensors", "none"] = "tensors"
     return_mm_kwargs: bool | None = None
+    # the prompt's tokens, the engine request's session, a stream's chunks, the weights' versions (vLLM's
+    # renderer, engine and output-processor fields)
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**63 - 1)] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    session_id: str | None = None
+    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    return_weight_versions: bool = False
     # refused while not set to vLLM's default (NOT_SUPPORTED says why)
     use_beam_search: bool = False
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
-    truncation_side: Literal["left", "right"] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     thinking_token_budget: Any = None
-    session_id: str | None = None
-    return_weight_versions: bool = False
-    stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
@@ -172,7 +174,7 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    # the rendered prompt: special tokens added on top of the template's, RAG documents, the text returned
     add_special_tokens: bool = False
     documents: list[dict[str, str]] | None = None
     return_prompt_text: bool | None = None
@@ -192,8 +194,8 @@ class CompletionRequest(_SamplingFields, kw_only=True):
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
-    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
     add_special_tokens: bool = True
+    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
     prompt_embeds: Any = None
 
 
@@ -303,14 +305,6 @@ def fits(body: bytes, cls: type[Any]) -> bool:
 
 NOT_SUPPORTED: dict[str, str] = {
     "use_beam_search": "beam search is not supported by mmfront serve",
-    "truncate_prompt_tokens": "prompt truncation is not supported by mmfront serve yet",
-    "truncation_side": "prompt truncation is not supported by mmfront serve yet",
-    "session_id": "session ids are not supported by mmfront serve yet",
-    "return_weight_versions": "weight versions are not supported by mmfront serve yet",
-    "stream_interval": "a per-request stream interval is not supported by mmfront serve yet",
-    "add_special_tokens": "changing add_special_tokens is not supported by mmfront serve yet",
-    "documents": "chat template documents are not supported by mmfront serve yet",
-    "return_prompt_text": "returning the prompt text is not supported by mmfront serve yet",
     "prompt_embeds": "prompt embeddings are not supported by mmfront serve",
 }
 """The request fields mmfront takes but does not honour, with why: a value other than vLLM's
@@ -570,6 +564,8 @@ def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
     ``chat_template_kwargs``, with ``reasoning_effort`` and, unless the request set it,
     ``enable_thinking`` (off for effort ``"none"``), as vLLM's ``build_chat_params`` adds them."""
     given = request.chat_template_kwargs
+    if request.documents is not None:  # vLLM's: the request's documents win over chat_template_kwargs'
+        given = {**(given or {}), "documents": request.documents}
     effort = request.reasoning_effort
     if effort is None:
         return given
@@ -723,6 +719,7 @@ def _sampling_params(request: ChatCompletionRequest | CompletionRequest, max_tok
         extra_args=_extra_args(request),
         repetition_detection=request.repetition_detection,
         routed_experts_prompt_start=request.routed_experts_prompt_start,
+        stream_interval=request.stream_interval,
         skip_clone=True,
     )
 

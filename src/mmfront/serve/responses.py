@@ -18,7 +18,9 @@ from typing import Any, Literal, TypedDict
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from mmfront.serve.iteration_stats import RequestTimings
 from mmfront.serve.output import LOGPROB_FLOOR, Logprob, PositionLogprobs, PromptLogprobs
+from mmfront.serve.weight_versions import WeightVersionSpan
 
 ENCODER = msgspec.json.Encoder()
 """The one encoder of every body the server writes."""
@@ -251,7 +253,7 @@ class ChatCompletionResponseChoice(msgspec.Struct, kw_only=True):
     stop_reason: int | str | None
     token_ids: list[int] | None = None
     routed_experts: None = None
-    weight_versions: None = None
+    weight_versions: list[WeightVersionSpan] | None = None
 
 
 class CompletionResponseChoice(msgspec.Struct, kw_only=True):
@@ -264,7 +266,47 @@ class CompletionResponseChoice(msgspec.Struct, kw_only=True):
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
     routed_experts: None = None
-    weight_versions: None = None
+    weight_versions: list[WeightVersionSpan] | None = None
+
+
+class PerRequestMetrics(msgspec.Struct, kw_only=True):
+    """vLLM's ``PerRequestMetrics`` (``--enable-per-request-metrics``): one request's times, in
+    milliseconds, each ``None`` where a timestamp it needs is missing."""
+
+    time_to_first_token_ms: float | None = None
+    generation_time_ms: float | None = None
+    queue_time_ms: float | None = None
+    mean_itl_ms: float | None = None
+    tokens_per_second: float | None = None
+    speculative_decoding: None = None
+
+
+class StreamPerRequestMetrics(PerRequestMetrics, kw_only=True, omit_defaults=True):
+    """The same on a stream's usage chunk, whose ``None`` fields vLLM leaves out."""
+
+
+def per_request_metrics(timings: RequestTimings | None, num_generation_tokens: int) -> PerRequestMetrics:
+    """vLLM's ``build_per_request_timing_metrics``: the time to the first token from the request's
+    scheduling, the decode time (first to last token), the queue time, the mean inter-token
+    latency and the output throughput over the inference time (scheduling to last token)."""
+    if timings is None:
+        return PerRequestMetrics()
+    queued, scheduled, first, last = (timings.queued_ts, timings.scheduled_ts, timings.first_token_ts,
+                                      timings.last_token_ts)
+    metrics = PerRequestMetrics()
+    if scheduled > 0 and first > 0:
+        metrics.time_to_first_token_ms = (first - scheduled) * 1000
+    if first > 0 and last > 0:
+        metrics.generation_time_ms = (last - first) * 1000
+        if num_generation_tokens > 1:
+            metrics.mean_itl_ms = (last - first) / (num_generation_tokens - 1) * 1000
+    if queued > 0 and scheduled > 0:
+        metrics.queue_time_ms = (scheduled - queued) * 1000
+    if scheduled > 0 and last > 0:
+        inference_ms = (last - scheduled) * 1000
+        if inference_ms > 0:
+            metrics.tokens_per_second = num_generation_tokens / inference_ms * 1000
+    return metrics
 
 
 class ChatCompletionResponse(OpenAIBody, kw_only=True):
@@ -275,10 +317,10 @@ class ChatCompletionResponse(OpenAIBody, kw_only=True):
     usage: UsageInfo
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None
-    prompt_text: None = None
+    prompt_text: str | None = None
     kv_transfer_params: None = None
     ec_transfer_params: None = None
-    metrics: None = None
+    metrics: PerRequestMetrics | None = None
 
 
 class CompletionResponse(OpenAIBody, kw_only=True):
@@ -289,7 +331,7 @@ class CompletionResponse(OpenAIBody, kw_only=True):
     usage: UsageInfo
     kv_transfer_params: None = None
     ec_transfer_params: None = None
-    metrics: None = None
+    metrics: PerRequestMetrics | None = None
 
 
 def chat_choice(index: int, text: str | None, logprobs: ChatCompletionLogProbs | None, finish_reason: str | None,
@@ -316,16 +358,19 @@ def completion_choice(index: int, text: str, logprobs: CompletionLogProbs | None
 
 def chat_response(head: ResponseHead, choices: list[ChatCompletionResponseChoice], usage_info: UsageInfo, *,
                   prompt_logprobs: PromptLogprobs | None = None, prompt_token_ids: list[int] | None = None,
+                  prompt_text: str | None = None, metrics: PerRequestMetrics | None = None,
                   ) -> ChatCompletionResponse:
+    """``prompt_text``: the rendered prompt (``return_prompt_text``); ``metrics``: the request's
+    timings (``--enable-per-request-metrics``)."""
     return ChatCompletionResponse(**_head(head), choices=choices, system_fingerprint=head.fingerprint,
                                   usage=usage_info, prompt_logprobs=clamp_prompt_logprobs(prompt_logprobs),
-                                  prompt_token_ids=prompt_token_ids)
+                                  prompt_token_ids=prompt_token_ids, prompt_text=prompt_text, metrics=metrics)
 
 
-def completion_response(head: ResponseHead, choices: list[CompletionResponseChoice], usage_info: UsageInfo,
-                        ) -> CompletionResponse:
+def completion_response(head: ResponseHead, choices: list[CompletionResponseChoice], usage_info: UsageInfo, *,
+                        metrics: PerRequestMetrics | None = None) -> CompletionResponse:
     return CompletionResponse(**_head(head), choices=choices, system_fingerprint=head.fingerprint,
-                              usage=usage_info)
+                              usage=usage_info, metrics=metrics)
 
 
 # --- stream chunks ------------------------------------------------------------------------------
@@ -348,7 +393,7 @@ class ChatCompletionResponseStreamChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
     stop_reason: int | str | UnsetType | None = UNSET
     token_ids: list[int] | UnsetType | None = UNSET
-    weight_versions: UnsetType | None = UNSET
+    weight_versions: list[WeightVersionSpan] | UnsetType | None = UNSET
 
 
 class CompletionResponseStreamChoice(msgspec.Struct, kw_only=True):
@@ -359,7 +404,7 @@ class CompletionResponseStreamChoice(msgspec.Struct, kw_only=True):
     stop_reason: int | str | None
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
-    weight_versions: None = None
+    weight_versions: list[WeightVersionSpan] | None = None
 
 
 class ChatCompletionStreamResponse(OpenAIBody, kw_only=True):
@@ -371,7 +416,8 @@ class ChatCompletionStreamResponse(OpenAIBody, kw_only=True):
     usage: UsageInfo | UnsetType = UNSET
     system_fingerprint: str | UnsetType | None = UNSET
     prompt_token_ids: list[int] | UnsetType | None = UNSET
-    prompt_text: UnsetType | None = UNSET
+    prompt_text: str | UnsetType | None = UNSET
+    metrics: StreamPerRequestMetrics | UnsetType = UNSET
     kv_transfer_params: UnsetType | None = UNSET
 
 
@@ -380,6 +426,7 @@ class CompletionStreamResponse(OpenAIBody, kw_only=True):
     choices: list[CompletionResponseStreamChoice]
     usage: UsageInfo | UnsetType = UNSET
     system_fingerprint: str | UnsetType | None = UNSET
+    metrics: StreamPerRequestMetrics | UnsetType = UNSET
     kv_transfer_params: UnsetType | None = UNSET
 
 
@@ -393,12 +440,13 @@ def _fingerprint(head: ResponseHead, finish_reason: str | None, fingerprint: boo
 
 
 def chat_role_chunk(head: ResponseHead, index: int, usage_info: UsageInfo | None = None, *, role: str = "assistant",
-                    prompt_token_ids: list[int] | None = None) -> ChatCompletionStreamResponse:
+                    prompt_token_ids: list[int] | None = None, prompt_text: str | None = None,
+                    ) -> ChatCompletionStreamResponse:
     """A stream's first chunk per choice: the role, and empty content (and the prompt's tokens,
-    with ``return_token_ids``)."""
+    with ``return_token_ids``; its rendered text, with ``return_prompt_text``)."""
     choice = ChatCompletionResponseStreamChoice(index=index, delta=DeltaMessage(role=role, content=""))
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
-                                        prompt_token_ids=prompt_token_ids, prompt_text=None)
+                                        prompt_token_ids=prompt_token_ids, prompt_text=prompt_text)
 
 
 def chat_echo_chunk(head: ResponseHead, index: int, text: str, usage_info: UsageInfo | None = None,
@@ -411,11 +459,13 @@ def chat_echo_chunk(head: ResponseHead, index: int, text: str, usage_info: Usage
 def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: ChatCompletionLogProbs | None,
                finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
                usage_info: UsageInfo | None = None, token_ids: list[int] | None = None, reasoning: str | None = None,
-               tool_calls: Sequence[DeltaToolCall] = ()) -> ChatCompletionStreamResponse:
+               tool_calls: Sequence[DeltaToolCall] = (), weight_versions: list[WeightVersionSpan] | None = None,
+               ) -> ChatCompletionStreamResponse:
     """A content chunk; the finishing one carries ``finish_reason`` and ``stop_reason`` (and, with
     ``fingerprint``, when no usage chunk follows, the fingerprint). ``text`` None: a choice that
     ended with no output. ``usage_info``: the usage so far (``continuous_usage_stats``).
-    ``reasoning`` and ``tool_calls``: what the server's parsers read in this delta."""
+    ``reasoning`` and ``tool_calls``: what the server's parsers read in this delta;
+    ``weight_versions``: the finished choice's (``return_weight_versions``)."""
     delta = DeltaMessage() if text is None else DeltaMessage(content=text)
     if reasoning is not None:
         delta.reasoning = reasoning
@@ -424,7 +474,7 @@ def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: Ch
     choice = ChatCompletionResponseStreamChoice(
         index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason, token_ids=token_ids)
     if finish_reason is not None:
-        choice.stop_reason, choice.weight_versions = stop_reason, None
+        choice.stop_reason, choice.weight_versions = stop_reason, weight_versions
     return ChatCompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
                                         system_fingerprint=_fingerprint(head, finish_reason, fingerprint),
                                         kv_transfer_params=None)
@@ -433,25 +483,35 @@ def chat_chunk(head: ResponseHead, index: int, text: str | None, *, logprobs: Ch
 def completion_chunk(head: ResponseHead, index: int, text: str, *, logprobs: CompletionLogProbs | None,
                      finish_reason: str | None, stop_reason: int | str | None, fingerprint: bool,
                      usage_info: UsageInfo | None = None, prompt_token_ids: list[int] | None = None,
-                     token_ids: list[int] | None = None) -> CompletionStreamResponse:
-    """``prompt_token_ids`` on a choice's first chunk and ``token_ids`` on each (``return_token_ids``)."""
+                     token_ids: list[int] | None = None, weight_versions: list[WeightVersionSpan] | None = None,
+                     ) -> CompletionStreamResponse:
+    """``prompt_token_ids`` on a choice's first chunk and ``token_ids`` on each (``return_token_ids``);
+    ``weight_versions`` on its last (``return_weight_versions``)."""
     choice = CompletionResponseStreamChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
                                             stop_reason=stop_reason, prompt_token_ids=prompt_token_ids,
-                                            token_ids=token_ids)
+                                            token_ids=token_ids, weight_versions=weight_versions)
     return CompletionStreamResponse(**_head(head), choices=[choice], usage=_given(usage_info),
                                     system_fingerprint=_fingerprint(head, finish_reason, fingerprint),
                                     kv_transfer_params=None)
 
 
-def chat_usage_chunk(head: ResponseHead, usage_info: UsageInfo) -> ChatCompletionStreamResponse:
-    """The last chunk with ``stream_options.include_usage``: no choices, the usage."""
+def chat_usage_chunk(head: ResponseHead, usage_info: UsageInfo, metrics: PerRequestMetrics | None = None,
+                     ) -> ChatCompletionStreamResponse:
+    """The last chunk with ``stream_options.include_usage``: no choices, the usage (and the
+    request's ``metrics``, ``--enable-per-request-metrics``)."""
     return ChatCompletionStreamResponse(**_head(head), choices=[], usage=usage_info,
-                                        system_fingerprint=head.fingerprint)
+                                        system_fingerprint=head.fingerprint, metrics=_stream_metrics(metrics))
 
 
-def completion_usage_chunk(head: ResponseHead, usage_info: UsageInfo) -> CompletionStreamResponse:
+def completion_usage_chunk(head: ResponseHead, usage_info: UsageInfo, metrics: PerRequestMetrics | None = None,
+                           ) -> CompletionStreamResponse:
     """The same for completions."""
-    return CompletionStreamResponse(**_head(head), choices=[], usage=usage_info, system_fingerprint=head.fingerprint)
+    return CompletionStreamResponse(**_head(head), choices=[], usage=usage_info, system_fingerprint=head.fingerprint,
+                                    metrics=_stream_metrics(metrics))
+
+
+def _stream_metrics(metrics: PerRequestMetrics | None) -> StreamPerRequestMetrics | UnsetType:
+    return UNSET if metrics is None else StreamPerRequestMetrics(**msgspec.structs.asdict(metrics))
 
 
 # --- models, version, refusals --------------------------------------------------------------------
@@ -543,9 +603,11 @@ __all__ = [
     "ModelList",
     "ModelPermission",
     "OpenAIBody",
+    "PerRequestMetrics",
     "PromptTokenUsageInfo",
     "ResponseHead",
     "ServerLoad",
+    "StreamPerRequestMetrics",
     "ToolCall",
     "UnauthorizedResponse",
     "UsageInfo",
@@ -566,5 +628,6 @@ __all__ = [
     "completion_top_logprobs_limit",
     "completion_usage_chunk",
     "model_card",
+    "per_request_metrics",
     "usage",
 ]

@@ -83,6 +83,9 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser.")
+        if self.enable_per_request_metrics and self.disable_log_stats:
+            raise ConfigError("--enable-per-request-metrics requires engine statistics logging; remove "
+                              "--disable-log-stats to enable per-request metrics.")
         if self.sse_keep_alive_interval < 0:
             raise ConfigError("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive "
                               "comments).")
@@ -152,6 +155,10 @@ class ServeSettings:
     """Answer ``usage.prompt_tokens_details``: the prompt tokens the engine's prefix cache held
     (``cached_tokens``) and, for chat, those it newly cached (``created_cache_tokens``) and the
     multimodal placeholder tokens by modality (``multimodal_tokens``)."""
+    enable_per_request_metrics: bool = field(default=False, metadata=flag())
+    """Answer each request's timings as ``metrics`` (time to first token, generation, queue and mean
+    inter-token times in ms, tokens per second), as vLLM's: on a whole answer with one choice, and
+    on a stream's usage chunk; needs the statistics (not with ``--disable-log-stats``)."""
     sse_keep_alive_interval: int = field(default=0, metadata=flag(parse=count, metavar="S"))
     """Write an SSE comment (``: keep-alive``) into a streaming response idle this many seconds
     (queued, prefilling, between tokens), so proxies with read timeouts keep the connection; 0: never."""

@@ -15,6 +15,7 @@ import msgspec
 
 from mmfront.errors import ValidationError
 from mmfront.preprocess import InputPreprocessor, RequestOptions
+from mmfront.preprocess.truncation import DEFAULT_TRUNCATION_SIDE
 from mmfront.serve.protocol import decode_body
 
 
@@ -127,10 +128,11 @@ def detokenize(tokenizer: Any, request: DetokenizeRequest) -> DetokenizeResponse
 
 
 def tokenizer_info(tokenizer: Any, chat_template: str | None) -> dict[str, Any]:
-    """``/tokenizer_info``: the tokenizer's ``init_kwargs`` (file paths left out), its class and the
-    chat template, as vLLM's ``TokenizerInfo`` writes them."""
+    """``/tokenizer_info``: the tokenizer's ``init_kwargs`` (file paths left out), the side prompts
+    are truncated from, its class and the chat template, as vLLM's ``TokenizerInfo`` writes them."""
     config = {k: _serializable(v) for k, v in dict(getattr(tokenizer, "init_kwargs", None) or {}).items()
               if k not in ("vocab_file", "merges_file")}
+    config["truncation_side"] = DEFAULT_TRUNCATION_SIDE  # vLLM loads every tokenizer with it; mmfront cuts so
     config["tokenizer_class"] = type(tokenizer).__name__
     if chat_template:
         config["chat_template"] = chat_template
