@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -57,6 +57,7 @@ from mmfront.serve.tool_parsers import ToolCall
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
+_T = TypeVar("_T")
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
 """The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
 logger = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class _Server:
 
     async def _invoke(self, request: Request, body: bytes) -> Response:
         for handler, kind in ((self._chat, ChatCompletionRequest), (self._completions, CompletionRequest)):
-            if protocol.fits(body, kind):
+            if await self._off_loop(protocol.fits, body, kind):
                 return await handler(request, body)
         return error_response(ValidationError(
             "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"))
@@ -257,7 +258,7 @@ class _Server:
                 await watcher
 
     async def _chat(self, request: Request, body: bytes) -> Response:
-        req: ChatCompletionRequest = protocol.decode_request(body, ChatCompletionRequest)
+        req: ChatCompletionRequest = await self._off_loop(protocol.decode_request, body, ChatCompletionRequest)
         self._check_model(req.model)
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
@@ -268,11 +269,9 @@ class _Server:
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none))
         inputs = await self._prepare(req.messages, options, response_id)
-        params = parsing.adjust(protocol.sampling_params(
-            req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
-                                  "max_completion_tokens" if req.max_completion_tokens else "max_tokens")))
-        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
-        protocol.verify_params(params, self.vocabulary)
+        max_tokens = self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
+                                      "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+        params = await self._off_loop(self._params, req, max_tokens, [inputs], parsing)
         gen, choices = await self._start(response_id, [(inputs, options)], params)
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -306,18 +305,17 @@ class _Server:
         return json_response(answer, headers=headers)
 
     async def _completions(self, request: Request, body: bytes) -> Response:
-        req: CompletionRequest = protocol.decode_request(body, CompletionRequest)
+        req: CompletionRequest = await self._off_loop(protocol.decode_request, body, CompletionRequest)
         self._check_model(req.model)
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
                                  priority=req.priority)
-        prompts = protocol.prompts(req)
+        prompts = await self._off_loop(protocol.prompts, req)
         prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
-        params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
-        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
-        protocol.verify_params(params, self.vocabulary)
+        params = await self._off_loop(self._params, req, self._max_tokens(req.max_tokens, max(lengths)),
+                                      [inputs for inputs, _ in prepared], None)
         gen, choices = await self._start(response_id, prepared, params)
         head = self._head(response_id)
         headers = _id_header(request)
@@ -364,6 +362,27 @@ class _Server:
     def _max_tokens(self, requested: int | None, prompt_tokens: int, param: str = "max_tokens") -> int | None:
         """The output budget the one context-length rule gives (vLLM's ``get_max_tokens``)."""
         return get_max_tokens(self.max_model_len, requested, prompt_tokens, max_tokens_param=param)
+
+    def _params(self, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                prepared: list[MultiModalInputs], parsing: RequestParsing | None) -> SamplingParams:
+        """The request's ``SamplingParams``, checked as vLLM's API server checks them (logprob
+        limits, token ids against the vocabulary, ``bad_words`` tokenized, a structured-outputs
+        constraint compiled): work that grows with the request's fields, so it runs off the loop."""
+        params = protocol.sampling_params(req, max_tokens)
+        if parsing is not None:
+            params = parsing.adjust(params)
+        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
+        protocol.verify_params(params, self.vocabulary)
+        for inputs in prepared:
+            protocol.check_prompt_bounds(params, len(inputs["prompt_token_ids"]))
+        return params
+
+    async def _off_loop(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` on the preparation pool: the event loop never waits on work that grows
+        with a request (decoding its body, checking its fields). A request whose client leaves
+        while the work is queued is cancelled before it starts (asyncio cancels the pool's future)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.preprocessor.executor, partial(work, *args))
 
     async def _prepare(self, prompt: PromptInput, options: RequestOptions, request_id: str) -> MultiModalInputs:
         if self.client.errored:
@@ -737,8 +756,10 @@ async def _disconnected(request: Request) -> None:
 
 
 def _base_id(request: Request, body_id: str | None) -> str:
-    """vLLM's request id: the ``X-Request-Id`` header, else the body's ``request_id``, else random."""
-    return request.headers.get("x-request-id") or body_id or secrets.token_hex(8)
+    """vLLM's request id: the ``X-Request-Id`` header, else the body's ``request_id``, else random;
+    a header id is bounded as the body's is (:func:`~mmfront.serve.protocol.check_request_id`)."""
+    given = request.headers.get("x-request-id")
+    return protocol.check_request_id(given, "X-Request-Id") if given else body_id or secrets.token_hex(8)
 
 
 def _id_header(request: Request) -> dict[str, str] | None:

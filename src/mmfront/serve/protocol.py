@@ -12,12 +12,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal
 
 import msgspec
+import numpy as np
 from msgspec import UNSET, UnsetType
 
 from mmfront.errors import RequestBodyError, ValidationError
@@ -28,7 +30,52 @@ from mmfront.wire.params import RepetitionDetectionParams, StructuredOutputsFiel
 logger = logging.getLogger(__name__)
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-"""An int a request may send where vLLM's field is bounded to 64 bits (``seed``, ``priority``)."""
+"""An int a request may send where vLLM's field is bounded to 64 bits (``seed``, ``priority``), or
+one no other rule bounds before it reaches the engine (``top_k``: a 400 naming it rather than a
+send that cannot encode it)."""
+
+# --- request bounds (issue 36: JSON depth, wire ints, list and id caps; docs/security.md) ---------
+
+MAX_STOP_STRINGS = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
+"""Most ``stop`` strings a request may give (vLLM's ``VLLM_MAX_STOP_STRINGS``, read as the server
+starts): each is searched for in every output step's new text."""
+StopList = Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
+MAX_JSON_DEPTH = 2 * structured.MAX_JSON_NESTING
+"""Deepest nesting of arrays and objects a request body may have (128): room for the deepest
+structured-output schema vLLM takes (64 levels, plus 16 for a structural tag's wrapping) inside the
+body, and far below where decoding, copying, hashing or templating a value would exhaust
+Python's recursion limit."""
+MAX_REQUEST_ID_LENGTH = 256
+"""Longest ``request_id`` (or ``X-Request-Id``) a request may give: it is echoed in every chunk."""
+_REQUEST_ID = re.compile(r"[\x21-\x7e]+")
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NESTING_STEP = np.zeros(256, dtype=np.int8)
+_NESTING_STEP[list(b"[{")], _NESTING_STEP[list(b"]}")] = 1, -1
+_DEPTH_CHUNK = 1 << 20
+
+
+def nests_deeper_than(body: bytes, limit: int) -> bool:
+    """Whether ``body`` nests arrays and objects more than ``limit`` levels deep (strings skipped),
+    counted at C speed (a regex, then numpy a MiB at a time) with no recursion, whatever the depth."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False  # cannot nest deeper than it has openers: the common case, without a scan
+    structure = np.frombuffer(_JSON_STRING.sub(b"", body), dtype=np.uint8)
+    depth = 0
+    for start in range(0, len(structure), _DEPTH_CHUNK):
+        levels = np.cumsum(_NESTING_STEP[structure[start:start + _DEPTH_CHUNK]], dtype=np.int64) + depth
+        if levels.max() > limit:
+            return True
+        depth = int(levels[-1])
+    return False
+
+
+def check_request_id(value: str, parameter: str) -> str:
+    """``value`` as a request id: at most :data:`MAX_REQUEST_ID_LENGTH` visible ASCII characters
+    (no spaces or controls), as it is echoed in headers, every chunk and the logs."""
+    if len(value) > MAX_REQUEST_ID_LENGTH or not _REQUEST_ID.fullmatch(value):
+        raise ValidationError(f"{parameter} must be 1 to {MAX_REQUEST_ID_LENGTH} visible ASCII characters (no spaces "
+                              f"or control characters); got {len(value)} characters.", parameter=parameter)
+    return value
 
 
 class StreamOptions(msgspec.Struct):
@@ -107,10 +154,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
     seed: Int64 | None = None
-    stop: str | list[str] | None = None
+    stop: str | StopList | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -212,8 +259,13 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
     """``body`` decoded by ``decoder``; a body that does not fit raises
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
     ``body.<field>`` (every route's request shape is checked here)."""
+    if nests_deeper_than(body, MAX_JSON_DEPTH):
+        raise RequestBodyError(f"JSON decode error: the body nests arrays and objects deeper than {MAX_JSON_DEPTH} "
+                               "levels.", parameter=BODY_PARAM)
     try:
         return decoder.decode(body)
+    except RecursionError as e:  # a parser that recurses deeper than the stack has left, whatever the bound
+        raise RequestBodyError("JSON decode error: the body nests too deeply.", parameter=BODY_PARAM) from e
     except msgspec.ValidationError as e:
         message = str(e)
         missing, at = _MISSING.search(message), _AT.search(message)
@@ -248,6 +300,8 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
         raise ValidationError("thinking_token_budget is set but reasoning_config is not configured. Please set "
                               "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.")
     _check_cache_salt(request.cache_salt)
+    if request.request_id:  # an empty one is none, as in vLLM (a random id is made)
+        check_request_id(request.request_id, "request_id")
     _check_logit_bias_values(request.logit_bias)
     _check_structured_outputs(request)
     if isinstance(request, CompletionRequest):
@@ -586,7 +640,26 @@ def template_tools(request: ChatCompletionRequest, exclude_when_none: bool) -> l
     return [msgspec.to_builtins(tool) for tool in request.tools]
 
 
+MAX_COMPLETION_PROMPTS = int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024"))
+"""Most prompts one completion request may list (vLLM's ``VLLM_MAX_COMPLETION_PROMPTS``, read as
+the server starts): each is prepared and sent as ``n`` engine requests of its own."""
+
+
+def check_prompt_bounds(params: SamplingParams, prompt_length: int) -> None:
+    """vLLM's input processor's check of the fields bounded by the prompt's length."""
+    if not 0 <= params.routed_experts_prompt_start <= prompt_length:
+        raise ValidationError(f"routed_experts_prompt_start must be between 0 and the prompt length ({prompt_length}), "
+                              "inclusive.", parameter="routed_experts_prompt_start",
+                              value=params.routed_experts_prompt_start)
+
+
 def _check_completion(request: CompletionRequest) -> None:
+    prompt = request.prompt
+    if isinstance(prompt, list) and len(prompt) > MAX_COMPLETION_PROMPTS and not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        raise ValidationError(f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
+                              f"{MAX_COMPLETION_PROMPTS}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
+                              "environment variable.", parameter="prompt")
     if request.suffix is not None:
         raise ValidationError("`suffix` is not supported by mmfront serve yet.", parameter="suffix")
     if not prompts(request):
@@ -736,8 +809,12 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 __all__ = [
     "BODY_PARAM",
+    "MAX_COMPLETION_PROMPTS",
+    "MAX_JSON_DEPTH",
     "MAX_LOGPROB_TOKEN_IDS",
     "MAX_NUM_BAD_WORDS",
+    "MAX_REQUEST_ID_LENGTH",
+    "MAX_STOP_STRINGS",
     "NOT_SUPPORTED",
     "ChatCompletionNamedToolChoiceParam",
     "ChatCompletionRequest",
@@ -750,6 +827,8 @@ __all__ = [
     "StreamOptions",
     "Vocabulary",
     "check_logprobs",
+    "check_prompt_bounds",
+    "check_request_id",
     "child_params",
     "continuous_usage",
     "decode_body",
@@ -758,6 +837,7 @@ __all__ = [
     "fits",
     "include_usage",
     "named_tool",
+    "nests_deeper_than",
     "prompts",
     "sampling_params",
     "structured_outputs",
