@@ -87,17 +87,31 @@ DEPTH_BOMBS = {
                        ).encode().replace(b'"@"', nested(DEEP).encode()),
     "mm_processor_kwargs": with_raw("mm_processor_kwargs", in_object(nested(DEEP))),
     "chat_template_kwargs": with_raw("chat_template_kwargs", in_object(nested(DEEP))),
-    "kv_transfer_params_past_the_bound": with_raw("kv_transfer_params", in_object(nested(MAX_JSON_DEPTH))),
 }
-"""Nesting bombs in each place the attacker put them (vLLM: 400), and one just past mmfront's bound
-where a deep value was copied with recursion (a 500 before the bound)."""
+"""Nesting bombs in each place the attacker put them (vLLM: 400)."""
+
+
+@pytest.mark.parametrize(("raw", "param"), [
+    (with_raw("kv_transfer_params", in_object(nested(MAX_JSON_DEPTH - 1))), "body.kv_transfer_params"),
+    (with_raw("chat_template_kwargs", in_object(nested(500))), "body.chat_template_kwargs"),
+    (json.dumps({**BASE, "messages": [{"role": "user", "content": "@"}]}).encode().replace(
+        b'"@"', nested(MAX_JSON_DEPTH).encode()), "body.messages"),
+], ids=["kv_transfer_params", "chat_template_kwargs", "content"])
+def test_a_field_nested_past_the_bound_is_a_400_naming_it(served: Served, engine_requests: list[str], raw: bytes,
+                                                          param: str) -> None:
+    """Nesting the decoder takes but later code copies or renders with recursion
+    (``kv_transfer_params`` 500 levels deep was a 500)."""
+    error = error_of(post(served, raw))
+    assert (error["type"], error["param"]) == ("Bad Request", param)
+    assert error["message"].endswith(f"nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.")
+    assert engine_requests == []
 
 
 @pytest.mark.parametrize("where", DEPTH_BOMBS)
 def test_deep_nesting_is_a_400_naming_the_body(served: Served, engine_requests: list[str], where: str) -> None:
     error = error_of(post(served, DEPTH_BOMBS[where]))
     assert (error["type"], error["param"]) == ("Bad Request", "body")
-    assert "nests" in error["message"]
+    assert "nests" in error["message"] or where == "body"  # an array is no request, whatever its depth
     assert engine_requests == []
 
 

@@ -19,7 +19,6 @@ from functools import cache
 from typing import Annotated, Any, Literal
 
 import msgspec
-import numpy as np
 from msgspec import UNSET, UnsetType
 
 from mmfront.errors import RequestBodyError, ValidationError
@@ -41,32 +40,41 @@ MAX_STOP_STRINGS = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
 starts): each is searched for in every output step's new text."""
 StopList = Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
 MAX_JSON_DEPTH = 2 * structured.MAX_JSON_NESTING
-"""Deepest nesting of arrays and objects a request body may have (128): room for the deepest
-structured-output schema vLLM takes (64 levels, plus 16 for a structural tag's wrapping) inside the
-body, and far below where decoding, copying, hashing or templating a value would exhaust
-Python's recursion limit."""
+"""Deepest nesting of arrays and objects a request's fields may reach, the body being level 1
+(128): room for the deepest structured-output schema vLLM takes (64 levels, plus 16 for a
+structural tag's wrapping) inside the body, and far below where decoding, copying, hashing or
+templating a value would exhaust Python's recursion limit."""
 MAX_REQUEST_ID_LENGTH = 256
 """Longest ``request_id`` (or ``X-Request-Id``) a request may give: it is echoed in every chunk."""
 _REQUEST_ID = re.compile(r"[\x21-\x7e]+")
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NESTING_STEP = np.zeros(256, dtype=np.int8)
-_NESTING_STEP[list(b"[{")], _NESTING_STEP[list(b"]}")] = 1, -1
-_DEPTH_CHUNK = 1 << 20
-
-
-def nests_deeper_than(body: bytes, limit: int) -> bool:
-    """Whether ``body`` nests arrays and objects more than ``limit`` levels deep (strings skipped),
-    counted at C speed (a regex, then numpy a MiB at a time) with no recursion, whatever the depth."""
-    if body.count(b"[") + body.count(b"{") <= limit:
-        return False  # cannot nest deeper than it has openers: the common case, without a scan
-    structure = np.frombuffer(_JSON_STRING.sub(b"", body), dtype=np.uint8)
-    depth = 0
-    for start in range(0, len(structure), _DEPTH_CHUNK):
-        levels = np.cumsum(_NESTING_STEP[structure[start:start + _DEPTH_CHUNK]], dtype=np.int64) + depth
-        if levels.max() > limit:
+def _nesting_past(value: Any, depth: int, limit: int) -> bool:
+    """Whether ``value``, at nesting level ``depth`` of the body, holds arrays, objects or structs
+    deeper than ``limit``: walked a level at a time (no recursion), each container seen once."""
+    level = [value]
+    while level:
+        containers = [item for item in level if isinstance(item, (dict, list, msgspec.Struct))]
+        if not containers:
+            return False
+        if depth > limit:
             return True
-        depth = int(levels[-1])
+        level = [child for node in containers for child in (
+            node.values() if isinstance(node, dict) else
+            node if isinstance(node, list) else (getattr(node, f) for f in node.__struct_fields__))]
+        depth += 1
     return False
+
+
+def _check_nesting(request: _SamplingFields) -> None:
+    """Refuse a request whose decoded fields nest deeper than :data:`MAX_JSON_DEPTH` (the body is
+    level 1): the free-form ones (kwargs, schemas, messages) reach code that copies, hashes or
+    renders them with recursion. A field vLLM does not know is skipped by the decoder, and nesting
+    past the stack's reach is refused there (:func:`decode_body`)."""
+    for name in request.__struct_fields__:
+        if _nesting_past(getattr(request, name), 2, MAX_JSON_DEPTH):
+            raise RequestBodyError(f"JSON decode error: `{name}` nests arrays and objects deeper than "
+                                   f"{MAX_JSON_DEPTH} levels.", parameter=f"{BODY_PARAM}.{name}")
+
+
 
 
 def check_request_id(value: str, parameter: str) -> str:
@@ -259,13 +267,11 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
     """``body`` decoded by ``decoder``; a body that does not fit raises
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
     ``body.<field>`` (every route's request shape is checked here)."""
-    if nests_deeper_than(body, MAX_JSON_DEPTH):
-        raise RequestBodyError(f"JSON decode error: the body nests arrays and objects deeper than {MAX_JSON_DEPTH} "
-                               "levels.", parameter=BODY_PARAM)
     try:
         return decoder.decode(body)
-    except RecursionError as e:  # a parser that recurses deeper than the stack has left, whatever the bound
-        raise RequestBodyError("JSON decode error: the body nests too deeply.", parameter=BODY_PARAM) from e
+    except RecursionError as e:  # deeper than the decoder's stack reaches (~1,000 levels, as vLLM's)
+        raise RequestBodyError(f"JSON decode error: the body nests arrays and objects deeper than {MAX_JSON_DEPTH} "
+                               "levels.", parameter=BODY_PARAM) from e
     except msgspec.ValidationError as e:
         message = str(e)
         missing, at = _MISSING.search(message), _AT.search(message)
@@ -285,6 +291,7 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
     ``body.<field>``."""
     request = decode_body(body, _DECODERS[cls])
+    _check_nesting(request)
     if isinstance(request, ChatCompletionRequest):
         _check_tool_usage(request)
     if request.stream_options is not None and not request.stream and msgspec.structs.asdict(request.stream_options) != {
@@ -837,7 +844,6 @@ __all__ = [
     "fits",
     "include_usage",
     "named_tool",
-    "nests_deeper_than",
     "prompts",
     "sampling_params",
     "structured_outputs",
