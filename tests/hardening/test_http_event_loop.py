@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_http_parameters import engine_requests  # noqa: F401  the engine requests a test starts
 
 from mmfront.serve import protocol
 from serve.serve_harness import MODEL_NAME, Served, serve
@@ -125,19 +126,11 @@ def test_a_client_that_leaves_before_its_preparation_starts_costs_the_pool_nothi
 
 
 def test_a_client_that_leaves_during_its_preparation_starts_no_engine_request(
-        served: Served, blocked_pool: tuple[threading.Event, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+        served: Served, blocked_pool: tuple[threading.Event, list[str]], engine_requests: list[str]) -> None:  # noqa: F811
     release, seen = blocked_pool
-    started: list[str] = []
-    add_request = served.client.add_request
-
-    async def recording(request_id: str, *args: Any, **kwargs: Any) -> Any:
-        started.append(request_id)
-        return await add_request(request_id, *args, **kwargs)
-
-    monkeypatch.setattr(served.client, "add_request", recording)
     gone(served, "gone-midway", 1.0)
     assert seen[-1] == "prepare chatcmpl-gone-midway"
     time.sleep(0.5)
     release.set()
     assert post(served, {**NORMAL, "request_id": "after"}).status_code == 200
-    assert [r for r in started if "gone-midway" in r] == [] and any("after" in r for r in started)
+    assert [r for r in engine_requests if "gone-midway" in r] == [] and any("after" in r for r in engine_requests)

@@ -202,7 +202,7 @@ def test_a_body_request_id_is_bounded(served: Served, engine_requests: list[str]
 @pytest.mark.parametrize("request_id", [b"r" * 8192, b"a b", "\u00e9t\u00e9".encode("latin-1")])
 def test_an_x_request_id_header_is_bounded(served: Served, engine_requests: list[str], request_id: bytes) -> None:
     answer = httpx.post(served.url + CHAT, content=chat(), timeout=60,
-                        headers={"Content-Type": "application/json", "X-Request-Id": request_id})
+                        headers={b"Content-Type": b"application/json", b"X-Request-Id": request_id})
     error = error_of(answer)
     assert (error["type"], error["param"]) == ("BadRequestError", "X-Request-Id")
     assert engine_requests == []
