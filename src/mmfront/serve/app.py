@@ -2,9 +2,9 @@
 :class:`~mmfront.engine.async_client.AsyncEngineClient`, as an ASGI app (:func:`create_app`) that
 ``mmfront serve`` runs with uvicorn and that users may mount in their own app.
 
-A request is prepared once (media, chat template, HF processor) on the preprocessor's worker
-threads, so the event loop only parses JSON and writes chunks; its ``n`` choices are ``n``
-engine requests on the same prepared inputs (vLLM's parent/child requests). Every engine stream
+A request is decoded, checked and prepared once (media, chat template, HF processor) on the
+preprocessor's worker threads, so the event loop only reads bodies and writes chunks, never work
+that grows with a request's fields; its ``n`` choices are ``n`` engine requests on the same prepared inputs (vLLM's parent/child requests). Every engine stream
 is read by a task of its own and merged in arrival order; ending the response for any reason (a
 client that disconnects, a stop string, an error) cancels those tasks, and a cancelled stream
 aborts its request in the engine (the client's contract), so the engine never generates for
@@ -185,7 +185,7 @@ class _Server:
         return await self._guarded(request, self._detokenize)
 
     async def _tokenize(self, request: Request, body: bytes) -> Response:
-        req = tokenize.decode_tokenize(body)
+        req = await self._off_loop(tokenize.decode_tokenize, body)
         self._check_model(req.model)
         if isinstance(req, tokenize.TokenizeChatRequest):
             self._check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
@@ -199,9 +199,9 @@ class _Server:
         return json_response(answer)
 
     async def _detokenize(self, request: Request, body: bytes) -> Response:
-        req = tokenize.decode_detokenize(body)
+        req = await self._off_loop(tokenize.decode_detokenize, body)
         self._check_model(req.model)
-        return json_response(tokenize.detokenize(self.tokenizer, req))
+        return json_response(await self._off_loop(tokenize.detokenize, self.tokenizer, req))
 
     # --- generation routes ----------------------------------------------------------------------
 
