@@ -21,6 +21,7 @@ words in vLLM, msgspec's in mmfront) and the engine's 500. Differences (docs/ser
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -125,6 +126,16 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "seed_int64_max": (CHAT, text_chat(seed=2**63 - 1), BODY),
     "priority": (CHAT, text_chat(priority=1), BODY),
     "priority_above_int64": (CHAT, text_chat(priority=2**63), KIND),
+    # issue 36: the integer and list bounds hostile requests probe (tests/hardening/test_http_parameters.py)
+    "seed_2_64_minus_1_with_n_2": (CHAT, text_chat(seed=2**64 - 1, n=2, temperature=1.0), KIND),
+    "priority_below_int64": (CHAT, text_chat(priority=-(2**63) - 1), KIND),
+    "stop_past_vllm_max_stop_strings": (CHAT, text_chat(stop=[f"s{i}" for i in range(100_000)]), KIND),
+    "stop_token_ids_past_64_bits": (CHAT, text_chat(stop_token_ids=[2**70]), SAME_ERROR),
+    "allowed_token_ids_past_64_bits": (CHAT, text_chat(allowed_token_ids=[2**70]), SAME_ERROR),
+    "logit_bias_past_64_bits": (CHAT, text_chat(logit_bias={str(2**70): 1.0}), SAME_ERROR),
+    "routed_experts_prompt_start_past_the_prompt": (CHAT, text_chat(routed_experts_prompt_start=10**6), SAME_ERROR),
+    "completion_prompts_past_vllm_max": (COMPLETION, completion(max_tokens=1, prompt=["Hi"] * 1025), KIND),
+    "vllm_xargs_past_64_bits": (CHAT, text_chat(vllm_xargs={"a": 2**70}), KIND),
     # cache_salt, allowed_token_ids, bad_words and the engine's extras
     "cache_salt_empty": (CHAT, text_chat(cache_salt=""), SAME_ERROR),
     "cache_salt_slash": (CHAT, text_chat(cache_salt="a/b"), SAME_ERROR),
@@ -170,3 +181,42 @@ def test_beam_search_is_refused_by_mmfront(pair: Pair) -> None:  # noqa: F811
     by name rather than sample as if it were not asked (docs/serving.md, "Differences")."""
     mmfront = ask(pair.mmfront, "POST", CHAT, text_chat(use_beam_search=True, n=2))
     assert mmfront.status == 400 and error(mmfront)["param"] == "use_beam_search", mmfront.text
+
+
+# --- issue 36: nesting, n, echoed input (tests/hardening/test_http_parameters.py) -----------------
+
+
+@pytest.mark.parametrize("where", ["body", "content", "chat_template_kwargs"])
+def test_a_nesting_bomb_is_a_400_in_both(pair: Pair, where: str) -> None:  # noqa: F811
+    """vLLM answers FastAPI's ``{"detail": "There was an error parsing the body"}``; mmfront its
+    error JSON naming the body (docs/serving.md, "Differences")."""
+    bomb = "[" * 5000 + "]" * 5000
+    placed = {"body": "@", "content": {"model": SERVED, "messages": [{"role": "user", "content": "@"}]},
+              "chat_template_kwargs": text_chat(chat_template_kwargs={"a": "@"})}[where]
+    raw = json.dumps(placed).replace('"@"', bomb)
+    vllm, mmfront = both(pair, "POST", CHAT, raw=raw.encode())
+    assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
+    assert vllm.json() == {"detail": "There was an error parsing the body"}, explain(pair, vllm, mmfront)
+    assert (error(mmfront)["type"], error(mmfront)["param"]) == ("Bad Request", "body"), explain(pair, vllm, mmfront)
+
+
+def test_n_past_vllms_cap_is_a_400_in_both_and_mmfront_names_it(pair: Pair) -> None:  # noqa: F811
+    vllm, mmfront = both(pair, "POST", CHAT, text_chat(n=10**9, temperature=1.0))
+    assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
+    want, got = error(vllm), error(mmfront)
+    assert (got["type"], want["param"], got["param"]) == (want["type"], None, "n"), explain(pair, vllm, mmfront)
+    assert got["message"] == want["message"] + " (parameter=n, value=1000000000)", explain(pair, vllm, mmfront)
+
+
+def test_an_unknown_model_is_a_404_in_both_and_mmfront_quotes_a_bounded_part(pair: Pair) -> None:  # noqa: F811
+    vllm, mmfront = both(pair, "POST", CHAT, text_chat(model="m" * (1 << 20)))
+    assert vllm.status == mmfront.status == 404, explain(pair, vllm, mmfront)
+    want, got = error(vllm), error(mmfront)
+    assert (got["type"], got["param"]) == (want["type"], want["param"]), explain(pair, vllm, mmfront)
+    assert len(vllm.text) > 1 << 20 and len(mmfront.text) < 2048, explain(pair, vllm, mmfront)
+
+
+def test_a_huge_request_id_is_echoed_by_vllm_and_refused_by_mmfront(pair: Pair) -> None:  # noqa: F811
+    vllm, mmfront = both(pair, "POST", CHAT, text_chat(request_id="r" * (1 << 20)))
+    assert vllm.status == 200 and len(vllm.text) > 1 << 20, explain(pair, vllm, mmfront)
+    assert mmfront.status == 400 and error(mmfront)["param"] == "request_id", explain(pair, vllm, mmfront)

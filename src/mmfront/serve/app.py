@@ -2,9 +2,9 @@
 :class:`~mmfront.engine.async_client.AsyncEngineClient`, as an ASGI app (:func:`create_app`) that
 ``mmfront serve`` runs with uvicorn and that users may mount in their own app.
 
-A request is prepared once (media, chat template, HF processor) on the preprocessor's worker
-threads, so the event loop only parses JSON and writes chunks; its ``n`` choices are ``n``
-engine requests on the same prepared inputs (vLLM's parent/child requests). Every engine stream
+A request is decoded, checked and prepared once (media, chat template, HF processor) on the
+preprocessor's worker threads, so the event loop only reads bodies and writes chunks, never work
+that grows with a request's fields; its ``n`` choices are ``n`` engine requests on the same prepared inputs (vLLM's parent/child requests). Every engine stream
 is read by a task of its own and merged in arrival order; ending the response for any reason (a
 client that disconnects, a stop string, an error) cancels those tasks, and a cancelled stream
 aborts its request in the engine (the client's contract), so the engine never generates for
@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -59,6 +59,7 @@ from mmfront.serve.weight_versions import WeightVersions, WeightVersionSpan
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
+_T = TypeVar("_T")
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
 """The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
 logger = logging.getLogger(__name__)
@@ -195,7 +196,7 @@ class _Server:
         return await self._guarded(request, self._detokenize)
 
     async def _tokenize(self, request: Request, body: bytes) -> Response:
-        req = tokenize.decode_tokenize(body)
+        req = await self._off_loop(tokenize.decode_tokenize, body)
         self._check_model(req.model)
         if isinstance(req, tokenize.TokenizeChatRequest):
             self._check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
@@ -209,9 +210,9 @@ class _Server:
         return json_response(answer)
 
     async def _detokenize(self, request: Request, body: bytes) -> Response:
-        req = tokenize.decode_detokenize(body)
+        req = await self._off_loop(tokenize.decode_detokenize, body)
         self._check_model(req.model)
-        return json_response(tokenize.detokenize(self.tokenizer, req))
+        return json_response(await self._off_loop(tokenize.detokenize, self.tokenizer, req))
 
     # --- generation routes ----------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ class _Server:
 
     async def _invoke(self, request: Request, body: bytes) -> Response:
         for handler, kind in ((self._chat, ChatCompletionRequest), (self._completions, CompletionRequest)):
-            if protocol.fits(body, kind):
+            if await self._off_loop(protocol.fits, body, kind):
                 return await handler(request, body)
         return error_response(ValidationError(
             "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"))
@@ -268,7 +269,7 @@ class _Server:
                 await watcher
 
     async def _chat(self, request: Request, body: bytes) -> Response:
-        req: ChatCompletionRequest = protocol.decode_request(body, ChatCompletionRequest)
+        req: ChatCompletionRequest = await self._off_loop(protocol.decode_request, body, ChatCompletionRequest)
         self._check_model(req.model)
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
@@ -281,11 +282,9 @@ class _Server:
             **self._prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
                                    else req.max_tokens))
         inputs = await self._prepare(req.messages, options, response_id)
-        params = parsing.adjust(protocol.sampling_params(
-            req, self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
-                                  "max_completion_tokens" if req.max_completion_tokens else "max_tokens")))
-        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
-        protocol.verify_params(params, self.vocabulary)
+        max_tokens = self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
+                                      "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+        params = await self._off_loop(self._params, req, max_tokens, [inputs], parsing)
         gen, choices = await self._start(response_id, [(inputs, options)], params,
                                          weight_versions=req.return_weight_versions)
         prompt_ids = list(inputs["prompt_token_ids"])
@@ -324,18 +323,17 @@ class _Server:
         return json_response(answer, headers=headers)
 
     async def _completions(self, request: Request, body: bytes) -> Response:
-        req: CompletionRequest = protocol.decode_request(body, CompletionRequest)
+        req: CompletionRequest = await self._off_loop(protocol.decode_request, body, CompletionRequest)
         self._check_model(req.model)
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
         options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
                                  priority=req.priority, **self._prompt_options(request, req, req.max_tokens or 0))
-        prompts = protocol.prompts(req)
+        prompts = await self._off_loop(protocol.prompts, req)
         prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
-        params = protocol.sampling_params(req, self._max_tokens(req.max_tokens, max(lengths)))
-        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
-        protocol.verify_params(params, self.vocabulary)
+        params = await self._off_loop(self._params, req, self._max_tokens(req.max_tokens, max(lengths)),
+                                      [inputs for inputs, _ in prepared], None)
         gen, choices = await self._start(response_id, prepared, params, weight_versions=req.return_weight_versions)
         head = self._head(response_id)
         headers = _id_header(request)
@@ -385,6 +383,27 @@ class _Server:
     def _max_tokens(self, requested: int | None, prompt_tokens: int, param: str = "max_tokens") -> int | None:
         """The output budget the one context-length rule gives (vLLM's ``get_max_tokens``)."""
         return get_max_tokens(self.max_model_len, requested, prompt_tokens, max_tokens_param=param)
+
+    def _params(self, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                prepared: list[MultiModalInputs], parsing: RequestParsing | None) -> SamplingParams:
+        """The request's ``SamplingParams``, checked as vLLM's API server checks them (logprob
+        limits, token ids against the vocabulary, ``bad_words`` tokenized, a structured-outputs
+        constraint compiled): work that grows with the request's fields, so it runs off the loop."""
+        params = protocol.sampling_params(req, max_tokens)
+        if parsing is not None:
+            params = parsing.adjust(params)
+        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
+        protocol.verify_params(params, self.vocabulary)
+        for inputs in prepared:
+            protocol.check_prompt_bounds(params, len(inputs["prompt_token_ids"]))
+        return params
+
+    async def _off_loop(self, work: Callable[..., _T], *args: Any) -> _T:
+        """``work(*args)`` on the preparation pool: the event loop never waits on work that grows
+        with a request (decoding its body, checking its fields). A request whose client leaves
+        while the work is queued is cancelled before it starts (asyncio cancels the pool's future)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.preprocessor.executor, partial(work, *args))
 
     async def _prepare(self, prompt: PromptInput, options: RequestOptions, request_id: str) -> MultiModalInputs:
         if self.client.errored:
@@ -821,8 +840,10 @@ async def _disconnected(request: Request) -> None:
 
 
 def _base_id(request: Request, body_id: str | None) -> str:
-    """vLLM's request id: the ``X-Request-Id`` header, else the body's ``request_id``, else random."""
-    return request.headers.get("x-request-id") or body_id or secrets.token_hex(8)
+    """vLLM's request id: the ``X-Request-Id`` header, else the body's ``request_id``, else random;
+    a header id is bounded as the body's is (:func:`~mmfront.serve.protocol.check_request_id`)."""
+    given = request.headers.get("x-request-id")
+    return protocol.check_request_id(given, "X-Request-Id") if given else body_id or secrets.token_hex(8)
 
 
 def _id_header(request: Request) -> dict[str, str] | None:

@@ -35,13 +35,33 @@ VLLM_VALIDATION_CODE = "validation_error"
 """The ``code`` vLLM's engine gives a request it refused as invalid (``RequestError``)."""
 
 
+MAX_ERROR_MESSAGE_CHARS = 1024
+"""Longest error ``message`` an answer carries: a message that quotes a request's input (an
+unknown model name, out-of-vocabulary ids, a bad word list) keeps its head and its tail (where
+vLLM's ``(parameter=..., value=...)`` and the valid choices are), and says how much it left out."""
+MAX_ERROR_PARAM_CHARS = 256
+"""Longest ``param``: a field path may hold a request's own keys (``body.logit_bias.<key>``)."""
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` if it fits ``limit``, else its head and tail around a note of what was left out."""
+    if len(text) <= limit:
+        return text
+    note = f" ...[{len(text) - limit} characters omitted]... "
+    head = (limit - len(note)) * 3 // 4
+    return text[:head] + note + text[len(text) - (limit - len(note) - head):]
+
+
 def error_info(exc: BaseException) -> ErrorInfo:
-    """``exc`` as vLLM's ``ErrorInfo``: the status and ``type`` of its class, its ``parameter``."""
+    """``exc`` as vLLM's ``ErrorInfo``: the status and ``type`` of its class, its ``parameter``;
+    message and parameter bounded (:data:`MAX_ERROR_MESSAGE_CHARS`), whatever input they quote."""
     if not isinstance(exc, MMFrontError):
         logger.exception("Unexpected error while serving a request", exc_info=exc)
-        return ErrorInfo(str(exc) or "Internal server error", MMFrontError.error_type, None, MMFrontError.http_status)
+        return ErrorInfo(shortened(str(exc) or "Internal server error", MAX_ERROR_MESSAGE_CHARS),
+                         MMFrontError.error_type, None, MMFrontError.http_status)
     message = exc.vllm_message() if isinstance(exc, ValidationError) else str(exc) or "Internal server error"
-    return ErrorInfo(message, exc.error_type, exc.parameter, exc.http_status)
+    param = None if exc.parameter is None else shortened(exc.parameter, MAX_ERROR_PARAM_CHARS)
+    return ErrorInfo(shortened(message, MAX_ERROR_MESSAGE_CHARS), exc.error_type, param, exc.http_status)
 
 
 def error_body(exc: BaseException) -> ErrorResponse:
@@ -76,4 +96,5 @@ def engine_error(output: EngineCoreOutput) -> MMFrontError:
     return (RetryableRequestError if retryable else GenerationError)(f"The engine failed the request: {error.message}")
 
 
-__all__ = ["VLLM_VALIDATION_CODE", "ErrorInfo", "ErrorResponse", "engine_error", "error_body", "error_info"]
+__all__ = ["MAX_ERROR_MESSAGE_CHARS", "MAX_ERROR_PARAM_CHARS", "VLLM_VALIDATION_CODE", "ErrorInfo", "ErrorResponse",
+           "engine_error", "error_body", "error_info", "shortened"]

@@ -291,9 +291,11 @@ class ChoiceOutput:
         return len(self.params.logprob_token_ids) if self.params.logprob_token_ids else None
 
     @property
-    def _stops(self) -> list[str]:
+    def _stops(self) -> Sequence[str]:
+        """The stop strings, searched in each step's new text: a step costs at most their number
+        times the text they may span (``stop`` is capped at ``MAX_STOP_STRINGS`` per request)."""
         stop = self.params.stop
-        return [stop] if isinstance(stop, str) else list(stop or ())
+        return (stop,) if isinstance(stop, str) else stop or ()
 
     def process(self, output: EngineCoreOutput) -> Delta:
         """Take one engine output; raises what the engine reported for a failed request."""
@@ -364,9 +366,7 @@ class ChoiceOutput:
 
     def _take_text(self) -> str:
         """The text not yet sent, minus what a stop string may still claim."""
-        hold = 0
-        if not self.finished and self._stops and not self.params.include_stop_str_in_output:
-            hold = max(len(s) for s in self._stops) - 1
+        hold = 0 if self.finished else self.params.output_text_buffer_length  # max(len(stop)) - 1, set once
         end = max(len(self.text) - hold, self._sent)
         delta, self._sent = self.text[self._sent:end], end
         return delta

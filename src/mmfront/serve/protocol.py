@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -28,7 +29,61 @@ from mmfront.wire.params import RepetitionDetectionParams, StructuredOutputsFiel
 logger = logging.getLogger(__name__)
 
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-"""An int a request may send where vLLM's field is bounded to 64 bits (``seed``, ``priority``)."""
+"""An int a request may send where vLLM's field is bounded to 64 bits (``seed``, ``priority``), or
+one no other rule bounds before it reaches the engine (``top_k``: a 400 naming it rather than a
+send that cannot encode it)."""
+
+# --- request bounds (issue 36: JSON depth, wire ints, list and id caps; docs/security.md) ---------
+
+MAX_STOP_STRINGS = int(os.environ.get("VLLM_MAX_STOP_STRINGS", "4"))
+"""Most ``stop`` strings a request may give (vLLM's ``VLLM_MAX_STOP_STRINGS``, read as the server
+starts): each is searched for in every output step's new text."""
+StopList = Annotated[list[str], msgspec.Meta(max_length=MAX_STOP_STRINGS)]
+MAX_JSON_DEPTH = 2 * structured.MAX_JSON_NESTING
+"""Deepest nesting of arrays and objects a request's fields may reach, the body being level 1
+(128): room for the deepest structured-output schema vLLM takes (64 levels, plus 16 for a
+structural tag's wrapping) inside the body, and far below where decoding, copying, hashing or
+templating a value would exhaust Python's recursion limit."""
+MAX_REQUEST_ID_LENGTH = 256
+"""Longest ``request_id`` (or ``X-Request-Id``) a request may give: it is echoed in every chunk."""
+_REQUEST_ID = re.compile(r"[\x21-\x7e]+")
+def _nesting_past(value: Any, depth: int, limit: int) -> bool:
+    """Whether ``value``, at nesting level ``depth`` of the body, holds arrays, objects or structs
+    deeper than ``limit``: walked a level at a time (no recursion), each container seen once."""
+    level = [value]
+    while level:
+        containers = [item for item in level if isinstance(item, (dict, list, msgspec.Struct))]
+        if not containers:
+            return False
+        if depth > limit:
+            return True
+        level = [child for node in containers for child in (
+            node.values() if isinstance(node, dict) else
+            node if isinstance(node, list) else (getattr(node, f) for f in node.__struct_fields__))]
+        depth += 1
+    return False
+
+
+def _check_nesting(request: _SamplingFields) -> None:
+    """Refuse a request whose decoded fields nest deeper than :data:`MAX_JSON_DEPTH` (the body is
+    level 1): the free-form ones (kwargs, schemas, messages) reach code that copies, hashes or
+    renders them with recursion. A field vLLM does not know is skipped by the decoder, and nesting
+    past the stack's reach is refused there (:func:`decode_body`)."""
+    for name in request.__struct_fields__:
+        if _nesting_past(getattr(request, name), 2, MAX_JSON_DEPTH):
+            raise RequestBodyError(f"JSON decode error: `{name}` nests arrays and objects deeper than "
+                                   f"{MAX_JSON_DEPTH} levels.", parameter=f"{BODY_PARAM}.{name}")
+
+
+
+
+def check_request_id(value: str, parameter: str) -> str:
+    """``value`` as a request id: at most :data:`MAX_REQUEST_ID_LENGTH` visible ASCII characters
+    (no spaces or controls), as it is echoed in headers, every chunk and the logs."""
+    if len(value) > MAX_REQUEST_ID_LENGTH or not _REQUEST_ID.fullmatch(value):
+        raise ValidationError(f"{parameter} must be 1 to {MAX_REQUEST_ID_LENGTH} visible ASCII characters (no spaces "
+                              f"or control characters); got {len(value)} characters.", parameter=parameter)
+    return value
 
 
 class StreamOptions(msgspec.Struct):
@@ -107,10 +162,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: Int64 | None = None
     min_p: float | None = None
     seed: Int64 | None = None
-    stop: str | list[str] | None = None
+    stop: str | StopList | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -216,6 +271,9 @@ def decode_body(body: bytes, decoder: msgspec.json.Decoder[Any]) -> Any:
     ``body.<field>`` (every route's request shape is checked here)."""
     try:
         return decoder.decode(body)
+    except RecursionError as e:  # deeper than the decoder's stack reaches (~1,000 levels, as vLLM's)
+        raise RequestBodyError(f"JSON decode error: the body nests arrays and objects deeper than {MAX_JSON_DEPTH} "
+                               "levels.", parameter=BODY_PARAM) from e
     except msgspec.ValidationError as e:
         message = str(e)
         missing, at = _MISSING.search(message), _AT.search(message)
@@ -235,6 +293,7 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is :data:`BODY_PARAM` or
     ``body.<field>``."""
     request = decode_body(body, _DECODERS[cls])
+    _check_nesting(request)
     if isinstance(request, ChatCompletionRequest):
         _check_tool_usage(request)
     if request.stream_options is not None and not request.stream and msgspec.structs.asdict(request.stream_options) != {
@@ -250,6 +309,8 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
         raise ValidationError("thinking_token_budget is set but reasoning_config is not configured. Please set "
                               "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.")
     _check_cache_salt(request.cache_salt)
+    if request.request_id:  # an empty one is none, as in vLLM (a random id is made)
+        check_request_id(request.request_id, "request_id")
     _check_logit_bias_values(request.logit_bias)
     _check_structured_outputs(request)
     if isinstance(request, CompletionRequest):
@@ -582,7 +643,26 @@ def template_tools(request: ChatCompletionRequest, exclude_when_none: bool) -> l
     return [msgspec.to_builtins(tool) for tool in request.tools]
 
 
+MAX_COMPLETION_PROMPTS = int(os.environ.get("VLLM_MAX_COMPLETION_PROMPTS", "1024"))
+"""Most prompts one completion request may list (vLLM's ``VLLM_MAX_COMPLETION_PROMPTS``, read as
+the server starts): each is prepared and sent as ``n`` engine requests of its own."""
+
+
+def check_prompt_bounds(params: SamplingParams, prompt_length: int) -> None:
+    """vLLM's input processor's check of the fields bounded by the prompt's length."""
+    if not 0 <= params.routed_experts_prompt_start <= prompt_length:
+        raise ValidationError(f"routed_experts_prompt_start must be between 0 and the prompt length ({prompt_length}), "
+                              "inclusive.", parameter="routed_experts_prompt_start",
+                              value=params.routed_experts_prompt_start)
+
+
 def _check_completion(request: CompletionRequest) -> None:
+    prompt = request.prompt
+    if isinstance(prompt, list) and len(prompt) > MAX_COMPLETION_PROMPTS and not all(
+            isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+        raise ValidationError(f"prompt list length {len(prompt)} exceeds the maximum allowed count of "
+                              f"{MAX_COMPLETION_PROMPTS}. To increase this limit, set the VLLM_MAX_COMPLETION_PROMPTS "
+                              "environment variable.", parameter="prompt")
     if request.suffix is not None:
         raise ValidationError("`suffix` is not supported by mmfront serve yet.", parameter="suffix")
     if not prompts(request):
@@ -733,8 +813,12 @@ def child_params(params: SamplingParams, index: int) -> SamplingParams:
 
 __all__ = [
     "BODY_PARAM",
+    "MAX_COMPLETION_PROMPTS",
+    "MAX_JSON_DEPTH",
     "MAX_LOGPROB_TOKEN_IDS",
     "MAX_NUM_BAD_WORDS",
+    "MAX_REQUEST_ID_LENGTH",
+    "MAX_STOP_STRINGS",
     "NOT_SUPPORTED",
     "ChatCompletionNamedToolChoiceParam",
     "ChatCompletionRequest",
@@ -747,6 +831,8 @@ __all__ = [
     "StreamOptions",
     "Vocabulary",
     "check_logprobs",
+    "check_prompt_bounds",
+    "check_request_id",
     "child_params",
     "continuous_usage",
     "decode_body",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -26,6 +27,13 @@ logger = logging.getLogger(__name__)
 
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2
+DEFAULT_MAX_N_SEQUENCES = 16384
+"""vLLM's ``VLLM_MAX_N_SEQUENCES`` default: most choices (``n``) one request may ask for, each an
+engine request of its own; the environment variable of that name raises or lowers it, as in vLLM."""
+
+
+def _max_n_sequences() -> int:
+    return int(os.environ.get("VLLM_MAX_N_SEQUENCES", DEFAULT_MAX_N_SEQUENCES))
 
 
 class RequestOutputKind(Enum):
@@ -199,6 +207,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
 
     def _verify(self) -> None:
         _check(self.n >= 1, "n", f"n must be at least 1, got {self.n}.")
+        _check(self.n <= (most := _max_n_sequences()), "n", f"n must be at most {most}, got {self.n}. To increase "
+               "this limit, set the VLLM_MAX_N_SEQUENCES environment variable.")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
@@ -299,6 +309,7 @@ class LoRARequest(msgspec.Struct, omit_defaults=True, array_like=True):
 
 
 __all__ = [
+    "DEFAULT_MAX_N_SEQUENCES",
     "LateChunkingParams",
     "LateInteractionParams",
     "LoRARequest",
