@@ -3,7 +3,7 @@ conversation or the chat template renders it.
 
 The counts of messages (``--max-chat-messages``) and of their content parts
 (``--max-content-parts``) are read from the body by a decode that keeps nothing but the list
-shapes (a few bytes an item, no Python work per item), so a million messages are refused before
+shapes (tens of bytes an item, no Python work per item), so a million messages are refused before
 the request is decoded into a million dicts (16 MB of ``{"role":"user"}`` decode into ~250 MB).
 The characters of the decoded messages' text are then held to the longest prompt worth
 tokenizing (``max_prompt_chars``, which the rendered prompt is held to after templating: a
@@ -19,11 +19,11 @@ import msgspec
 from mmfront.errors import ValidationError
 
 
-class _Part(msgspec.Struct):
+class _Part(msgspec.Struct, gc=False):
     pass
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     content: str | list[_Part] | None = None
 
 
