@@ -7,13 +7,9 @@ over its RSS before, bounded in proportion to the bytes sent. One server for the
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mmfront.network import get_open_port
+from mmfront.testing.servers import serve_process
 
 pytestmark = pytest.mark.slow
 
@@ -33,20 +29,21 @@ IN_FLIGHT = 64 * MiB
 
 
 @dataclass
-class Running:
-    process: subprocess.Popen[bytes]
+class Server:
+    """The API server process (its pid, for its memory) and its port."""
+
+    pid: int
     port: int
-    log: Path
 
     def memory_kib(self, field: str) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1])
         raise AssertionError(field)
 
     def reset_peak(self) -> int:
         """Reset the peak RSS to the RSS now; the RSS now, in bytes."""
-        Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
         return self.memory_kib("VmRSS") * 1024
 
     def peak(self) -> int:
@@ -66,39 +63,19 @@ class Running:
 
 
 @pytest.fixture(scope="module")
-def server(gemma3_weights_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    port = get_open_port()
+def server(gemma3_weights_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mmfront.cli", "serve", str(gemma3_weights_dir), "--host", "127.0.0.1", "--port",
-             str(port), "--served-model-name", "tiny", "--mm-processor-cache-gb", "0.05", "--processing-lanes", "0",
-             "--uvicorn-log-level", "warning", "--api-key", KEY, "--max-body-bytes", str(MAX_BODY),
-             "--max-body-bytes-in-flight", str(IN_FLIGHT), "--body-read-timeout", "30", "--max-model-len", "128"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    running = Running(process, port, log)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(OSError):
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    break
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        yield running
-    finally:
-        process.kill()
-        process.wait(30)
+    with serve_process(gemma3_weights_dir, log, "--api-key", KEY, "--max-body-bytes", str(MAX_BODY),
+                       "--max-body-bytes-in-flight", str(IN_FLIGHT), "--body-read-timeout", "30",
+                       "--max-model-len", "128") as (process, url):
+        yield Server(process.pid, int(url.rsplit(":", 1)[1]))
 
 
 def chat_body(messages: list[dict[str, Any]]) -> bytes:
     return json.dumps({"model": "tiny", "messages": messages, "max_tokens": 2, "temperature": 0}, separators=(",", ":")).encode()
 
 
-def test_a_body_is_held_once_while_it_is_read(server: Running) -> None:
+def test_a_body_is_held_once_while_it_is_read(server: Server) -> None:
     """A 40 MiB body refused by the JSON decoder at its first byte: the server's peak is the body
     once (before: its parts and their join, twice: +80 MiB). First in the module, while the
     server's heap has no freed memory the parts could reuse unseen."""
@@ -110,7 +87,7 @@ def test_a_body_is_held_once_while_it_is_read(server: Running) -> None:
     assert server.peak() - before < 1.4 * len(body), (server.peak() - before) / MiB
 
 
-def test_the_first_authorization_header_is_the_one_checked(server: Running) -> None:
+def test_the_first_authorization_header_is_the_one_checked(server: Server) -> None:
     """vLLM reads ``request.headers.get("Authorization")``: the first of several."""
     def status(first: str, second: str) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
@@ -127,7 +104,7 @@ def test_the_first_authorization_header_is_the_one_checked(server: Running) -> N
     assert status("Bearer wrong", f"Bearer {KEY}") == 401
 
 
-def test_a_million_messages_are_refused_before_they_are_decoded(server: Running) -> None:
+def test_a_million_messages_are_refused_before_they_are_decoded(server: Server) -> None:
     """16 MB of ``{"role":"user"}``: before, no answer in 15 s and +1.5 GiB."""
     body = chat_body([{"role": "user"}] * 1_000_000)
     before = server.reset_peak()
@@ -139,7 +116,7 @@ def test_a_million_messages_are_refused_before_they_are_decoded(server: Running)
     assert server.peak() - before < 6 * len(body), (server.peak() - before) / MiB
 
 
-def test_a_million_text_parts_are_refused_before_they_are_decoded(server: Running) -> None:
+def test_a_million_text_parts_are_refused_before_they_are_decoded(server: Server) -> None:
     """One message of a million text parts: before, 400 after 7 s and +892 MiB."""
     body = chat_body([{"role": "user", "content": [{"type": "text", "text": "a"}] * 1_000_000}])
     before = server.reset_peak()
@@ -152,7 +129,7 @@ def test_a_million_text_parts_are_refused_before_they_are_decoded(server: Runnin
     assert (status, answer["error"]["param"]) == (400, "messages")
 
 
-def test_text_longer_than_any_prompt_is_refused_before_the_template(server: Running) -> None:
+def test_text_longer_than_any_prompt_is_refused_before_the_template(server: Server) -> None:
     """``--max-model-len 128``: no prompt longer than 128 x the longest token string is tokenized;
     messages holding more text than that are refused before they are rendered."""
     body = chat_body([{"role": "user", "content": "x" * 600_000},
@@ -164,7 +141,7 @@ def test_text_longer_than_any_prompt_is_refused_before_the_template(server: Runn
                                                  "the server tokenizes is ")
 
 
-def test_bodies_in_flight_together_are_bounded(server: Running) -> None:
+def test_bodies_in_flight_together_are_bounded(server: Server) -> None:
     """Six 20 MiB bodies at once under a 64 MiB budget: three are read, three are answered 503
     before a byte of their body is read; the server holds at most the budget."""
     size = 20 * MiB

@@ -12,7 +12,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,6 +26,7 @@ from starlette.routing import Route
 
 from mmfront.serve.launcher import uvicorn_config
 from mmfront.serve.settings import ServeSettings
+from mmfront.testing.servers import run_uvicorn
 
 TIMEOUT_S = 0.5
 
@@ -50,18 +49,8 @@ def served(**settings: Any) -> Iterator[int]:
     config = uvicorn_config(APP, ServeSettings(Path("m"), host="127.0.0.1", port=0, uvicorn_log_level="warning",
                                                **{**defaults, **settings}))
     config.lifespan = "off"
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    try:
-        yield server.servers[0].sockets[0].getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with run_uvicorn(config) as port:
+        yield port
 
 
 def connect(port: int) -> socket.socket:
