@@ -140,11 +140,12 @@ def test_a_huge_header_value_is_refused_as_it_arrives_and_other_clients_are_serv
                 if refused:
                     break
         except (ConnectionResetError, BrokenPipeError):
-            pass
-        sock.close()
+            pass  # the lingering close ended: the answer was read before, or the assertion below says so
+        finally:
+            sock.close()
         assert sent < 8 * limit, f"the server read {sent} bytes of the head"
-        if refused:  # the 431 may be lost to the reset of a connection closed with unread bytes
-            assert refused.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+        # the answer arrives whole: the server reads and drops what follows it before closing
+        assert refused.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
         assert health_status(port) == 200
 
 

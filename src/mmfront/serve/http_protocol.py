@@ -11,7 +11,10 @@ a bounded amount of time, memory and descriptors.
 - Past ``max_connections`` open connections a new one is answered 503 and closed at once, so the
   descriptor limit is never what turns normal clients away.
 
-Refusals are plain text and close the connection, as uvicorn's own 400 for an unparsable request.
+Refusals are plain text, as uvicorn's own 400 for an unparsable request. The connection is then
+half-closed and what the client still sends is read and dropped for :data:`LINGER_S` (a lingering
+close, as nginx's): closing at once with unread bytes would reset the connection, and the client
+would lose the answer.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 FD_SOFT_LIMIT_TARGET = 65535
 """The open-file soft limit ``mmfront serve`` raises itself to at start (vLLM's ``set_ulimit``)."""
+LINGER_S = 1.0
+"""How long a refused connection's further bytes are read and dropped before it is closed."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.limits = limits
         self.in_head = False
         self.in_body = False
+        self.lingering = False
         self.head_bytes = 0
         self.header_count = 0
         self.refusal: HeadRefused | None = None
@@ -68,7 +74,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self.logger.warning("Refused a connection: %d are open (--max-connections).", len(self.connections) - 1)
-            self.refuse(503, "The server has too many open connections; retry later.")
+            self.refuse(503, "The server has too many open connections; retry later.", linger=False)
             return
         self.arm(self.limits.header_read_timeout_s)  # a connection that never sends a head is closed too
 
@@ -77,7 +83,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
+        if self.lingering or self.transport.is_closing():
             return
         super().data_received(data)
         if self.transport.is_closing():
@@ -135,9 +141,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.refusal = HeadRefused(status, reason)
         raise self.refusal
 
-    def refuse(self, status: int, reason: str) -> None:
-        """Answer ``status`` with ``reason`` and close the connection."""
+    def refuse(self, status: int, reason: str, *, linger: bool = True) -> None:
+        """Answer ``status`` with ``reason`` and close the connection: at once (past the connection
+        cap, where the descriptor is what is short), else after a lingering close. An app waiting
+        for the body learns at once that the client is gone."""
         self.disarm()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
         body = reason.encode("ascii")
         self.transport.write(b"".join([
             f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode("ascii"),
@@ -145,7 +156,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             b"content-type: text/plain; charset=utf-8\r\n",
             b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
             b"connection: close\r\n\r\n", body]))
-        self.transport.close()
+        if linger and self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.lingering = True
+            self.read_timer = self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
     def arm(self, seconds: float) -> None:
         self.disarm()
@@ -199,5 +215,5 @@ def connection_cap(wanted: int, fd_soft_limit: int) -> int:
     return cap
 
 
-__all__ = ["FD_SOFT_LIMIT_TARGET", "HeadRefused", "HttpLimits", "LimitedHttpToolsProtocol", "connection_cap",
+__all__ = ["FD_SOFT_LIMIT_TARGET", "LINGER_S", "HeadRefused", "HttpLimits", "LimitedHttpToolsProtocol", "connection_cap",
            "raise_fd_soft_limit"]
