@@ -6,7 +6,6 @@ text vLLM's streaming detokenizer makes of the model's own answers
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -25,6 +24,7 @@ from mmfront.engine.worker import WORKER_EXTRAS, WorkerStats, ready_response, re
 from mmfront.engine.worker import serve as serve_engine
 from mmfront.serve.app import create_app
 from mmfront.serve.settings import ServeSettings
+from mmfront.testing.servers import run_uvicorn
 
 MODEL_NAME = "tiny"
 
@@ -92,19 +92,8 @@ def _worker(model_dir: Path, config: MultiModalConfig, address: str, stop: threa
 @contextmanager
 def run_app(app: Any) -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port (a thread); its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
+    with run_uvicorn(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def expected_text(tokenizer: Any, token_ids: list[int]) -> str:

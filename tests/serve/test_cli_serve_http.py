@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from mmfront.network import get_open_port
 from mmfront.testing.media import image_data_url, make_image
+from mmfront.testing.servers import serve_process
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -58,29 +57,9 @@ class Running:
 
 @pytest.fixture(scope="module")
 def server(gemma3_weights_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    port = get_open_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "mmfront.cli", "serve", str(gemma3_weights_dir), "--host", "127.0.0.1", "--port",
-             str(port), "--served-model-name", "tiny", "--mm-processor-cache-gb", "0.05", "--processing-lanes", "0",
-             "--uvicorn-log-level", "warning"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"})
-    running = Running(process, f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + 240
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(OSError):
-                if running.status("/health") == 200:
-                    break
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        yield running
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(30)
+    with serve_process(gemma3_weights_dir, log, env={"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1"}) as (process, url):
+        yield Running(process, url, log)
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ def test_every_api_server_flag_is_taken_or_refused_with_its_reason(option: str) 
 
 def test_refused_flags_are_few() -> None:
     """The flags refused for good configure routes or deployments mmfront does not have."""
-    assert len({counterpart(f) if f.startswith(("--no-", "--disable-")) else f for f in NOT_TAKEN_FRONTEND_FLAGS}) == 16
+    assert len({counterpart(f) if f.startswith(("--no-", "--disable-")) else f for f in NOT_TAKEN_FRONTEND_FLAGS}) == 15
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -174,11 +174,13 @@ def test_uvicorn_takes_the_http_flags(tmp_path: Path) -> None:
     settings = ServeSettings(tmp_path, uds=str(tmp_path / "s.sock"), ssl_keyfile="k.pem", ssl_certfile="c.pem",
                              ssl_ca_certs="ca.pem", ssl_cert_reqs=2, ssl_ciphers="ECDHE-RSA-AES256-GCM-SHA384",
                              disable_uvicorn_access_log=True, h11_max_incomplete_event_size=1024,
-                             disable_access_log_for_endpoints="/health, /metrics")
+                             h11_max_header_count=12, disable_access_log_for_endpoints="/health, /metrics")
     config = uvicorn_config(object(), settings)
     assert (config.uds, config.ssl_keyfile, config.ssl_certfile, config.ssl_ca_certs, config.ssl_cert_reqs,
-            config.ssl_ciphers, config.access_log, config.h11_max_incomplete_event_size) == (
-        str(tmp_path / "s.sock"), "k.pem", "c.pem", "ca.pem", 2, "ECDHE-RSA-AES256-GCM-SHA384", False, 1024)
+            config.ssl_ciphers, config.access_log) == (
+        str(tmp_path / "s.sock"), "k.pem", "c.pem", "ca.pem", 2, "ECDHE-RSA-AES256-GCM-SHA384", False)
+    limits = config.http.keywords["limits"]  # the head bounds, on mmfront's connection (tests/hardening/test_http_front_door.py)
+    assert (limits.max_head_bytes, limits.max_header_count) == (1024, 12)
     quiet = [f for f in logging.getLogger("uvicorn.access").filters if isinstance(f, AccessLogFilter)]
     try:
         assert quiet[-1].paths == frozenset({"/health", "/metrics"})

@@ -22,10 +22,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
@@ -35,13 +36,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.errors import BodyTooLargeError, ConfigError, ModelNotFoundError, RequestBodyError, ValidationError
+from mmfront.errors import ConfigError, ModelNotFoundError, RequestBodyError, ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
 from mmfront.preprocess.truncation import resolve_truncation
 from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import openapi, protocol, responses, tokenize
+from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
+from mmfront.serve.chat_bounds import check_chat_counts, check_chat_text
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
 from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
@@ -148,6 +151,7 @@ class _Server:
         """Where ``--enable-log-outputs`` logs (it needs ``--enable-log-requests``, as vLLM's)."""
         self.load_tracker = LoadCount()
         self.parsing = ChatParsing(settings, self.tokenizer)
+        self.bodies = BodyBudget(settings.max_body_bytes_in_flight)
 
     @property
     def max_model_len(self) -> int | None:
@@ -196,9 +200,10 @@ class _Server:
         return await self._guarded(request, self._detokenize)
 
     async def _tokenize(self, request: Request, body: bytes) -> Response:
-        req = await self._off_loop(tokenize.decode_tokenize, body)
+        req = await self._off_loop(self._decode_tokenize, body)
         self._check_model(req.model)
         if isinstance(req, tokenize.TokenizeChatRequest):
+            check_chat_text(req.messages, self.max_prompt_chars)
             self._check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
             req.chat_template_kwargs = self._template_kwargs(req.chat_template_kwargs)
         request_id = f"tokenize-{_base_id(request, None)}"
@@ -238,18 +243,28 @@ class _Server:
         """Read the body, then run ``handler``; any error becomes vLLM's error JSON, and a client
         that disconnects before the response starts cancels it (which aborts its engine
         requests). The watch starts after the body is read: until then, what the server
-        receives is the body."""
+        receives is the body. The body counts against ``--max-body-bytes-in-flight`` until the
+        handler returns."""
         media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":  # vLLM's check, before anything is read
             return error_response(RequestBodyError("Unsupported Media Type: Only 'application/json' is allowed",
                                                    parameter=protocol.BODY_PARAM))
+        held = HeldBody(self.bodies)
         try:
-            body = await _read_body(request, self.settings.max_body_bytes)
+            return await self._answer(request, held, handler)
+        finally:
+            held.release()
+
+    async def _answer(self, request: Request, held: HeldBody,
+                      handler: Callable[[Request, bytes], Awaitable[Response]]) -> Response:
+        try:
+            body = await read_body(request, self.settings.max_body_bytes, held)
         except ClientDisconnect:
             return Response(status_code=499)
         except Exception as e:
             return error_response(e)
-        task = asyncio.ensure_future(handler(request, body))
+        # held once, as read: the handlers and msgspec read any buffer, so no bytes copy is made
+        task = asyncio.ensure_future(handler(request, cast(bytes, body)))
         watcher = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
@@ -269,7 +284,7 @@ class _Server:
                 await watcher
 
     async def _chat(self, request: Request, body: bytes) -> Response:
-        req: ChatCompletionRequest = await self._off_loop(protocol.decode_request, body, ChatCompletionRequest)
+        req: ChatCompletionRequest = await self._off_loop(self._decode_chat, body)
         self._check_model(req.model)
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
@@ -680,6 +695,26 @@ class _Server:
                                         max_model_len=self.max_model_len, max_output_tokens=max_output_tokens)
         return {"add_special_tokens": req.add_special_tokens, "truncation": truncation, "session_id": session_id}
 
+    def _check_chat_counts(self, body: bytes) -> None:
+        check_chat_counts(body, max_messages=self.settings.max_chat_messages, max_parts=self.settings.max_content_parts)
+
+    def _decode_chat(self, body: bytes) -> ChatCompletionRequest:
+        """A chat body decoded off the loop: its messages and parts counted before they are built
+        (a million messages are refused before a million structs exist), its text checked after."""
+        self._check_chat_counts(body)
+        req = protocol.decode_request(body, ChatCompletionRequest)
+        check_chat_text(req.messages, self.max_prompt_chars)
+        return req
+
+    def _decode_tokenize(self, body: bytes) -> tokenize.TokenizeCompletionRequest | tokenize.TokenizeChatRequest:
+        """A ``/tokenize`` body decoded off the loop, a chat one's counts checked first."""
+        self._check_chat_counts(body)
+        return tokenize.decode_tokenize(body)
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.preprocessor.pipeline.processor.info.max_prompt_chars
+
     def _template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
         """A request's ``chat_template_kwargs`` over ``--default-chat-template-kwargs``."""
         defaults = self.settings.default_chat_template_kwargs
@@ -816,22 +851,6 @@ def _delta_call(index: int, call: ToolCall) -> responses.DeltaToolCall:
                                    function=responses.FunctionCall(call.name, call.arguments))
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) as soon as it passes ``limit``: a declared length is checked
-    before anything is read, a chunked body as it arrives."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLargeError(f"The request body ({declared} bytes) is larger than the server's limit of {limit} bytes.")
-    parts: list[bytes] = []
-    size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise BodyTooLargeError(f"The request body is larger than the server's limit of {limit} bytes.")
-        parts.append(part)
-    return b"".join(parts)
-
-
 async def _disconnected(request: Request) -> None:
     """Return once the client has gone away: after the body, the next message an ASGI server
     delivers is the disconnect."""
@@ -853,7 +872,8 @@ def _id_header(request: Request) -> dict[str, str] | None:
 
 class _ApiKey:
     """vLLM's bearer-token check: every ``/v1`` path needs ``Authorization: Bearer KEY``; the
-    token is compared in constant time, on its hash."""
+    token is compared in constant time, on its hash. Of several ``Authorization`` headers the
+    first is checked, as vLLM checks it (``request.headers.get``)."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app = app
@@ -868,7 +888,7 @@ class _ApiKey:
         await self.app(scope, receive, send)
 
     def _valid(self, scope: Scope) -> bool:
-        header = dict(scope.get("headers") or ()).get(b"authorization", b"").decode("latin-1")
+        header = Headers(scope=scope).get("authorization", "")  # the first, as vLLM reads it
         scheme, _, token = header.partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(
             hashlib.sha256(token.encode()).digest(), self.digest)

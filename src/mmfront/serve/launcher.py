@@ -36,8 +36,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from mmfront.cache import ShmObjectStoreSenderCache
 from mmfront.config import MultiModalConfig
@@ -49,6 +50,9 @@ from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.serve.banner import engines_banner, listen_address, log_routes
 from mmfront.serve.model_limits import check_max_model_len
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
+
+if TYPE_CHECKING:
+    from mmfront.serve.http_protocol import HttpLimits
 
 logger = logging.getLogger(__name__)
 
@@ -467,8 +471,11 @@ class EngineWatchdog:
 def uvicorn_config(app: Any, settings: ServeSettings) -> Any:
     """uvicorn's configuration for ``app`` from ``vllm serve``'s HTTP flags (TLS, Unix socket,
     access log; the root path is the app's, as FastAPI's); the paths of ``--disable-access-log-for-endpoints`` are filtered out
-    of the access log."""
+    of the access log. Connections are :class:`LimitedHttpToolsProtocol`'s, under the settings'
+    :class:`HttpLimits`, with the open-file soft limit raised first (vLLM's ``set_ulimit``)."""
     import uvicorn
+
+    from mmfront.serve.http_protocol import LimitedHttpToolsProtocol, raise_fd_soft_limit
 
     if settings.disable_access_log_for_endpoints:
         quiet = frozenset(p.strip() for p in settings.disable_access_log_for_endpoints.split(",") if p.strip())
@@ -478,7 +485,18 @@ def uvicorn_config(app: Any, settings: ServeSettings) -> Any:
         access_log=not settings.disable_uvicorn_access_log,
         ssl_keyfile=settings.ssl_keyfile, ssl_certfile=settings.ssl_certfile, ssl_ca_certs=settings.ssl_ca_certs,
         ssl_cert_reqs=settings.ssl_cert_reqs, ssl_ciphers=settings.ssl_ciphers,
-        h11_max_incomplete_event_size=settings.h11_max_incomplete_event_size)
+        http=cast(Any, partial(LimitedHttpToolsProtocol, limits=http_limits(settings, raise_fd_soft_limit()))),
+        timeout_keep_alive=settings.http_timeout_keep_alive)
+
+
+def http_limits(settings: ServeSettings, fd_soft_limit: int) -> HttpLimits:
+    """The bounds every HTTP connection is held to (docs/security.md, "The HTTP front door")."""
+    from mmfront.serve.http_protocol import HttpLimits, connection_cap
+
+    return HttpLimits(
+        header_read_timeout_s=settings.header_read_timeout, body_read_timeout_s=settings.body_read_timeout,
+        max_head_bytes=settings.h11_max_incomplete_event_size, max_header_count=settings.h11_max_header_count,
+        max_url_bytes=settings.max_url_length, max_connections=connection_cap(settings.max_connections, fd_soft_limit))
 
 
 def show_logs() -> None:
@@ -559,6 +577,7 @@ __all__ = [
     "check_start",
     "client_over",
     "exit_on_sigterm",
+    "http_limits",
     "http_sockets",
     "keep_alive_on_engine_death",
     "listening_socket",

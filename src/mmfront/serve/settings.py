@@ -130,7 +130,31 @@ class ServeSettings:
     """Serve no ``/openapi.json``, ``/docs`` or ``/redoc``."""
     h11_max_incomplete_event_size: int = field(default=4 * 1024 * 1024, metadata=flag(parse=positive_int,
                                                                                       metavar="BYTES"))
-    """Largest incomplete HTTP event (header or body) the h11 parser holds."""
+    """Largest request head (request line and headers) a connection may send; a larger one is
+    refused with 431 as its bytes arrive (vLLM's h11 limit, applied to mmfront's httptools parser)."""
+    # --- the HTTP front door's bounds (docs/security.md, "The HTTP front door") ---
+    h11_max_header_count: int = field(default=256, metadata=flag(parse=positive_int, metavar="N"))
+    """Most header lines a request head may have (431 above)."""
+    max_url_length: int = field(default=16384, metadata=flag(vllm=False, parse=positive_int, metavar="BYTES"))
+    """Longest request URL, path and query (414 above)."""
+    header_read_timeout: float = field(default=5.0, metadata=flag(vllm=False, parse=seconds, metavar="S"))
+    """Seconds a request head may take to arrive whole, from the connection or the head's first
+    byte (408, then the connection is closed)."""
+    body_read_timeout: float = field(default=5.0, metadata=flag(vllm=False, parse=seconds, metavar="S"))
+    """Seconds a request body may stall between two reads (408, then the connection is closed)."""
+    http_timeout_keep_alive: int = field(default=5, metadata=flag(vllm=False, parse=positive_int, metavar="S"))
+    """Seconds an idle keep-alive connection stays open (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``)."""
+    max_connections: int = field(default=8192, metadata=flag(vllm=False, parse=positive_int, metavar="N"))
+    """Most open HTTP connections; a new one past it is answered 503 and closed. Kept under half of
+    the open-file limit, which the server raises to 65535 (or the hard limit) at start."""
+    max_body_bytes_in_flight: int = field(default=4 * DEFAULT_MAX_BODY_BYTES, metadata=flag(
+        vllm=False, parse=positive_int, metavar="BYTES", shown_default="256 MiB"))
+    """Most bytes of request bodies held at once, across requests, from their reading to their
+    answer; a body that does not fit is refused with 503 before it is read."""
+    max_chat_messages: int = field(default=10000, metadata=flag(vllm=False, parse=positive_int, metavar="N"))
+    """Most messages a chat request may have (400 above, before any is looked at)."""
+    max_content_parts: int = field(default=10000, metadata=flag(vllm=False, parse=positive_int, metavar="N"))
+    """Most content parts (text, media) a chat request's messages may have together (400 above)."""
 
     # --- requests and responses ---
     response_role: str = field(default="assistant", metadata=flag(metavar="ROLE"))

@@ -64,7 +64,6 @@ NOT_TAKEN_FRONTEND_FLAGS = {
                              "no copy",
     "--disable-offline-docs": "mmfront's /docs page loads Swagger UI from the jsDelivr CDN, as FastAPI's; it "
                               "vendors no copy",
-    "--h11-max-header-count": "the uvicorn mmfront runs on has no header-count setting",
     "--enable-ssl-refresh": "mmfront reads the TLS files once at start-up; restart it to load new certificates",
     "--disable-ssl-refresh": "mmfront reads the TLS files once at start-up; restart it to load new certificates",
 }
