@@ -24,6 +24,7 @@ torch where it is not. Two jobs, both bit-exact with the slow path they replace:
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -64,11 +65,11 @@ class _Extension(NamedTuple):
 
 def _load_extension() -> _Extension:
     try:
-        from mmfront import _pixels
+        from mmfront._pixels import kernel, lut_planes, pack
     except ImportError:  # installed without a C compiler: Pillow's packer and torch do the work
         return _Extension()
     # an extension built from an older source lacks the newer kernels: those fall back alone
-    return _Extension(_pixels.pack, _pixels.kernel, _pixels.lut_planes, getattr(_pixels, "patchify", None))
+    return _Extension(pack, kernel, lut_planes, getattr(sys.modules["mmfront._pixels"], "patchify", None))
 
 
 _pack, _kernel, _lut_planes, _patchify = _load_extension()
