@@ -189,8 +189,7 @@ def run(report: Report, quick: bool) -> None:
     for case, stages in ours.items():
         for key, label in STAGES:
             report.add(GROUP, f"Qwen2.5-VL {case}, mmfront: {label}", stages[key], "ms")
-        report.ratio(GROUP, f"Qwen2.5-VL {case}: patchify, mmfront / HF", stages["patchify"] / stages["patchify_hf"],
-                     at_most=0.2)
+        report.ratio(GROUP, f"Qwen2.5-VL {case}: patchify, mmfront / HF", stages["patchify"] / stages["patchify_hf"])
         report.ratio(GROUP, f"Qwen2.5-VL {case}: apply() miss, after / before",
                      stages["apply"] / stages["apply_hf"], at_most=1.0)
     if theirs is None:
