@@ -24,10 +24,11 @@ once, in the order a miss runs them; medians over rounds (the first round warms 
 * ``encode``: the miss's item through the wire encoder (``MsgpackEncoder``), ``send``: its frames
   over a ZMQ ``ipc://`` PUSH/PULL pair, received.
 
-torch runs one intra-op thread on both sides, as mmfront's server runs it (its ``ThreadPlan``): a
-stage's time is then its CPU time, where torch's thread pool on a shared machine would measure the
-other tenants (a 4.7 MB tensor's fill took 32 ms with 2 threads under a load of 10, 0.05 ms with
-one). vLLM's side runs in its peer venv (``benchmarks/peer/vllm_miss.py``), after mmfront's, on the same
+torch runs one intra-op thread on both sides, as mmfront's server runs it (its ``ThreadPlan``), and
+each stage is timed in CPU time of the thread that runs it (``time.thread_time``; the send, whose
+work ZMQ's I/O thread does, in wall time): on a shared machine wall time counts the other tenants'
+turns too (a 4.7 MB tensor's fill took 32 ms of wall time with torch's 2 threads under a load of
+10, 0.05 ms with one). vLLM's side runs in its peer venv (``benchmarks/peer/vllm_miss.py``), after mmfront's, on the same
 images; without the peer its lines are skipped. vLLM's Rust frontend (``vllm-rs``) is a compiled
 server with no stage hooks: its cost per request is ``bench_frontends``' CPU per request.
 """
@@ -74,8 +75,16 @@ VLLM_STAGES = (("hash", "hash"), ("decode", "decode (at load)"), ("to_tensor", "
 
 
 def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    start = time.perf_counter()
+    """The CPU time of the calling thread in ``fn`` (every stage but the send runs in it, torch on
+    one thread): on a shared machine wall time would count the other tenants' turns too."""
+    start = time.thread_time()
     value = fn(*args, **kwargs)
+    return time.thread_time() - start, value
+
+
+def _timed_wall(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = fn(*args)
     return time.perf_counter() - start, value
 
 
@@ -153,7 +162,7 @@ def measure_mmfront(folder: Path, rounds: int, pipe: _Pipe) -> dict[str, dict[st
                     kwargs_item = result["mm_kwargs"]["image"][0]
             assert kwargs_item is not None, "every round's image must be new (a miss)"
             times["encode"], frames = _timed(encoder.encode, kwargs_item)
-            times["send"], _ = _timed(pipe.send, frames)
+            times["send"], _ = _timed_wall(pipe.send, frames)  # ZMQ's I/O thread does the work
             if i:
                 for key, value in times.items():
                     samples.setdefault(key, []).append(value)
