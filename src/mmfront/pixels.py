@@ -1,5 +1,5 @@
 """Pixel kernels, in C where the optional extension ``mmfront._pixels`` is built, in Python or
-torch where it is not. Two jobs, both bit-exact with the slow path they replace:
+torch where it is not. Three jobs, all bit-exact with the slow path they replace:
 
 * **Strips for hashing**: a PIL image's pixels as the bytes of ``np.asarray(image)``, in strips,
   without one big copy. This is what content hashing feeds the hasher (vLLM hashes

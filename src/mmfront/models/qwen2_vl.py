@@ -10,8 +10,8 @@ vLLM's ``_create_qwen2vl_field_factory``: an item's ``pixel_values`` are its ``t
 Two steps of the HF image processor are swapped for ones that give the same bytes with less
 copying (:func:`qwen2_vl_speedups`; Qwen2.5-VL's folders load the same image processor):
 ``patchify`` (a permute, a temporal expand and a reshape: torch copies a 1024x768 image's 4.7 MB
-of rows element by element through an 8-dimensional stride pattern, 15-25 ms) becomes
-:func:`mmfront.pixels.patch_rows`, one C pass; and an RGB PIL image reaches the resize as a
+of rows element by element through an 8-dimensional stride pattern) becomes
+:func:`mmfront.pixels.patch_rows`, one C pass in about half the CPU time; and an RGB PIL image reaches the resize as a
 channels-first view of its pixel array, without HF's contiguous copy (torch's uint8 resize reads
 either layout and gives the same pixels: it lays the planes out channels-last itself).
 """
