@@ -42,8 +42,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +58,7 @@ from mmfront.models.registry import create_processor
 from mmfront.testing.media import natural_image
 from mmfront.testing.peer import vllm_peer_python
 from mmfront.wire import MsgpackEncoder
+from peer.vllm_miss import cpu_timed, wall_timed
 
 GROUP = "miss"
 REPO = Path(__file__).resolve().parents[1]
@@ -72,20 +71,6 @@ STAGES = (("load_hash", "load + hash"), ("decode", "decode"), ("to_tensor_hf", "
 VLLM_STAGES = (("hash", "hash"), ("decode", "decode (at load)"), ("to_tensor", "to tensor (HF)"),
                ("resize", "resize (HF)"), ("patchify", "patchify (HF)"), ("apply", "apply() miss, decoded item"),
                ("encode", "encode"), ("send", "send (ZMQ ipc, received)"))
-
-
-def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
-    """The CPU time of the calling thread in ``fn`` (every stage but the send runs in it, torch on
-    one thread): on a shared machine wall time would count the other tenants' turns too."""
-    start = time.thread_time()
-    value = fn(*args, **kwargs)
-    return time.thread_time() - start, value
-
-
-def _timed_wall(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
-    start = time.perf_counter()
-    value = fn(*args)
-    return time.perf_counter() - start, value
 
 
 def _encoded(width: int, height: int, fmt: str, seed: int) -> bytes:
@@ -142,27 +127,27 @@ def measure_mmfront(folder: Path, rounds: int, pipe: _Pipe) -> dict[str, dict[st
         for i in range(rounds + 1):  # the first round warms up
             data = _encoded(width, height, fmt, seed=1 + i + 1000 * n)
             times: dict[str, float] = {}
-            times["load_hash"], item = _timed(lazy, data)
-            times["decode"], image = _timed(getattr, item, "media")
-            times["to_tensor_hf"], chw_hf = _timed(hf_steps.process_image, ip, image, do_convert_rgb=True)
-            times["to_tensor"], chw = _timed(ip.process_image, image, do_convert_rgb=True)
-            times["resize_hf"], resized_hf = _timed(ip.resize, chw_hf[None], size=size, resample=ip.resample,
+            times["load_hash"], item = cpu_timed(lazy, data)
+            times["decode"], image = cpu_timed(getattr, item, "media")
+            times["to_tensor_hf"], chw_hf = cpu_timed(hf_steps.process_image, ip, image, do_convert_rgb=True)
+            times["to_tensor"], chw = cpu_timed(ip.process_image, image, do_convert_rgb=True)
+            times["resize_hf"], resized_hf = cpu_timed(ip.resize, chw_hf[None], size=size, resample=ip.resample,
                                                     factor=factor)
-            times["resize"], resized = _timed(ip.resize, chw[None], size=size, resample=ip.resample, factor=factor)
+            times["resize"], resized = cpu_timed(ip.resize, chw[None], size=size, resample=ip.resample, factor=factor)
             assert torch.equal(resized, resized_hf), "the resize of mmfront's view differs from HF's"
             patch = {"patch_size": ip.patch_size, "merge_size": ip.merge_size,
                      "temporal_patch_size": ip.temporal_patch_size}
-            times["patchify_hf"], (want, _, _) = _timed(hf_steps.patchify, ip, resized, **patch)
-            times["patchify"], (rows, _, _) = _timed(ip.patchify, resized, **patch)
+            times["patchify_hf"], (want, _, _) = cpu_timed(hf_steps.patchify, ip, resized, **patch)
+            times["patchify"], (rows, _, _) = cpu_timed(ip.patchify, resized, **patch)
             assert torch.equal(rows, want), "mmfront's patch rows differ from HF's"
             for p in ((before, proc) if i % 2 else (proc, before)):
                 key = "apply" if p is proc else "apply_hf"
-                times[key], result = _timed(p.apply, prompt, {"image": [lazy(data)]}, cache=caches[id(p)])
+                times[key], result = cpu_timed(p.apply, prompt, {"image": [lazy(data)]}, cache=caches[id(p)])
                 if p is proc:
                     kwargs_item = result["mm_kwargs"]["image"][0]
             assert kwargs_item is not None, "every round's image must be new (a miss)"
-            times["encode"], frames = _timed(encoder.encode, kwargs_item)
-            times["send"], _ = _timed_wall(pipe.send, frames)  # ZMQ's I/O thread does the work
+            times["encode"], frames = cpu_timed(encoder.encode, kwargs_item)
+            times["send"], _ = wall_timed(pipe.send, frames)  # ZMQ's I/O thread does the work
             if i:
                 for key, value in times.items():
                     samples.setdefault(key, []).append(value)

@@ -31,15 +31,16 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+def cpu_timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
     """The CPU time of the calling thread in ``fn`` (every stage but the send runs in it, torch on
-    one thread): on a shared machine wall time would count the other tenants' turns too."""
+    one thread): on a shared machine wall time would count the other tenants' turns too. Also
+    ``bench_miss.py``'s, so both sides time alike."""
     start = time.thread_time()
     value = fn(*args, **kwargs)
     return time.thread_time() - start, value
 
 
-def _timed_wall(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
+def wall_timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
     start = time.perf_counter()
     value = fn(*args)
     return time.perf_counter() - start, value
@@ -96,18 +97,18 @@ def main() -> None:
             natural_image(width, height, seed=1 + i + 1000 * n).save(buf, format=fmt)
             data = buf.getvalue()
             times: dict[str, float] = {}
-            times["decode"], item = _timed(media_io.load_bytes, data)
-            times["hash"], _ = _timed(MultiModalHasher.hash_kwargs, algorithm, model_id=args.model_dir, image=item)
-            times["to_tensor"], chw = _timed(ip.process_image, item.media, do_convert_rgb=True)
-            times["resize"], resized = _timed(ip.resize, chw[None], size=size, resample=ip.resample, factor=factor)
-            times["patchify"], _ = _timed(ip.patchify, resized, ip.patch_size, ip.merge_size, ip.temporal_patch_size)
+            times["decode"], item = cpu_timed(media_io.load_bytes, data)
+            times["hash"], _ = cpu_timed(MultiModalHasher.hash_kwargs, algorithm, model_id=args.model_dir, image=item)
+            times["to_tensor"], chw = cpu_timed(ip.process_image, item.media, do_convert_rgb=True)
+            times["resize"], resized = cpu_timed(ip.resize, chw[None], size=size, resample=ip.resample, factor=factor)
+            times["patchify"], _ = cpu_timed(ip.patchify, resized, ip.patch_size, ip.merge_size, ip.temporal_patch_size)
             inputs = ProcessorInputs(prompt=list(prompt), mm_data_items=proc.info.parse_mm_data({"image": [item]}),
                                      cache=cache)
-            times["apply"], result = _timed(proc.apply, inputs, TimingContext(enabled=False))
+            times["apply"], result = cpu_timed(proc.apply, inputs, TimingContext(enabled=False))
             kwargs_item = result["mm_kwargs"]["image"][0]
             assert kwargs_item is not None, "every round's image must be new (a miss)"
-            times["encode"], frames = _timed(encoder.encode, kwargs_item)
-            times["send"], _ = _timed_wall(send, frames)  # ZMQ's I/O thread does the work
+            times["encode"], frames = cpu_timed(encoder.encode, kwargs_item)
+            times["send"], _ = wall_timed(send, frames)  # ZMQ's I/O thread does the work
             if i:
                 for key, value in times.items():
                     samples.setdefault(key, []).append(value)
