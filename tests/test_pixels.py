@@ -433,3 +433,70 @@ def test_lut_planes_refuses_a_read_only_destination() -> None:
     dst.flags.writeable = False
     with pytest.raises((BufferError, ValueError, TypeError)):
         _pixels.lut_planes(np.zeros(3, np.uint8), np.zeros((3, 256), np.uint16), dst, 3)
+
+
+# --- patch rows (Qwen2-VL's patchify) ---------------------------------------------------------
+
+
+def _hf_patchify(images: torch.Tensor, patch: int, merge: int, temporal: int) -> torch.Tensor:
+    """HF's ``Qwen2VLImageProcessor.patchify`` (transformers 5.24), step for step."""
+    batch, channel, height, width = images.shape
+    grid_h, grid_w = height // patch, width // patch
+    patches = images.reshape(batch, channel, grid_h // merge, merge, patch, grid_w // merge, merge, patch)
+    patches = patches.permute(0, 2, 5, 3, 6, 1, 4, 7)
+    return patches.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, temporal, -1, -1).reshape(
+        batch, grid_h * grid_w, channel * temporal * patch * patch)
+
+
+@needs_extension
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("batch", "channels", "height", "width", "patch", "merge", "temporal"), [
+    (1, 3, 756, 1036, 14, 2, 2),   # a 1024x768 image at Qwen2.5-VL's standard limits
+    (2, 3, 56, 84, 14, 2, 2),      # a group of two images of one shape
+    (1, 3, 48, 64, 8, 2, 2),       # the qwen2_5_vl fixture's patch size
+    (1, 1, 12, 18, 3, 1, 1),       # no merge, no temporal copy
+    (1, 3, 32, 32, 16, 2, 3),
+])
+def test_patch_rows_are_hfs_patchify_bytes(dtype: torch.dtype, batch: int, channels: int, height: int, width: int,
+                                           patch: int, merge: int, temporal: int) -> None:
+    generator = torch.Generator().manual_seed(batch * height + width)
+    images = torch.randint(0, 256, (batch, channels, height, width), generator=generator, dtype=torch.uint8)
+    images = images if dtype == torch.uint8 else (images.to(torch.float32) / 255 - 0.48).to(dtype)
+    rows = pixels.patch_rows(images, patch, merge, temporal)
+    want = _hf_patchify(images, patch, merge, temporal)
+    assert rows is not None and rows.dtype == dtype and rows.shape == want.shape
+    assert torch.equal(rows.view(torch.uint8), want.contiguous().view(torch.uint8))
+
+
+@needs_extension
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("batch", "height", "width"), [(1, 756, 1036), (2, 28, 56)])
+def test_patch_rows_read_channels_last_and_strided_images_as_their_values(dtype: torch.dtype, batch: int,
+                                                                           height: int, width: int) -> None:
+    bhwc = torch.arange(batch * height * width * 3, dtype=torch.int64).remainder(251).to(dtype)
+    channels_last = bhwc.reshape(batch, height, width, 3).permute(0, 3, 1, 2)  # a resize of a PIL image's view
+    strided = torch.cat([channels_last, channels_last], dim=3)[..., ::2]  # neither layout: copied first
+    for images in (channels_last, strided):
+        rows = pixels.patch_rows(images, 14, 2, 2)
+        want = _hf_patchify(images.contiguous(), 14, 2, 2)
+        assert rows is not None and torch.equal(rows.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_patch_rows_leave_what_they_cannot_lay_out_to_hf(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pixels.patch_rows(torch.zeros((1, 3, 30, 28), dtype=torch.uint8), 14, 2, 2) is None  # 30 px: no whole window
+    assert pixels.patch_rows(torch.zeros((0, 3, 28, 28), dtype=torch.uint8), 14, 2, 2) is None
+    monkeypatch.setattr(pixels, "_patchify", None)  # built without a C compiler
+    assert pixels.patch_rows(torch.zeros((1, 3, 28, 28), dtype=torch.uint8), 14, 2, 2) is None
+
+
+@needs_extension
+@pytest.mark.parametrize(("dst_bytes", "args", "error"), [
+    (2 * 3 * 28 * 28, (1, 3, 28, 28, 1, 14, 2, 2, False), "src holds"),  # src is one byte longer below
+    (3 * 28 * 28, (1, 3, 28, 28, 1, 14, 2, 2, True), "dst holds"),
+    (2 * 3 * 28 * 28, (1, 3, 28, 28, 1, 14, 3, 2, False), "multiples of patch x merge"),
+    (2 * 3 * 28 * 28, (1, 3, 28, 28, 0, 14, 2, 2, False), "itemsize must be positive"),
+])
+def test_patchify_refuses_sizes_that_do_not_fit(dst_bytes: int, args: tuple[int | bool, ...], error: str) -> None:
+    src = np.zeros(3 * 28 * 28 + (1 if error == "src holds" else 0), np.uint8)
+    with pytest.raises(ValueError, match=error):
+        _pixels.patchify(src, np.zeros(dst_bytes, np.uint8), *args)

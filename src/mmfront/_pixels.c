@@ -1,5 +1,6 @@
 /* mmfront._pixels: pack a PIL image's 4-byte pixels into the bytes numpy's array of it holds;
-   and turn resized uint8 planes into normalized model-dtype planes through a table (lut_planes).
+   turn resized uint8 planes into normalized model-dtype planes through a table (lut_planes); and
+   lay resized planes out as Qwen2-VL's patch rows in one pass (patchify).
 
 Pillow stores an RGB pixel in 4 bytes (RGBX), while np.asarray(image) -- which vLLM hashes --
 holds 3. Pillow's own packer does the conversion holding the GIL, so it can neither overlap the
@@ -427,9 +428,128 @@ lut_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+PyDoc_STRVAR(patchify_doc,
+"patchify(src, dst, batch, channels, height, width, itemsize, patch, merge, temporal, channels_last, /) -> None\n"
+"\n"
+"The patch rows of Qwen2-VL's image processor (its ``patchify``) in one pass: src holds batch x\n"
+"channels x height x width items of itemsize bytes, C-contiguous in that order, or with\n"
+"channels_last in the order batch x height x width x channels; dst the rows [batch,\n"
+"height/patch/merge, width/patch/merge, merge, merge] of channels x temporal x patch x patch\n"
+"items, each image repeated temporal times, as HF's permute + expand + reshape lays them out.\n"
+"Items are copied bit for bit; runs without the GIL. Raises ValueError for sizes that do not fit.");
+
+/* One patch row of one channel: patch items, `step` bytes apart in src, to consecutive items. */
+static inline void
+gather_items(uint8_t *dst, const uint8_t *src, size_t patch, size_t item, size_t step)
+{
+    if (step == item) {
+        memcpy(dst, src, patch * item);
+    } else if (item == 1) {
+        for (size_t px = 0; px < patch; px++) {
+            dst[px] = src[px * step];
+        }
+    } else {
+        for (size_t px = 0; px < patch; px++) {
+            memcpy(dst + px * item, src + px * step, item);
+        }
+    }
+}
+
+static PyObject *
+patchify(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "patchify() takes 11 positional arguments (%zd given)", nargs);
+        return NULL;
+    }
+    static const char *const names[] = {"batch", "channels", "height", "width", "itemsize", "patch", "merge",
+                                        "temporal"};
+    Py_ssize_t v[8];
+    for (int i = 0; i < 8; i++) {
+        if (index_arg(args[2 + i], names[i], &v[i]) < 0) {
+            return NULL;
+        }
+        if (v[i] < 1) {
+            PyErr_Format(PyExc_ValueError, "%s must be positive, not %zd", names[i], v[i]);
+            return NULL;
+        }
+    }
+    int channels_last = PyObject_IsTrue(args[10]);
+    if (channels_last < 0) {
+        return NULL;
+    }
+    size_t batch = (size_t)v[0], channels = (size_t)v[1], height = (size_t)v[2], width = (size_t)v[3];
+    size_t item = (size_t)v[4], patch = (size_t)v[5], merge = (size_t)v[6], temporal = (size_t)v[7];
+    size_t unit = patch * merge;
+    if (height % unit != 0 || width % unit != 0) {
+        PyErr_Format(PyExc_ValueError, "height %zu and width %zu must be multiples of patch x merge (%zu)", height,
+                     width, unit);
+        return NULL;
+    }
+    Py_buffer in, out;
+    if (PyObject_GetBuffer(args[0], &in, PyBUF_C_CONTIGUOUS) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    size_t total = batch * channels * height * width * item;
+    if ((size_t)in.len != total) {
+        PyErr_Format(PyExc_ValueError, "src holds %zd bytes; %zu x %zu x %zu x %zu items of %zu bytes need %zu",
+                     in.len, batch, channels, height, width, item, total);
+    } else if ((size_t)out.len != total * temporal) {
+        PyErr_Format(PyExc_ValueError, "dst holds %zd bytes, not the %zu of %zu temporal copies", out.len,
+                     total * temporal, temporal);
+    } else {
+        const uint8_t *src = in.buf;
+        uint8_t *dst = out.buf;
+        size_t line = patch * item;  /* one patch row of one channel, in dst */
+        size_t block = patch * line; /* one patch of one channel, in dst */
+        /* byte steps in src: along a row, down a column, to the next channel */
+        size_t step = channels_last ? channels * item : item;
+        size_t row_bytes = width * step;
+        size_t plane = channels_last ? item : height * row_bytes;
+        size_t image_bytes = channels * height * width * item;
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t b = 0; b < batch; b++) {
+            const uint8_t *image = src + b * image_bytes;
+            for (size_t y0 = 0; y0 < height; y0 += unit) {
+                for (size_t x0 = 0; x0 < width; x0 += unit) {
+                    for (size_t my = 0; my < merge; my++) {
+                        for (size_t mx = 0; mx < merge; mx++) {
+                            const uint8_t *corner = image + (y0 + my * patch) * row_bytes + (x0 + mx * patch) * step;
+                            for (size_t c = 0; c < channels; c++) {
+                                const uint8_t *from = corner + c * plane;
+                                uint8_t *first = dst;
+                                for (size_t py = 0; py < patch; py++) {
+                                    gather_items(dst, from + py * row_bytes, patch, item, step);
+                                    dst += line;
+                                }
+                                for (size_t t = 1; t < temporal; t++) {
+                                    memcpy(dst, first, block);
+                                    dst += block;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&in);
+    return result;
+}
+
 static PyMethodDef pixels_methods[] = {
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, pack_doc},
     {"lut_planes", (PyCFunction)(void (*)(void))lut_planes, METH_FASTCALL, lut_planes_doc},
+    {"patchify", (PyCFunction)(void (*)(void))patchify, METH_FASTCALL, patchify_doc},
     {"kernel", (PyCFunction)(void (*)(void))kernel, METH_FASTCALL, kernel_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -1,5 +1,5 @@
 """Pixel kernels, in C where the optional extension ``mmfront._pixels`` is built, in Python or
-torch where it is not. Two jobs, both bit-exact with the slow path they replace:
+torch where it is not. Three jobs, all bit-exact with the slow path they replace:
 
 * **Strips for hashing**: a PIL image's pixels as the bytes of ``np.asarray(image)``, in strips,
   without one big copy. This is what content hashing feeds the hasher (vLLM hashes
@@ -15,15 +15,20 @@ torch where it is not. Two jobs, both bit-exact with the slow path they replace:
   kernel), rescaled, normalized and cast to the model dtype, as HF's torchvision backend does;
   with the extension each row goes through a per-channel table in one pass (``lut_planes``).
   A native processor calls :func:`pixel_rows`; what the settings mean is its model's business.
+* **Patch rows**: resized planes laid out as Qwen2-VL's image processor lays them out (its
+  ``patchify``: a permute, a temporal expand and a reshape, which torch copies element by element
+  through an 8-dimensional stride pattern), in one pass of ``patch``-wide copies
+  (:func:`patch_rows`).
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -32,7 +37,8 @@ from PIL import Image
 
 from mmfront.errors import HashingTypeError
 
-__all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "pixel_rows", "resized", "to_hwc_uint8"]
+__all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "patch_rows", "pixel_rows", "resized",
+           "to_hwc_uint8"]
 
 _STRIP_BYTES = 1 << 19
 """Pixel bytes per strip: big enough that per-strip overhead vanishes, small enough that a packed
@@ -47,17 +53,26 @@ _Pack = Callable[[object, object, int, int, int, bytearray], int]
 
 
 _LutPlanes = Callable[[object, object, object, int], None]
+_Patchify = Callable[[object, object, int, int, int, int, int, int, int, int, bool], None]
 
 
-def _load_extension() -> tuple[_Pack | None, Callable[[], str] | None, _LutPlanes | None]:
+class _Extension(NamedTuple):
+    pack: _Pack | None = None
+    kernel: Callable[[], str] | None = None
+    lut_planes: _LutPlanes | None = None
+    patchify: _Patchify | None = None
+
+
+def _load_extension() -> _Extension:
     try:
         from mmfront._pixels import kernel, lut_planes, pack
     except ImportError:  # installed without a C compiler: Pillow's packer and torch do the work
-        return None, None, None
-    return pack, kernel, lut_planes
+        return _Extension()
+    # an extension built from an older source lacks the newer kernels: those fall back alone
+    return _Extension(pack, kernel, lut_planes, getattr(sys.modules["mmfront._pixels"], "patchify", None))
 
 
-_pack, _kernel, _lut_planes = _load_extension()
+_pack, _kernel, _lut_planes, _patchify = _load_extension()
 _local = threading.local()
 
 
@@ -252,3 +267,28 @@ def pixel_rows(regions: Sequence[torch.Tensor], out_hw: tuple[int, int], setting
         staged[row].copy_(resized(region, out_hw))
     normalize_(staged, settings)
     return staged if staged is pixel_values else pixel_values.copy_(staged)
+
+
+def patch_rows(images: torch.Tensor, patch: int, merge: int, temporal: int) -> torch.Tensor | None:
+    """``images`` (B, C, H, W) as Qwen2-VL's patch rows, (B, H/patch * W/patch, C * temporal *
+    patch * patch), each image repeated ``temporal`` times: the very bytes of HF's ``patchify``
+    (rows in merge-window order, then channel, time, patch row, patch column). Contiguous and
+    channels-last images are read where they lie (a resize of a PIL image's view is channels-last);
+    others are made contiguous first. None where the C extension is not built or the sizes are not
+    whole merge windows (HF's own call then raises or does the work)."""
+    batch, channels, height, width = images.shape
+    unit = patch * merge
+    if _patchify is None or height % unit or width % unit or not (batch and channels and height and width):
+        return None
+    channels_last = not images.is_contiguous() and images.is_contiguous(memory_format=torch.channels_last)
+    source = images.permute(0, 2, 3, 1) if channels_last else images.contiguous()
+    rows = torch.empty((batch, (height // patch) * (width // patch), channels * temporal * patch * patch),
+                       dtype=images.dtype)
+    _patchify(_bytes_view(source), _bytes_view(rows), batch, channels, height, width, images.element_size(), patch,
+              merge, temporal, channels_last)
+    return rows
+
+
+def _bytes_view(tensor: torch.Tensor) -> np.ndarray:
+    """A contiguous tensor's memory as a flat uint8 array (any dtype, bfloat16 included)."""
+    return tensor.reshape(-1).view(torch.uint8).numpy()

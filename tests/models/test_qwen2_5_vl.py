@@ -94,3 +94,25 @@ def test_weights_config_is_the_real_architecture_at_tiny_sizes(hf: Any) -> None:
     assert config.vision_config.out_hidden_size == config.text_config.hidden_size
     section = config.text_config.rope_parameters["mrope_section"]
     assert sum(section) * 2 == config.text_config.hidden_size // config.text_config.num_attention_heads
+
+
+@pytest.mark.parametrize("size", [(1000, 750), (1024, 768)], ids=["resized", "as-is"])
+def test_mmfronts_steps_give_hfs_bytes(processor: Any, hf: Any, size: tuple[int, int]) -> None:
+    """The processor's image processor runs mmfront's steps (``ModelSpec.hf_speedups``: the RGB
+    view, and :func:`mmfront.pixels.patch_rows` where the extension is built), and a real-size
+    image's rows are HF's own processor's, byte for byte, resized or not (the parity suite
+    proves the same against vLLM)."""
+    from mmfront import pixels
+
+    image_processor = processor.info.hf_processor.image_processor
+    assert "process_image" in vars(image_processor) and "process_image" not in vars(hf.image_processor)
+    hf_patchify = hasattr(type(image_processor), "patchify")  # transformers < 5.15 inlines it
+    if hf_patchify and pixels.patch_rows(torch.zeros((1, 3, 28, 28), dtype=torch.uint8), 14, 2, 1) is not None:
+        assert "patchify" in vars(image_processor)
+    image = images(1)[0].resize(size)
+    kwargs = {"do_normalize": False, "do_rescale": False, "size": {"shortest_edge": 3136, "longest_edge": 12845056},
+              "return_tensors": "pt"}
+    ours = image_processor(images=[image], **kwargs)
+    want = hf.image_processor(images=[image], **kwargs)
+    assert ours["image_grid_thw"].tolist() == want["image_grid_thw"].tolist()
+    assert ours["pixel_values"].dtype == torch.uint8 and torch.equal(ours["pixel_values"], want["pixel_values"])

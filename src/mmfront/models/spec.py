@@ -45,6 +45,9 @@ HF output for that prompt, without HF's batch dimension``: how an engine rebuild
 lays out along the prompt's tokens from what mmfront sends."""
 
 ImagePatches = Callable[[Any, int, int, Mapping[str, Any]], int]
+HfSpeedups = Callable[[Any], None]
+"""``(a freshly loaded HF processor) -> None``: swaps steps of its sub-processors for faster ones
+that return the very same bytes (Qwen2-VL's patch rows in one C pass)."""
 """``(the HF processor, an image's height, its width, the call's images_kwargs) -> the tiles (rows of
 its data) HF's processor makes of that image``."""
 
@@ -113,6 +116,10 @@ class ModelSpec:
     prompt as a whole, so no item can carry them: the transformers backend leaves them out of the
     items (any other such output refuses the processor: ``transformers.layout.PROMPT_LAID_OUT_KEYS``),
     and the coverage suite proves each rebuild equal to HF's output."""
+    hf_speedups: HfSpeedups | None = None
+    """Applied to the HF processor of every folder of the model as it loads
+    (:func:`mmfront.models.registry.create_processor`): faster steps, same outputs bit for bit, so
+    every backend and the parity suite see no difference but the time."""
     image_patches: ImagePatches | None = None
     """Tiles per image where the HF processor cannot be asked (no ``_get_num_multimodal_tokens``, no
     ``get_number_of_image_patches``: LFM2-VL counts a tiled image's rows and columns, then drops
