@@ -11,9 +11,9 @@ reasoning parser looks them up in the vocabulary).
 Compared: the prompt the template renders from tools and a tool-calling history (echoed back);
 calls read by ``tool_choice: "auto"`` whole and streamed, with reasoning and content before
 them; ``tool_choice: "none"``; ``parallel_tool_calls: false``; vLLM's 400s for tool fields.
-Differences (docs/serving.md): ``tool_choice: "required"`` or a named tool with the hermes parser
-(vLLM constrains the output with an xgrammar structural tag; mmfront refuses it with 400);
-streamed calls arrive whole in one delta where vLLM sends arguments in fragments.
+``tool_choice: "required"``, a named tool, ``parallel_tool_calls: false`` and ``strict`` tools:
+the structural tag both servers send the engine (the script stub prints what the engine
+decoded), and what they make of the answer it admits.
 """
 
 from __future__ import annotations
@@ -203,17 +203,40 @@ def test_bad_tool_fields_answer_vllms_400(pair: Pair, fields: dict[str, Any]) ->
     assert mine["message"].split(" (parameter=")[0] in theirs["message"]
 
 
-def test_required_with_a_structural_tag_parser_is_refused(pair: Pair) -> None:
-    """Documented difference: vLLM constrains the calls with xgrammar's hermes structural tag."""
-    body = chat(CALL, tool_choice="required")
-    assert ask(pair.vllm, "POST", "/v1/chat/completions", body).status == 200
-    refused = ask(pair.mmfront, "POST", "/v1/chat/completions", body)
-    assert refused.status == 400 and refused.json()["error"]["param"] == "tool_choice"
+STRICT_TOOLS = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
 
 
-def test_one_call_at_a_time_is_refused(pair: Pair) -> None:
-    """Documented difference: ``parallel_tool_calls: false`` makes vLLM constrain the calls with a
-    structural tag too (on the stub engine it answers 200 for one call, 500 for two)."""
-    body = chat(CALL, parallel_tool_calls=False)
-    refused = ask(pair.mmfront, "POST", "/v1/chat/completions", body)
-    assert refused.status == 400 and refused.json()["error"]["param"] == "parallel_tool_calls"
+def constraints(side: Side) -> list[dict[str, Any]]:
+    """The structured-outputs constraints the side's engine received, in order (the script stub
+    prints each request's, as decoded from the server's ``EngineCoreRequest``)."""
+    marker = "STRUCTURED_OUTPUTS "
+    lines = side.logs["engine"].read_text(errors="replace").splitlines()
+    return [json.loads(line[line.index(marker) + len(marker):]) for line in lines if marker in line]
+
+
+@pytest.mark.parametrize(("fields", "script"), [
+    ({"tool_choice": "required"}, CALL + CALL),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, CALL),
+    ({"parallel_tool_calls": False}, f"Let me check.{CALL}"),
+    ({"tools": STRICT_TOOLS}, f"Sure.{CALL}"),
+    ({"tools": STRICT_TOOLS, "response_format": {"type": "json_object"}}, CALL),
+    ({"tools": STRICT_TOOLS, "response_format": {"type": "json_object"}}, '{"answer": 42}'),
+], ids=["required", "named", "one_call", "strict", "strict_or_json_calls", "strict_or_json_object"])
+def test_the_calls_are_constrained_by_vllms_structural_tag(pair: Pair, fields: dict[str, Any], script: str) -> None:
+    """The engine receives the same constraint from both servers (vLLM's hermes structural tag,
+    compiled by the stock engine core), and the answer, which the constraint admits, reads alike."""
+    before = [len(constraints(side)) for side in pair_sides(pair)]
+    body = chat(script, **fields)
+    vllm, mmfront = choice(pair, body)
+    sent = [constraints(side)[n:] for side, n in zip(pair_sides(pair), before)]
+    assert len(sent[0]) == 1 and sent[1] == sent[0]
+    assert sent[0][0]["structural_tag"] is not None and sent[0][0]["_backend"] == "xgrammar"
+    assert masked(mmfront["message"]) == masked(vllm["message"])
+    assert mmfront["finish_reason"] == vllm["finish_reason"]
+    assert assembled(pair.mmfront, body) == assembled(pair.vllm, body)
+
+
+def test_auto_without_strict_tools_sends_no_constraint(pair: Pair) -> None:
+    before = [len(constraints(side)) for side in pair_sides(pair)]
+    choice(pair, chat(CALL))
+    assert [len(constraints(side)) for side in pair_sides(pair)] == before

@@ -264,7 +264,8 @@ class _Server:
         parsing = self.parsing.for_request(req)
         options = RequestOptions(
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
-            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(protocol.template_kwargs(req)),
+            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(
+                protocol.template_kwargs(req, self.settings.reasoning_effort_map)),
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none))
         inputs = await self._prepare(req.messages, options, response_id)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal
@@ -565,12 +566,16 @@ def named_tool(request: ChatCompletionRequest) -> str | None:
     return choice.function["name"] if isinstance(choice, ChatCompletionNamedToolChoiceParam) else None
 
 
-def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
+def template_kwargs(request: ChatCompletionRequest,
+                    effort_map: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The chat template's variables (and the reasoning parser's view of them): the request's
-    ``chat_template_kwargs``, with ``reasoning_effort`` and, unless the request set it,
-    ``enable_thinking`` (off for effort ``"none"``), as vLLM's ``build_chat_params`` adds them."""
+    ``chat_template_kwargs``, with ``reasoning_effort`` (rewritten by ``--reasoning-effort-map``)
+    and, unless the request set it, ``enable_thinking`` (off for effort ``"none"``), as vLLM's
+    ``build_chat_params`` adds them."""
     given = request.chat_template_kwargs
-    effort = request.reasoning_effort
+    effort: str | None = request.reasoning_effort
+    if effort is not None and effort_map:
+        effort = effort_map.get(effort, effort)
     if effort is None:
         return given
     merged = {**(given or {}), "reasoning_effort": effort}

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from mmfront.serve.tool_parsers.structural_tags import ToolStrictLevel
+
 
 def make_tool_call_id() -> str:
     """vLLM's id for a call: ``chatcmpl-tool-`` and 32 hex digits."""
@@ -69,11 +71,14 @@ class ToolParser:
     """Text that closes one call, so a stream can send each call as soon as it is complete."""
     supports_required_and_named: ClassVar[bool] = True
     """Whether ``tool_choice: "required"`` and named tools constrain the output to JSON (else
-    they are read in the format's own syntax, as ``auto``)."""
+    they are read in the format's own syntax, as ``auto``); a format with a structural tag is
+    read in its own syntax unless ``VLLM_ENFORCE_STRICT_TOOL_CALLING`` is off."""
     structural_tag_model: ClassVar[str | None] = None
-    """The xgrammar structural-tag format vLLM constrains this format's calls with (for
-    ``required``, named tools, ``strict`` tools and ``parallel_tool_calls: false``); mmfront sends
-    no structural tags yet, and refuses those requests."""
+    """The structural-tag format that constrains this format's calls (for ``required``, named
+    tools, ``strict`` tools, ``parallel_tool_calls: false`` and ``--tool-strict-level``), by
+    vLLM's names (:mod:`mmfront.serve.tool_parsers.structural_tags`)."""
+    default_tool_strict_level: ClassVar[ToolStrictLevel] = ToolStrictLevel.AUTO
+    """The strict level where ``--tool-strict-level`` is not given (vLLM's per-parser default)."""
     engine_based: ClassVar[bool] = False
     """vLLM reads this format with its grammar engine, which also answers ``tool_choice: "none"``
     with the content its reading leaves."""

@@ -14,7 +14,6 @@ _CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 
 class HermesToolParser(ToolParser):
     name = "hermes"
-    supports_required_and_named = False
     structural_tag_model = "hermes"
     start_markers = (START,)
     call_end = END
