@@ -275,7 +275,12 @@ def stream(p: RequestParsing, pieces: list[str], prompt: Sequence[int] = ()) -> 
     for step in [*steps, s.finish()]:
         out["reasoning"] += step.reasoning or ""
         out["content"] += step.content or ""
-        out["calls"] += [(i, c.name, c.arguments) for i, c in step.tool_calls]
+        for c in step.tool_calls:
+            if c.name is not None:
+                out["calls"].append((c.index, c.name, c.arguments or ""))
+            else:
+                index, name, arguments = out["calls"][-1]
+                out["calls"][-1] = (index, name, arguments + (c.arguments or ""))
     return out
 
 

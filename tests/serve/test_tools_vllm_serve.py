@@ -240,3 +240,42 @@ def test_auto_without_strict_tools_sends_no_constraint(pair: Pair) -> None:
     before = [len(constraints(side)) for side in pair_sides(pair)]
     choice(pair, chat(CALL))
     assert [len(constraints(side)) for side in pair_sides(pair)] == before
+
+
+def tool_call_events(side: Side, body: dict[str, Any]) -> tuple[list[Any], str | None]:
+    """A stream's tool-call deltas as they arrive, ids masked, consecutive argument fragments of
+    one call joined (where a stream is cut into chunks depends on timing), and its finish reason."""
+    import httpx
+
+    events: list[Any] = []
+    finish = None
+    with httpx.stream("POST", side.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[6:])["choices"]:
+                finish = c.get("finish_reason") or finish
+                for call in c["delta"].get("tool_calls") or []:
+                    if "id" in call:
+                        assert call["id"].startswith("chatcmpl-tool-")
+                        events.append({**call, "id": "ID"})
+                    elif events and set(events[-1]) == {"index", "function"} and events[-1]["index"] == call["index"]:
+                        events[-1]["function"]["arguments"] += call["function"]["arguments"]
+                    else:
+                        events.append(call)
+    return events, finish
+
+
+@pytest.mark.parametrize(("script", "max_tokens"), [
+    (f"</think>Let me check.{CALL}", 200), (f"</think>{CALL}\n{CALL.replace('Paris', 'Rome')}", 200),
+    (f"</think>{CALL}", 17)],
+    ids=["one_call", "two_calls", "cut_by_max_tokens"])
+def test_a_streamed_call_sends_its_name_then_its_arguments_as_vllm(pair: Pair, script: str, max_tokens: int) -> None:
+    """The ``</think>`` in the prompt (the script) closes the reasoning, so the answer is read for calls."""
+    body = chat(script, max_tokens=max_tokens)
+    vllm, finish = tool_call_events(pair.vllm, body)
+    assert tool_call_events(pair.mmfront, body) == (vllm, finish)
+    assert vllm[0] == {"id": "ID", "type": "function", "index": 0, "function": {"name": "get_weather"}}
+    if max_tokens < 200:  # cut inside the arguments: the call so far was sent
+        assert finish == "length" and vllm[1]["function"]["arguments"] != '{"city": "Paris"}'

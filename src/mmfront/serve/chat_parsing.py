@@ -25,7 +25,7 @@ from mmfront.errors import ConfigError, ValidationError
 from mmfront.serve.protocol import ChatCompletionRequest, named_tool, template_kwargs
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from mmfront.serve.settings import ServeSettings
-from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCall, ToolCallStream, ToolParser, make_tool_parser
+from mmfront.serve.tool_parsers import TOOL_PARSERS, CallDelta, ToolCall, ToolCallStream, ToolParser, make_tool_parser
 from mmfront.serve.tool_parsers.mistral import MistralToolParser
 from mmfront.serve.tool_parsers.structural_tags import (
     ToolStrictLevel,
@@ -51,7 +51,7 @@ class ParsedDelta:
 
     reasoning: str | None = None
     content: str | None = None
-    tool_calls: list[tuple[int, ToolCall]] = field(default_factory=list)
+    tool_calls: list[CallDelta] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
@@ -351,8 +351,8 @@ class ChoiceStream:
             self.held += content or ""
             if final:
                 calls, _ = self.parsing._calls(self.held)
-                out.tool_calls = list(enumerate(calls[:1] if self.parsing.request.parallel_tool_calls is False
-                                                else calls))
+                out.tool_calls = [CallDelta.whole(i, c) for i, c in enumerate(
+                    calls[:1] if self.parsing.request.parallel_tool_calls is False else calls)]
                 if not calls and self.held:
                     out.content = self.held
         elif self.tools is not None:
@@ -362,8 +362,8 @@ class ChoiceStream:
                 delta.content = _cat(delta.content, rest.content)
                 delta.tool_calls += rest.tool_calls
             out.content = delta.content
-            out.tool_calls = [(i, c) for i, c in delta.tool_calls
-                              if self.parsing.request.parallel_tool_calls is not False or i == 0]
+            out.tool_calls = [c for c in delta.tool_calls
+                              if self.parsing.request.parallel_tool_calls is not False or c.index == 0]
         else:
             out.content = content or None
         self.calls_made = self.calls_made or bool(out.tool_calls)

@@ -385,10 +385,14 @@ def _check_structured_outputs(request: _SamplingFields) -> None:
     given = request.structured_outputs
     if given is None:
         return
-    if sum(getattr(given, name) is not None for name in ("json", "regex", "choice")) > 1:
+    constraints = sum(getattr(given, name) is not None for name in ("json", "regex", "choice"))
+    if constraints > 1:
         raise ValidationError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "
                               "'choice').", parameter=None if isinstance(request, ChatCompletionRequest)
                               else "structured_outputs")
+    if constraints and isinstance(request, ChatCompletionRequest) and request.tool_choice is not UNSET and (
+            request.tool_choice not in ("none", "auto", "required")):  # a named tool, or null
+        raise ValidationError("You can only either use constraints for structured outputs or tools, not both.")
     if given.structural_tag is not None:
         structured.check_structural_tag(given.structural_tag, "structured_outputs")
 
