@@ -1,7 +1,9 @@
 """mmfront's parsers and the installed vLLM 0.33 parsers, side by side, on the model outputs of
-vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and the same
-streamed answer when both are fed the text token by token (vLLM's stream parsers run on the
-peer's tokenizer with the markers added: tests/serve/data/vllm_parser_oracle.py).
+vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and, when both are
+fed the text token by token (vLLM's stream parsers run on the peer's tokenizer with the markers
+added: tests/serve/data/vllm_parser_oracle.py), the same deltas chunk by chunk (the parsers that
+stream a call's name, then its arguments in fragments) or the same assembled answer (those that
+send each call whole: parser_cases.STREAMED_WHOLE).
 
 Skipped where the peer venv or its model folder is absent."""
 

@@ -158,24 +158,28 @@ def test_the_tool_fields_as_vllm(pair: Pair, fields: dict[str, Any]) -> None:
     assert mmfront["finish_reason"] == vllm["finish_reason"]
 
 
-def assembled(side: Side, body: dict[str, Any]) -> dict[str, Any]:
+def streamed_choices(side: Side, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Each choice of each chunk of the streamed answer to ``body``."""
     import httpx
 
-    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": {}, "finish_reason": None}
     with httpx.stream("POST", side.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for c in json.loads(line[6:])["choices"]:
-                delta = c["delta"]
-                out["reasoning"] += delta.get("reasoning") or ""
-                out["content"] += delta.get("content") or ""
-                for call in delta.get("tool_calls") or []:
-                    entry = out["calls"].setdefault(call["index"], {"name": "", "arguments": ""})
-                    entry["name"] += call.get("function", {}).get("name") or ""
-                    entry["arguments"] += call.get("function", {}).get("arguments") or ""
-                out["finish_reason"] = c.get("finish_reason") or out["finish_reason"]
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield from json.loads(line[6:])["choices"]
+
+
+def assembled(side: Side, body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": {}, "finish_reason": None}
+    for c in streamed_choices(side, body):
+        delta = c["delta"]
+        out["reasoning"] += delta.get("reasoning") or ""
+        out["content"] += delta.get("content") or ""
+        for call in delta.get("tool_calls") or []:
+            entry = out["calls"].setdefault(call["index"], {"name": "", "arguments": ""})
+            entry["name"] += call.get("function", {}).get("name") or ""
+            entry["arguments"] += call.get("function", {}).get("arguments") or ""
+        out["finish_reason"] = c.get("finish_reason") or out["finish_reason"]
     for entry in out["calls"].values():
         entry["arguments"] = json.loads(entry["arguments"])
     return out
@@ -245,25 +249,18 @@ def test_auto_without_strict_tools_sends_no_constraint(pair: Pair) -> None:
 def tool_call_events(side: Side, body: dict[str, Any]) -> tuple[list[Any], str | None]:
     """A stream's tool-call deltas as they arrive, ids masked, consecutive argument fragments of
     one call joined (where a stream is cut into chunks depends on timing), and its finish reason."""
-    import httpx
-
     events: list[Any] = []
     finish = None
-    with httpx.stream("POST", side.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for c in json.loads(line[6:])["choices"]:
-                finish = c.get("finish_reason") or finish
-                for call in c["delta"].get("tool_calls") or []:
-                    if "id" in call:
-                        assert call["id"].startswith("chatcmpl-tool-")
-                        events.append({**call, "id": "ID"})
-                    elif events and set(events[-1]) == {"index", "function"} and events[-1]["index"] == call["index"]:
-                        events[-1]["function"]["arguments"] += call["function"]["arguments"]
-                    else:
-                        events.append(call)
+    for c in streamed_choices(side, body):
+        finish = c.get("finish_reason") or finish
+        for call in c["delta"].get("tool_calls") or []:
+            if "id" in call:
+                assert call["id"].startswith("chatcmpl-tool-")
+                events.append({**call, "id": "ID"})
+            elif events and set(events[-1]) == {"index", "function"} and events[-1]["index"] == call["index"]:
+                events[-1]["function"]["arguments"] += call["function"]["arguments"]
+            else:
+                events.append(call)
     return events, finish
 
 
