@@ -83,8 +83,6 @@ def tool_calls_structural_tag(model: str, tools: Sequence[Mapping[str, Any]], to
         output_format = _output_format(structured_outputs)
         if output_format is not None:
             tool_choice = "required"  # "auto" would allow any text, which the output format must not
-            pinned = _resolve_strictness(tools, tool_choice, strict_level)
-    assert pinned is not None
     tag = _model_tag(model, pinned, tool_choice)
     if single_call:
         _limit_to_single_call(tag)
