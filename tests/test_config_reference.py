@@ -59,12 +59,12 @@ def test_every_flag_of_mmfront_serve_is_in_the_docs_table() -> None:
     # the 42 flags mmfront serve had before they were generated, issue 32's --model-impl and
     # --mm-device-do-normalize, issue 33's API-server, tool and reasoning flags, and its observability
     # flags (--disable-log-stats, --enable/--disable-log-outputs, -log-deltas, -prompt-tokens-details,
-    # --sse-keep-alive-interval, --enable/--disable-per-request-metrics), issue 35's hub flags
-    # (--revision, --tokenizer-revision, --download-dir, --hf-token) and issue 36's HTTP front door
-    # (--h11-max-header-count, --max-url-length, --header-read-timeout, --body-read-timeout,
-    # --http-timeout-keep-alive, --max-connections, --max-body-bytes-in-flight, --max-chat-messages,
-    # --max-content-parts)
-    assert len(options) == 123
+    # --sse-keep-alive-interval, --enable/--disable-per-request-metrics), its --tool-strict-level and
+    # --reasoning-effort-map, issue 35's hub flags (--revision, --tokenizer-revision, --download-dir,
+    # --hf-token) and issue 36's HTTP front door (--h11-max-header-count, --max-url-length,
+    # --header-read-timeout, --body-read-timeout, --http-timeout-keep-alive, --max-connections,
+    # --max-body-bytes-in-flight, --max-chat-messages, --max-content-parts)
+    assert len(options) == 125
     # --config is not a field: it stands for a file's flags, read before parsing (the text above the table)
     assert "`--config FILE.yaml`" in (DOCS / "serving.md").read_text(encoding="utf-8")
     assert sorted(o for o in options - {"--config"} if f"`{o}`" not in table) == []

@@ -119,18 +119,24 @@ STREAMED_TOOLS_DIFFER: dict[str, tuple[bool, list[tuple[str, str]], str | None]]
     "qwen3_coder_content_first": (True, [("bash", '{"command": "cat /etc/hosts"}')], "Let me check.\n"),
     "qwen3_coder_text_around": (True, [("bash", '{"command": "ls"}')], "  Let me check.\n\nDone."),
     "qwen3_coder_two_calls": (True, [("bash", '{"command": "ls"}'), ("bash", '{"command": "pwd"}')], None),
+    # an output cut inside a call: vLLM's stream has sent the call so far, its whole answer holds none
+    "hermes_invalid_json": (True, [("final_answer", '{"trigger": true}')], None),
     # what follows a call's opening marker is not content, in vLLM's stream, even when it is no call
-    "hermes_invalid_json": (False, [], None),
     "llama3_missing_name": (False, [], None),
 }
 """Cases whose stream vLLM reads otherwise than the whole output (its stream parsers do)."""
 
-STREAMS_DIFFER_FROM_VLLM = {
-    "hermes_invalid_json": "an output cut inside a call: vLLM's stream has sent the call's name and the arguments "
-                           "so far, which its whole answer does not hold as a call; mmfront's stream sends what its "
-                           "whole answer holds (no call)",
+STREAMED_WHOLE = {
+    "llama3_json": "vLLM streams the arguments from partial_json_parser's reading of the JSON so far",
+    "mistral": "vLLM streams the arguments of [ARGS] as they come",
+    "pythonic": "vLLM streams each call's arguments from its reading of the unfinished Python list",
+    "qwen3_xml": "vLLM's parser engine streams each parameter as it closes",
+    "qwen3_coder": "vLLM's parser engine streams each parameter as it closes",
+    "deepseek_v3": "vLLM's stream counts the call markers' token ids and streams the fenced JSON as it comes",
 }
-"""Where mmfront's stream differs from vLLM's, and why (docs/serving.md, "Differences")."""
+"""Parsers whose stream sends each call whole, once it is complete, where vLLM's sends the name
+first and the arguments in fragments (docs/serving.md, "Differences"); the others send vLLM's
+deltas."""
 
 # (parser, model output, chat_template_kwargs) -> (reasoning, content), whole and streamed
 REASONING_CASES: dict[str, tuple[str, str, dict[str, Any] | None, tuple[str | None, str | None],

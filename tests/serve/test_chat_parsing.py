@@ -143,14 +143,97 @@ def test_include_reasoning_false_drops_it_and_parallel_false_keeps_one_call() ->
     assert [c.name for c in single.whole("[get_time(), get_weather(city='x')]").tool_calls] == ["get_time"]
 
 
-def test_structural_tag_constraints_are_refused() -> None:
+def structural_tag(p: RequestParsing, **fields: Any) -> Any:
+    params = p.adjust(protocol.sampling_params(request(**fields), None))
+    constraint = params.structured_outputs
+    return None if constraint is None else json.loads(constraint.structural_tag or "null")
+
+
+def hermes_tags(schemas: dict[str, Any]) -> list[dict[str, Any]]:
+    """vLLM's hermes tags: each tool twice (with and without the newlines inside the tags)."""
+    return [{"type": "tag", "begin": f'{begin}{{"name": "{name}", "arguments": ', "end": end, "content": {
+        "type": "json_schema", "json_schema": schema, "style": "json", "any_order": False, "max_whitespace_cnt": None,
+        "excludes": []}} for name, schema in schemas.items()
+        for begin, end in (("<tool_call>\n", "}\n</tool_call>"), ("<tool_call>", "}</tool_call>"))]
+
+
+def test_required_sends_vllms_hermes_structural_tag_and_reads_calls_as_auto() -> None:
+    p = parsing(*AUTO, tools=TOOLS, tool_choice="required")
+    tag = structural_tag(p)
+    assert tag == {"type": "structural_tag", "format": {
+        "type": "tags_with_separator", "tags": hermes_tags({"get_weather": True, "get_time": True}),
+        "separator": "", "at_least_one": True, "stop_after_first": False}}
+    message = p.whole(CALL + CALL)
+    assert [c.name for c in message.tool_calls] == ["get_weather", "get_weather"] and message.content == ""
+
+
+def test_a_named_tool_sends_one_call_of_it() -> None:
+    p = parsing(*AUTO, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    tag = structural_tag(p)["format"]
+    assert (tag["type"], tag["stop_after_first"], tag["tags"]) == (
+        "tags_with_separator", True, hermes_tags({"get_weather": True}))
+    assert [c.name for c in p.whole(CALL).tool_calls] == ["get_weather"]
+
+
+def test_auto_gets_a_tag_only_for_strict_tools_one_call_or_the_strict_level() -> None:
+    weather = TOOLS[0]["function"]["parameters"]
+    assert structural_tag(parsing(*AUTO, tools=TOOLS)) is None
+    strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
+    tag = structural_tag(parsing(*AUTO, tools=strict))["format"]
+    assert tag == {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": hermes_tags(
+        {"get_weather": weather, "get_time": True}), "at_least_one": False, "stop_after_first": False, "excludes": []}
+    single = structural_tag(parsing(*AUTO, tools=TOOLS, parallel_tool_calls=False))["format"]
+    assert (single["type"], single["stop_after_first"]) == ("triggered_tags", True)
+    assert single["tags"] == hermes_tags({"get_weather": True, "get_time": True})
+    level = ("tool_strict_level", "function")
+    assert structural_tag(parsing(*AUTO, level, tools=TOOLS))["format"]["tags"] == single["tags"]
+    level = ("tool_strict_level", "parameter")
+    assert structural_tag(parsing(*AUTO, level, tools=TOOLS))["format"]["tags"] == hermes_tags(
+        {"get_weather": weather, "get_time": True})  # get_time has no parameters: any JSON
+
+
+def test_auto_with_a_response_format_allows_the_calls_or_the_format() -> None:
     strict = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}]
-    for fields, param in (({"tool_choice": "required"}, "tool_choice"),
-                          ({"parallel_tool_calls": False}, "parallel_tool_calls"),
-                          ({"tools": strict}, "tools")):
-        with pytest.raises(ValidationError) as raised:
-            parsing(*AUTO, **{"tools": TOOLS, **fields})
-        assert raised.value.parameter == param and "structural tag" in str(raised.value)
+    p = parsing(*AUTO, tools=strict)
+    tag = structural_tag(p, response_format={"type": "json_object"})["format"]
+    assert tag["type"] == "or" and tag["elements"][1] == {
+        "type": "json_schema", "json_schema": {"type": "object"}, "style": "json", "any_order": False,
+        "max_whitespace_cnt": None, "excludes": []}
+    assert tag["elements"][0]["type"] == "tags_with_separator"  # "required": the format or calls, no free text
+
+
+def test_without_strict_tool_calling_required_falls_back_to_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
+    p = parsing(*AUTO, tools=TOOLS, tool_choice="required")
+    params = p.adjust(protocol.sampling_params(request(), None))
+    assert params.structured_outputs is not None and params.structured_outputs.json is not None
+    assert params.structured_outputs.structural_tag is None
+
+
+@pytest.mark.parametrize(("parser", "model"), [("llama3_json", "llama"), ("deepseek_v3", "deepseek_r1"),
+                                               ("qwen3_xml", "qwen_3_coder"), ("qwen3_coder", "qwen_3_coder")])
+def test_each_format_sends_xgrammars_tag_for_it(parser: str, model: str) -> None:
+    import xgrammar
+
+    flags = (("enable_auto_tool_choice", True), ("tool_call_parser", parser))
+    tag = structural_tag(parsing(*flags, tools=TOOLS, tool_choice="required"))
+    tools = [TOOLS[0], {"type": "function", "function": {"name": "get_time", "strict": False}}]
+    assert tag == xgrammar.get_model_structural_tag(model, tools=[{**t, "function": {**t["function"], "strict": bool(
+        t["function"].get("strict"))}} for t in tools], tool_choice="required", reasoning=False).model_dump()
+
+
+def test_the_reasoning_effort_map_rewrites_the_effort_for_the_template() -> None:
+    effort_map = {"medium": "low", "xhigh": "max"}
+    assert protocol.template_kwargs(request(reasoning_effort="medium"), effort_map) == {
+        "reasoning_effort": "low", "enable_thinking": True}
+    assert protocol.template_kwargs(request(reasoning_effort="high"), effort_map) == {
+        "reasoning_effort": "high", "enable_thinking": True}
+    assert parsing(("reasoning_effort_map", {"none": "low"}), reasoning_effort="none").reasoning_kwargs == {
+        "reasoning_effort": "low", "enable_thinking": True}
+    with pytest.raises(ConfigError, match=r"unknown efforts \['huge'\]"):
+        ServeSettings(Path("m"), reasoning_effort_map={"huge": "max"})
+    with pytest.raises(ConfigError, match="mapping reasoning efforts to strings"):
+        ServeSettings(Path("m"), reasoning_effort_map={"low": 1})
 
 
 def test_required_constrains_to_vllms_json_schema_and_reads_it() -> None:
@@ -192,7 +275,12 @@ def stream(p: RequestParsing, pieces: list[str], prompt: Sequence[int] = ()) -> 
     for step in [*steps, s.finish()]:
         out["reasoning"] += step.reasoning or ""
         out["content"] += step.content or ""
-        out["calls"] += [(i, c.name, c.arguments) for i, c in step.tool_calls]
+        for c in step.tool_calls:
+            if c.name is not None:
+                out["calls"].append((c.index, c.name, c.arguments or ""))
+            else:
+                index, name, arguments = out["calls"][-1]
+                out["calls"][-1] = (index, name, arguments + (c.arguments or ""))
     return out
 
 

@@ -24,12 +24,6 @@ from mmfront.serve.args import add_serve_parser, plan_from_args, serve_argv
 from mmfront.serve.vllm_flags import NOT_TAKEN_FRONTEND_FLAGS, refusal
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 
-NOT_YET = {
-    "--reasoning-effort-map": "mapping reasoning_effort values to thinking-token budgets is not taken yet",
-    "--tool-strict-level": "strict tool schemas need xgrammar structural tags, which mmfront does not send yet",
-}
-"""API-server flags refused for now, each with why (docs/serving.md lists them)."""
-
 
 def serve_parser() -> argparse.ArgumentParser:
     return add_serve_parser(argparse.ArgumentParser(prog="mmfront").add_subparsers())
@@ -52,9 +46,6 @@ def test_every_api_server_flag_is_taken_or_refused_with_its_reason(option: str) 
     taken = serve_parser()._option_string_actions
     if option == "--config":  # read before parsing, as vLLM's parser does
         assert option in taken
-    elif option in NOT_YET:
-        assert option not in taken
-        pytest.skip(f"{option}: {NOT_YET[option]}")
     elif option in NOT_TAKEN_FRONTEND_FLAGS:
         assert option not in taken
         assert refusal(option) == f"{option} is not taken by mmfront serve: {NOT_TAKEN_FRONTEND_FLAGS[option]}."
@@ -144,6 +135,19 @@ def test_http_flags_reach_the_settings(tmp_path: Path) -> None:
             s.disable_uvicorn_access_log, s.disable_access_log_for_endpoints) == (
         True, True, "model", True, True, True, 9, True, True, "/health,/metrics")
     assert (plan.config.tokenizer, plan.config.trust_remote_code) == (str(tmp_path), True)
+
+
+def test_the_tool_and_reasoning_flags_as_vllm_reads_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = plan_from_args(parse(str(tmp_path), "--tool-strict-level", "parameter", "--reasoning-effort-map",
+                                    '{"medium": "low"}')).settings
+    assert (settings.tool_strict_level, settings.reasoning_effort_map) == ("parameter", {"medium": "low"})
+    assert plan_from_args(parse(str(tmp_path), "--reasoning-effort-map.xhigh", "max")).settings.reasoning_effort_map \
+        == {"xhigh": "max"}
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", str(tmp_path), "--tool-strict-level", "strict"])
+    assert exc.value.code == 2 and "--tool-strict-level" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--reasoning-effort-map", '{"huge": "max"}']) == 2
+    assert "--reasoning-effort-map has unknown efforts ['huge']" in capsys.readouterr().err
 
 
 def test_cors_lists_take_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,7 +1,9 @@
 """mmfront's parsers and the installed vLLM 0.33 parsers, side by side, on the model outputs of
-vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and the same
-streamed answer when both are fed the text token by token (vLLM's stream parsers run on the
-peer's tokenizer with the markers added: tests/serve/data/vllm_parser_oracle.py).
+vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and, when both are
+fed the text token by token (vLLM's stream parsers run on the peer's tokenizer with the markers
+added: tests/serve/data/vllm_parser_oracle.py), the same deltas chunk by chunk (the parsers that
+stream a call's name, then its arguments in fragments) or the same assembled answer (those that
+send each call whole: parser_cases.STREAMED_WHOLE).
 
 Skipped where the peer venv or its model folder is absent."""
 
@@ -13,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parser_cases import REASONING_CASES, STREAMS_DIFFER_FROM_VLLM, TOOL_CASES
+from parser_cases import REASONING_CASES, STREAMED_WHOLE, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
-from mmfront.serve.tool_parsers import ToolCallStream, make_tool_parser
+from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, make_tool_parser
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
 PEER = vllm_peer_python()
@@ -54,19 +56,29 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
     assert mine == answer["whole"]
 
     stream = ToolCallStream(make_tool_parser(name, tools))
+    if name not in STREAMED_WHOLE:  # vLLM's deltas, chunk by chunk
+        mine = [wire(stream.feed(c)) for c in answer["chunks"]]
+        assert mine == answer["deltas"]
+        assert wire(stream.finish()) is None
+        return
     content, calls = [], []
     for delta in [*(stream.feed(c) for c in answer["chunks"]), stream.finish()]:
         content.append(delta.content or "")
-        calls += [[c.name, _args(c.arguments)] for _, c in delta.tool_calls]
+        calls += [[c.name, _args(c.arguments or "")] for c in delta.tool_calls]
     theirs = answer["stream"]
-    if case in STREAMS_DIFFER_FROM_VLLM:
-        assert calls == [] and theirs["tool_calls"] != []
-        return
     assert "".join(content) == theirs["content"]
     assert [c[0] for c in calls] == [c[0] for c in theirs["tool_calls"]]
     # vLLM's serving layer sends what its stream parser held back when the stream ends; the
     # arguments a client assembles are then the whole answer's
     assert calls == [[n, _args(a)] for n, a in answer["whole"]["tool_calls"]][:len(calls)]
+
+
+def wire(delta: StreamDelta) -> dict[str, Any] | None:
+    """A delta as the oracle writes vLLM's (``None``: nothing sent)."""
+    if not delta.content and not delta.tool_calls:
+        return None
+    return {"content": delta.content, "tool_calls": [[c.index, c.id is not None, c.type, c.name, c.arguments]
+                                                     for c in delta.tool_calls]}
 
 
 @pytest.mark.parametrize("case", sorted(REASONING_CASES))

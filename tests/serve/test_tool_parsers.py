@@ -18,16 +18,32 @@ def cut(text: str, size: int) -> list[str]:
 
 
 def streamed_tools(parser_name: str, text: str, tools: list | None, size: int) -> tuple[bool, list, str | None]:
+    """What a client assembles of the stream, checking vLLM's delta structure: a call's first
+    delta has its id, type and name, the later ones only fragments of its arguments."""
     stream = ToolCallStream(make_tool_parser(parser_name, tools))
     content: list[str] = []
-    calls: dict[int, tuple[str, str]] = {}
+    calls: dict[int, list[str]] = {}
     for delta in [*(stream.feed(c) for c in cut(text, size)), stream.finish()]:
         if delta.content:
             content.append(delta.content)
-        for index, call in delta.tool_calls:
-            assert index not in calls, "each call is sent once, whole"
-            calls[index] = (call.name, call.arguments)
-    return stream.tools_called, [calls[i] for i in sorted(calls)], "".join(content) or None
+        for call in delta.tool_calls:
+            if call.index not in calls:
+                assert call.id is not None and call.type == "function" and call.name, call
+                calls[call.index] = [call.name, call.arguments or ""]
+            else:
+                assert (call.id, call.type, call.name) == (None, None, None) and call.arguments, call
+                calls[call.index][1] += call.arguments
+    return stream.tools_called, [(n, json_or_text(a)) for n, a in (calls[i] for i in sorted(calls))], \
+        "".join(content) or None
+
+
+def json_or_text(arguments: str) -> object:
+    """Arguments as JSON: vLLM's stream sends them as the model wrote them, its whole answer
+    re-serialized."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
@@ -43,17 +59,28 @@ def test_a_stream_assembles_to_the_whole_answer(case: str, size: int) -> None:
     name, text, tools, (called, calls, content) = TOOL_CASES[case]
     called, calls, content = STREAMED_TOOLS_DIFFER.get(case, (called, calls, content))
     got_called, got_calls, got_content = streamed_tools(name, text, tools, size)
-    assert (got_called, got_calls) == (called, calls)
+    assert (got_called, got_calls) == (called, [(n, json_or_text(a)) for n, a in calls])
     assert got_content == (content if called or case in STREAMED_TOOLS_DIFFER else text or None)
 
 
-def test_content_streams_before_the_call_and_a_call_is_sent_once_it_closes() -> None:
+def test_content_streams_before_the_call_then_its_name_then_its_arguments() -> None:
     stream = ToolCallStream(make_tool_parser("hermes", None))
     assert stream.feed("Sure, <tool").content == "Sure, "  # "<tool" may open a call: held
-    assert stream.feed("_call>{\"name\": \"f\", ").content is None
-    delta = stream.feed('"arguments": {"a": 1}}</tool_call>')
-    assert [(i, c.name, json.loads(c.arguments)) for i, c in delta.tool_calls] == [(0, "f", {"a": 1})]
+    assert stream.feed('_call>{"name": "f').tool_calls == []  # the name may go on
+    delta = stream.feed('", "arguments": {"a"')
+    assert delta.content is None and [(c.index, c.type, c.name, c.arguments) for c in delta.tool_calls] == [
+        (0, "function", "f", None), (0, None, None, '{"a"')]
+    assert delta.tool_calls[0].id is not None and delta.tool_calls[0].id.startswith("chatcmpl-tool-")
+    assert [(c.index, c.arguments) for c in stream.feed(": 1}").tool_calls] == [(0, ": 1}")]
+    assert stream.feed("}</tool_call>").tool_calls == []  # the call's own "}" is not its arguments'
     assert stream.finish().tool_calls == []
+
+
+def test_a_call_cut_by_max_tokens_has_sent_its_name_and_arguments_so_far() -> None:
+    stream = ToolCallStream(make_tool_parser("hermes", None))
+    deltas = [stream.feed(piece) for piece in ('<tool_call>{"name": "f", "arguments": ', '{"city": "Pa')]
+    assert [(c.name, c.arguments) for d in deltas for c in d.tool_calls] == [("f", None), (None, '{"city": "Pa')]
+    assert stream.finish().tool_calls == [] and stream.tools_called
 
 
 def test_call_ids_are_vllms() -> None:

@@ -11,9 +11,9 @@ reasoning parser looks them up in the vocabulary).
 Compared: the prompt the template renders from tools and a tool-calling history (echoed back);
 calls read by ``tool_choice: "auto"`` whole and streamed, with reasoning and content before
 them; ``tool_choice: "none"``; ``parallel_tool_calls: false``; vLLM's 400s for tool fields.
-Differences (docs/serving.md): ``tool_choice: "required"`` or a named tool with the hermes parser
-(vLLM constrains the output with an xgrammar structural tag; mmfront refuses it with 400);
-streamed calls arrive whole in one delta where vLLM sends arguments in fragments.
+``tool_choice: "required"``, a named tool, ``parallel_tool_calls: false`` and ``strict`` tools:
+the structural tag both servers send the engine (the script stub prints what the engine
+decoded), and what they make of the answer it admits.
 """
 
 from __future__ import annotations
@@ -158,24 +158,28 @@ def test_the_tool_fields_as_vllm(pair: Pair, fields: dict[str, Any]) -> None:
     assert mmfront["finish_reason"] == vllm["finish_reason"]
 
 
-def assembled(side: Side, body: dict[str, Any]) -> dict[str, Any]:
+def streamed_choices(side: Side, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Each choice of each chunk of the streamed answer to ``body``."""
     import httpx
 
-    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": {}, "finish_reason": None}
     with httpx.stream("POST", side.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            for c in json.loads(line[6:])["choices"]:
-                delta = c["delta"]
-                out["reasoning"] += delta.get("reasoning") or ""
-                out["content"] += delta.get("content") or ""
-                for call in delta.get("tool_calls") or []:
-                    entry = out["calls"].setdefault(call["index"], {"name": "", "arguments": ""})
-                    entry["name"] += call.get("function", {}).get("name") or ""
-                    entry["arguments"] += call.get("function", {}).get("arguments") or ""
-                out["finish_reason"] = c.get("finish_reason") or out["finish_reason"]
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield from json.loads(line[6:])["choices"]
+
+
+def assembled(side: Side, body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": {}, "finish_reason": None}
+    for c in streamed_choices(side, body):
+        delta = c["delta"]
+        out["reasoning"] += delta.get("reasoning") or ""
+        out["content"] += delta.get("content") or ""
+        for call in delta.get("tool_calls") or []:
+            entry = out["calls"].setdefault(call["index"], {"name": "", "arguments": ""})
+            entry["name"] += call.get("function", {}).get("name") or ""
+            entry["arguments"] += call.get("function", {}).get("arguments") or ""
+        out["finish_reason"] = c.get("finish_reason") or out["finish_reason"]
     for entry in out["calls"].values():
         entry["arguments"] = json.loads(entry["arguments"])
     return out
@@ -203,17 +207,72 @@ def test_bad_tool_fields_answer_vllms_400(pair: Pair, fields: dict[str, Any]) ->
     assert mine["message"].split(" (parameter=")[0] in theirs["message"]
 
 
-def test_required_with_a_structural_tag_parser_is_refused(pair: Pair) -> None:
-    """Documented difference: vLLM constrains the calls with xgrammar's hermes structural tag."""
-    body = chat(CALL, tool_choice="required")
-    assert ask(pair.vllm, "POST", "/v1/chat/completions", body).status == 200
-    refused = ask(pair.mmfront, "POST", "/v1/chat/completions", body)
-    assert refused.status == 400 and refused.json()["error"]["param"] == "tool_choice"
+STRICT_TOOLS = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "strict": True}}, TOOLS[1]]
 
 
-def test_one_call_at_a_time_is_refused(pair: Pair) -> None:
-    """Documented difference: ``parallel_tool_calls: false`` makes vLLM constrain the calls with a
-    structural tag too (on the stub engine it answers 200 for one call, 500 for two)."""
-    body = chat(CALL, parallel_tool_calls=False)
-    refused = ask(pair.mmfront, "POST", "/v1/chat/completions", body)
-    assert refused.status == 400 and refused.json()["error"]["param"] == "parallel_tool_calls"
+def constraints(side: Side) -> list[dict[str, Any]]:
+    """The structured-outputs constraints the side's engine received, in order (the script stub
+    prints each request's, as decoded from the server's ``EngineCoreRequest``)."""
+    marker = "STRUCTURED_OUTPUTS "
+    lines = side.logs["engine"].read_text(errors="replace").splitlines()
+    return [json.loads(line[line.index(marker) + len(marker):]) for line in lines if marker in line]
+
+
+@pytest.mark.parametrize(("fields", "script"), [
+    ({"tool_choice": "required"}, CALL + CALL),
+    ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, CALL),
+    ({"parallel_tool_calls": False}, f"Let me check.{CALL}"),
+    ({"tools": STRICT_TOOLS}, f"Sure.{CALL}"),
+    ({"tools": STRICT_TOOLS, "response_format": {"type": "json_object"}}, CALL),
+    ({"tools": STRICT_TOOLS, "response_format": {"type": "json_object"}}, '{"answer": 42}'),
+], ids=["required", "named", "one_call", "strict", "strict_or_json_calls", "strict_or_json_object"])
+def test_the_calls_are_constrained_by_vllms_structural_tag(pair: Pair, fields: dict[str, Any], script: str) -> None:
+    """The engine receives the same constraint from both servers (vLLM's hermes structural tag,
+    compiled by the stock engine core), and the answer, which the constraint admits, reads alike."""
+    before = [len(constraints(side)) for side in pair_sides(pair)]
+    body = chat(script, **fields)
+    vllm, mmfront = choice(pair, body)
+    sent = [constraints(side)[n:] for side, n in zip(pair_sides(pair), before)]
+    assert len(sent[0]) == 1 and sent[1] == sent[0]
+    assert sent[0][0]["structural_tag"] is not None and sent[0][0]["_backend"] == "xgrammar"
+    assert masked(mmfront["message"]) == masked(vllm["message"])
+    assert mmfront["finish_reason"] == vllm["finish_reason"]
+    assert assembled(pair.mmfront, body) == assembled(pair.vllm, body)
+
+
+def test_auto_without_strict_tools_sends_no_constraint(pair: Pair) -> None:
+    before = [len(constraints(side)) for side in pair_sides(pair)]
+    choice(pair, chat(CALL))
+    assert [len(constraints(side)) for side in pair_sides(pair)] == before
+
+
+def tool_call_events(side: Side, body: dict[str, Any]) -> tuple[list[Any], str | None]:
+    """A stream's tool-call deltas as they arrive, ids masked, consecutive argument fragments of
+    one call joined (where a stream is cut into chunks depends on timing), and its finish reason."""
+    events: list[Any] = []
+    finish = None
+    for c in streamed_choices(side, body):
+        finish = c.get("finish_reason") or finish
+        for call in c["delta"].get("tool_calls") or []:
+            if "id" in call:
+                assert call["id"].startswith("chatcmpl-tool-")
+                events.append({**call, "id": "ID"})
+            elif events and set(events[-1]) == {"index", "function"} and events[-1]["index"] == call["index"]:
+                events[-1]["function"]["arguments"] += call["function"]["arguments"]
+            else:
+                events.append(call)
+    return events, finish
+
+
+@pytest.mark.parametrize(("script", "max_tokens"), [
+    (f"</think>Let me check.{CALL}", 200), (f"</think>{CALL}\n{CALL.replace('Paris', 'Rome')}", 200),
+    (f"</think>{CALL}", 17)],
+    ids=["one_call", "two_calls", "cut_by_max_tokens"])
+def test_a_streamed_call_sends_its_name_then_its_arguments_as_vllm(pair: Pair, script: str, max_tokens: int) -> None:
+    """The ``</think>`` in the prompt (the script) closes the reasoning, so the answer is read for calls."""
+    body = chat(script, max_tokens=max_tokens)
+    vllm, finish = tool_call_events(pair.vllm, body)
+    assert tool_call_events(pair.mmfront, body) == (vllm, finish)
+    assert vllm[0] == {"id": "ID", "type": "function", "index": 0, "function": {"name": "get_weather"}}
+    if max_tokens < 200:  # cut inside the arguments: the call so far was sent
+        assert finish == "length" and vllm[1]["function"]["arguments"] != '{"city": "Paris"}'

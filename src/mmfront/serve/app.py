@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, TypeVar, cast
 
 import msgspec
+from msgspec import UNSET, UnsetType
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -57,7 +58,7 @@ from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead, UsageI
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats import ServerMetrics
 from mmfront.serve.stats_log import MultiModalCacheDelta, StatsLog, kv_cache_device, log_stats_interval
-from mmfront.serve.tool_parsers import ToolCall
+from mmfront.serve.tool_parsers import CallDelta
 from mmfront.serve.weight_versions import WeightVersions, WeightVersionSpan
 from mmfront.wire import SamplingParams
 from mmfront.wire.structs import EngineCoreOutput, FinishReason
@@ -291,7 +292,8 @@ class _Server:
         parsing = self.parsing.for_request(req)
         options = RequestOptions(
             hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
-            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(protocol.template_kwargs(req)),
+            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(
+                protocol.template_kwargs(req, self.settings.reasoning_effort_map)),
             add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
             tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none),
             **self._prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
@@ -545,7 +547,7 @@ class _Server:
                 if parsed is not None:
                     step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
                     self._log_chat_delta(head.id, step.content, step.reasoning,
-                                         "".join(c.arguments for _, c in step.tool_calls), delta)
+                                         "".join(c.arguments or "" for c in step.tool_calls), delta)
                     if not step and delta.finish_reason is None and logprobs is None:
                         continue  # the parsers hold this text back (vLLM sends no chunk)
                     yield sse_event(responses.chat_chunk(
@@ -554,7 +556,7 @@ class _Server:
                                                                                parsed[i].calls_made),
                         stop_reason=delta.stop_reason, fingerprint=not with_usage,
                         usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
-                        tool_calls=[_delta_call(n, c) for n, c in step.tool_calls],
+                        tool_calls=[_delta_call(c) for c in step.tool_calls],
                         token_ids=delta.token_ids if req.return_token_ids else None,
                         weight_versions=_weight_versions(req, gen, i)))
                     continue
@@ -846,9 +848,14 @@ def _parsed_step(stream: ChoiceStream, text: str, finished: bool) -> ParsedDelta
     return step.then(stream.finish()) if finished else step
 
 
-def _delta_call(index: int, call: ToolCall) -> responses.DeltaToolCall:
-    return responses.DeltaToolCall(id=call.id, type=call.type, index=index,
-                                   function=responses.FunctionCall(call.name, call.arguments))
+def _delta_call(call: CallDelta) -> responses.DeltaToolCall:
+    """vLLM's delta: only the fields this fragment carries."""
+    function = responses.DeltaFunctionCall(name=_given(call.name), arguments=_given(call.arguments))
+    return responses.DeltaToolCall(id=_given(call.id), type=_given(call.type), index=call.index, function=function)
+
+
+def _given(value: str | None) -> str | UnsetType:
+    return UNSET if value is None else value
 
 
 async def _disconnected(request: Request) -> None:

@@ -25,8 +25,13 @@ from mmfront.errors import ConfigError, ValidationError
 from mmfront.serve.protocol import ChatCompletionRequest, named_tool, template_kwargs
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from mmfront.serve.settings import ServeSettings
-from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCall, ToolCallStream, ToolParser, make_tool_parser
+from mmfront.serve.tool_parsers import TOOL_PARSERS, CallDelta, ToolCall, ToolCallStream, ToolParser, make_tool_parser
 from mmfront.serve.tool_parsers.mistral import MistralToolParser
+from mmfront.serve.tool_parsers.structural_tags import (
+    ToolStrictLevel,
+    enforce_strict_tool_calling,
+    tool_calls_structural_tag,
+)
 from mmfront.wire import SamplingParams
 from mmfront.wire.params import StructuredOutputsParams
 
@@ -46,7 +51,7 @@ class ParsedDelta:
 
     reasoning: str | None = None
     content: str | None = None
-    tool_calls: list[tuple[int, ToolCall]] = field(default_factory=list)
+    tool_calls: list[CallDelta] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
@@ -92,6 +97,10 @@ class ChatParsing:
         self.tool_parser = name
         self.reasoning_parser = settings.reasoning_parser or None
         self.exclude_tools_when_none = settings.exclude_tools_when_tool_choice_none
+        self.tool_strict_level = (None if settings.tool_strict_level is None
+                                  else ToolStrictLevel.from_name(settings.tool_strict_level))
+        self.structural_tags = enforce_strict_tool_calling()
+        self.reasoning_effort_map = settings.reasoning_effort_map
         self.tokenizer = tokenizer
 
     def token_id(self, token: str) -> int | None:
@@ -113,19 +122,7 @@ class ChatParsing:
                                       "to be set")
             described = f'function "{named_tool(request)}"' if isinstance(choice, msgspec.Struct) else f'"{choice}"'
             raise ValidationError(f"tool_choice={described} requires --tool-call-parser to be set")
-        parsing = RequestParsing(self, request)
-        tag = parsing.tools.structural_tag_model if parsing.tools is not None else None
-        if tag is not None and request.tools and choice != "none":
-            strict = any(t.function.strict is True for t in request.tools)
-            if parsing.required or parsing.named is not None or strict or request.parallel_tool_calls is False:
-                field = ("tool_choice" if parsing.required or parsing.named is not None else
-                         "parallel_tool_calls" if request.parallel_tool_calls is False else "tools")
-                raise ValidationError(
-                    f"vLLM constrains these tool calls with the {tag!r} structural tag (tool_choice \"required\" or "
-                    "named, strict tools, parallel_tool_calls false); mmfront serve does not send structural tags "
-                    f"yet. Use tool_choice \"auto\" with parallel tool calls and non-strict tools, or the pythonic "
-                    "parser.", parameter=field)
-        return parsing
+        return RequestParsing(self, request)
 
 
 class RequestParsing:
@@ -139,15 +136,16 @@ class RequestParsing:
         if server.tool_parser is not None:
             vocab = server.vocab if TOOL_PARSERS[server.tool_parser] is MistralToolParser else None
             self.tools = make_tool_parser(server.tool_parser, tools, vocab)
-        kwargs = template_kwargs(request)
+        kwargs = template_kwargs(request, server.reasoning_effort_map)
         self.reasoning_cls = REASONING_PARSERS[server.reasoning_parser] if server.reasoning_parser else None
         self.reasoning_kwargs = kwargs
         self.named = named_tool(request)
         self.required = request.tool_choice == "required"
-        constrained = self.tools is not None and self.tools.supports_required_and_named
-        self.constrained = constrained and (self.required or self.named is not None)
+        self.tag_model = self.tools.structural_tag_model if self.tools is not None and server.structural_tags else None
+        json_choices = self.tools is not None and self.tools.supports_required_and_named and self.tag_model is None
+        self.constrained = json_choices and (self.required or self.named is not None)
         self.auto = self.tools is not None and (request.tool_choice in ("auto", None) or (
-            not self.tools.supports_required_and_named and (self.required or self.named is not None)))
+            not json_choices and (self.required or self.named is not None)))
         self.keeps_calls = self.required or self.named is not None or (
             self.tools is not None and request.tool_choice == "auto" and bool(request.tools))
 
@@ -177,14 +175,31 @@ class RequestParsing:
 
     def adjust(self, params: SamplingParams) -> SamplingParams:
         """The parser's request adjustments: keep special tokens where markers are special, and
-        constrain ``required`` and named tools to the JSON that is read back."""
+        constrain the calls as vLLM does: with the format's structural tag where it has one
+        (:mod:`mmfront.serve.tool_parsers.structural_tags`), else ``required`` and named tools to
+        the JSON that is read back."""
         changes: dict[str, Any] = {}
         if self.tools is not None and self.tools.keeps_special_tokens and self.request.tools and (
                 self.request.tool_choice != "none"):
             changes["skip_special_tokens"] = False
-        if self.constrained:
+        tag = self._structural_tag(params.structured_outputs)
+        if tag is not None:
+            changes["structured_outputs"] = StructuredOutputsParams(structural_tag=tag)
+        elif self.constrained:
             changes["structured_outputs"] = StructuredOutputsParams(json=self._tool_schema())
         return msgspec.structs.replace(params, **changes) if changes else params
+
+    def _structural_tag(self, structured_outputs: StructuredOutputsParams | None) -> str | None:
+        if self.tag_model is None or self.tools is None or not self.request.tools:
+            return None
+        level = self.server.tool_strict_level
+        choice = self.request.tool_choice if self.named is None else {"type": "function",
+                                                                       "function": {"name": self.named}}
+        return tool_calls_structural_tag(
+            self.tag_model, [_without_nulls(msgspec.to_builtins(t)) for t in self.request.tools], choice,
+            parallel_tool_calls=self.request.parallel_tool_calls,
+            strict_level=self.tools.default_tool_strict_level if level is None else level,
+            structured_outputs=structured_outputs)
 
     def _tool_schema(self) -> dict[str, Any]:
         """vLLM's ``get_json_schema_from_tools``: a named tool's parameters, or an array of
@@ -288,6 +303,12 @@ class RequestParsing:
         return False
 
 
+def _without_nulls(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as vLLM dumps it for xgrammar (``exclude_none``)."""
+    function = {k: v for k, v in tool["function"].items() if v is not None}
+    return {**{k: v for k, v in tool.items() if v is not None}, "function": function}
+
+
 def _required_calls(text: str) -> list[ToolCall]:
     """The JSON array ``tool_choice: "required"`` constrains the output to; what does not read
     as one gives no calls."""
@@ -330,8 +351,8 @@ class ChoiceStream:
             self.held += content or ""
             if final:
                 calls, _ = self.parsing._calls(self.held)
-                out.tool_calls = list(enumerate(calls[:1] if self.parsing.request.parallel_tool_calls is False
-                                                else calls))
+                out.tool_calls = [CallDelta.whole(i, c) for i, c in enumerate(
+                    calls[:1] if self.parsing.request.parallel_tool_calls is False else calls)]
                 if not calls and self.held:
                     out.content = self.held
         elif self.tools is not None:
@@ -341,8 +362,8 @@ class ChoiceStream:
                 delta.content = _cat(delta.content, rest.content)
                 delta.tool_calls += rest.tool_calls
             out.content = delta.content
-            out.tool_calls = [(i, c) for i, c in delta.tool_calls
-                              if self.parsing.request.parallel_tool_calls is not False or i == 0]
+            out.tool_calls = [c for c in delta.tool_calls
+                              if self.parsing.request.parallel_tool_calls is not False or c.index == 0]
         else:
             out.content = content or None
         self.calls_made = self.calls_made or bool(out.tool_calls)

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any, Literal
@@ -439,10 +440,14 @@ def _check_structured_outputs(request: _SamplingFields) -> None:
     given = request.structured_outputs
     if given is None:
         return
-    if sum(getattr(given, name) is not None for name in ("json", "regex", "choice")) > 1:
+    constraints = sum(getattr(given, name) is not None for name in ("json", "regex", "choice"))
+    if constraints > 1:
         raise ValidationError("You can only use one kind of constraints for structured outputs ('json', 'regex' or "
                               "'choice').", parameter=None if isinstance(request, ChatCompletionRequest)
                               else "structured_outputs")
+    if constraints and isinstance(request, ChatCompletionRequest) and request.tool_choice is not UNSET and (
+            request.tool_choice not in ("none", "auto", "required")):  # a named tool, or null
+        raise ValidationError("You can only either use constraints for structured outputs or tools, not both.")
     if given.structural_tag is not None:
         structured.check_structural_tag(given.structural_tag, "structured_outputs")
 
@@ -620,14 +625,18 @@ def named_tool(request: ChatCompletionRequest) -> str | None:
     return choice.function["name"] if isinstance(choice, ChatCompletionNamedToolChoiceParam) else None
 
 
-def template_kwargs(request: ChatCompletionRequest) -> dict[str, Any] | None:
+def template_kwargs(request: ChatCompletionRequest,
+                    effort_map: Mapping[str, str] | None = None) -> dict[str, Any] | None:
     """The chat template's variables (and the reasoning parser's view of them): the request's
-    ``chat_template_kwargs``, with ``reasoning_effort`` and, unless the request set it,
-    ``enable_thinking`` (off for effort ``"none"``), as vLLM's ``build_chat_params`` adds them."""
+    ``chat_template_kwargs``, with ``reasoning_effort`` (rewritten by ``--reasoning-effort-map``)
+    and, unless the request set it, ``enable_thinking`` (off for effort ``"none"``), as vLLM's
+    ``build_chat_params`` adds them."""
     given = request.chat_template_kwargs
     if request.documents is not None:  # vLLM's: the request's documents win over chat_template_kwargs'
         given = {**(given or {}), "documents": request.documents}
-    effort = request.reasoning_effort
+    effort: str | None = request.reasoning_effort
+    if effort is not None and effort_map:
+        effort = effort_map.get(effort, effort)
     if effort is None:
         return given
     merged = {**(given or {}), "reasoning_effort": effort}

@@ -225,13 +225,19 @@ class ToolCall(msgspec.Struct, kw_only=True):
     function: FunctionCall
 
 
-class DeltaToolCall(msgspec.Struct, kw_only=True):
-    """A stream's tool call: mmfront sends each call whole, in one delta."""
+class DeltaFunctionCall(msgspec.Struct, kw_only=True):
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
 
-    id: str
-    type: str = "function"
+
+class DeltaToolCall(msgspec.Struct, kw_only=True):
+    """A stream's tool-call delta (vLLM's): a call's first carries ``id``, ``type`` and
+    ``function.name``; later ones, with its ``index``, fragments of ``function.arguments``."""
+
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
     index: int
-    function: FunctionCall
+    function: DeltaFunctionCall
 
 
 class ChatMessage(msgspec.Struct, kw_only=True):
@@ -594,6 +600,7 @@ __all__ = [
     "CompletionResponseStreamChoice",
     "CompletionStreamResponse",
     "CompletionTokenUsageInfo",
+    "DeltaFunctionCall",
     "DeltaMessage",
     "DeltaToolCall",
     "FunctionCall",

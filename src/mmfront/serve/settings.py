@@ -10,6 +10,7 @@ has one home. This module imports nothing heavy: ``mmfront serve --help`` reads 
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,27 @@ from mmfront.errors import ConfigError
 from mmfront.flags import count, flag, json_list, port, positive_int, seconds
 from mmfront.hub import ModelSource
 
+ToolStrictLevelName = Literal["auto", "function", "parameter"]
+"""``--tool-strict-level``'s values, weakest first (vLLM's ``ToolStrictLevelName``)."""
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+"""A chat request's ``reasoning_effort`` (vLLM's ``ReasoningEffort``)."""
+
 DEFAULT_MAX_BODY_BYTES = 64 << 20
 """Request bodies above this are refused before they are read whole (413)."""
 
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 FingerprintMode = Literal["full", "hash", "custom", "none"]
+
+
+def check_reasoning_effort_map(effort_map: Any) -> None:
+    """vLLM's ``validate_reasoning_effort_map``: known efforts to strings."""
+    if effort_map is None:
+        return
+    if not isinstance(effort_map, Mapping) or not all(isinstance(value, str) for value in effort_map.values()):
+        raise ConfigError("--reasoning-effort-map must be a JSON object mapping reasoning efforts to strings.")
+    efforts = typing.get_args(ReasoningEffort)
+    if unknown := sorted(set(effort_map) - set(efforts)):
+        raise ConfigError(f"--reasoning-effort-map has unknown efforts {unknown}; keys must be one of {list(efforts)}.")
 
 
 def one_key(keys: Sequence[str]) -> str:
@@ -74,6 +91,11 @@ class ServeSettings:
     ``mmfront.serve.tool_parsers.TOOL_PARSERS`` (vLLM's plugins register in vLLM, and do not load)."""
     exclude_tools_when_tool_choice_none: bool = field(default=False, metadata=flag())
     """Leave the tools out of the prompt when ``tool_choice`` is ``"none"``."""
+    tool_strict_level: ToolStrictLevelName | None = field(default=None, metadata=flag())
+    """The least a tool-call structural tag constrains, over each tool's ``strict``: ``auto`` as
+    ``tool_choice`` and the tools' ``strict`` ask, ``function`` the calls' markup and names for every
+    request with tools, ``parameter`` the arguments too, as if every tool were ``strict``. Unset, the
+    tool parser's default (``auto``)."""
     reasoning_parser: str = field(default="", metadata=flag(metavar="NAME"))
     """Split the output's reasoning into ``reasoning``: ``deepseek_r1``, ``qwen3``, or one a plugin registers."""
     reasoning_parser_plugin: str = field(default="", metadata=flag(metavar="PATH"))
@@ -86,6 +108,7 @@ class ServeSettings:
         if self.enable_per_request_metrics and self.disable_log_stats:
             raise ConfigError("--enable-per-request-metrics requires engine statistics logging; remove "
                               "--disable-log-stats to enable per-request metrics.")
+        check_reasoning_effort_map(self.reasoning_effort_map)
         if self.sse_keep_alive_interval < 0:
             raise ConfigError("--sse-keep-alive-interval must be a non-negative integer (0 disables keep-alive "
                               "comments).")
@@ -195,6 +218,11 @@ class ServeSettings:
         metavar="JSON", example="'{\"enable_thinking\": false}'"))
     """Chat template keyword arguments every chat request gets, under its own ``chat_template_kwargs``
     (the request's win), e.g. ``'{"enable_thinking": false}'``."""
+    reasoning_effort_map: Mapping[str, str] | None = field(default=None, metadata=flag(
+        metavar="JSON", example="'{\"medium\": \"low\", \"xhigh\": \"max\"}'"))
+    """Rewrite a request's ``reasoning_effort`` before the chat template sees it, for templates that
+    know only some efforts, e.g. ``'{"medium": "low", "xhigh": "max"}'``; efforts not listed pass
+    unchanged."""
     enable_server_load_tracking: bool = field(default=False, metadata=flag())
     """Count the generation requests in flight, answered by ``/load`` (``{"server_load": N}``)."""
     fingerprint_mode: FingerprintMode = field(default="full", metadata=flag())
@@ -247,4 +275,5 @@ class ServePlan:
         return self.resolved_model or Path(self.settings.model)
 
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "LocalEngineOptions", "ServePlan", "ServeSettings", "one_key"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "LocalEngineOptions", "ReasoningEffort", "ServePlan", "ServeSettings",
+           "ToolStrictLevelName", "check_reasoning_effort_map", "one_key"]

@@ -6,10 +6,16 @@ gets the plain stub's tokens (``../shared/peer/stub_executor.py``, which this ex
 folder and this one on ``PYTHONPATH`` and pass ``--distributed-executor-backend
 script_stub.ScriptStubExecutor``). It lets a test choose what a model "says" - tool calls,
 reasoning - and compare what two servers make of it.
+
+Each new request's structured-outputs constraint, as the engine decoded it from the server's
+``EngineCoreRequest``, is printed on the engine's stdout (one ``STRUCTURED_OUTPUTS {json}`` line,
+every field of vLLM's ``StructuredOutputsParams``), so a test compares what each server sent.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -29,6 +35,10 @@ class ScriptStubExecutor(StubExecutor):
 
     def _step(self, so) -> ModelRunnerOutput:
         for nr in so.scheduled_new_reqs:
+            constraint = nr.sampling_params.structured_outputs if nr.sampling_params is not None else None
+            if constraint is not None:
+                fields = {f.name: getattr(constraint, f.name) for f in dataclasses.fields(constraint)}
+                print("STRUCTURED_OUTPUTS " + json.dumps(fields), flush=True)
             prompt = self._tokenizer.decode(list(nr.prompt_token_ids or []), skip_special_tokens=False)
             found = [m.group(1) for m in _SCRIPT.finditer(prompt)]
             if found:

@@ -4,7 +4,9 @@ Reads a JSON list of cases on stdin (``{"kind": "tool"|"reasoning", "parser": NA
 "tools": [...] | null, "chat_template_kwargs": {...} | null}``) and writes, per case, what the
 installed vLLM parser returns: the non-streaming extraction, and the stream of the text's tokens
 (``chunks``: each token's text, as an incremental detokenizer gives it) reassembled: the content,
-the reasoning, and each tool call's name and concatenated arguments. A parser that raises gives
+the reasoning, and each tool call's name and concatenated arguments; and, for tool parsers, each
+chunk's delta as vLLM's stream sends it (``deltas``: ``null``, or the content and each tool-call
+delta as ``[index, has an id, type, name, arguments]``). A parser that raises gives
 ``{"error": "..."}``.
 
 The tokenizer is the peer's tiny Gemma 3 one with the parsers' markers added as special tokens
@@ -60,12 +62,15 @@ def run_tool(tok: Any, case: dict[str, Any]) -> dict[str, Any]:
              "tool_calls": [[c.function.name, c.function.arguments] for c in info.tool_calls]}
     parser = cls(tok, tools) if tools else cls(tok)
     previous, prev_ids = "", []
-    content, calls = [], {}
+    content, calls, deltas = [], {}, []
     for chunk in case["chunks"]:
         ids = tok.encode(chunk, add_special_tokens=False)
         current = previous + chunk
         delta = parser.extract_tool_calls_streaming(previous, current, chunk, prev_ids, prev_ids + ids, ids, req)
         previous, prev_ids = current, prev_ids + ids
+        deltas.append(None if delta is None else {"content": delta.content, "tool_calls": [
+            [tc.index, tc.id is not None, tc.type, tc.function.name if tc.function else None,
+             tc.function.arguments if tc.function else None] for tc in delta.tool_calls or []]})
         if delta is None:
             continue
         if delta.content:
@@ -76,7 +81,7 @@ def run_tool(tok: Any, case: dict[str, Any]) -> dict[str, Any]:
                 entry[0] += tc.function.name or ""
                 entry[1] += tc.function.arguments or ""
     stream = {"content": "".join(content), "tool_calls": [calls[i] for i in sorted(calls)]}
-    return {"whole": whole, "stream": stream}
+    return {"whole": whole, "stream": stream, "deltas": deltas}
 
 
 def run_reasoning(tok: Any, case: dict[str, Any]) -> dict[str, Any]:

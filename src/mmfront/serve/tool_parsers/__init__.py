@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mmfront.serve.tool_parsers.base import (
+    CallDelta,
     ExtractedToolCalls,
+    PartialCall,
     StreamDelta,
     ToolCall,
     ToolCallStream,
@@ -46,7 +48,9 @@ def make_tool_parser(name: str, tools: Sequence[Mapping[str, Any]] | None,
 
 __all__ = [
     "TOOL_PARSERS",
+    "CallDelta",
     "ExtractedToolCalls",
+    "PartialCall",
     "StreamDelta",
     "ToolCall",
     "ToolCallStream",

@@ -2,10 +2,12 @@
 and the streaming driver that turns a parser of whole outputs into deltas.
 
 A parser (``--tool-call-parser NAME``) knows one model family's format and reads a finished
-output (:meth:`ToolParser.extract`). Streams reuse that reading: the text before the tool
-section streams as content, each call is sent whole once its end marker has arrived, and what is
-left is read at the end, so a stream assembles to exactly the non-streamed answer (vLLM streams a
-call's arguments in fragments; a client that concatenates them gets the same call).
+output (:meth:`ToolParser.extract`). In a stream the text before the tool section streams as
+content. A parser that reads calls still being written (:meth:`ToolParser.partial_calls`)
+streams them as vLLM's does: a call's id, type and name in one delta as soon as the name is
+whole, then its arguments in fragments as they are written, so an answer cut inside a call has
+sent the call so far. The others send each call whole once its end marker has arrived, and read
+what is left at the end, so the stream assembles to the non-streamed answer.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from mmfront.serve.tool_parsers.structural_tags import ToolStrictLevel
 
 
 def make_tool_call_id() -> str:
@@ -69,11 +73,14 @@ class ToolParser:
     """Text that closes one call, so a stream can send each call as soon as it is complete."""
     supports_required_and_named: ClassVar[bool] = True
     """Whether ``tool_choice: "required"`` and named tools constrain the output to JSON (else
-    they are read in the format's own syntax, as ``auto``)."""
+    they are read in the format's own syntax, as ``auto``); a format with a structural tag is
+    read in its own syntax unless ``VLLM_ENFORCE_STRICT_TOOL_CALLING`` is off."""
     structural_tag_model: ClassVar[str | None] = None
-    """The xgrammar structural-tag format vLLM constrains this format's calls with (for
-    ``required``, named tools, ``strict`` tools and ``parallel_tool_calls: false``); mmfront sends
-    no structural tags yet, and refuses those requests."""
+    """The structural-tag format that constrains this format's calls (for ``required``, named
+    tools, ``strict`` tools, ``parallel_tool_calls: false`` and ``--tool-strict-level``), by
+    vLLM's names (:mod:`mmfront.serve.tool_parsers.structural_tags`)."""
+    default_tool_strict_level: ClassVar[ToolStrictLevel] = ToolStrictLevel.AUTO
+    """The strict level where ``--tool-strict-level`` is not given (vLLM's per-parser default)."""
     engine_based: ClassVar[bool] = False
     """vLLM reads this format with its grammar engine, which also answers ``tool_choice: "none"``
     with the content its reading leaves."""
@@ -86,6 +93,12 @@ class ToolParser:
 
     def extract(self, text: str) -> ExtractedToolCalls:
         raise NotImplementedError
+
+    def partial_calls(self, text: str) -> list[PartialCall] | None:
+        """The calls a stream of ``text`` has begun, as vLLM's stream parser reads them: each
+        call's name once it is whole (else the list stops there) and its arguments' text so far,
+        which only grows. ``None``: this format streams each call whole."""
+        return None
 
     def streamed_content(self, text: str, result: ExtractedToolCalls) -> str:
         """All the content a stream of ``text`` sends (vLLM's streams may send more than the
@@ -111,12 +124,37 @@ class ToolParser:
         return None
 
 
+@dataclass(frozen=True)
+class PartialCall:
+    """A call as far as a stream has written it: the name (``None`` until it is whole) and the
+    arguments' text so far (``None`` until they begin)."""
+
+    name: str | None
+    arguments: str | None = None
+
+
+@dataclass
+class CallDelta:
+    """One tool-call delta of a stream (vLLM's ``DeltaToolCall``): a call's first delta carries
+    its ``id``, ``type`` and ``name``; the others (same ``index``) fragments of its arguments."""
+
+    index: int
+    id: str | None = None
+    type: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+    @classmethod
+    def whole(cls, index: int, call: ToolCall) -> CallDelta:
+        return cls(index, call.id, call.type, call.name, call.arguments)
+
+
 @dataclass
 class StreamDelta:
-    """What one step of a stream adds: content, and calls as ``(index, call)``."""
+    """What one step of a stream adds: content, and tool-call deltas."""
 
     content: str | None = None
-    tool_calls: list[tuple[int, ToolCall]] = field(default_factory=list)
+    tool_calls: list[CallDelta] = field(default_factory=list)
 
 
 class ToolCallStream:
@@ -127,6 +165,7 @@ class ToolCallStream:
         self.text = ""
         self.sent_content = 0
         self.sent_calls = 0
+        self.sent_arguments: list[str] = []
         self.read_upto = 0
 
     @property
@@ -140,6 +179,10 @@ class ToolCallStream:
         if end > self.sent_content:
             out.content = self.text[self.sent_content:end]
             self.sent_content = end
+        partial = self.parser.partial_calls(self.text)
+        if partial is not None:
+            self._add_fragments(partial, out)
+            return out
         marker = self.parser.call_end
         if marker is not None and end < len(self.text) and marker in self.text[-len(delta) - len(marker):]:
             closed = self.text.rfind(marker) + len(marker)  # a call closed in this delta: read the calls so far
@@ -149,9 +192,10 @@ class ToolCallStream:
         return out
 
     def finish(self) -> StreamDelta:
-        """The rest, read as a whole output once the stream has ended."""
+        """The rest, read as a whole output once the stream has ended (a parser that streams
+        fragments has sent all it will)."""
         out = StreamDelta()
-        if self.parser.content_end(self.text) >= len(self.text):  # no tool section: all sent as content
+        if self.parser.content_end(self.text) >= len(self.text) or self.parser.partial_calls(self.text) is not None:
             return out
         result = self.parser.extract(self.text)
         self._add_calls(result, out)
@@ -161,12 +205,26 @@ class ToolCallStream:
         self.sent_content = len(self.text)
         return out
 
+    def _add_fragments(self, calls: list[PartialCall], out: StreamDelta) -> None:
+        """vLLM's diffing: a new call's name first, then the arguments' text it has not sent."""
+        for index, call in enumerate(calls):
+            if index >= self.sent_calls:
+                if call.name is None:
+                    break
+                out.tool_calls.append(CallDelta(index, make_tool_call_id(), "function", call.name))
+                self.sent_calls += 1
+                self.sent_arguments.append("")
+            sent = self.sent_arguments[index]
+            if call.arguments is not None and len(call.arguments) > len(sent):
+                out.tool_calls.append(CallDelta(index, arguments=call.arguments[len(sent):]))
+                self.sent_arguments[index] = call.arguments
+
     def _add_calls(self, result: ExtractedToolCalls, out: StreamDelta) -> None:
         if result.tools_called and len(result.tool_calls) > self.sent_calls:
             for index in range(self.sent_calls, len(result.tool_calls)):
-                out.tool_calls.append((index, result.tool_calls[index]))
+                out.tool_calls.append(CallDelta.whole(index, result.tool_calls[index]))
             self.sent_calls = len(result.tool_calls)
 
 
-__all__ = ["ExtractedToolCalls", "StreamDelta", "ToolCall", "ToolCallStream", "ToolParser", "json_arguments",
+__all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "ToolCall", "ToolCallStream", "ToolParser", "json_arguments",
            "make_tool_call_id", "no_tool_calls", "partial_overlap"]

@@ -15,7 +15,6 @@ _CALL = re.compile(rf"{CALL_BEGIN}(?P<type>.*){SEP}(?P<name>.*)\n```json\n(?P<ar
 
 class DeepSeekV3ToolParser(ToolParser):
     name = "deepseek_v3"
-    supports_required_and_named = False
     structural_tag_model = "deepseek_r1"
     start_markers = (CALLS_BEGIN,)
     call_end = CALL_END

@@ -14,7 +14,6 @@ _DECODER = json.JSONDecoder()
 
 class Llama3JsonToolParser(ToolParser):
     name = "llama3_json"
-    supports_required_and_named = False
     structural_tag_model = "llama"
     start_markers = (PYTHON_TAG, "{")
 

@@ -28,7 +28,6 @@ def _unwrap(value: str) -> str:
 
 class Qwen3XMLToolParser(ToolParser):
     name = "qwen3_xml"
-    supports_required_and_named = False
     structural_tag_model = "qwen_3_coder"
     start_markers = (START, FUNCTION)
     call_end = END
