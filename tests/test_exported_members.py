@@ -24,9 +24,9 @@ EXPORTED = {
     'mmfront.processing.executors': ['BaseLaneExecutor', 'InPlaceExecutor', 'ItemExecutor', 'ItemJob', 'ItemProcessor', 'LaneSpec', 'LocalProcessExecutor', 'ProcessorOrigin', 'RayExecutor', 'executor_from_config'],
     'mmfront.serve.api_servers': ['serve_api_servers'],
     'mmfront.serve.app': ['create_app', 'error_response', 'json_response'],
-    'mmfront.serve.args': ['DESCRIPTION', 'SERVE_FLAGS', 'ServeFlags', 'add_serve_parser', 'plan_from_args', 'refuse_unknown', 'serve_argv', 'serve_flag_table'],
+    'mmfront.serve.args': ['DESCRIPTION', 'RoutedArgv', 'SERVE_FLAGS', 'ServeFlags', 'add_serve_parser', 'engine_kind', 'model_folder', 'plan_from_args', 'refuse_unknown', 'route_serve_argv', 'serve_argv', 'serve_flag_table', 'unrouted_engine_flags'],
     'mmfront.serve.errors': ['ErrorInfo', 'ErrorResponse', 'VLLM_VALIDATION_CODE', 'engine_error', 'error_body', 'error_info'],
-    'mmfront.serve.launcher': ['AccessLogFilter', 'ENGINE_DEATH_STATUS', 'ENGINE_KIND', 'ENGINE_NAME', 'EngineProcesses', 'EngineWatchdog', 'Frontend', 'KEEP_ALIVE', 'Link', 'WAIT_LOG_INTERVAL_S', 'bind_handshake', 'bind_link', 'check_start', 'client_over', 'exit_on_sigterm', 'http_sockets', 'keep_alive_on_engine_death', 'listening_socket', 'log_engine_exit', 'meet_engines', 'run_app', 'serve', 'show_logs', 'start_engines', 'start_frontend', 'uvicorn_config', 'worker_command'],
+    'mmfront.serve.launcher': ['AccessLogFilter', 'ENGINE_DEATH_STATUS', 'ENGINE_KIND', 'ENGINE_NAME', 'EngineProcesses', 'EngineWatchdog', 'Frontend', 'KEEP_ALIVE', 'Link', 'WAIT_LOG_INTERVAL_S', 'bind_handshake', 'bind_link', 'check_start', 'client_over', 'engine_commands', 'engine_kind', 'engine_name', 'exit_on_sigterm', 'handshake_parallel', 'http_sockets', 'keep_alive_on_engine_death', 'listening_socket', 'log_engine_exit', 'meet_engines', 'run_app', 'serve', 'show_logs', 'start_engines', 'start_frontend', 'uvicorn_config', 'worker_command'],
     'mmfront.serve.middleware': ['LoadCount', 'LoadTracker', 'RootPath', 'XRequestIdMiddleware', 'add_user_middleware'],
     'mmfront.serve.openapi': ['BODIES', 'TITLE', 'openapi_schema', 'redoc_page', 'routes', 'swagger_page'],
     'mmfront.serve.output': ['ChoiceOutput', 'Delta', 'IncrementalDetokenizer', 'LOGPROB_FLOOR', 'Logprob', 'LogprobTokens', 'PROMPT_PRIMING_TOKENS', 'PositionLogprobs', 'PromptLogprobs', 'WindowDetokenizer', 'leading_space_marker', 'make_detokenizer', 'position_logprobs', 'prompt_logprobs', 'sample_logprobs'],
@@ -40,7 +40,8 @@ EXPORTED = {
     'mmfront.serve.stats_log': ['CachingMetrics', 'DEFAULT_INTERVAL_S', 'MultiModalCacheDelta', 'MultiModalCounts', 'StatsLog', 'kv_cache_device', 'log_stats_interval', 'logger'],
     'mmfront.serve.structured': ['BACKENDS', 'MAX_JSON_NESTING', 'PUBLIC_FIELDS', 'REGEX_COMPILATION_TIMEOUT_S', 'check_json_nesting', 'check_structural_tag', 'choice_as_grammar', 'grammar_is_likely_lark', 'resolve_backend', 'validate_guidance', 'validate_xgrammar'],
     'mmfront.serve.tokenize': ['DetokenizeRequest', 'DetokenizeResponse', 'TokenizeChatRequest', 'TokenizeCompletionRequest', 'TokenizeResponse', 'chat_options', 'decode_detokenize', 'decode_tokenize', 'detokenize', 'special_tokens_around', 'tokenize', 'tokenizer_info'],
-    'mmfront.serve.vllm_flags': ['ENGINE_ONLY_FLAGS', 'HEADLESS_MESSAGE', 'NOT_TAKEN_FRONTEND_FLAGS', 'refusal'],
+    'mmfront.serve.vllm_engine': ['EngineKind', 'VLLM_CLI_MODULE', 'VLLM_ENGINE_KIND', 'VLLM_ENGINE_NAME', 'tcp_host_port', 'vllm_cli', 'vllm_engine_command'],
+    'mmfront.serve.vllm_flags': ['ENGINE_FLAGS', 'HEADLESS_MESSAGE', 'NOT_TAKEN_FRONTEND_FLAGS', 'PLACED_BY_THE_LAUNCHER', 'SHARED_SERVE_FLAGS', 'refusal'],
     'mmfront.wire': ['DEFAULT_SIZE_THRESHOLD', 'EngineCoreOutput', 'EngineCoreOutputs', 'EngineCoreRequest', 'FinishReason', 'Frame', 'LoRARequest', 'MsgpackDecoder', 'MsgpackEncoder', 'PoolingParams', 'RequestOutputKind', 'SamplingParams', 'frame_view', 'frame_views', 'tensor_bytes'],
 }
 
