@@ -209,10 +209,15 @@ def refuse_unknown(parser: argparse.ArgumentParser, extras: Sequence[str], args:
     each engine flag no engine of this server takes, with where it belongs; nothing when all are taken."""
     unrouted, why = unrouted_engine_flags(args)
     flags = [e for e in extras if e.startswith("-")]
-    if extras and not flags:
-        parser.error(f"unrecognized arguments: {' '.join(extras)}")
-    if flags or unrouted:
-        parser.error("\n  ".join(["refused:", *(refusal(flag, why) for flag in [*flags, *unrouted])]))
+    stray = [e for e in extras if not e.startswith("-")]
+    if not flags and not unrouted:
+        if stray:
+            parser.error(f"unrecognized arguments: {' '.join(stray)}")
+        return
+    lines = [refusal(flag, why) for flag in [*flags, *unrouted]]
+    if stray:
+        lines.append(f"unrecognized arguments: {' '.join(stray)}")
+    parser.error("\n  ".join(["refused:", *lines]))
 
 
 def model_folder(model: str) -> Path:
@@ -244,10 +249,10 @@ def plan_from_args(args: argparse.Namespace, flags: ServeFlags = SERVE_FLAGS) ->
     if config.mm_processor_cache_type == "shm" and config.mm_processor_cache_gb > 0 and (
             not parallel.all_local or parallel.data_parallel_size > 1 or settings.api_server_count > 1
             or kind == "vllm"):
-        raise ConfigError("--mm-processor-cache-type shm serves one mmfront worker on this host from one API server "
-                          "(its shared memory is theirs); use lru with vLLM's engines (--engine vllm), engines "
-                          "elsewhere, --data-parallel-size or --api-server-count above 1 (lru keeps one mirror per rank "
-                          "and API server).")
+        raise ConfigError("--mm-processor-cache-type shm serves one engine on this host from one API server (its "
+                          "shared memory is theirs, and an mmfront worker's only); use lru with vLLM's engines (--engine "
+                          "vllm), engines elsewhere, --data-parallel-size or --api-server-count above 1 (lru keeps one "
+                          "mirror per rank and API server).")
     return flags.plan(settings, config, parallel, engine, **values(flags.plan, args))
 
 

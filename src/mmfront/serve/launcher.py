@@ -167,6 +167,7 @@ class EngineProcesses:
         self._on_exit: Callable[[int, int], None] | None = None
         self._reported: set[int] = set()
         self._report_lock = threading.Lock()
+        self._terminated_at = 0.0
         atexit.register(self.stop)
         linux = sys.platform.startswith("linux")
         try:
@@ -208,16 +209,25 @@ class EngineProcesses:
                     self._reported.add(rank)
                     self._on_exit(rank, code)
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM every engine's process group, SIGKILL the engines still running after ``grace_s``;
-        then SIGKILL what is left of each group (a child its engine left behind)."""
+    def terminate(self) -> None:
+        """SIGTERM every running engine's process group (once), so that the engines stop while the
+        server closes the rest; :meth:`stop` waits for them."""
         self._report_exits()
         with self._report_lock:
+            if self.stopping.is_set():
+                return
             self.stopping.set()
+        self._terminated_at = time.monotonic()
         for p in self.processes:
             if p.poll() is None:
                 _signal_group(p, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every engine's process group (unless :meth:`terminate` did), SIGKILL the engines
+        still running ``grace_s`` after it; then SIGKILL what is left of each group (a child its
+        engine left behind)."""
+        self.terminate()
+        deadline = self._terminated_at + grace_s
         for p in self.processes:
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
@@ -255,13 +265,18 @@ class Frontend:
     """The handshake kept open for restarted headless engines (``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``)."""
 
     def close(self) -> None:
-        """Stop the engines this server started, then the client and the processing."""
+        """Stop the engines this server started, the client and the processing: the engines are
+        told first and waited for last, so that they stop while the rest closes."""
         if self.rejoins is not None:
             self.rejoins.close()
         if self.engines is not None:
-            self.engines.stop()
-        self.client.close_blocking()
-        self.preprocessor.close()
+            self.engines.terminate()
+        try:
+            self.client.close_blocking()
+            self.preprocessor.close()
+        finally:
+            if self.engines is not None:
+                self.engines.stop()
 
 
 class _EngineWait:
