@@ -8,12 +8,14 @@ stops it on SIGTERM, and logs its death with its rank and exit status."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -37,7 +39,7 @@ LITERAL = ["--max-model-len", "8192", "--limit-mm-per-prompt", '{"image":4}', "-
 """The issue's ``vllm serve`` command line, with the stub executor's flag added."""
 
 
-def parsed(argv: list[str]) -> object:
+def parsed(argv: list[str]) -> argparse.Namespace:
     """``mmfront serve``'s arguments as :func:`mmfront.cli.main` parses and routes them."""
     from mmfront.cli import build_parser
     from mmfront.serve.args import serve_argv
@@ -125,97 +127,97 @@ def health(url: str) -> int | None:
         return None
 
 
+@dataclass
+class Server:
+    """``mmfront serve`` on the peer's model, started healthy with vLLM's engine, as a subprocess."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    started_s: float
+    """From the command's start to ``/health`` answering 200."""
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-5000:]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+
+
+def start_server(tmp_path: Path, *flags: str) -> Server:
+    """``mmfront serve PEER_MODEL ... flags`` with the peer's stub executors importable (its
+    ``PYTHONPATH``), without keep-alive, healthy."""
+    assert PEER_MODEL is not None
+    port = get_open_port()
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(PEER_DIR)])}
+    env.pop("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", None)
+    log = tmp_path / "serve.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "mmfront.cli", "serve", str(PEER_MODEL), "--host",
+                                    "127.0.0.1", "--port", str(port), *flags], stdout=out, stderr=subprocess.STDOUT,
+                                   env=env)
+    server = Server(process, f"http://127.0.0.1:{port}", log, 0.0)
+    try:
+        while health(server.url) != 200:
+            assert process.poll() is None and time.monotonic() - started < 600, server.tail()
+            time.sleep(0.5)
+    except BaseException:
+        server.close()
+        raise
+    server.started_s = time.monotonic() - started
+    return server
+
+
 @pytest.mark.slow
 @pytest.mark.vllm_side_by_side
 @pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)
 def test_the_vllm_serve_command_line_serves_through_the_vllm_engine_it_starts(tmp_path: Path) -> None:
-    assert PEER is not None and PEER_MODEL is not None
-    port = get_open_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(PEER_DIR)])}
-    env.pop("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", None)
-    command = [sys.executable, "-m", "mmfront.cli", "serve", str(PEER_MODEL), "--host", "127.0.0.1", "--port",
-               str(port), *LITERAL, "--vllm-command", str(PEER.parent / "vllm")]
-    started = time.monotonic()
-    with log.open("wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    assert PEER is not None
+    server = start_server(tmp_path, *LITERAL, "--vllm-command", str(PEER.parent / "vllm"))
     try:
-        while health(url) != 200:
-            assert server.poll() is None and time.monotonic() - started < 600, log.read_text(errors="replace")[-5000:]
-            time.sleep(0.5)
-        print(f"vLLM engine started and healthy after {time.monotonic() - started:.1f} s")
+        print(f"vLLM engine started and healthy after {server.started_s:.1f} s")
         images = [{"type": "image_url", "image_url": {"url": image_data_url(make_image(40 + 8 * i, 32, seed=i))}}
                   for i in range(2)]
         for count in (1, 2):
             body = {"model": str(PEER_MODEL), "max_tokens": 3, "return_token_ids": True,
                     "messages": [{"role": "user", "content": [*images[:count], {"type": "text", "text": "What?"}]}]}
-            answer = httpx.post(url + "/v1/chat/completions", json=body, timeout=120).json()
+            answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
             # the stub executor's tokens: 1000 + 10 * (images that reached it with their data) + k
             assert answer["choices"][0]["token_ids"] == [1000 + 10 * count + k for k in range(3)], answer
-        text = log.read_text(errors="replace")
+        text = server.log.read_text(errors="replace")
         assert "engines: 1 local vLLM engine core ('vllm serve --headless')" in text
         assert "Launching 1 data parallel engine(s) in headless mode" in text
-        [engine] = headless_children(server.pid)
+        [engine] = headless_children(server.process.pid)
         group = os.getpgid(engine)
         members = [p for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == group]
         assert len(members) >= 2  # vllm serve --headless and its engine core
         stop = time.monotonic()
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(60) == 0, log.read_text(errors="replace")[-3000:]
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0, server.tail()
         print(f"SIGTERM to exit, idle: {time.monotonic() - stop:.1f} s")
         assert not [p for p in members if _alive(int(p))], "the engine's process group outlived the server"
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
-
-
-def _pgid(pid: int) -> int | None:
-    with contextlib.suppress(OSError):
-        return os.getpgid(pid)
-    return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+        server.close()
 
 
 @pytest.mark.slow
 @pytest.mark.vllm_side_by_side
 @pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)
 def test_the_vllm_engines_death_is_logged_and_stops_the_server(tmp_path: Path) -> None:
-    assert PEER is not None and PEER_MODEL is not None
-    port = get_open_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tmp_path / "serve.log"
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(PEER_DIR)])}
-    env.pop("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", None)
-    command = [sys.executable, "-m", "mmfront.cli", "serve", str(PEER_MODEL), "--host", "127.0.0.1", "--port",
-               str(port), "--max-model-len", "4096", "--distributed-executor-backend", "stub_executor.StubExecutor",
-               "--vllm-command", str(PEER)]
-    started = time.monotonic()
-    with log.open("wb") as out:
-        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    assert PEER is not None
+    server = start_server(tmp_path, "--max-model-len", "4096", "--distributed-executor-backend",
+                          "stub_executor.StubExecutor", "--vllm-command", str(PEER))
     try:
-        while health(url) != 200:
-            assert server.poll() is None and time.monotonic() - started < 600, log.read_text(errors="replace")[-5000:]
-            time.sleep(0.5)
-        [engine] = headless_children(server.pid)
+        [engine] = headless_children(server.process.pid)
         os.kill(engine, signal.SIGKILL)
-        assert server.wait(60) == 1, log.read_text(errors="replace")[-3000:]
+        assert server.process.wait(60) == 1, server.tail()
     finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
-    text = log.read_text(errors="replace")
-    assert "Engine rank 0 (vLLM engine core) died: killed by signal 9." in text
+        server.close()
+    assert "Engine rank 0 (vLLM engine core) died: killed by signal 9." in server.log.read_text(errors="replace")
 
 
 def headless_children(pid: int) -> list[int]:
@@ -230,7 +232,24 @@ def _cmdline(pid: int) -> bytes:
     return b""
 
 
+def _stat(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields after the name: state, parent, process group, ..."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
 def _parent(pid: int) -> int | None:
-    with contextlib.suppress(OSError):
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    return None
+    fields = _stat(pid)
+    return int(fields[1]) if fields else None
+
+
+def _pgid(pid: int) -> int | None:
+    fields = _stat(pid)
+    return int(fields[2]) if fields else None
