@@ -59,8 +59,8 @@ def test_every_flag_of_mmfront_serve_is_in_the_docs_table() -> None:
     # the 42 flags mmfront serve had before they were generated, issue 32's --model-impl and
     # --mm-device-do-normalize, issue 33's API-server, tool and reasoning flags, and its observability
     # flags (--disable-log-stats, --enable/--disable-log-outputs, -log-deltas, -prompt-tokens-details,
-    # --sse-keep-alive-interval)
-    assert len(options) == 108
+    # --sse-keep-alive-interval), and issue 35's --engine and --vllm-command
+    assert len(options) == 110
     # --config is not a field: it stands for a file's flags, read before parsing (the text above the table)
     assert "`--config FILE.yaml`" in (DOCS / "serving.md").read_text(encoding="utf-8")
     assert sorted(o for o in options - {"--config"} if f"`{o}`" not in table) == []
