@@ -220,6 +220,28 @@ def test_the_vllm_engines_death_is_logged_and_stops_the_server(tmp_path: Path) -
     assert "Engine rank 0 (vLLM engine core) died: killed by signal 9." in server.log.read_text(errors="replace")
 
 
+@pytest.mark.slow
+@pytest.mark.vllm_side_by_side
+@pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)
+def test_two_ranks_are_two_vllm_engines(tmp_path: Path) -> None:
+    assert PEER is not None
+    server = start_server(tmp_path, "-dp", "2", "--max-model-len", "4096", "--distributed-executor-backend",
+                          "stub_executor.StubExecutor", "--vllm-command", str(PEER.parent / "vllm"))
+    try:
+        commands = [_cmdline(pid).split(b"\0") for pid in headless_children(server.process.pid)]
+        assert sorted(c[c.index(b"--data-parallel-start-rank") + 1] for c in commands) == [b"0", b"1"]
+        for i in range(4):  # the least busy rank takes each: both serve
+            body = {"model": str(PEER_MODEL), "max_tokens": 3, "return_token_ids": True, "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(
+                    make_image(40, 32, seed=i))}}, {"type": "text", "text": "What?"}]}]}
+            answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+            assert answer["choices"][0]["token_ids"] == [1010, 1011, 1012], answer
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0, server.tail()
+    finally:
+        server.close()
+
+
 def headless_children(pid: int) -> list[int]:
     """The ``vllm serve --headless`` processes ``pid`` started."""
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == pid and _alive(int(p))
