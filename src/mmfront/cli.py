@@ -25,7 +25,7 @@ from mmfront._version import __version__
 from mmfront.config import DEFAULT_RPC_PORT, CacheType, MultiModalConfig
 from mmfront.errors import ConfigError
 from mmfront.flags import add_options, flag, port, values
-from mmfront.serve.args import add_serve_parser, serve_argv
+from mmfront.serve.args import add_serve_parser, route_serve_argv, serve_argv
 
 DESCRIPTION = (
     "mmfront, a vLLM-style multimodal frontend. 'mmfront serve MODEL' is the OpenAI-compatible server that "
@@ -379,17 +379,21 @@ def main(argv: list[str] | None = None) -> int:
     own_process = argv is None
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    routed = None
     if argv[:1] == ["serve"]:
         try:
-            argv = serve_argv(argv)
+            routed = route_serve_argv(serve_argv(argv))
         except ConfigError as e:
             parser.error(str(e))
+        argv = routed.frontend
     args, extras = parser.parse_known_args(argv)
-    if extras:
-        refuse = vars(args).get("refuse_unknown")
-        if refuse is None:
-            parser.error(f"unrecognized arguments: {' '.join(extras)}")
-        refuse(extras)
+    if routed is not None:
+        args.engine_args, args.engine_flags = routed.engine, routed.engine_flags
+    refuse = vars(args).get("refuse_unknown")
+    if refuse is not None:
+        refuse(extras, args)
+    elif extras:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
     if own_process and args.func in (cmd_serve, cmd_worker):
         return run_and_end_the_process(lambda: int(args.func(args)))
     return int(args.func(args))

@@ -97,7 +97,7 @@ class DataParallelConfig:
     """Engine ranks."""
     data_parallel_size_local: int | None = field(default=None, metadata=flag(aliases=("-dpl",), parse=count,
                                                                              metavar="N", shown_default="all"))
-    """Ranks started on this host (as ``mmfront worker`` processes by ``mmfront serve``); ``None``:
+    """Ranks started on this host by ``mmfront serve`` (the engines ``--engine`` names); ``None``:
     every rank; ``0``: none, every engine is headless and connects to the handshake port."""
     data_parallel_address: str = field(default="127.0.0.1", metadata=flag(aliases=("-dpa",), metavar="HOST"))
     """Where headless engines reach the API server's handshake and data sockets."""

@@ -20,7 +20,8 @@ from mmfront.flags import human_int
 from mmfront.serve.args import plan_from_args
 from mmfront.serve.launcher import worker_command
 from mmfront.serve.settings import DEFAULT_MAX_BODY_BYTES, LocalEngineOptions, ServePlan
-from mmfront.serve.vllm_flags import ENGINE_ONLY_FLAGS
+from mmfront.serve.vllm_engine import vllm_cli
+from mmfront.serve.vllm_flags import ENGINE_FLAGS, PLACED_BY_THE_LAUNCHER
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 
 
@@ -51,7 +52,7 @@ def test_the_defaults_are_vllms(tmp_path: Path) -> None:
     d = p.parallel
     assert (d.data_parallel_size, d.data_parallel_size_local, d.data_parallel_address, d.data_parallel_rpc_port) == (
         1, 1, "127.0.0.1", 29550)
-    assert p.engine == LocalEngineOptions() and (p.engine_ready_timeout_s, p.engine_timeout_s) == (600.0, 30.0)
+    assert p.engine == engines_found(tmp_path) and (p.engine_ready_timeout_s, p.engine_timeout_s) == (600.0, 30.0)
 
 
 def test_every_http_flag_lands_in_the_serve_settings(tmp_path: Path) -> None:
@@ -97,6 +98,13 @@ def test_prefix_caching_is_on_unless_disabled(tmp_path: Path) -> None:
     assert not plan(tmp_path, "--disable-prefix-caching").config.enable_prefix_caching
 
 
+def engines_found(model: Path, **options: str) -> LocalEngineOptions:
+    """The local engines' options by default: vLLM's where it is found (given MODEL as typed)."""
+    cli = vllm_cli()
+    return LocalEngineOptions(engine="vllm" if cli else "mmfront", vllm_cli=cli or (),
+                              vllm_args=(str(model),) if cli else (), **options)  # type: ignore[arg-type]
+
+
 def test_a_chat_template_file_is_read(tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
@@ -111,7 +119,7 @@ def test_every_engine_flag_lands_in_the_data_parallel_config_and_the_plan(tmp_pa
     d = p.parallel
     assert (d.data_parallel_size, d.data_parallel_size_local, d.data_parallel_address, d.data_parallel_rpc_port) == (
         4, 2, "10.0.0.5", 13345)
-    assert p.engine == LocalEngineOptions(device="cpu", dtype="bfloat16")
+    assert p.engine == engines_found(tmp_path, device="cpu", dtype="bfloat16")
     assert (p.engine_ready_timeout_s, p.engine_timeout_s) == (90.0, 5.0)
 
 
@@ -283,14 +291,17 @@ PEER = vllm_peer_python()
 
 @pytest.mark.slow
 @pytest.mark.skipif(PEER is None, reason=SKIP_REASON)
-def test_the_engine_only_flags_are_vllm_serve_flags() -> None:
-    """Each name in the table is one ``vllm serve`` takes (read from vLLM's own parser)."""
+def test_the_engine_flags_are_vllm_serve_flags_with_vllms_arity() -> None:
+    """Each name in the routing table is one ``vllm serve`` takes, with as many values as vLLM's own
+    parser reads (0: a switch, 1, or "+")."""
     read = ("from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
             "from vllm.entrypoints.common.cli_args import make_arg_parser\n"
             "import json\n"
-            "print(json.dumps(sorted({o for a in make_arg_parser(FlexibleArgumentParser())._actions "
-            "for o in a.option_strings})))")
+            "print(json.dumps({o: 0 if a.nargs == 0 else 1 if a.nargs is None else a.nargs "
+            "for a in make_arg_parser(FlexibleArgumentParser())._actions for o in a.option_strings}))")
     assert PEER is not None
     done = subprocess.run([str(PEER), "-c", read], capture_output=True, text=True, timeout=300, check=True,
                           env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
-    assert sorted(ENGINE_ONLY_FLAGS - set(json.loads(done.stdout.splitlines()[-1]))) == []
+    vllms = json.loads(done.stdout.splitlines()[-1])
+    assert {name: vllms.get(name) for name in ENGINE_FLAGS} == ENGINE_FLAGS
+    assert set(vllms) >= PLACED_BY_THE_LAUNCHER

@@ -47,7 +47,7 @@ from mmfront.errors import DecodeError, EngineDeadError, TransportError, Utility
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import InputProcessor, PromptInput, RequestOptions
 from mmfront.wire import SamplingParams
-from mmfront.wire.handshake import EXTRA_HEARTBEAT
+from mmfront.wire.handshake import EXTRA_HEARTBEAT, EXTRA_MIRROR
 from mmfront.wire.messages import UtilityCall, utility_value
 from mmfront.wire.structs import EngineCoreOutput, UtilityOutput
 
@@ -125,6 +125,8 @@ class AsyncEngineClient:
         self._call_ids = itertools.count(FIRST_CALL_ID)
         self._abandoned: queue.SimpleQueue[_Stream] = queue.SimpleQueue()
         """Requests whose stream's consumer went away; the reader thread aborts them."""
+        self._rejoined: queue.SimpleQueue[int] = queue.SimpleQueue()
+        """Ranks restarted and met again through the handshake; the reader thread revives them."""
         self._dead: dict[int, EngineDeadError] = {}
         """The ranks known dead, and why; a rank is alive again once heard after its death."""
         self._died_at: dict[int, float] = {}
@@ -171,6 +173,13 @@ class AsyncEngineClient:
         frontend watches its local engine processes the same way), noticed within a poll interval."""
         with self._lock:
             self._processes[engine_index] = process
+
+    def engine_rejoined(self, engine_index: int) -> None:
+        """Rank ``engine_index`` was restarted and met this server again through the handshake
+        (:class:`~mmfront.engine.handshake.RejoinListener`): it is alive, with an empty cache. A
+        stock vLLM engine says nothing more until it is sent a request, so this is how it is heard;
+        the dead ranks that died of the same news (a dropped connection names no rank) revive with it."""
+        self._rejoined.put(engine_index)
 
     def add_step_observer(self, observer: StepObserver) -> None:
         """Call ``observer(step, request_ids)`` on the reader thread for every message of outputs,
@@ -353,6 +362,7 @@ class AsyncEngineClient:
     def _read(self) -> None:
         while not self._closed.is_set():
             self._abort_abandoned()
+            self._revive_rejoined()
             try:
                 frames = self.transport.recv(self._poll_interval_s)
             except DecodeError as e:
@@ -410,6 +420,18 @@ class AsyncEngineClient:
                 self._died_at[rank.index] = now
         self._dispatch(self.client.fail_all(error, engine_index))
         self._fail_calls(error, engine_index)
+
+    def _revive_rejoined(self) -> None:
+        while not self._rejoined.empty():
+            index = self._rejoined.get_nowait()
+            if not 0 <= index < len(self.client.ranks):
+                continue
+            if EXTRA_MIRROR not in self.client.ranks[index].extras:  # an mmfront engine's greeting resets its own
+                self._dispatch(self.client.engine_restarted(index))
+            error = self._dead.get(index)
+            for rank in [r for r, why in self._dead.items() if r == index or why is error]:
+                del self._dead[rank]
+                self._died_at.pop(rank, None)
 
     def _abort_abandoned(self) -> None:
         while not self._abandoned.empty():

@@ -18,11 +18,13 @@ an extra only with an engine that announced it (:class:`EngineInfo`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 import shutil
 import tempfile
+import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +46,8 @@ from mmfront.wire.handshake import (
     HandshakeAddresses,
     HandshakeStatus,
 )
+
+logger = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 300.0
 """How long an engine waits for P0's answer to its ``HELLO`` (vLLM's ``HANDSHAKE_TIMEOUT_MINS``)."""
@@ -106,19 +110,19 @@ class FrontendHandshake:
         (:func:`wait_for_ready_responses`)."""
         self._dir: Path | None = None
         self._ctx = zmq.Context()
-        self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.LINGER, 0)
+        self.router = self._ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
         try:
             if self.parallel.all_local:
                 self._dir = Path(tempfile.mkdtemp(prefix="mmfront-handshake-"))
-                self._router.bind(f"ipc://{self._dir}/handshake")
+                self.router.bind(f"ipc://{self._dir}/handshake")
             else:
                 port = self.parallel.data_parallel_rpc_port or "*"
-                self._router.bind(f"tcp://{self.parallel.data_parallel_address}:{port}")
+                self.router.bind(f"tcp://{self.parallel.data_parallel_address}:{port}")
         except zmq.ZMQError as e:
             self.close()
             raise HandshakeError(f"Cannot bind the handshake socket ({e}); pick another data_parallel_rpc_port.") from e
-        self.address: str = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address: str = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def wait(self, timeout: float = 600.0) -> list[EngineInfo]:
         """Run the handshake with every rank; their start-up answers, by rank. Engines that
@@ -128,8 +132,8 @@ class FrontendHandshake:
         while not all(r.ready is not None and r.ready_said is not None for r in ranks.values()):
             if time.monotonic() > deadline:
                 raise HandshakeError(self._missing(ranks, timeout))
-            if self._router.poll(round(_POLL_S * 1000)):
-                self._on_handshake(ranks, *self._router.recv_multipart())
+            if self.router.poll(round(_POLL_S * 1000)):
+                self.on_greeting(ranks, *self.router.recv_multipart())
             first = self.transport.recv_first(0.0 if any(r.hello for r in ranks.values()) else _POLL_S)
             if first is not None:
                 self._on_ready(ranks, *first)
@@ -149,7 +153,9 @@ class FrontendHandshake:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _on_handshake(self, ranks: dict[int, _Rank], identity: bytes, *payload: bytes) -> None:
+    def on_greeting(self, ranks: dict[int, _Rank], identity: bytes, *payload: bytes) -> None:
+        """One handshake message of an engine, checked against the ranks awaited (``ranks``): a
+        HELLO is answered with the data sockets' addresses, a READY recorded."""
         index = int.from_bytes(identity, "little") if len(identity) == 2 else None
         rank = None if index is None else ranks.get(index)
         if index is None or rank is None:
@@ -171,7 +177,7 @@ class FrontendHandshake:
             if secret is not None:
                 self.transport.authorize_side_channel(index, secret)
             addresses = HandshakeAddresses([f.input for f in self.frontends], [f.output for f in self.frontends])
-            self._router.send_multipart([identity, _encode(EngineHandshakeMetadata(addresses))])
+            self.router.send_multipart([identity, _encode(EngineHandshakeMetadata(addresses))])
         elif rank.hello is None:
             raise HandshakeError(f"Engine rank {index} said READY before HELLO.")
         else:
@@ -200,6 +206,68 @@ class FrontendHandshake:
         assert rank.hello is not None and rank.ready is not None and rank.ready_said is not None
         extras = {*(rank.hello.mmfront_extras or ()), *(rank.ready_said.mmfront_extras or ())}
         return EngineInfo(index, rank.ready, frozenset(extras), rank.hello.local, _side_secret(rank.hello))
+
+
+class RejoinListener:
+    """The handshake socket kept open after start-up, so that a headless engine restarted as one of
+    ``ranks`` (vLLM's ``vllm serve --headless`` or ``mmfront worker``) greets it as at start-up:
+    HELLO, answered with the same API servers' addresses; its data sockets; READY, after which
+    ``on_rejoin(rank)`` is called (from this listener's thread). A greeting that breaks the
+    protocol, names another rank, or announces other mmfront extras than the rank had at start-up
+    is logged and goes unanswered (the engine's own wait times out); vLLM's API server closes this
+    socket after start-up, so its restarted engines never rejoin. :meth:`close` ends the thread
+    and closes ``handshake``."""
+
+    POLL_S = 0.1
+
+    def __init__(self, handshake: FrontendHandshake, engines: Sequence[EngineInfo], ranks: Iterable[int],
+                 on_rejoin: Callable[[int], None]) -> None:
+        self.handshake = handshake
+        self.on_rejoin = on_rejoin
+        self.extras = {info.engine_index: info.extras for info in engines}
+        self.ranks = frozenset(ranks)
+        self._greeting: dict[int, _Rank] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mmfront-handshake-rejoin", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        router = self.handshake.router
+        try:
+            while not self._stop.is_set():
+                if router.poll(round(self.POLL_S * 1000)):
+                    self._on_message(*router.recv_multipart())
+        finally:
+            self.handshake.close()
+
+    def _on_message(self, identity: bytes, *payload: bytes) -> None:
+        index = int.from_bytes(identity, "little") if len(identity) == 2 else None
+        if index in self.ranks and (index not in self._greeting or self._greeting[index].ready_said is not None):
+            self._greeting[index] = _Rank()
+        try:
+            self.handshake.on_greeting(self._greeting, identity, *payload)
+        except HandshakeError as e:
+            logger.error("A restarted engine was not let in: %s", e)
+            return
+        assert index is not None
+        rank = self._greeting[index]
+        if rank.ready_said is None:
+            logger.info("Engine rank %d greets the handshake again at %s (HELLO): it is rejoining.", index,
+                        self.handshake.address)
+            return
+        assert rank.hello is not None
+        extras = {*(rank.hello.mmfront_extras or ()), *(rank.ready_said.mmfront_extras or ())}
+        if extras != self.extras.get(index):
+            logger.error("Engine rank %d rejoined announcing the mmfront extras %s, where it had %s at start-up: "
+                         "another kind of engine; restart this server to serve it.", index, sorted(extras),
+                         sorted(self.extras.get(index) or ()))
+            return
+        logger.info("Engine rank %d rejoined through %s.", index, self.handshake.address)
+        self.on_rejoin(index)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 def _side_secret(hello: HandshakeStatus) -> bytes | None:
@@ -311,6 +379,7 @@ __all__ = [
     "DataParallelConfig",
     "EngineInfo",
     "FrontendHandshake",
+    "RejoinListener",
     "engine_handshake",
     "engine_handshake_all",
     "wait_for_ready_responses",

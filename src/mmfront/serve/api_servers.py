@@ -20,6 +20,7 @@ the engines.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import signal
@@ -32,13 +33,13 @@ from mmfront.engine.handshake import wait_for_ready_responses
 from mmfront.errors import HandshakeError
 from mmfront.serve.banner import engines_banner
 from mmfront.serve.launcher import (
-    ENGINE_KIND,
     STOP_GRACE_S,
     EngineProcesses,
     bind_handshake,
     bind_link,
     check_start,
     client_over,
+    engine_kind,
     exit_on_sigterm,
     keep_alive_on_engine_death,
     listening_socket,
@@ -102,7 +103,7 @@ def serve_api_servers(plan: ServePlan) -> int:
     except BaseException:
         reserved.close()
         raise
-    logger.info("%s; %d API servers", engines_banner(plan, ENGINE_KIND), count)
+    logger.info("%s; %d API servers", engines_banner(plan, engine_kind(plan)), count)
     context = multiprocessing.get_context("spawn")
     servers: list[BaseProcess] = []
     engines: EngineProcesses | None = None
@@ -133,7 +134,7 @@ def serve_api_servers(plan: ServePlan) -> int:
             _receive(pipe, server, "serving", engines)
         logger.info("%d API servers on port %d", count, port)
         if engines is not None:
-            engines.watch(log_engine_exit)
+            engines.watch(functools.partial(log_engine_exit, engine=engines.name))
         return _supervise(servers, stop_signal)
     finally:
         for sig, handler in previous.items():
@@ -152,9 +153,9 @@ def _receive(pipe: Connection, process: BaseProcess, tag: str, engines: EnginePr
             raise HandshakeError(f"{process.name} exited with status {process.exitcode} during start-up; "
                                  "its output above says why.")
         exited = engines.exited() if engines is not None else []
-        if exited:
+        if exited and engines is not None:
             rank, code = exited[0]
-            raise HandshakeError(f"Engine rank {rank} (mmfront worker) exited with status {code} before it was "
+            raise HandshakeError(f"Engine rank {rank} ({engines.name}) exited with status {code} before it was "
                                  "ready; its output above says why.")
     try:
         got, *values = pipe.recv()

@@ -18,6 +18,9 @@ logger = logging.getLogger("mmfront.serve.startup")
 
 SENSITIVE = frozenset({"api_key", "hf_token"})
 """Options whose values are never logged (vLLM's ``_SENSITIVE_ARG_FIELDS`` that mmfront takes)."""
+DERIVED = frozenset({"vllm_cli", "vllm_args"})
+"""Fields the launcher derives, not options: not listed (the vLLM engines' command line repeats
+options already listed by their own names, and would show a secret among them unredacted)."""
 
 
 def non_default_args(plan: ServePlan) -> dict[str, Any]:
@@ -27,8 +30,8 @@ def non_default_args(plan: ServePlan) -> dict[str, Any]:
     for part in (plan.settings, plan.config, plan.parallel, plan.engine, plan.source, plan):
         for f in dataclasses.fields(part):
             value = getattr(part, f.name)
-            if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                continue  # a part of the plan, listed field by field
+            if (dataclasses.is_dataclass(value) and not isinstance(value, type)) or f.name in DERIVED:
+                continue  # a part of the plan, listed field by field; or derived
             default = (f.default if f.default is not dataclasses.MISSING
                        else f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
             if value != default:
@@ -81,4 +84,4 @@ def engines_banner(plan: ServePlan, engine_kind: str) -> str:
             f"{' + '.join(engines)}; API on {where}")
 
 
-__all__ = ["SENSITIVE", "engines_banner", "listen_address", "log_routes", "log_version_and_args", "logger", "non_default_args"]
+__all__ = ["DERIVED", "SENSITIVE", "engines_banner", "listen_address", "log_routes", "log_version_and_args", "logger", "non_default_args"]

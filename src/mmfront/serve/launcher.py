@@ -1,15 +1,20 @@
 """What ``mmfront serve`` does after parsing: start the engines, meet them, serve HTTP, stop.
 
 The engines come the way ``vllm serve`` brings them: ``data_parallel_size_local`` of them are
-started here, as ``mmfront worker`` processes (ranks ``0 .. local - 1``), and meet this API server
-through vLLM's start-up handshake; the remaining ranks are headless engines started elsewhere
-(``vllm serve MODEL --headless`` or ``mmfront worker MODEL --data-parallel-address HEAD``) that
-connect to ``tcp://data_parallel_address:data_parallel_rpc_port``.
+started here (ranks ``0 .. local - 1``) and meet this API server through vLLM's start-up
+handshake; the remaining ranks are headless engines started elsewhere (``vllm serve MODEL
+--headless`` or ``mmfront worker MODEL --data-parallel-address HEAD``) that connect to
+``tcp://data_parallel_address:data_parallel_rpc_port``. The local ones are vLLM's engine cores
+(``--engine vllm``: one ``vllm serve MODEL --headless`` process per rank, with the user's engine
+flags, :mod:`mmfront.serve.vllm_engine`; they greet a ``tcp`` handshake on
+``data_parallel_address``, on a free port when every engine is local, as headless engines do) or
+``mmfront worker`` processes (``--engine mmfront``, over ``ipc`` when every engine is local).
 
 Local engines are this process's children for their whole life: each runs in its own session
 (a Ctrl-C at the terminal reaches only the server, which then stops them in order), is told by
-the kernel to stop when the server dies (``PR_SET_PDEATHSIG`` on Linux), and is stopped with
-SIGTERM, then SIGKILL after a grace period, when the server shuts down or exits (``atexit``). One
+the kernel to stop when the server dies (``PR_SET_PDEATHSIG`` on Linux), and its process group
+(vLLM's engine core runs in a child of its ``vllm serve``) is stopped with SIGTERM, then SIGKILL
+after a grace period, when the server shuts down or exits (``atexit``). One
 that exits on its own is a dead engine: the client watches each local engine's process
 (``AsyncEngineClient.watch_process``), so the requests that rank owed fail at once and
 ``/health`` answers 503; the launcher logs the exit.
@@ -19,13 +24,17 @@ use fails at once), ``--max-model-len`` is checked against the model's limit, a 
 model, the engines and the addresses, and the wait for headless engines is logged every
 :data:`WAIT_LOG_INTERVAL_S`. An engine's death stops the server with status 1 (a supervisor
 restarts it), as vLLM 0.33's API server exits, unless ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH`` is set:
-then it stays up, answering 503 on ``/health`` until the rank is heard again.
+then it stays up, answering 503 on ``/health`` until the rank is heard again, and the handshake
+socket stays open, so that a headless engine restarted elsewhere (vLLM's or ``mmfront worker``)
+greets it again and rejoins as its rank (:class:`~mmfront.engine.handshake.RejoinListener`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -41,15 +50,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from mmfront.cache import ShmObjectStoreSenderCache
-from mmfront.config import MultiModalConfig
+from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.engine.async_client import AsyncEngineClient
-from mmfront.engine.handshake import EngineInfo, FrontendHandshake
+from mmfront.engine.handshake import EngineInfo, FrontendHandshake, RejoinListener
 from mmfront.engine.transports import ZmqAddresses, ZmqFrontendTransport
 from mmfront.errors import AddressInUseError, ConfigError, HandshakeError
 from mmfront.preprocess import InputPreprocessor, InputProcessor
 from mmfront.serve.banner import engines_banner, listen_address, log_routes
 from mmfront.serve.model_limits import check_max_model_len
 from mmfront.serve.settings import LocalEngineOptions, ServePlan, ServeSettings
+from mmfront.serve.vllm_engine import VLLM_ENGINE_KIND, VLLM_ENGINE_NAME, tcp_host_port, vllm_engine_command
 
 if TYPE_CHECKING:
     from mmfront.serve.http_protocol import HttpLimits
@@ -64,7 +74,7 @@ WAIT_LOG_INTERVAL_S = 10.0
 KEEP_ALIVE = "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
 ENGINE_NAME = "mmfront worker"
 ENGINE_KIND = f"{ENGINE_NAME} (mmfront's reference engine on HF transformers)"
-"""What the local engines are, as the banner says it."""
+"""What the local engines are with ``--engine mmfront``, as the banner says it."""
 ENGINE_DEATH_STATUS = 1
 """The server's exit status after an engine died (not kept alive)."""
 
@@ -118,6 +128,27 @@ def worker_command(
     return command
 
 
+def engine_kind(plan: ServePlan) -> str:
+    """What the local engines of ``plan`` are, as the banner says it."""
+    return VLLM_ENGINE_KIND if plan.engine.engine == "vllm" else ENGINE_KIND
+
+
+def engine_name(plan: ServePlan) -> str:
+    """The local engines' name in logs and errors."""
+    return VLLM_ENGINE_NAME if plan.engine.engine == "vllm" else ENGINE_NAME
+
+
+def handshake_parallel(plan: ServePlan) -> DataParallelConfig:
+    """The handshake's view of the ranks: ``plan.parallel``, except that vLLM's engines started here
+    greet as headless ones (vLLM's CLI starts no other kind), on a ``tcp`` handshake on
+    ``data_parallel_address``: on a free port when every engine is local."""
+    parallel = plan.parallel
+    if plan.engine.engine != "vllm" or not parallel.local_ranks:
+        return parallel
+    return dataclasses.replace(parallel, data_parallel_size_local=0,
+                               data_parallel_rpc_port=0 if parallel.all_local else parallel.data_parallel_rpc_port)
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the server process dies, even by SIGKILL (Linux)."""
     import ctypes
@@ -130,13 +161,17 @@ def _die_with_parent() -> None:
 class EngineProcesses:
     """The local engine processes, by rank: started, watched and stopped by this server."""
 
-    def __init__(self, commands: Sequence[Sequence[str]], *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, commands: Sequence[Sequence[str]], *, env: dict[str, str] | None = None,
+                 name: str = ENGINE_NAME) -> None:
+        self.name = name
+        """What the engines are, in logs and errors (``mmfront worker``, vLLM's engine core)."""
         self.processes: list[subprocess.Popen[bytes]] = []
         self.stopping = threading.Event()
         self._watcher: threading.Thread | None = None
         self._on_exit: Callable[[int, int], None] | None = None
         self._reported: set[int] = set()
         self._report_lock = threading.Lock()
+        self._terminated_at = 0.0
         atexit.register(self.stop)
         linux = sys.platform.startswith("linux")
         try:
@@ -178,31 +213,47 @@ class EngineProcesses:
                     self._reported.add(rank)
                     self._on_exit(rank, code)
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM every engine still running, SIGKILL those still running after ``grace_s``."""
+    def terminate(self) -> None:
+        """SIGTERM every running engine's process group (once), so that the engines stop while the
+        server closes the rest; :meth:`stop` waits for them."""
         self._report_exits()
         with self._report_lock:
+            if self.stopping.is_set():
+                return
             self.stopping.set()
+        self._terminated_at = time.monotonic()
         for p in self.processes:
             if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+                _signal_group(p, signal.SIGTERM)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every engine's process group (unless :meth:`terminate` did), SIGKILL the engines
+        still running ``grace_s`` after it; then SIGKILL what is left of each group (a child its
+        engine left behind)."""
+        self.terminate()
+        deadline = self._terminated_at + grace_s
         for p in self.processes:
             try:
                 p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    p.kill()
+                _signal_group(p, signal.SIGKILL)
                 p.wait()
+            _signal_group(p, signal.SIGKILL)
         atexit.unregister(self.stop)
 
 
-def log_engine_exit(rank: int, status: int) -> None:
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
+    """Signal ``process``'s group: it leads one (its own session, :class:`EngineProcesses`), which
+    outlives it while a child it left behind runs."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+def log_engine_exit(rank: int, status: int, engine: str = ENGINE_NAME) -> None:
     """What ``mmfront serve`` does when a local engine exits unasked: say which and how (the
     client has failed what that rank owed; the watchdog of :func:`run_app` decides what follows)."""
     how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
-    logger.error("Engine rank %d (%s) died: %s. The requests it had fail.", rank, ENGINE_NAME, how)
+    logger.error("Engine rank %d (%s) died: %s. The requests it had fail.", rank, engine, how)
 
 
 @dataclass
@@ -214,13 +265,22 @@ class Frontend:
     preprocessor: InputPreprocessor
     engines: EngineProcesses | None
     infos: list[EngineInfo]
+    rejoins: RejoinListener | None = None
+    """The handshake kept open for restarted headless engines (``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``)."""
 
     def close(self) -> None:
-        """Stop the engines this server started, then the client and the processing."""
+        """Stop the engines this server started, the client and the processing: the engines are
+        told first and waited for last, so that they stop while the rest closes."""
+        if self.rejoins is not None:
+            self.rejoins.close()
         if self.engines is not None:
-            self.engines.stop()
-        self.client.close_blocking()
-        self.preprocessor.close()
+            self.engines.terminate()
+        try:
+            self.client.close_blocking()
+            self.preprocessor.close()
+        finally:
+            if self.engines is not None:
+                self.engines.stop()
 
 
 class _EngineWait:
@@ -257,9 +317,9 @@ class _EngineWait:
                     logged = time.monotonic()
                     logger.info("%s (%.0f s so far)", waiting, logged - started)
                 exited = engines.exited() if engines is not None else []
-                if exited:
+                if exited and engines is not None:
                     rank, code = exited[0]
-                    raise HandshakeError(f"Engine rank {rank} (mmfront worker) exited with status {code} before it "
+                    raise HandshakeError(f"Engine rank {rank} ({engines.name}) exited with status {code} before it "
                                          "was ready; its output above says why.")
         except BaseException:
             self.abandoned.set()
@@ -309,11 +369,12 @@ def bind_link(plan: ServePlan, *, client_index: int = 0) -> Link:
 
 
 def bind_handshake(link: Link, plan: ServePlan, other_frontends: Sequence[ZmqAddresses] = ()) -> FrontendHandshake:
-    """The handshake socket engines greet: a private ``ipc`` path when every engine is local,
-    else ``tcp://data_parallel_address:data_parallel_rpc_port``. It names every API server's
-    sockets, this one's first (``other_frontends``: the others', with ``--api-server-count``)."""
+    """The handshake socket engines greet: a private ``ipc`` path when every engine is a local
+    ``mmfront worker``, else ``tcp://data_parallel_address:data_parallel_rpc_port``
+    (:func:`handshake_parallel`). It names every API server's sockets, this one's first
+    (``other_frontends``: the others', with ``--api-server-count``)."""
     try:
-        return FrontendHandshake(link.transport, plan.parallel, other_frontends=other_frontends)
+        return FrontendHandshake(link.transport, handshake_parallel(plan), other_frontends=other_frontends)
     except BaseException:
         link.close()
         raise
@@ -337,11 +398,11 @@ def client_over(link: Link, plan: ServePlan, infos: list[EngineInfo], engines: E
 
 
 def meet_engines(link: Link, handshake: FrontendHandshake, plan: ServePlan,
-                 engines: EngineProcesses | None) -> list[EngineInfo]:
+                 engines: EngineProcesses | None, *, keep_open: bool = False) -> list[EngineInfo]:
     """Every rank's start-up answer through ``handshake`` (failing at once, naming the rank, when
-    a local engine of ``engines`` exits first); the handshake is closed after. On failure the
-    link is closed. The wait for headless ranks is logged every :data:`WAIT_LOG_INTERVAL_S`, as
-    vLLM logs its own."""
+    a local engine of ``engines`` exits first); the handshake is closed after, unless
+    ``keep_open`` (for :class:`RejoinListener`). On failure the link is closed. The wait for
+    headless ranks is logged every :data:`WAIT_LOG_INTERVAL_S`, as vLLM logs its own."""
     parallel = plan.parallel
     headless = parallel.data_parallel_size - parallel.local_ranks  # the local ones are started by this command
     waiting = None
@@ -355,8 +416,23 @@ def meet_engines(link: Link, handshake: FrontendHandshake, plan: ServePlan,
     except BaseException:
         link.preprocessor.close()
         raise
-    handshake.close()
+    if not keep_open:
+        handshake.close()
     return infos
+
+
+def engine_commands(plan: ServePlan, handshake: str, shm_names: Sequence[str | None]) -> list[list[str]]:
+    """The command line of each local engine (rank ``0 .. data_parallel_size_local - 1``), greeting
+    ``handshake``: vLLM's ``vllm serve MODEL --headless`` or ``mmfront worker``."""
+    ranks = range(plan.parallel.local_ranks)
+    if plan.engine.engine == "vllm":
+        host, port = tcp_host_port(handshake)
+        return [vllm_engine_command(plan.engine.vllm_cli, plan.engine.vllm_args, rank,
+                                    plan.parallel.data_parallel_size, handshake_host=host, handshake_port=port)
+                for rank in ranks]
+    names = [name for name in shm_names if name is not None]
+    return [worker_command(plan.model_folder, rank, [handshake], plan.config, plan.engine, shm_names=names)
+            for rank in ranks]
 
 
 def start_engines(plan: ServePlan, handshake: str, shm_names: Sequence[str | None],
@@ -365,16 +441,16 @@ def start_engines(plan: ServePlan, handshake: str, shm_names: Sequence[str | Non
     ``None`` when every engine is headless."""
     if not plan.parallel.local_ranks:
         return None
-    names = [name for name in shm_names if name is not None]
-    return EngineProcesses([worker_command(plan.model_folder, rank, [handshake], plan.config, plan.engine,
-                                           shm_names=names)
-                            for rank in range(plan.parallel.local_ranks)], env=env)
+    return EngineProcesses(engine_commands(plan, handshake, shm_names), env=env, name=engine_name(plan))
 
 
 def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
-                   on_engine_exit: Callable[[int, int], None] = log_engine_exit) -> Frontend:
+                   on_engine_exit: Callable[[int, int], None] | None = None, keep_alive: bool = False) -> Frontend:
     """One API server: bind the engine link, start the local engines, meet every rank through
-    the handshake and return the client. On any failure what was started is stopped again."""
+    the handshake and return the client. On any failure what was started is stopped again. A
+    local engine's exit is logged (:func:`log_engine_exit`) unless ``on_engine_exit`` is given;
+    with ``keep_alive`` and headless ranks, the handshake stays open for their restarts
+    (:class:`RejoinListener`)."""
     link = bind_link(plan)
     handshake = bind_handshake(link, plan)
     try:
@@ -383,14 +459,18 @@ def start_frontend(plan: ServePlan, *, env: dict[str, str] | None = None,
         handshake.close()
         link.close()
         raise
+    rejoinable = range(plan.parallel.local_ranks, plan.parallel.data_parallel_size) if keep_alive else range(0)
     try:
-        frontend = client_over(link, plan, meet_engines(link, handshake, plan, engines), engines)
+        infos = meet_engines(link, handshake, plan, engines, keep_open=bool(rejoinable))
+        frontend = client_over(link, plan, infos, engines)
     except BaseException:
         if engines is not None:
             engines.stop()
         raise
+    if rejoinable:
+        frontend.rejoins = RejoinListener(handshake, infos, rejoinable, frontend.client.engine_rejoined)
     if engines is not None:
-        engines.watch(on_engine_exit)
+        engines.watch(on_engine_exit or functools.partial(log_engine_exit, engine=engines.name))
     return frontend
 
 
@@ -552,8 +632,8 @@ def serve(plan: ServePlan) -> int:
     sockets = http_sockets(plan.settings)
     try:
         check_start(plan)
-        logger.info("%s", engines_banner(plan, ENGINE_KIND))
-        frontend = start_frontend(plan)
+        logger.info("%s", engines_banner(plan, engine_kind(plan)))
+        frontend = start_frontend(plan, keep_alive=keep_alive_on_engine_death())
     except BaseException:
         for sock in sockets or []:
             sock.close()
@@ -576,7 +656,11 @@ __all__ = [
     "bind_link",
     "check_start",
     "client_over",
+    "engine_commands",
+    "engine_kind",
+    "engine_name",
     "exit_on_sigterm",
+    "handshake_parallel",
     "http_limits",
     "http_sockets",
     "keep_alive_on_engine_death",

@@ -20,6 +20,7 @@ from mmfront.config import DataParallelConfig, MultiModalConfig
 from mmfront.errors import ConfigError
 from mmfront.flags import count, flag, json_list, port, positive_int, seconds
 from mmfront.hub import ModelSource
+from mmfront.serve.vllm_engine import EngineKind
 
 ToolStrictLevelName = Literal["auto", "function", "parameter"]
 """``--tool-strict-level``'s values, weakest first (vLLM's ``ToolStrictLevelName``)."""
@@ -239,12 +240,28 @@ class ServeSettings:
 
 @dataclass(frozen=True)
 class LocalEngineOptions:
-    """How the ``mmfront worker`` processes this server starts run the model."""
+    """Which engines this server starts (``--data-parallel-size-local`` of them) and how they run
+    the model."""
 
+    engine: EngineKind | None = field(default=None, metadata=flag(
+        vllm=False, shown_default="vllm where vLLM is found, else mmfront"))
+    """The engine cores ``mmfront serve`` starts: ``vllm``, vLLM's own (``vllm serve MODEL --headless``, with
+    every engine flag given here, such as ``--gpu-memory-utilization`` or ``--tensor-parallel-size``,
+    passed on unchanged); ``mmfront``, mmfront's reference engine (``mmfront worker``: HF transformers,
+    greedy decoding of one sequence per request, for tests and trials)."""
+    vllm_command: str | None = field(default=None, metadata=flag(vllm=False, metavar="PATH"))
+    """vLLM's ``vllm`` CLI, or the python of the venv that holds vLLM, for ``--engine vllm`` (default: vLLM
+    importable here, else ``vllm`` on ``PATH``)."""
     device: str | None = field(default=None, metadata=flag(name="--worker-device", vllm=False, metavar="DEVICE"))
-    """torch device of the engines ``mmfront serve`` starts (``None``: CUDA when available, else the CPU)."""
+    """torch device of the ``mmfront worker`` engines ``mmfront serve`` starts (``None``: CUDA when
+    available, else the CPU)."""
     dtype: str | None = None
     """Model dtype (``None``: the folder's ``config.json``); ``mmfront serve`` passes ``--dtype``."""
+    vllm_cli: tuple[str, ...] = ()
+    """vLLM's CLI as found (:func:`mmfront.serve.vllm_engine.vllm_cli`), for ``engine="vllm"``."""
+    vllm_args: tuple[str, ...] = ()
+    """What follows ``vllm serve`` for the vLLM engines: MODEL as the user gave it, then the flags
+    routed to the engines (:func:`mmfront.serve.args.route_serve_argv`), as typed."""
 
 
 @dataclass(frozen=True)
