@@ -48,7 +48,7 @@ class HttpLimits:
     max_connections: int
 
 
-class HeadRefused(Exception):
+class _HeadRefused(Exception):
     """Raised from an httptools callback: the head breaks a limit (its status and reason)."""
 
     def __init__(self, status: int, reason: str) -> None:
@@ -67,7 +67,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.lingering = False
         self.head_bytes = 0
         self.header_count = 0
-        self.refusal: HeadRefused | None = None
+        self.refusal: _HeadRefused | None = None
         self.read_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -138,7 +138,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def refuse_in_parser(self, status: int, reason: str) -> None:
         """Stop httptools from a callback; its error comes back to :meth:`send_400_response`."""
-        self.refusal = HeadRefused(status, reason)
+        self.refusal = _HeadRefused(status, reason)
         raise self.refusal
 
     def refuse(self, status: int, reason: str, *, linger: bool = True) -> None:
@@ -215,5 +215,5 @@ def connection_cap(wanted: int, fd_soft_limit: int) -> int:
     return cap
 
 
-__all__ = ["FD_SOFT_LIMIT_TARGET", "LINGER_S", "HeadRefused", "HttpLimits", "LimitedHttpToolsProtocol", "connection_cap",
+__all__ = ["FD_SOFT_LIMIT_TARGET", "LINGER_S", "HttpLimits", "LimitedHttpToolsProtocol", "connection_cap",
            "raise_fd_soft_limit"]
