@@ -378,12 +378,13 @@ def test_a_writer_made_in_a_thread_installs_nothing_and_works():
 
 def test_sigterm_in_a_forked_child_leaves_the_parents_segment():
     name, code, out = _run_writer(then=textwrap.dedent("""
-        import os
+        import os, time
         ready, told = os.pipe()
         pid = os.fork()
         if pid == 0:
-            os.write(told, b"x")  # a signal that arrives before Python re-arms its handlers is lost
-            signal.pause()
+            os.write(told, b"x")
+            while True:  # not signal.pause(): a SIGTERM that lands just before the pause() call is never seen
+                time.sleep(0.05)
         os.read(ready, 1)
         os.kill(pid, signal.SIGTERM)
         _, status = os.waitpid(pid, 0)
