@@ -552,10 +552,14 @@ def uvicorn_config(app: Any, settings: ServeSettings) -> Any:
     """uvicorn's configuration for ``app`` from ``vllm serve``'s HTTP flags (TLS, Unix socket,
     access log; the root path is the app's, as FastAPI's); the paths of ``--disable-access-log-for-endpoints`` are filtered out
     of the access log. Connections are :class:`LimitedHttpToolsProtocol`'s, under the settings'
-    :class:`HttpLimits`, with the open-file soft limit raised first (vLLM's ``set_ulimit``)."""
+    :class:`HttpLimits`, with the open-file soft limit raised first (vLLM's ``set_ulimit``), and
+    large buffers (request bodies) given back to the OS when freed."""
     import uvicorn
 
+    from mmfront.serve.bodies import return_large_buffers_to_the_os
     from mmfront.serve.http_protocol import LimitedHttpToolsProtocol, raise_fd_soft_limit
+
+    return_large_buffers_to_the_os()
 
     if settings.disable_access_log_for_endpoints:
         quiet = frozenset(p.strip() for p in settings.disable_access_log_for_endpoints.split(",") if p.strip())
