@@ -254,33 +254,6 @@ def plan_from_args(args: argparse.Namespace, flags: ServeFlags = SERVE_FLAGS) ->
                           "vllm), engines elsewhere, --data-parallel-size or --api-server-count above 1 (lru keeps one "
                           "mirror per rank and API server).")
     return flags.plan(settings, config, parallel, engine, source=source, resolved_model=folder, **values(flags.plan, args))
-    parallel = flags.parallel(**values(flags.parallel, args))
-    source = flags.source(**values(flags.source, args))
-    config = flags.config(**values(flags.config, args))
-    unrouted, why = unrouted_engine_flags(args)
-    if unrouted:
-        raise ConfigError(" ".join(refusal(name, why) for name in unrouted))
-    settings = flags.settings(**values(flags.settings, args))
-    parallel = flags.parallel(**values(flags.parallel, args))
-    source = flags.source(**values(flags.source, args))
-    config = flags.config(**values(flags.config, args))
-    config = replace(config, tokenizer=resolve_tokenizer_folder(config.tokenizer, source))
-    engine = flags.engine(**values(flags.engine, args), dtype=None if config.dtype == "auto" else config.dtype)
-    kind, cli = engine_kind(engine.engine, engine.vllm_command) if parallel.local_ranks else ("mmfront", ())
-    engine = replace(engine, engine=kind, vllm_cli=cli,
-                     vllm_args=tuple(getattr(args, "engine_args", None) or [settings.model]) if kind == "vllm" else ())
-    # this server reads the processor, tokenizer and config from this folder, and the reference workers the
-    # weights too; vLLM's engines get MODEL as the user gave it (vllm_args) and download their own
-    folder = resolve_model_folder(settings.model, revision=source.revision, download_dir=source.download_dir,
-                                  token=source.hf_token, weights=kind == "mmfront" and parallel.local_ranks > 0)
-    if config.mm_processor_cache_type == "shm" and config.mm_processor_cache_gb > 0 and (
-            not parallel.all_local or parallel.data_parallel_size > 1 or settings.api_server_count > 1
-            or kind == "vllm"):
-        raise ConfigError("--mm-processor-cache-type shm serves one engine on this host from one API server (its "
-                          "shared memory is theirs, and an mmfront worker's only); use lru with vLLM's engines (--engine "
-                          "vllm), engines elsewhere, --data-parallel-size or --api-server-count above 1 (lru keeps one "
-                          "mirror per rank and API server).")
-    return flags.plan(settings, config, parallel, engine, source=source, resolved_model=folder, **values(flags.plan, args))
 
 
 __all__ = ["DESCRIPTION", "SERVE_FLAGS", "RoutedArgv", "ServeFlags", "add_serve_parser", "engine_kind",
