@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from mmfront.serve import iteration_stats
 from mmfront.serve.args import add_serve_parser, plan_from_args, serve_argv
 from mmfront.serve.banner import listen_address, non_default_args
 from mmfront.serve.event_stream import SSE_KEEP_ALIVE_COMMENT, with_sse_keep_alive
-from mmfront.serve.iteration_stats import StatsRecorder
+from mmfront.serve.iteration_stats import IterationStats, StatsRecorder
 from mmfront.serve.request_log import RequestLogger, logged_message
 from mmfront.serve.responses import ChatMessage, FunctionCall, ToolCall
 from mmfront.serve.settings import ServePlan, ServeSettings
@@ -150,13 +152,14 @@ def test_one_request_gives_vllms_numbers(metrics: ServerMetrics, clock: Clock) -
 def test_n_choices_a_stop_string_and_a_dropped_request(metrics: ServerMetrics, clock: Clock) -> None:
     recorder = StatsRecorder([metrics.record])
     recorder.add_requests(["0_b", "1_b"], 5, 4)
-    recorder.add_requests(["c"], 5, 4)
+    recorder.add_requests(["c"], 5, 4, stop_strings=True)
     recorder.add_requests(["d"], 5, 4)
     step(recorder, clock, 101.0, 10.0, [output(r, [1], prefill=(5, 0)) for r in ("0_b", "1_b", "c", "d")], None)
+    recorder.consumed("c", None)
     step(recorder, clock, 101.1, 10.1, [output("0_b", [2], finish=FinishReason.STOP), output("1_b", [2]),
                                         output("c", [2]), output("d", [2])], None)
     assert value(metrics, "vllm:request_params_n_count") == 0  # one child of two finished
-    recorder.finish("c", FinishReason.STOP)  # the server found a stop string
+    recorder.consumed("c", "stop")  # the server found a stop string
     recorder.drop("d")  # its client went away: vLLM counts no aborted request
     step(recorder, clock, 101.2, 10.2, [output("1_b", [3], finish=FinishReason.LENGTH), output("d", [3])], None)
     assert value(metrics, "vllm:request_success_total", finished_reason="stop") == 2
@@ -166,6 +169,250 @@ def test_n_choices_a_stop_string_and_a_dropped_request(metrics: ServerMetrics, c
     assert value(metrics, "vllm:request_max_num_generation_tokens_sum") == 3 + 2  # b's longest child, c
     assert value(metrics, "vllm:generation_tokens_total") == 4 + 4 + 1  # d's last token came after the drop
     assert value(metrics, "vllm:prompt_tokens_total") == 20
+
+
+# --- a request with stop strings counts each output once the app searched it ---------------------
+
+
+def searched(recorder: StatsRecorder, request_id: str, times: int, finish: str | None = None) -> None:
+    """The app takes ``times`` outputs of ``request_id``; ``finish``: how the last one ends it."""
+    for k in range(times):
+        recorder.consumed(request_id, finish if k == times - 1 else None)
+
+
+def engine_steps(recorder: StatsRecorder, clock: Clock, request_id: str, count: int, *,
+                 finish_last: FinishReason | None = None, tokens: int = 1) -> None:
+    """``count`` one-output steps of ``request_id`` read from the engine (step ``k`` reaches the
+    server at 101 + k/10, engine time 10 + k/10), ``tokens`` new tokens each."""
+    for k in range(count):
+        finish = finish_last if k == count - 1 else None
+        step(recorder, clock, 101.0 + k / 10, 10.0 + k / 10,
+             [output(request_id, [k] * tokens, finish=finish, prefill=(5, 0) if k == 0 else None)],
+             scheduler(1, usage=0.5 - k / 100))
+
+
+def test_tokens_the_engine_made_after_a_stop_string_never_count(metrics: ServerMetrics, clock: Clock) -> None:
+    """The engine's steps run ahead of the app: six outputs are read before the app finds the stop
+    string in the third, as a loaded event loop sees them; vLLM counts three tokens, finished by
+    ``stop`` at the third step."""
+    clock.now = 100.0
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["s"], 5, 6, stop_strings=True)
+    engine_steps(recorder, clock, "s", 6, finish_last=FinishReason.LENGTH)
+    assert value(metrics, "vllm:kv_cache_usage_perc") == pytest.approx(0.45)  # the gauges do not wait
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 0  # the steps wait for the app's search
+    assert value(metrics, "vllm:generation_tokens_total") == 0
+    searched(recorder, "s", 2)
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 2
+    assert value(metrics, "vllm:generation_tokens_total") == 2
+    clock.now = 200.0  # the app's own time is not the request's: its end is the third step's arrival
+    searched(recorder, "s", 1, "stop")
+    assert value(metrics, "vllm:generation_tokens_total") == 3
+    assert value(metrics, "vllm:request_success_total", finished_reason="stop") == 1
+    assert value(metrics, "vllm:request_success_total", finished_reason="length") == 0
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 6  # the steps after the stop count no token
+    assert value(metrics, "vllm:iteration_tokens_total_sum") == 5 + 3
+    for name, count, total in [("vllm:request_generation_tokens", 1, 3), ("vllm:request_prompt_tokens", 1, 5),
+                               ("vllm:request_max_num_generation_tokens", 1, 3),
+                               ("vllm:time_to_first_token_seconds", 1, 1.0),
+                               ("vllm:inter_token_latency_seconds", 2, 0.2),
+                               ("vllm:e2e_request_latency_seconds", 1, 1.2),
+                               ("vllm:request_decode_time_seconds", 1, 0.2)]:
+        assert value(metrics, name + "_count") == count, name
+        assert value(metrics, name + "_sum") == pytest.approx(total), name
+    recorder.consumed("s", None)  # an output the app takes after the stop (it does not): nothing changes
+    assert value(metrics, "vllm:generation_tokens_total") == 3
+
+
+def test_a_stop_string_in_the_last_token_finishes_by_stop(metrics: ServerMetrics, clock: Clock) -> None:
+    """The engine finished the request by length in the output that holds the stop string: vLLM's
+    output processor says ``stop``."""
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["s"], 5, 3, stop_strings=True)
+    engine_steps(recorder, clock, "s", 3, finish_last=FinishReason.LENGTH)
+    searched(recorder, "s", 3, "stop")
+    assert value(metrics, "vllm:request_success_total", finished_reason="stop") == 1
+    assert value(metrics, "vllm:request_success_total", finished_reason="length") == 0
+    assert value(metrics, "vllm:generation_tokens_total") == 3
+    assert value(metrics, "vllm:request_generation_tokens_sum") == 3
+    assert value(metrics, "vllm:request_params_max_tokens_sum") == 3
+
+
+def test_the_output_holding_the_stop_counts_whole(metrics: ServerMetrics, clock: Clock) -> None:
+    """Several tokens in one output (speculative decoding) with the stop string in its first:
+    vLLM counts them all, as it counts before it cuts the text."""
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["s"], 5, 12, stop_strings=True)
+    engine_steps(recorder, clock, "s", 4, tokens=3)
+    searched(recorder, "s", 2, "stop")
+    assert value(metrics, "vllm:generation_tokens_total") == 6
+    assert value(metrics, "vllm:request_generation_tokens_sum") == 6
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 4
+
+
+def test_a_request_that_ends_by_length_with_stop_strings(metrics: ServerMetrics, clock: Clock) -> None:
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["s"], 5, 4, stop_strings=True)
+    engine_steps(recorder, clock, "s", 4, finish_last=FinishReason.LENGTH)
+    searched(recorder, "s", 4, "length")
+    assert value(metrics, "vllm:request_success_total", finished_reason="length") == 1
+    assert value(metrics, "vllm:generation_tokens_total") == 4
+    assert value(metrics, "vllm:inter_token_latency_seconds_count") == 3
+
+
+def test_n_2_with_one_choice_stopped(metrics: ServerMetrics, clock: Clock) -> None:
+    """Both choices have the stop strings; the first meets one in its second token, the second
+    runs to its four; the engine sends both choices' outputs in the same steps."""
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["0_n", "1_n"], 5, 4, stop_strings=True)
+    for k in range(4):
+        step(recorder, clock, 101.0 + k / 10, 10.0 + k / 10,
+             [output(r, [k], finish=FinishReason.LENGTH if k == 3 else None, prefill=(5, 0) if k == 0 else None)
+              for r in ("0_n", "1_n")], None)
+    searched(recorder, "0_n", 2, "stop")
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 0  # each step waits for the second choice too
+    searched(recorder, "1_n", 4, "length")
+    assert value(metrics, "vllm:generation_tokens_total") == 2 + 4
+    assert value(metrics, "vllm:request_success_total", finished_reason="stop") == 1
+    assert value(metrics, "vllm:request_success_total", finished_reason="length") == 1
+    assert (value(metrics, "vllm:request_params_n_count"), value(metrics, "vllm:request_params_n_sum")) == (1, 2)
+    assert value(metrics, "vllm:request_max_num_generation_tokens_sum") == 4
+    assert (value(metrics, "vllm:request_generation_tokens_count"),
+            value(metrics, "vllm:request_generation_tokens_sum")) == (2, 6)
+    assert (value(metrics, "vllm:iteration_tokens_total_count"),
+            value(metrics, "vllm:iteration_tokens_total_sum")) == (4, 10 + 2 + 4)
+
+
+def test_a_request_its_client_gave_up(metrics: ServerMetrics, clock: Clock) -> None:
+    """vLLM counts the outputs it read before the abort and no finished request; with stop
+    strings, the outputs the app searched (it never searched the others for a stop)."""
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["s"], 5, 6, stop_strings=True)
+    recorder.add_requests(["p"], 5, 6)
+    for k in range(4):
+        step(recorder, clock, 101.0 + k / 10, 10.0 + k / 10,
+             [output(r, [k], prefill=(5, 0) if k == 0 else None) for r in ("s", "p")], None)
+    searched(recorder, "s", 2)
+    recorder.drop("s")
+    recorder.drop("p")
+    step(recorder, clock, 102.0, 11.0, [output("s", [4]), output("p", [4])], None)
+    assert value(metrics, "vllm:generation_tokens_total") == 2 + 4
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 5
+    for reason in ("stop", "length", "abort"):
+        assert value(metrics, "vllm:request_success_total", finished_reason=reason) == 0
+    assert value(metrics, "vllm:request_generation_tokens_count") == 0
+
+
+def test_a_failed_output_keeps_the_engines_reason(metrics: ServerMetrics, clock: Clock) -> None:
+    """The app raises the engine's error without searching the text: the request counts as vLLM
+    counts it, finished by ``error``."""
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["s"], 5, 6, stop_strings=True)
+    engine_steps(recorder, clock, "s", 2, finish_last=FinishReason.ERROR)
+    searched(recorder, "s", 2)
+    assert value(metrics, "vllm:request_success_total", finished_reason="error") == 1
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 2
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One request of the threaded test: ``stop_at``: the output whose text holds a stop string
+    (``None``: no stop strings, it runs to ``STEPS`` tokens); ``left_after``: its client goes away
+    after that many outputs."""
+
+    request_id: str
+    engine: int
+    stop_at: int | None
+    left_after: int | None = None
+
+    def counted(self) -> int:
+        """The tokens vLLM counts for it."""
+        return self.left_after or self.stop_at or STEPS
+
+
+STEPS = 12
+
+
+class Snapshots:
+    """A logger that keeps what each record held when it came, to check no record changes later."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[IterationStats, int, int]] = []
+        self.lock = threading.Lock()
+
+    def record(self, engine: int, scheduler: Any, stats: IterationStats | None) -> None:
+        if stats is not None:
+            with self.lock:
+                self.records.append((stats, stats.num_generation_tokens, len(stats.finished_requests)))
+
+
+def test_many_engines_and_one_event_loop_count_as_vllm(preprocessor: InputPreprocessor) -> None:
+    """Four engines' reader threads and the app's event loop feed one recorder at once, as the
+    client does (each step observed, then its outputs handed to the loop); the app searches each
+    output of a request with stop strings as it takes it. Whatever the interleaving, the numbers
+    are vLLM's, and every step reaches the loggers once, complete."""
+    traffic = [Traffic(f"r{e}-{i}", e, stop_at=(None, 3, 7, 12, 5)[i % 5], left_after=2 if i % 7 == 6 else None)
+               for e in range(4) for i in range(20)]
+    # a client that leaves a request without stop strings: what counts is what the reader read first (timing)
+    assert all(t.stop_at is not None for t in traffic if t.left_after is not None)
+    metrics = ServerMetrics(MODEL, preprocessor, None, max_model_len=4096, engine_indexes=[0, 1, 2, 3])
+    snapshots = Snapshots()
+    recorder = StatsRecorder([metrics.record, snapshots.record])
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        queues = {t.request_id: asyncio.Queue[EngineCoreOutput]() for t in traffic}
+        for t in traffic:
+            recorder.add_requests([t.request_id], 5, STEPS, stop_strings=t.stop_at is not None)
+
+        def engine(index: int) -> None:  # the engine runs every request to its end: no abort reaches it in time
+            mine = [t for t in traffic if t.engine == index]
+            for k in range(STEPS):
+                outputs = [output(t.request_id, [k], finish=FinishReason.LENGTH if k == STEPS - 1 else None,
+                                  prefill=(5, 0) if k == 0 else None) for t in mine]
+                recorder.on_step(EngineStep(index, float(k), scheduler(len(mine)), outputs),
+                                 [o.request_id for o in outputs])
+                for o in outputs:
+                    loop.call_soon_threadsafe(queues[o.request_id].put_nowait, o)
+
+        async def app(t: Traffic) -> None:
+            for k in range(1, STEPS + 1):
+                await queues[t.request_id].get()
+                if t.left_after is not None and k > t.left_after:
+                    recorder.drop(t.request_id)
+                    return
+                finish = "stop" if k == t.stop_at else "length" if k == STEPS else None
+                recorder.consumed(t.request_id, finish)
+                if finish is not None:
+                    return
+
+        readers = [threading.Thread(target=engine, args=(e,)) for e in range(4)]
+        for reader in readers:
+            reader.start()
+        await asyncio.gather(*(app(t) for t in traffic))
+        for reader in readers:
+            await asyncio.to_thread(reader.join)
+
+    asyncio.run(main())
+    finished = [t for t in traffic if t.left_after is None]
+    assert len(finished) == 72
+    for e in range(4):
+        mine = [t for t in traffic if t.engine == e]
+        labels = {"engine": str(e)}
+        assert value(metrics, "vllm:generation_tokens_total", **labels) == sum(t.counted() for t in mine)
+        assert value(metrics, "vllm:prompt_tokens_total", **labels) == 5 * 20
+        assert value(metrics, "vllm:iteration_tokens_total_count", **labels) == STEPS
+        assert value(metrics, "vllm:iteration_tokens_total_sum", **labels) == 5 * 20 + sum(t.counted() for t in mine)
+        for reason, expected in [("stop", sum(t.stop_at is not None and t.left_after is None for t in mine)),
+                                 ("length", sum(t.stop_at is None and t.left_after is None for t in mine)),
+                                 ("abort", 0)]:
+            assert value(metrics, "vllm:request_success_total", finished_reason=reason, **labels) == expected
+        assert value(metrics, "vllm:request_generation_tokens_sum", **labels) == sum(
+            t.counted() for t in mine if t.left_after is None)
+    assert len(snapshots.records) == 4 * STEPS
+    assert len({id(stats) for stats, _, _ in snapshots.records}) == 4 * STEPS
+    assert all((stats.num_generation_tokens, len(stats.finished_requests)) == (tokens, done)
+               for stats, tokens, done in snapshots.records)
 
 
 def test_families_bucket_and_label_as_vllm(metrics: ServerMetrics) -> None:

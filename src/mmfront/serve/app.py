@@ -61,7 +61,7 @@ from mmfront.serve.stats_log import MultiModalCacheDelta, StatsLog, kv_cache_dev
 from mmfront.serve.tool_parsers import CallDelta
 from mmfront.serve.weight_versions import WeightVersions, WeightVersionSpan
 from mmfront.wire import SamplingParams
-from mmfront.wire.structs import EngineCoreOutput, FinishReason
+from mmfront.wire.structs import EngineCoreOutput
 
 _T = TypeVar("_T")
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
@@ -447,7 +447,8 @@ class _Server:
                 if self.request_log is not None:
                     self.request_log.log_inputs(base, inputs.get("prompt"), inputs["prompt_token_ids"], params)
                 self.stats.add_requests(request_ids[p * n:(p + 1) * n], len(inputs["prompt_token_ids"]),
-                                        params.max_tokens, keep_timings=self._attributable(len(request_ids)))
+                                        params.max_tokens, stop_strings=bool(params.stop),
+                                        keep_timings=self._attributable(len(request_ids)))
                 for i in range(n):
                     child = protocol.child_params(params, i) if n > 1 else params
                     streams.append(await self.client.add_request(request_ids[p * n + i], inputs, child,
@@ -487,10 +488,13 @@ class _Server:
                     if item is None:  # the stream ended without a finish: aborted by someone else
                         choices[index].finish_reason = choices[index].finish_reason or "abort"
                         delta = Delta("", [], None, "abort")
+                        self.stats.drop(gen.request_ids[index])
                     else:
-                        delta = choices[index].process(item)
+                        try:
+                            delta = choices[index].process(item)
+                        finally:  # it counts as searched for stop strings, as vLLM's output processor counts
+                            self.stats.consumed(gen.request_ids[index], choices[index].finish_reason)
                     if delta.stopped:  # vLLM's output processor finishes it as the engine would
-                        self.stats.finish(gen.request_ids[index], FinishReason.STOP)
                         gen.stop(index)
                     if delta.finish_reason is not None:
                         open_choices.discard(index)

@@ -5,6 +5,13 @@ them. :class:`StatsRecorder` keeps each running request's state and hands every 
 loggers (``/metrics``: :class:`~mmfront.serve.stats.ServerMetrics`; the periodic line:
 :class:`~mmfront.serve.stats_log.StatsLog`).
 
+vLLM counts an output as it searches it for the request's stop strings, and drops what the engine
+sends after the stop. mmfront searches in the app, after the engine client's reader thread has
+read the step: so an output of a request with stop strings counts when the app has searched it
+(:meth:`StatsRecorder.consumed`), and its step is handed to the loggers once every such output
+of it has been searched; the outputs of a request without stop strings count as their step
+comes, where vLLM counts them. Either way a request counts exactly the tokens vLLM's would.
+
 Times follow vLLM: the time to first token and the end-to-end latency run from the request's
 arrival (this host's ``time.time()``) to the step's arrival here; the queue, prefill, decode and
 inference times and the inter-token latencies are differences of the engine's own timestamps
@@ -15,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -157,15 +165,28 @@ class RequestTimings:
 
 
 @dataclass
+class _Step:
+    """One message of outputs on its way to the loggers: recorded once the app has searched every
+    output of it that belongs to a request with stop strings (``unsearched`` of them are left)."""
+
+    engine_index: int
+    engine_ts: float
+    stats: IterationStats
+    unsearched: int = 0
+
+
+@dataclass
 class _RequestState:
     arrival_time: float
     prompt_len: int
     max_tokens: int | None
     parent: _Parent | None
+    stop_strings: bool = False
+    """The app searches its text for stop strings: each output counts once searched."""
     keep_timings: bool = False
     """Whether its :class:`RequestTimings` are kept for the app when it finishes."""
-    engine_index: int = 0
-    """The engine its outputs came from (the label of its statistics)."""
+    unsearched: deque[tuple[_Step, EngineCoreOutput]] = field(default_factory=deque)
+    """Its outputs read from the engine that the app has yet to search, oldest first."""
     prefilling: bool = True
     num_generation_tokens: int = 0
     num_preemptions: int = 0
@@ -181,8 +202,13 @@ Recorder = Callable[[int, SchedulerStats | None, IterationStats | None], None]
 
 
 class StatsRecorder:
-    """The running requests' statistics, fed by the engine client's steps (on its reader thread)
-    and by the app (a request added, a stop string found, a request given up)."""
+    """The running requests' statistics, fed by the engine client's steps (:meth:`on_step`, on its
+    reader thread) and by the app (a request added, an output searched, a request given up).
+
+    Thread-safe: any thread may call any method. One lock is the one lane everything goes through
+    in order: the requests' states, the steps waiting for the app's search, and the records handed
+    to the loggers (each logger gets them one at a time, scheduler statistics in step order). The
+    :class:`IterationStats` a logger gets is complete and never changed afterwards."""
 
     def __init__(self, loggers: list[Recorder]) -> None:
         self.loggers = loggers
@@ -191,15 +217,18 @@ class StatsRecorder:
         self._lock = threading.Lock()
 
     def add_requests(self, request_ids: list[str], prompt_len: int, max_tokens: int | None, *,
-                     keep_timings: bool = False) -> None:
+                     stop_strings: bool = False, keep_timings: bool = False) -> None:
         """The ``n`` choices of one prompt were sent (``len(request_ids) == n``); they arrived now.
-        ``keep_timings``: keep each one's :class:`RequestTimings` when it finishes, until
-        :meth:`take_timings` (``--enable-per-request-metrics``)."""
+        ``stop_strings``: the app searches their text for stop strings, so each of their outputs
+        counts once the app reports it searched (:meth:`consumed`). ``keep_timings``: keep each
+        one's :class:`RequestTimings` when it finishes, until :meth:`take_timings`
+        (``--enable-per-request-metrics``)."""
         now = time.time()
         parent = _Parent(len(request_ids), len(request_ids)) if len(request_ids) > 1 else None
         with self._lock:
             for request_id in request_ids:
-                self._requests[request_id] = _RequestState(now, prompt_len, max_tokens, parent, keep_timings)
+                self._requests[request_id] = _RequestState(now, prompt_len, max_tokens, parent, stop_strings,
+                                                           keep_timings)
 
     def take_timings(self, request_id: str) -> RequestTimings | None:
         """A finished request's timings, if they were kept (the app takes them as it sees it finish)."""
@@ -208,38 +237,74 @@ class StatsRecorder:
 
     def drop(self, request_id: str) -> None:
         """The request was given up before it finished (its client left, it failed): vLLM counts
-        nothing more for an aborted request."""
-        with self._lock:
-            self._requests.pop(request_id, None)
-            self._timings.pop(request_id, None)
-
-    def finish(self, request_id: str, reason: FinishReason) -> None:
-        """The API server finished the request itself (a stop string), as vLLM's output
-        processor does: it counts as finished in a step of its own."""
+        nothing more for an aborted request, and no output the app did not search."""
         with self._lock:
             state = self._requests.pop(request_id, None)
+            self._timings.pop(request_id, None)
+            if state is not None:
+                self._forget_unsearched(state)
+
+    def consumed(self, request_id: str, finish_reason: str | None) -> None:
+        """The app took the request's next output and searched it for stop strings;
+        ``finish_reason``: how the request ended there as the app answers it (``"stop"`` for a
+        stop string, even in an output the engine finished by length, as vLLM's output processor
+        says), ``None`` while it goes on (an output that ends it by the engine's word, unsearched
+        because it failed, keeps the engine's reason). vLLM counts the output that holds the stop
+        with all its tokens, and nothing the engine sends after it."""
+        with self._lock:
+            state = self._requests.get(request_id)
             if state is None:
                 return
-            stats = IterationStats(time.time())
-            _finished(stats, state, reason)
-            self._keep_timings(request_id, state)
-        self._record(state.engine_index, None, stats)
+            if not state.unsearched:  # counted as its step came; or no step was observed (no statistics)
+                if finish_reason is not None:
+                    del self._requests[request_id]
+                return
+            step, output = state.unsearched.popleft()
+            step.unsearched -= 1
+            reason = _FINISH_REASONS[finish_reason] if finish_reason is not None else output.finish_reason
+            self._count(step, request_id, state, output, reason)
+            self._record_when_searched(step)
+            if reason is not None:
+                self._forget_unsearched(state)
 
     def on_step(self, step: EngineStep, request_ids: list[str]) -> None:
         """One message of outputs: :meth:`AsyncEngineClient.add_step_observer`'s callback."""
-        stats = IterationStats(time.time()) if step.outputs else None
         with self._lock:
+            scheduler = scheduler_stats(step.scheduler_stats)
+            if not step.outputs:
+                self._record(step.engine_index, scheduler, None)
+                return
+            pending = _Step(step.engine_index, step.timestamp, IterationStats(time.time()))
             for output, request_id in zip(step.outputs, request_ids):
                 state = self._requests.get(request_id)
-                if state is None or stats is None:
+                if state is None:
                     continue
-                state.engine_index = step.engine_index
-                _update(stats, state, output, step.timestamp)
-                if output.finish_reason is not None:
-                    del self._requests[request_id]
-                    _finished(stats, state, FinishReason(output.finish_reason))
-                    self._keep_timings(request_id, state)
-        self._record(step.engine_index, scheduler_stats(step.scheduler_stats), stats)
+                if state.stop_strings:
+                    state.unsearched.append((pending, output))
+                    pending.unsearched += 1
+                else:
+                    self._count(pending, request_id, state, output, output.finish_reason)
+            self._record(step.engine_index, scheduler, None if pending.unsearched else pending.stats)
+
+    def _count(self, step: _Step, request_id: str, state: _RequestState, output: EngineCoreOutput,
+               reason: FinishReason | None) -> None:
+        """``output`` counts in ``step``; ``reason``: the request finished with it."""
+        _update(step.stats, state, output, step.engine_ts)
+        if reason is not None:
+            del self._requests[request_id]
+            _finished(step.stats, state, FinishReason(reason))
+            self._keep_timings(request_id, state)
+
+    def _forget_unsearched(self, state: _RequestState) -> None:
+        """The request is over: its outputs the app has not searched never count."""
+        while state.unsearched:
+            step, _ = state.unsearched.popleft()
+            step.unsearched -= 1
+            self._record_when_searched(step)
+
+    def _record_when_searched(self, step: _Step) -> None:
+        if not step.unsearched:
+            self._record(step.engine_index, None, step.stats)
 
     def _keep_timings(self, request_id: str, state: _RequestState) -> None:
         if state.keep_timings:
@@ -249,6 +314,10 @@ class StatsRecorder:
     def _record(self, engine_index: int, scheduler: SchedulerStats | None, stats: IterationStats | None) -> None:
         for record in self.loggers:
             record(engine_index, scheduler, stats)
+
+
+_FINISH_REASONS = {str(reason): reason for reason in FinishReason}
+"""A finish reason as the app answers it (``"stop"``) to the engine's."""
 
 
 def _update(stats: IterationStats, state: _RequestState, output: EngineCoreOutput, engine_ts: float) -> None:
