@@ -31,7 +31,7 @@ from mmfront.serve.responses import ChatMessage, FunctionCall, ToolCall
 from mmfront.serve.settings import ServePlan, ServeSettings
 from mmfront.serve.stats import FAMILIES, ServerMetrics, request_tokens_buckets
 from mmfront.serve.stats_log import StatsLog
-from mmfront.wire.structs import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
+from mmfront.wire.structs import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason, RequestError
 
 MODEL = "tiny"
 LABELS = {"model_name": MODEL, "engine": "0"}
@@ -312,6 +312,21 @@ def test_a_failed_output_keeps_the_engines_reason(metrics: ServerMetrics, clock:
     searched(recorder, "s", 2)
     assert value(metrics, "vllm:request_success_total", finished_reason="error") == 1
     assert value(metrics, "vllm:iteration_tokens_total_count") == 2
+
+
+def test_a_request_the_engine_refused_counts_nothing(metrics: ServerMetrics, clock: Clock) -> None:
+    """vLLM's output processor hands the error of a request refused on arrival (a paused engine) to
+    its caller and counts nothing of it, not even a finish."""
+    recorder = StatsRecorder([metrics.record])
+    recorder.add_requests(["r"], 5, 4)
+    recorder.add_requests(["s"], 5, 4, stop_strings=True)
+    paused = RequestError("engine_paused", "The engine is paused.")
+    refused = [EngineCoreOutput(r, [], finish_reason=FinishReason.ERROR, error=paused) for r in ("r", "s")]
+    step(recorder, clock, 101.0, 10.0, refused, None)
+    recorder.consumed("s", None)
+    assert value(metrics, "vllm:request_success_total", finished_reason="error") == 0
+    assert value(metrics, "vllm:iteration_tokens_total_count") == 1
+    assert value(metrics, "vllm:time_to_first_token_seconds_count") == 0
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,10 @@ class StatsRecorder:
                 state = self._requests.get(request_id)
                 if state is None:
                     continue
-                if state.stop_strings:
+                if output.error is not None:  # refused as it arrived (a paused engine): vLLM counts nothing of it
+                    del self._requests[request_id]
+                    self._forget_unsearched(state)
+                elif state.stop_strings:
                     state.unsearched.append((pending, output))
                     pending.unsearched += 1
                 else:
