@@ -10,7 +10,7 @@ sends after the stop. mmfront searches in the app, after the engine client's rea
 read the step: so an output of a request with stop strings counts when the app has searched it
 (:meth:`StatsRecorder.consumed`), and its step is handed to the loggers once every such output
 of it has been searched; the outputs of a request without stop strings count as their step
-comes, where vLLM counts them. Either way a request counts exactly the tokens vLLM's would.
+comes, where vLLM counts them. Either way a request that finishes counts exactly what vLLM's would.
 
 Times follow vLLM: the time to first token and the end-to-end latency run from the request's
 arrival (this host's ``time.time()``) to the step's arrival here; the queue, prefill, decode and
