@@ -1,0 +1,179 @@
+"""``use_beam_search`` sent to ``vllm serve`` and ``mmfront serve`` (the same flags,
+``--data-parallel-size-local 0``, each in front of a stock vLLM 0.33 engine core whose executor
+returns logprobs as vLLM's GPU runner does: ``../shared/peer/logprob_stub.py``), asserting
+mmfront's answer equals vLLM's field by field (ids, ``created`` and the fingerprint masked):
+texts, token ids, logprobs, finish reasons, usage, and the errors' status, type and param.
+
+Ported from vLLM's tests/entrypoints/openai (the model is the peer's tiny Gemma 3, so prompts and
+exact texts are ours; at each step the stub's candidates are its next token ``t`` then ``t + 1``,
+``t + 2``, ... with logprobs -0.1, -0.2, ..., so the beams differ from the second one on):
+
+* test_vision.py: ``test_single_chat_session_image_beamsearch`` (an image, ``n=2``, logprobs);
+* completion/test_completion.py: ``test_batch_completions``' beam-search request (two prompts,
+  ``n=2``) and its refusal of a streamed beam search;
+* the fields beam search reads (``length_penalty``, ``include_stop_str_in_output``,
+  ``ignore_eos``, ``max_tokens`` 0, ``echo``) and vLLM's refusals (``logprob_token_ids``, ``echo``
+  with ``logprobs``, ``n`` out of range, ``allowed_token_ids``, ``2 * n`` over ``--max-logprobs``).
+
+Skipped where the peer venv, its model folder or ``../shared/peer`` is absent.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from logprob_pair import start_pair
+from test_vllm_serve_parity import CHAT, MODEL, PEER, PEER_DIR, SERVED, Answer, Pair, both, explain, masked
+
+from mmfront.testing.peer import SKIP_REASON
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
+              pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
+
+CHAT_PATH, COMPLETION_PATH = "/v1/chat/completions", "/v1/completions"
+QUESTION = [{"role": "user", "content": "what is 1+1?"}]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    yield from start_pair(tmp_path_factory.mktemp("beams"))
+
+
+def chat(messages: list[dict[str, Any]] = QUESTION, **fields: Any) -> dict[str, Any]:
+    return {"model": SERVED, "messages": messages, "use_beam_search": True, **fields}
+
+
+def completion(prompt: Any = "Hello, my name is", **fields: Any) -> dict[str, Any]:
+    return {"model": SERVED, "prompt": prompt, "use_beam_search": True, **fields}
+
+
+def same(pair: Pair, path: str, body: dict[str, Any], status: int = 200) -> Any:
+    """The answer both give (``status`` each), mmfront's equal to vLLM's."""
+    vllm, mmfront = both(pair, "POST", path, body)
+    assert vllm.status == mmfront.status == status, explain(pair, vllm, mmfront)
+    assert masked(mmfront.json()) == masked(vllm.json()), explain(pair, vllm, mmfront)
+    return vllm.json()
+
+
+def events(answer: Answer) -> list[Any]:
+    """A stream's events, masked; ``[DONE]`` as the string."""
+    out = [e.removeprefix("data: ") for e in answer.text.split("\n\n") if e.strip()]
+    return [e if e == "[DONE]" else masked(json.loads(e)) for e in out]
+
+
+def refused(pair: Pair, path: str, body: dict[str, Any], param: str | None) -> str:
+    """Both refuse with the same 400 naming ``param``; vLLM's message."""
+    error = same(pair, path, body, 400)["error"]
+    assert error["type"] == "BadRequestError" and error["param"] == param, error
+    return str(error["message"])
+
+
+# --- test_vision.py ---------------------------------------------------------------------------------
+
+
+def test_single_chat_session_image_beamsearch(pair: Pair) -> None:
+    body = same(pair, CHAT_PATH, chat(CHAT, n=2, max_completion_tokens=10, logprobs=True, top_logprobs=5))
+    first, second = body["choices"]
+    assert first["message"]["content"] != second["message"]["content"]
+    assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
+    assert len(first["logprobs"]["content"]) == 10 and len(first["logprobs"]["content"][0]["top_logprobs"]) == 4
+    assert body["usage"]["completion_tokens"] == 20
+
+
+def test_the_beams_are_the_best_by_cumulative_logprob(pair: Pair) -> None:
+    body = same(pair, CHAT_PATH, chat(n=3, max_tokens=4, temperature=0.0, return_token_ids=True))
+    assert [c["token_ids"] for c in body["choices"]] == [[1000, 1000, 1000, 1000], [1000, 1000, 1000, 1001],
+                                                         [1000, 1000, 1001, 1000]]
+    assert body["usage"] == {**body["usage"], "completion_tokens": 12}
+
+
+def test_one_beam(pair: Pair) -> None:
+    body = same(pair, CHAT_PATH, chat(max_tokens=3, return_token_ids=True))
+    assert [c["token_ids"] for c in body["choices"]] == [[1000, 1000, 1000]]
+
+
+def test_the_fields_beam_search_reads(pair: Pair) -> None:
+    """``stop`` and ``seed`` are not beam search's and are ignored, as vLLM ignores them."""
+    body = same(pair, CHAT_PATH, chat(n=2, max_tokens=6, length_penalty=0.5, include_stop_str_in_output=True,
+                                      ignore_eos=True, skip_special_tokens=False, stop=["x"], seed=3))
+    assert len(body["choices"]) == 2
+
+
+def test_no_tokens_is_one_empty_beam(pair: Pair) -> None:
+    body = same(pair, CHAT_PATH, chat(n=2, max_tokens=0))
+    assert [c["message"]["content"] for c in body["choices"]] == [""]
+    assert body["usage"]["completion_tokens"] == 0
+
+
+def test_a_streamed_chat_answers_each_beam_whole(pair: Pair) -> None:
+    for usage in ({}, {"stream_options": {"include_usage": True}}):
+        vllm, mmfront = both(pair, "POST", CHAT_PATH, chat(CHAT, n=2, max_tokens=3, stream=True, **usage))
+        assert vllm.status == mmfront.status == 200, explain(pair, vllm, mmfront)
+        assert events(mmfront) == events(vllm), explain(pair, vllm, mmfront)
+        assert events(vllm)[-1] == "[DONE]" and len(events(vllm)) == 5 + bool(usage)
+
+
+# --- completion/test_completion.py ------------------------------------------------------------------
+
+
+def test_completion_beams(pair: Pair) -> None:
+    body = same(pair, COMPLETION_PATH, completion(n=3, max_tokens=4))
+    assert len({c["text"] for c in body["choices"]}) == 3
+
+
+def test_batch_completions_beam_search(pair: Pair) -> None:
+    body = same(pair, COMPLETION_PATH, completion(["Hello, my name is", "The capital of France is"], n=2,
+                                                  max_tokens=5))
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert body["choices"][0]["text"] != body["choices"][1]["text"]
+
+
+def test_completion_beams_with_logprobs_and_token_ids(pair: Pair) -> None:
+    body = same(pair, COMPLETION_PATH, completion([2, 3416, 499], n=2, max_tokens=3, logprobs=2,
+                                                  return_token_ids=True))
+    assert [c["token_ids"] for c in body["choices"]] == [[1000, 1000, 1000], [1000, 1000, 1001]]
+
+
+@pytest.mark.parametrize("max_tokens", [3, 0])
+def test_completion_beams_with_echo(pair: Pair, max_tokens: int) -> None:
+    body = same(pair, COMPLETION_PATH, completion("Hello", n=2, max_tokens=max_tokens, echo=True))
+    assert all(c["text"].startswith("Hello") for c in body["choices"])
+    assert len(body["choices"]) == (2 if max_tokens else 1)
+
+
+def test_a_streamed_completion_beam_search_is_refused(pair: Pair) -> None:
+    message = refused(pair, COMPLETION_PATH, completion(n=2, max_tokens=3, stream=True), None)
+    assert message == "Streaming is not currently supported with beam search"
+
+
+# --- refusals -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    (CHAT_PATH, chat(n=2, logprobs=True, logprob_token_ids=[5]), "logprob_token_ids"),
+    (COMPLETION_PATH, completion(n=2, logprobs=1, logprob_token_ids=[5]), "logprob_token_ids"),
+    (COMPLETION_PATH, completion(n=2, echo=True, logprobs=1), "echo"),
+    (CHAT_PATH, chat(n=0), None),
+    (CHAT_PATH, chat(n=16385), None),
+    (CHAT_PATH, chat(n=2, allowed_token_ids=[1000, 1001]), None),
+    (CHAT_PATH, chat(n=11, max_tokens=3), "logprobs"),  # 22 candidates a step, over --max-logprobs 20
+    (CHAT_PATH, chat(n=16384, max_tokens=3), "logprobs"),  # the n cap
+    (COMPLETION_PATH, completion(n=2, max_tokens=5000), "max_tokens"),
+], ids=["chat_logprob_token_ids", "completion_logprob_token_ids", "echo_with_logprobs", "n_0", "n_over_the_cap",
+        "allowed_token_ids", "n_over_max_logprobs", "n_at_the_cap", "max_tokens_over_the_context"])
+def test_refused_alike(pair: Pair, path: str, body: dict[str, Any], param: str | None) -> None:
+    refused(pair, path, body, param)
+    same(pair, path, {**body, "n": 2, "max_tokens": 2, "use_beam_search": False, "logprob_token_ids": None,
+                      "allowed_token_ids": None, "echo": False})  # and both still serve
+
+
+def test_too_many_candidates_in_a_stream_are_refused_before_it(pair: Pair) -> None:
+    """vLLM finds ``2 * n`` over ``--max-logprobs`` at the first step, in the stream (200, the error
+    as an event); mmfront before the stream starts: 400 with the same error (docs/serving.md)."""
+    vllm, mmfront = both(pair, "POST", CHAT_PATH, chat(n=11, max_tokens=3, stream=True))
+    assert vllm.status == 200 and mmfront.status == 400, explain(pair, vllm, mmfront)
+    event, done = events(vllm)
+    assert done == "[DONE]" and mmfront.json() == event, explain(pair, vllm, mmfront)
