@@ -172,16 +172,20 @@ class BeamSearch:
         beams, finished = [Beam()], []
         for _ in range(params.max_tokens):
             batch = f"{request_id}-{secrets.token_hex(8)}"
-            outputs = await asyncio.gather(*(
-                self._step(f"{batch}-beam-{i}", {**inputs, "prompt_token_ids": [*prompt, *beam.token_ids]},
-                           options, step_params)
-                for i, beam in enumerate(beams)))
+            steps = [asyncio.ensure_future(self._step(
+                f"{batch}-beam-{i}", {**inputs, "prompt_token_ids": [*prompt, *beam.token_ids]}, options, step_params))
+                for i, beam in enumerate(beams)]
+            try:
+                outputs = await asyncio.gather(*steps)
+            finally:  # a step that failed ends the search: the others are aborted, not left to run
+                for step in steps:
+                    step.cancel()
             if any(output is None or output.finish_reason == FinishReason.ABORT for output in outputs):
                 for beam in beams:  # aborted in the engine by someone else: the search ends here
                     beam.finish_reason = "abort"
                 break
-            steps = [_candidates(output, params.step_logprobs) for output in outputs if output is not None]
-            beams, ended = grow(beams, steps, params, self.eos_token_ids)
+            candidates = [_candidates(output, params.step_logprobs) for output in outputs if output is not None]
+            beams, ended = grow(beams, candidates, params, self.eos_token_ids)
             finished += ended
             if not beams:
                 break
