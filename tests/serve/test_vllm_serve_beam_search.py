@@ -21,12 +21,30 @@ Skipped where the peer venv, its model folder or ``../shared/peer`` is absent.
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from logprob_pair import start_pair
-from test_vllm_serve_parity import CHAT, MODEL, PEER, PEER_DIR, SERVED, Answer, Pair, both, explain, masked
+from logprob_pair import LOGPROB_ENGINE, start_pair
+from test_vllm_serve_parity import (
+    CHAT,
+    MODEL,
+    PEER,
+    PEER_DIR,
+    SERVED,
+    Answer,
+    Pair,
+    both,
+    explain,
+    masked,
+    start_side,
+    wait_healthy,
+)
 
 from mmfront.testing.peer import SKIP_REASON
 
@@ -177,3 +195,46 @@ def test_too_many_candidates_in_a_stream_are_refused_before_it(pair: Pair) -> No
     assert vllm.status == 200 and mmfront.status == 400, explain(pair, vllm, mmfront)
     event, done = events(vllm)
     assert done == "[DONE]" and mmfront.json() == event, explain(pair, vllm, mmfront)
+
+
+# --- a client that leaves -----------------------------------------------------------------------------
+
+
+def engine_requests(trace: Path) -> tuple[set[str], set[str]]:
+    """The requests the stub engine was handed, and those its scheduler finished (aborted ones too)."""
+    events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    return ({e["req_id"] for e in events if e["ev"] == "new"}, {e["req_id"] for e in events if e["ev"] == "finished"})
+
+
+def test_a_client_that_leaves_mid_search_aborts_every_engine_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four beams of 2,000 steps, each step slowed down, left after two seconds (a whole answer)
+    and after the first chunk (a stream): every step request the engine was handed is finished
+    by its scheduler, and no new one comes."""
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("STUB_TRACE_LOG", str(trace))
+    monkeypatch.setenv("STUB_TRACE_STEP_DELAY_S", "0.01")
+    side = start_side("mmfront", [sys.executable, "-m", "mmfront.cli"],
+                      {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}, tmp_path,
+                      engine_args=LOGPROB_ENGINE)
+    try:
+        wait_healthy([side])
+        body = chat(CHAT, n=4, max_tokens=2000)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(side.url + CHAT_PATH, json=body, timeout=2.0)
+        with httpx.stream("POST", side.url + CHAT_PATH, json={**body, "stream": True}, timeout=30) as stream:
+            assert stream.status_code == 200
+            next(stream.iter_lines())
+            time.sleep(2.0)
+        deadline = time.monotonic() + 30
+        while True:
+            handed, finished = engine_requests(trace)
+            time.sleep(1.0)
+            if engine_requests(trace) == (handed, finished) and handed == finished:
+                break
+            assert time.monotonic() < deadline, f"still running: {sorted(handed - finished)}\n{side.tails()}"
+        assert 2 <= len(handed) < 2 * 4 * 2000, len(handed)
+        answer = httpx.post(side.url + CHAT_PATH, json=chat(n=2, max_tokens=3), timeout=60)  # it still serves
+        assert answer.status_code == 200 and len(answer.json()["choices"]) == 2, answer.text
+    finally:
+        side.stop()
