@@ -120,6 +120,23 @@ def test_the_fields_beam_search_reads(pair: Pair) -> None:
     assert len(body["choices"]) == 2
 
 
+def test_sampling_fields_beam_search_does_not_read_are_not_checked(pair: Pair) -> None:
+    """vLLM builds no ``SamplingParams`` of the request's for a beam search: ``top_p`` out of range
+    and a ``stop_token_ids`` out of the vocabulary pass, as they pass there."""
+    same(pair, CHAT_PATH, chat(n=2, max_tokens=3, top_p=5, stop_token_ids=[999999999], temperature=1e-6))
+
+
+def test_a_chat_beam_search_echoes_and_streams_usage_and_logprobs(pair: Pair) -> None:
+    turns = [*QUESTION, {"role": "assistant", "content": "so"}]
+    same(pair, CHAT_PATH, chat(turns, n=2, max_tokens=3, echo=True, add_generation_prompt=False,
+                               continue_final_message=True))
+    vllm, mmfront = both(pair, "POST", CHAT_PATH, chat(
+        n=2, max_tokens=3, stream=True, logprobs=True, return_token_ids=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert vllm.status == mmfront.status == 200, explain(pair, vllm, mmfront)
+    assert events(mmfront) == events(vllm), explain(pair, vllm, mmfront)
+
+
 def test_no_tokens_is_one_empty_beam(pair: Pair) -> None:
     body = same(pair, CHAT_PATH, chat(n=2, max_tokens=0))
     assert [c["message"]["content"] for c in body["choices"]] == [""]
@@ -180,18 +197,24 @@ def test_a_streamed_completion_beam_search_is_refused(pair: Pair) -> None:
     (CHAT_PATH, chat(n=11, max_tokens=3), "logprobs"),  # 22 candidates a step, over --max-logprobs 20
     (CHAT_PATH, chat(n=16384, max_tokens=3), "logprobs"),  # the n cap
     (COMPLETION_PATH, completion(n=2, max_tokens=5000), "max_tokens"),
+    (CHAT_PATH, chat(n=2, max_tokens=3, temperature=-1), "temperature"),
+    (COMPLETION_PATH, completion(n=2, max_tokens=3, temperature=3), "temperature"),
 ], ids=["chat_logprob_token_ids", "completion_logprob_token_ids", "echo_with_logprobs", "n_0", "n_over_the_cap",
-        "allowed_token_ids", "n_over_max_logprobs", "n_at_the_cap", "max_tokens_over_the_context"])
+        "allowed_token_ids", "n_over_max_logprobs", "n_at_the_cap", "max_tokens_over_the_context",
+        "negative_temperature", "temperature_over_2"])
 def test_refused_alike(pair: Pair, path: str, body: dict[str, Any], param: str | None) -> None:
     refused(pair, path, body, param)
     same(pair, path, {**body, "n": 2, "max_tokens": 2, "use_beam_search": False, "logprob_token_ids": None,
-                      "allowed_token_ids": None, "echo": False})  # and both still serve
+                      "allowed_token_ids": None, "echo": False, "temperature": 1.0})  # and both still serve
 
 
-def test_too_many_candidates_in_a_stream_are_refused_before_it(pair: Pair) -> None:
-    """vLLM finds ``2 * n`` over ``--max-logprobs`` at the first step, in the stream (200, the error
-    as an event); mmfront before the stream starts: 400 with the same error (docs/serving.md)."""
-    vllm, mmfront = both(pair, "POST", CHAT_PATH, chat(n=11, max_tokens=3, stream=True))
+@pytest.mark.parametrize("fields", [{"n": 11}, {"n": 2, "temperature": -1}], ids=["n_over_max_logprobs",
+                                                                                "negative_temperature"])
+def test_step_parameters_refused_in_a_stream_are_refused_before_it(pair: Pair, fields: dict[str, Any]) -> None:
+    """vLLM finds ``2 * n`` over ``--max-logprobs`` or a negative temperature as the search starts,
+    in the stream (200, the error as an event); mmfront before the stream starts: 400 with the same
+    error (docs/serving.md)."""
+    vllm, mmfront = both(pair, "POST", CHAT_PATH, chat(max_tokens=3, stream=True, **fields))
     assert vllm.status == 200 and mmfront.status == 400, explain(pair, vllm, mmfront)
     event, done = events(vllm)
     assert done == "[DONE]" and mmfront.json() == event, explain(pair, vllm, mmfront)

@@ -56,9 +56,18 @@ class BeamSearchParams:
         return 2 * self.beam_width
 
     def step_params(self) -> SamplingParams:
-        """The parameters of every step's engine requests: one token, its top candidates."""
-        return SamplingParams(max_tokens=1, temperature=self.temperature, logprobs=self.step_logprobs,
-                              detokenize=False)
+        """The parameters of every step's engine requests: one token, its top candidates. A
+        temperature out of range is refused in the words of vLLM's ``SamplingParams``."""
+        if self.temperature < 0:
+            raise ValidationError(f"temperature must be non-negative, got {self.temperature}.",
+                                  parameter="temperature", value=self.temperature)
+        try:
+            return SamplingParams(max_tokens=1, temperature=self.temperature, logprobs=self.step_logprobs,
+                                  detokenize=False)
+        except ValidationError as e:
+            if e.parameter == "temperature":
+                e.value = self.temperature
+            raise
 
 
 def beam_search_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> BeamSearchParams:
