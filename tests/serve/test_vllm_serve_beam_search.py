@@ -46,6 +46,7 @@ from test_vllm_serve_parity import (
     wait_healthy,
 )
 
+from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
@@ -99,6 +100,32 @@ def test_single_chat_session_image_beamsearch(pair: Pair) -> None:
     assert [c["finish_reason"] for c in body["choices"]] == ["length", "length"]
     assert len(first["logprobs"]["content"]) == 10 and len(first["logprobs"]["content"][0]["top_logprobs"]) == 4
     assert body["usage"]["completion_tokens"] == 20
+
+
+def mm_cache_counts(answer: Answer) -> dict[str, float]:
+    """``vllm:mm_cache_queries`` and ``vllm:mm_cache_hits`` of a ``/metrics`` page."""
+    counts = {}
+    for line in answer.text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:mm_cache_queries_total", "vllm:mm_cache_hits_total"):
+            counts[name] = counts.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def test_an_image_beam_search_counts_a_lookup_per_step_request(pair: Pair) -> None:
+    """vLLM processes the image once, with the prompt, and its beams' step requests carry what that
+    made (the data again each step): one processor-cache lookup. mmfront commits each step request
+    to the processor cache (so the image's data goes once and the engine's mirror stays exact),
+    and each commit counts a lookup: 1 + 3 + 3 + 3 step requests, the first a miss (a new image),
+    the others hits (docs/serving.md, "Differences")."""
+    image = {"type": "image_url", "image_url": {"url": image_data_url(make_image(48, 40, seed=11))}}
+    messages = [{"role": "user", "content": [image, {"type": "text", "text": "Describe it."}]}]
+    before = [mm_cache_counts(a) for a in both(pair, "GET", "/metrics")]
+    same(pair, CHAT_PATH, chat(messages, n=3, max_tokens=4))
+    after = [mm_cache_counts(a) for a in both(pair, "GET", "/metrics")]
+    vllm, mmfront = ({k: a[k] - b.get(k, 0.0) for k in a} for b, a in zip(before, after))
+    assert vllm == {"vllm:mm_cache_queries_total": 1.0, "vllm:mm_cache_hits_total": 0.0}, vllm
+    assert mmfront == {"vllm:mm_cache_queries_total": 10.0, "vllm:mm_cache_hits_total": 9.0}, mmfront
 
 
 def test_the_beams_are_the_best_by_cumulative_logprob(pair: Pair) -> None:
