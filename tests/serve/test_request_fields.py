@@ -54,7 +54,7 @@ VLLM_FIELDS: dict[str, tuple[str, ...]] = {
 """The fields of vLLM 0.33's request models, in their order (``model_fields``)."""
 
 REFUSED = frozenset({
-    "use_beam_search", "prompt_embeds", "suffix",
+    "prompt_embeds", "suffix",
     "media_io_kwargs", "thinking_token_budget", "chat_template", "mm_processor_kwargs",
 })
 """Refused with a 400 naming the field: mmfront does not implement it yet (``NOT_SUPPORTED`` in
@@ -64,7 +64,7 @@ reasoning parser, ``chat_template`` without ``--trust-request-chat-template``)."
 
 IGNORED_AS_VLLM_DOES = {
     "user": "vLLM's protocol: 'this will be ignored by vLLM'",
-    "length_penalty": "used by beam search only",
+    "length_penalty": "used by beam search only (with use_beam_search: tests/serve/test_vllm_serve_beam_search.py)",
     "return_token_offsets": "honoured on the /render endpoints only, 'ignored on regular generation endpoints'",
     "mm_payload": "honoured on the /render endpoints only, 'ignored on regular generation endpoints'",
     "return_mm_kwargs": "a deprecated alias of mm_payload",
@@ -202,6 +202,8 @@ SHOWN_ELSEWHERE = {
     "tool_choice": "as tools: tests/serve/test_tools_vllm_serve.py and test_chat_parsing.py",
     "parallel_tool_calls": "as tools: tests/serve/test_chat_parsing.py",
     "include_reasoning": "changes an answer only with --reasoning-parser: tests/serve/test_tools_vllm_serve.py",
+    "use_beam_search": "each step asks the engine for logprobs, which the reference worker does not compute: "
+                       "tests/serve/test_vllm_serve_beam_search.py shows it against vllm serve on a stock vLLM engine",
     "return_weight_versions": "the reference worker labels no weights (the answer's spans stay null, as vLLM's for "
                               "such an engine); tests/serve/test_vllm_serve_fields.py shows them on a stock vLLM "
                               "engine, which labels its weights 'default'",

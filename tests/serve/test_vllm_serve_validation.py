@@ -15,8 +15,8 @@ media_io_kwargs). The stub executor ignores a grammar's token mask, so a constra
 error, a 500 in both: the grammar reached the engine and was applied there.
 
 Messages compared only by status, type and param (``KIND``): request-shape errors (pydantic's
-words in vLLM, msgspec's in mmfront) and the engine's 500. Differences (docs/serving.md):
-``use_beam_search`` is refused by mmfront (vLLM runs beam search in its API server).
+words in vLLM, msgspec's in mmfront) and the engine's 500. Beam search's refusals:
+test_vllm_serve_beam_search.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from test_vllm_serve_parity import (
     SAME_ERROR,
     SERVED,
     Pair,
-    ask,
     assert_alike,
     both,
     completion,
@@ -174,13 +173,6 @@ def test_stream_options_say_the_same(pair: Pair, options: dict[str, Any]) -> Non
     want, got = read_stream(vllm), read_stream(mmfront)
     assert (got.text, got.finish, got.usage) == (want.text, want.finish, want.usage), explain(pair, vllm, mmfront)
     assert bool(want.usage) is (options.get("include_usage") is True)
-
-
-def test_beam_search_is_refused_by_mmfront(pair: Pair) -> None:  # noqa: F811
-    """vLLM runs beam search in its API server (n beams over logprobs requests); mmfront refuses it
-    by name rather than sample as if it were not asked (docs/serving.md, "Differences")."""
-    mmfront = ask(pair.mmfront, "POST", CHAT, text_chat(use_beam_search=True, n=2))
-    assert mmfront.status == 400 and error(mmfront)["param"] == "use_beam_search", mmfront.text
 
 
 # --- issue 36: nesting, n, echoed input (tests/hardening/test_http_parameters.py) -----------------

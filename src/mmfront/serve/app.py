@@ -19,8 +19,9 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -43,7 +44,7 @@ from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
 from mmfront.preprocess.truncation import resolve_truncation
 from mmfront.processing import BaseProcessingInfo
-from mmfront.serve import openapi, protocol, responses, tokenize
+from mmfront.serve import beam_search, openapi, protocol, responses, tokenize
 from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
 from mmfront.serve.chat_bounds import check_chat_counts, check_chat_text
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
@@ -51,7 +52,7 @@ from mmfront.serve.errors import error_body
 from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
 from mmfront.serve.iteration_stats import Recorder, RequestTimings, StatsRecorder
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
-from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, make_detokenizer
+from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, WholeOutput, make_detokenizer
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.serve.request_log import RequestLogger, logged_message
 from mmfront.serve.responses import ENCODER, LogprobFormat, ResponseHead, UsageInfo
@@ -82,9 +83,16 @@ def error_response(exc: BaseException) -> Response:
     return json_response(body, body.error.code)
 
 
+class _Unanswered(Enum):
+    CHOICE = "a beam search found fewer beams than it was asked for"
+
+
+_QueueItem = EngineCoreOutput | WholeOutput | BaseException | _Unanswered | None
+
+
 class _Generation:
     """The engine streams of one HTTP request, each read by its own task into one queue
-    (``request_ids``: each stream's request)."""
+    (``request_ids``: each stream's request), or its beam searches (:meth:`searching`)."""
 
     def __init__(self, streams: list[AsyncIterator[EngineCoreOutput]], request_ids: list[str]) -> None:
         self.request_ids = request_ids
@@ -92,8 +100,25 @@ class _Generation:
         """Each finished choice's timings, where kept (``--enable-per-request-metrics``)."""
         self.weight_versions: dict[int, list[WeightVersionSpan] | None] = {}
         """Each finished choice's weight-version spans (``return_weight_versions``)."""
-        self.queue: asyncio.Queue[tuple[int, EngineCoreOutput | BaseException | None]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[int, _QueueItem]] = asyncio.Queue()
         self.tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(streams)]
+
+    @classmethod
+    def searching(cls, searches: list[Coroutine[Any, Any, list[WholeOutput]]], width: int,
+                  request_ids: list[str]) -> _Generation:
+        """One beam search per prompt, each answering choices ``width * p`` on at once when it ends."""
+        gen = cls([], request_ids)
+        gen.tasks = [asyncio.create_task(gen._search(p * width, width, search)) for p, search in enumerate(searches)]
+        return gen
+
+    async def _search(self, first: int, width: int, search: Coroutine[Any, Any, list[WholeOutput]]) -> None:
+        try:
+            found = await search
+        except Exception as e:
+            self.queue.put_nowait((first, e))
+            return
+        for k in range(width):
+            self.queue.put_nowait((first + k, found[k] if k < len(found) else _Unanswered.CHOICE))
 
     async def _pump(self, index: int, stream: AsyncIterator[EngineCoreOutput]) -> None:
         try:
@@ -125,6 +150,9 @@ class _Server:
         self.logprob_tokens = LogprobTokens(self.tokenizer)
         self.vocab_size = _model_vocab_size(self.preprocessor.pipeline.processor.info, len(self.tokenizer))
         self.vocabulary = protocol.Vocabulary.of(self.tokenizer, self.vocab_size)
+        self.end_of_sequence = beam_search.end_of_sequence_ids(
+            self.preprocessor.pipeline.processor.info.get_generation_config_fields(), self.tokenizer.eos_token_id)
+        """The tokens that finish a beam (``use_beam_search``)."""
         self.model_name = settings.model_names[0]
         self.created = int(time.time())
         digest = hashlib.sha256(f"{settings.model}|{self.model_name}".encode()).hexdigest()[:8]
@@ -301,9 +329,12 @@ class _Server:
         inputs = await self._prepare(req.messages, options, response_id)
         max_tokens = self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
                                       "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
-        params = await self._off_loop(self._params, req, max_tokens, [inputs], parsing)
-        gen, choices = await self._start(response_id, [(inputs, options)], params,
-                                         weight_versions=req.return_weight_versions)
+        if req.use_beam_search:
+            gen, choices = self._search(response_id, [(inputs, options)], req, max_tokens)
+        else:
+            params = await self._off_loop(self._params, req, max_tokens, [inputs], parsing)
+            gen, choices = await self._start(response_id, [(inputs, options)], params,
+                                             weight_versions=req.return_weight_versions)
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
         headers = _id_header(request)
@@ -317,6 +348,7 @@ class _Server:
         finally:
             await gen.close()
         fmt = self._logprob_format(req)
+        choices = [c for c in choices if c.finished]  # a beam search may answer fewer
         body_choices = [_parsed_choice(
             parsing, i, c,
             responses.chat_logprobs(c.token_ids, c.logprobs, _top_logprobs(req), fmt) if req.logprobs else None,
@@ -341,6 +373,8 @@ class _Server:
 
     async def _completions(self, request: Request, body: bytes) -> Response:
         req: CompletionRequest = await self._off_loop(protocol.decode_request, body, CompletionRequest)
+        if req.stream and req.use_beam_search:  # vLLM's first check
+            raise ValidationError("Streaming is not currently supported with beam search")
         self._check_model(req.model)
         self._check_mm_kwargs(req.mm_processor_kwargs, None)
         response_id = f"cmpl-{_base_id(request, req.request_id)}"
@@ -349,14 +383,19 @@ class _Server:
         prompts = await self._off_loop(protocol.prompts, req)
         prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
-        params = await self._off_loop(self._params, req, self._max_tokens(req.max_tokens, max(lengths)),
-                                      [inputs for inputs, _ in prepared], None)
-        gen, choices = await self._start(response_id, prepared, params, weight_versions=req.return_weight_versions)
+        if req.use_beam_search:
+            gen, choices = self._search(response_id, prepared, req, self._max_tokens(req.max_tokens, max(lengths)))
+        else:
+            params = await self._off_loop(self._params, req, self._max_tokens(req.max_tokens, max(lengths)),
+                                          [inputs for inputs, _ in prepared], None)
+            gen, choices = await self._start(response_id, prepared, params,
+                                             weight_versions=req.return_weight_versions)
         head = self._head(response_id)
         headers = _id_header(request)
+        per_prompt = len(choices) // len(prepared)
         echoes = [_EchoedPrompt(list(inputs["prompt_token_ids"]), "" if req.return_token_ids or not req.echo
                                 else p if isinstance(p, str) else self._decode(p))
-                  for p, (inputs, _) in zip(prompts, prepared) for _ in range(params.n)]
+                  for p, (inputs, _) in zip(prompts, prepared) for _ in range(per_prompt)]
         if req.stream:
             chunks = self._completion_chunks(gen, choices, head, req, echoes)
             return event_stream_response(chunks, gen.close, headers, self.settings.sse_keep_alive_interval)
@@ -366,7 +405,9 @@ class _Server:
             await gen.close()
         fmt = self._logprob_format(req)
         body_choices = []
-        for i, (c, prompt) in enumerate(zip(choices, echoes)):
+        answered = [(c, prompt) for c, prompt in zip(choices, echoes) if c.finished]  # a beam search may answer fewer
+        choices = [c for c, _ in answered]
+        for i, (c, prompt) in enumerate(answered):
             text, token_ids, positions = _completion_output(req, prompt, c.text, c.token_ids, logprobs=c.logprobs,
                                                             prompt_logprobs=c.prompt_logprobs)
             logprobs = (None if req.logprobs is None
@@ -465,6 +506,28 @@ class _Server:
             raise
         return _Generation(streams, request_ids), choices
 
+    def _search(self, response_id: str, prepared: list[tuple[MultiModalInputs, RequestOptions]],
+                req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                ) -> tuple[_Generation, list[ChoiceOutput]]:
+        """``use_beam_search``: each prompt's ``n`` beams (:mod:`mmfront.serve.beam_search`), checked
+        as vLLM checks them before its first step, searched by the generation's tasks."""
+        if max_tokens is None:  # the engine named no context length to bound the search by
+            raise ValidationError("Beam search needs `max_tokens` where the engine reports no max_model_len.",
+                                  parameter="max_tokens")
+        params = beam_search.beam_search_params(req, max_tokens)
+        if req.allowed_token_ids:  # vLLM's stock engines run its V1 model runner, which has no exact-id logprobs
+            raise ValidationError("Beam allowlists require the V2 model runner")
+        step = params.step_params()
+        protocol.check_logprobs(step, self.settings.max_logprobs, self.vocab_size)
+        search = beam_search.BeamSearch(self.client, self.tokenizer, self.end_of_sequence, self.stats)
+        width = params.beam_width
+        searches = [search.run(response_id if len(prepared) == 1 else f"{response_id}_{p}", inputs, options, params)
+                    for p, (inputs, options) in enumerate(prepared)]
+        choices = [ChoiceOutput(make_detokenizer(self.tokenizer, inputs["prompt_token_ids"],
+                                                 skip_special_tokens=params.skip_special_tokens), step)
+                   for inputs, _ in prepared for _ in range(width)]
+        return _Generation.searching(searches, width, [response_id] * len(choices)), choices
+
     async def _deltas(self, gen: _Generation, choices: list[ChoiceOutput]) -> AsyncIterator[tuple[int, Delta]]:
         """Each choice's deltas until every choice finished. Outputs that arrived while the last
         chunk was written are merged into one delta per choice, as vLLM's output collector
@@ -485,10 +548,15 @@ class _Server:
                         continue
                     if isinstance(item, BaseException):
                         raise item
+                    if item is _Unanswered.CHOICE:  # no chunk, no choice in the answer (vLLM's)
+                        open_choices.discard(index)
+                        continue
                     if item is None:  # the stream ended without a finish: aborted by someone else
                         choices[index].finish_reason = choices[index].finish_reason or "abort"
                         delta = Delta("", [], None, "abort")
                         self.stats.drop(gen.request_ids[index])
+                    elif isinstance(item, WholeOutput):
+                        delta = choices[index].complete(item)
                     else:
                         try:
                             delta = choices[index].process(item)

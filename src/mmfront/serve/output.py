@@ -191,7 +191,7 @@ def _restore_leading_spaces(raw: str, text: str, marker: str) -> str:
     return " " * missing + text if missing > 0 else text
 
 
-def position_logprobs(token_ids: Sequence[int], logprobs: Sequence[float], rank: int, texts: Sequence[str],
+def position_logprobs(token_ids: Sequence[int], logprobs: Sequence[float], rank: int, texts: Sequence[str | None],
                       num_logprobs: int) -> PositionLogprobs:
     """One row of the engine's logprobs as vLLM keeps it: the first ``num_logprobs + 1`` columns
     (all of them for -1; a row may be wider, as wide as the step's widest request), the first
@@ -254,6 +254,17 @@ class Delta:
             *(self.logprobs or ()), *(later.logprobs or ())]
         return Delta(self.text + later.text, self.token_ids + later.token_ids, logprobs, later.finish_reason,
                      later.stop_reason, self.stopped or later.stopped)
+
+
+@dataclass
+class WholeOutput:
+    """A choice made whole elsewhere (a beam search), not streamed from one engine request."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs]
+    finish_reason: str
+    stop_reason: int | str | None = None
 
 
 @dataclass
@@ -333,6 +344,13 @@ class ChoiceOutput:
             self.logprobs += delta_logprobs
         return Delta(self._take_text(), kept, delta_logprobs, self.finish_reason, self.stop_reason, stopped)
 
+    def complete(self, whole: WholeOutput) -> Delta:
+        """Take a whole answer at once: it is this choice's text, tokens and logprobs."""
+        self.text, self.token_ids, self.logprobs = whole.text, list(whole.token_ids), list(whole.logprobs)
+        self.finish_reason, self.stop_reason = whole.finish_reason, whole.stop_reason
+        return Delta(self._take_text(), list(whole.token_ids), list(whole.logprobs), whole.finish_reason,
+                     whole.stop_reason)
+
     def _take_prompt_logprobs(self, tensors: LogprobsTensors | None) -> None:
         asked = self.params.prompt_logprobs
         if asked is None or tensors is None or self.logprob_tokens is None:
@@ -382,6 +400,7 @@ __all__ = [
     "LogprobTokens",
     "PositionLogprobs",
     "PromptLogprobs",
+    "WholeOutput",
     "WindowDetokenizer",
     "leading_space_marker",
     "make_detokenizer",

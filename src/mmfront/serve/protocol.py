@@ -200,8 +200,10 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
     watermarking: bool | None = None
-    # taken and ignored, as vLLM ignores them here (beam search only, or the /render endpoints only)
+    # beam search, run by the API server as vLLM's runs it (serve/beam_search.py): ``n`` beams
+    use_beam_search: bool = False
     length_penalty: float = 1.0
+    # taken and ignored, as vLLM ignores them here (the /render endpoints only)
     return_token_offsets: bool | None = False
     mm_payload: Literal["tensors", "none"] = "tensors"
     return_mm_kwargs: bool | None = None
@@ -213,7 +215,6 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
     return_weight_versions: bool = False
     # refused while not set to vLLM's default (NOT_SUPPORTED says why)
-    use_beam_search: bool = False
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     thinking_token_budget: Any = None
 
@@ -321,6 +322,13 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
 
 def _check_logprobs(request: _SamplingFields) -> None:
     """vLLM's ``check_logprobs`` validators, in their order."""
+    if request.use_beam_search:
+        if request.logprob_token_ids:
+            raise ValidationError("`logprob_token_ids` is not supported with beam search.",
+                                  parameter="logprob_token_ids")
+        if isinstance(request, CompletionRequest) and request.echo and request.logprobs is not None:
+            raise ValidationError("`echo` with `logprobs` is not supported with beam search because beam search does "
+                                  "not compute prompt logprobs.", parameter="echo")
     if request.logprob_token_ids:
         if isinstance(request, ChatCompletionRequest) and not request.logprobs:
             raise ValidationError("when using `logprob_token_ids`, `logprobs` must be set to true.",
@@ -366,7 +374,6 @@ def fits(body: bytes, cls: type[Any]) -> bool:
 
 
 NOT_SUPPORTED: dict[str, str] = {
-    "use_beam_search": "beam search is not supported by mmfront serve",
     "prompt_embeds": "prompt embeddings are not supported by mmfront serve",
 }
 """The request fields mmfront takes but does not honour, with why: a value other than vLLM's

@@ -32,7 +32,8 @@ DEFAULT_MAX_N_SEQUENCES = 16384
 engine request of its own; the environment variable of that name raises or lowers it, as in vLLM."""
 
 
-def _max_n_sequences() -> int:
+def max_n_sequences() -> int:
+    """The most choices (or beams) one request may ask for (``VLLM_MAX_N_SEQUENCES``)."""
     return int(os.environ.get("VLLM_MAX_N_SEQUENCES", DEFAULT_MAX_N_SEQUENCES))
 
 
@@ -186,6 +187,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         """Whether each token is the likeliest one (temperature 0: vLLM's ``SamplingType.GREEDY``)."""
         return self.temperature < _SAMPLING_EPS
 
+    @property
+    def all_stop_token_ids(self) -> frozenset[int]:
+        """Every token id that ends the request: ``stop_token_ids`` and the model's end of
+        sequence once :meth:`update_from_generation_config` added it (vLLM's property)."""
+        return frozenset(self._all_stop_token_ids)
+
     def update_from_generation_config(self, generation_config: Mapping[str, Any], eos_token_id: int | None) -> None:
         """vLLM's rule for the model's end of sequence: the tokenizer's ``eos_token_id`` stops the
         request (unless ``ignore_eos``) and counts for ``min_tokens``; the generation config's
@@ -207,7 +214,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
 
     def _verify(self) -> None:
         _check(self.n >= 1, "n", f"n must be at least 1, got {self.n}.")
-        _check(self.n <= (most := _max_n_sequences()), "n", f"n must be at most {most}, got {self.n}. To increase "
+        _check(self.n <= (most := max_n_sequences()), "n", f"n must be at most {most}, got {self.n}. To increase "
                "this limit, set the VLLM_MAX_N_SEQUENCES environment variable.")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
@@ -319,4 +326,5 @@ __all__ = [
     "SamplingParams",
     "StructuredOutputsFields",
     "StructuredOutputsParams",
+    "max_n_sequences",
 ]
