@@ -41,6 +41,18 @@ def test_text_over_the_prompt_bound_is_refused_from_the_bytes_whatever_else_the_
     check(data, max_prompt_chars=101)
 
 
+def test_a_text_too_long_in_any_encoding_is_refused_from_its_bytes() -> None:
+    """A JSON character takes 1 to 12 bytes (an escaped surrogate pair): 1,212 bytes of text hold at
+    least 101 characters, refused without decoding them (a 60 MB text is never built); within the
+    bounds' reach the characters are decoded and counted exactly."""
+    assert refusal(body([{"role": "user", "content": "a" * 1212}])).startswith(
+        "The messages hold at least 101 characters of text; the longest prompt the server tokenizes is 100 ")
+    smileys = body([{"role": "user", "content": "\U0001f600" * 9}])
+    assert smileys.count(b"\\ud83d\\ude00") == 9
+    check(smileys, max_prompt_chars=9)
+    assert refusal(smileys, max_prompt_chars=8).startswith("The messages hold at least 9 characters")
+
+
 def test_characters_are_counted_after_json_escapes() -> None:
     """``\\u00e9`` is one character in six bytes: the bound is on characters, as the template sees them."""
     data = body([{"role": "user", "content": "\u00e9" * 100}])

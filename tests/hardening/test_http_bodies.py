@@ -148,8 +148,10 @@ def test_text_longer_than_any_prompt_is_refused_before_the_template(server: Serv
     status, answer = server.post("/v1/chat/completions", body)
     assert status == 400
     assert answer["error"]["param"] == "messages"
-    assert answer["error"]["message"].startswith("The messages hold 1200000 characters of text; the longest prompt "
-                                                 "the server tokenizes is ")
+    # 1,200,000 bytes of text hold at least 100,000 characters (12 bytes at most to one): over the bound, so
+    # the 1.2 MB are refused from their length, never decoded into strings
+    assert answer["error"]["message"].startswith("The messages hold at least 100000 characters of text; the longest "
+                                                 "prompt the server tokenizes is ")
 
 
 def test_bodies_in_flight_together_are_bounded(server: Server) -> None:
