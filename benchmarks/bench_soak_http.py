@@ -224,13 +224,15 @@ def tree_pids(pid: int) -> list[int]:
 
 def tree_rss_bytes(pid: int) -> int:
     """The resident set of ``pid`` and every process below it."""
-    total = 0
-    for current in tree_pids(pid):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-    return total
+    return sum(map(rss_bytes, tree_pids(pid)))
+
+
+def rss_bytes(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -502,6 +504,7 @@ async def soak_phases(base: str, model: str, server: subprocess.Popen[bytes], po
         baseline = await normal_traffic(client, chats, expected, options.baseline_minutes * 60, options.clients, watch)
         cpu.append((cpu_seconds([server.pid]), cpu_seconds(engines)))
         rss_before = tree_rss_bytes(server.pid)
+        api_rss_before = rss_bytes(server.pid)
         baseline_peak, watch.peak_bytes = watch.peak_bytes, 0
         seconds = options.minutes * 60
         attacker = start_attacker(port, model, seconds, options)
@@ -516,6 +519,7 @@ async def soak_phases(base: str, model: str, server: subprocess.Popen[bytes], po
     if watch.aborted is None:
         await asyncio.sleep(options.settle_s)
     rss_after = tree_rss_bytes(server.pid) if watch.aborted is None else 0
+    api_rss_after = rss_bytes(server.pid) if watch.aborted is None else 0
     watch.done = True
     await watcher
     base_p99 = baseline.summary()["p99_s"]
@@ -525,7 +529,8 @@ async def soak_phases(base: str, model: str, server: subprocess.Popen[bytes], po
             "p99_ratio": attacked.summary()["p99_s"] / base_p99 if base_p99 == base_p99 and base_p99 > 0 else None,
             "wrong_answers": sum(baseline.wrong.values()) + sum(attacked.wrong.values()),
             "rss_before_mib": rss_before / 2**20, "rss_after_mib": rss_after / 2**20,
-            "rss_ratio": rss_after / rss_before, "baseline_peak_rss_mib": baseline_peak / 2**20,
+            "rss_ratio": rss_after / rss_before,
+            "api_server_rss_mib": {"before": api_rss_before / 2**20, "after": api_rss_after / 2**20}, "baseline_peak_rss_mib": baseline_peak / 2**20,
             "attack_peak_rss_mib": attack_peak / 2**20, "aborted": watch.aborted,
             "attacker_exit": attacker.returncode,
             "cpu_s_per_s": {phase: {"api_server": (cpu[k + 1][0] - cpu[k][0]) / length,
@@ -569,6 +574,8 @@ def report_soak(report: Report, result: dict[str, Any]) -> None:
     report.add(GROUP, "server RSS at the end of the baseline", result["rss_before_mib"], "MiB")
     report.add(GROUP, "server RSS after the attacks and settling", result["rss_after_mib"], "MiB")
     report.ratio(GROUP, "RSS after / before", result["rss_ratio"], at_most=RSS_LIMIT)
+    report.add(GROUP, "the API server's own RSS before", result["api_server_rss_mib"]["before"], "MiB")
+    report.add(GROUP, "the API server's own RSS after", result["api_server_rss_mib"]["after"], "MiB")
     report.add(GROUP, "server peak RSS, attack-free", result["baseline_peak_rss_mib"], "MiB")
     report.add(GROUP, "server peak RSS under attack", result["attack_peak_rss_mib"], "MiB")
     for attack, outcomes in result["outcomes"].items():
