@@ -106,7 +106,7 @@ def test_connections_opened_together_do_not_all_time_out_in_one_turn_of_the_loop
         opened = time.monotonic()
         for _ in range(60):
             selector.register(connect(port), selectors.EVENT_READ)
-        closed = []
+        closed: list[float] = []
         while len(closed) < 60:
             for key, _ in selector.select(timeout=10):
                 sock = key.fileobj
