@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import os
@@ -86,6 +87,10 @@ class SoakOptions:
     max_server_rss_gb: float = 8.0
     """The run stops (the server is killed) when the server tree's RSS passes this: a server an
     attack makes grow without bound must not take a shared machine down with it."""
+    attacker_nice: int = 0
+    """The attacker process's niceness (``os.nice``): on a small machine its own CPU (a thousand
+    reconnecting connections, 360 MB of bodies to send) is taken from the server; a remote
+    attacker's is not. The attacks sent are counted either way (``outcomes``)."""
     server_log: str = ""
     """Where to keep ``mmfront serve``'s output (default: a temporary file, removed)."""
 
@@ -96,13 +101,14 @@ class Phase:
 
     latencies: list[float] = field(default_factory=list)
     wrong: Counter[str] = field(default_factory=Counter)
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    """Each request answered right: when it was sent and when its answer came (``time.monotonic``,
+    one clock for every process on the machine, so attacks can be lined up with them)."""
 
     def summary(self) -> dict[str, Any]:
-        ordered = sorted(self.latencies)
-        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
-        return {"requests": len(ordered) + sum(self.wrong.values()), "answered_right": len(ordered),
-                "wrong": dict(self.wrong), "p50_s": statistics.median(ordered) if ordered else float("nan"),
-                "p99_s": p99}
+        return {"requests": len(self.latencies) + sum(self.wrong.values()), "answered_right": len(self.latencies),
+                "wrong": dict(self.wrong), "p50_s": statistics.median(self.latencies) if self.latencies else float("nan"),
+                "p99_s": percentile(self.latencies, 0.99)}
 
 
 # --- the normal traffic -------------------------------------------------------------------------------
@@ -155,7 +161,9 @@ async def normal_traffic(client: httpx.AsyncClient, chats: list[dict[str, Any]],
             if tokens != expected[chat]:
                 phase.wrong["other tokens"] += 1
             else:
-                phase.latencies.append(time.monotonic() - start)
+                end = time.monotonic()
+                phase.latencies.append(end - start)
+                phase.spans.append((start, end))
 
     await asyncio.gather(*(one_client(i) for i in range(clients)))
     return phase
@@ -198,23 +206,43 @@ class Watch:
             await asyncio.sleep(0.5)
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """The resident set of ``pid`` and every process below it."""
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError, IndexError, ValueError):
                 parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                 children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0, [pid]
+    found, todo = [], [pid]
     while todo:
         current = todo.pop()
+        found.append(current)
         todo += children.get(current, [])
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-    return total
+    return found
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """The resident set of ``pid`` and every process below it."""
+    return sum(map(rss_bytes, tree_pids(pid)))
+
+
+def rss_bytes(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU time the processes ``pids`` have used so far (those still running)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 # --- the attacker (a process of its own) -----------------------------------------------------------------
@@ -230,9 +258,15 @@ class Attacker:
         self.outcomes: dict[str, Counter[str]] = {}
         self.held_s: dict[str, float] = {}
         """The longest the server kept a slow or idle connection open, per class."""
+        self.windows: dict[str, list[tuple[float, float]]] = {}
+        """When each class kept the server busy (``time.monotonic``): a request from its first byte
+        to its answer, a held connection from the server's close to its reopening."""
 
     def count(self, attack: str, outcome: str) -> None:
         self.outcomes.setdefault(attack, Counter())[outcome] += 1
+
+    def busy(self, attack: str, start: float) -> None:
+        self.windows.setdefault(attack.split(" (", 1)[0], []).append((start, time.monotonic()))
 
     def scaled(self, n: float) -> int:
         return max(1, int(n * self.options.scale))
@@ -247,6 +281,7 @@ class Attacker:
         """One raw HTTP request on a fresh connection; records the status (or how it failed).
         ``drop_after``: read that many bytes of the answer, then hang up."""
         writer = None
+        start = time.monotonic()
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), ATTACK_TIMEOUT_S)
             writer.write(head + b"\r\n")
@@ -263,6 +298,7 @@ class Attacker:
         finally:
             if writer is not None:
                 writer.close()
+            self.busy(attack, start)
 
     def post(self, body: bytes, extra: str = "") -> bytes:
         return b"POST /v1/chat/completions HTTP/1.1\r\n" + self.headers(extra, len(body))
@@ -285,6 +321,7 @@ class Attacker:
         closes is opened again, and how long it was held is noted."""
 
         async def one() -> None:
+            closed: float | None = None
             while time.monotonic() < self.deadline:
                 opened = time.monotonic()
                 try:
@@ -296,6 +333,8 @@ class Attacker:
                 self.count(attack, "opened")
                 try:
                     writer.write(opening)
+                    if closed is not None:
+                        self.busy(attack, closed)
                     left = self.deadline - time.monotonic()
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(reader.read(), max(0.0, left))
@@ -303,7 +342,8 @@ class Attacker:
                 except OSError:
                     self.count(attack, "reset by the server")
                 finally:
-                    self.held_s[attack] = max(self.held_s.get(attack, 0.0), time.monotonic() - opened)
+                    closed = time.monotonic()
+                    self.held_s[attack] = max(self.held_s.get(attack, 0.0), closed - opened)
                     writer.close()
 
         await asyncio.gather(*(one() for _ in range(count)))
@@ -369,6 +409,11 @@ class Attacker:
         await asyncio.gather(*(start() for name, start in attacks.items() if name in chosen))
 
 
+def attacker_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def attack_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench_soak_http.py attack")
     parser.add_argument("port", type=int)
@@ -378,11 +423,13 @@ def attack_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the attacker's own connections
-    attacker = Attacker("127.0.0.1", args.port, args.model, SoakOptions(**json.loads(args.options)),
-                        time.monotonic() + args.seconds)
+    options = SoakOptions(**json.loads(args.options))
+    os.nice(options.attacker_nice)
+    attacker = Attacker("127.0.0.1", args.port, args.model, options, time.monotonic() + args.seconds)
     asyncio.run(attacker.run())
     print(json.dumps({"outcomes": {k: dict(v) for k, v in sorted(attacker.outcomes.items())},
-                      "held_s": attacker.held_s}), flush=True)
+                      "held_s": attacker.held_s, "attacker_cpu_s_per_s": attacker_cpu() / args.seconds,
+                      "windows": {k: merged(v) for k, v in sorted(attacker.windows.items())}}), flush=True)
     return 0
 
 
@@ -390,6 +437,53 @@ def start_attacker(port: int, model: str, seconds: float, options: SoakOptions) 
     return subprocess.Popen([sys.executable, __file__, "attack", str(port), model, str(seconds),
                              json.dumps(asdict(options))], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+# --- which attacks the slow normal requests overlapped ------------------------------------------------------
+
+
+def merged(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``windows`` as their union: sorted, overlapping ones joined (a thousand idle connections
+    closed together are one stretch of the server's time)."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(windows):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def overlaps(windows: list[tuple[float, float]], start: float, end: float) -> bool:
+    """Whether a request sent at ``start`` and answered at ``end`` overlapped any of the merged ``windows``."""
+    k = bisect.bisect_left(windows, (end,))  # the windows that began before the answer came
+    return k > 0 and windows[k - 1][1] > start
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def attribution(phase: Phase, windows: dict[str, list[tuple[float, float]]], slow_s: float) -> dict[str, Any]:
+    """Per attack class, the normal requests of ``phase`` that overlapped it: how many, their p50
+    and p99, how many were slow (over ``slow_s``, the attack-free p99) and how many of those
+    overlapped that class alone. A class whose overlapped requests are slow, and slow alone, is
+    what the server does badly; one that overlaps every request says nothing by itself."""
+    classes = {name: [(start, end) for start, end in spans] for name, spans in windows.items()}
+    hits = [[name for name, spans in classes.items() if overlaps(spans, start, end)] for start, end in phase.spans]
+    table: dict[str, Any] = {}
+    for name in [*classes, "none"]:
+        chosen = [lat for lat, hit in zip(phase.latencies, hits) if (name in hit if name != "none" else not hit)]
+        slow = [hit for lat, hit in zip(phase.latencies, hits) if lat > slow_s and (name in hit if name != "none"
+                                                                                     else not hit)]
+        busy = sum(end - start for start, end in classes.get(name, []))
+        table[name] = {"busy_s": busy, "requests": len(chosen), "p50_s": percentile(chosen, 0.5),
+                       "p99_s": percentile(chosen, 0.99), "slow": len(slow),
+                       "slow_alone": sum(1 for hit in slow if len(hit) <= 1)}
+    slowest = sorted(zip(phase.latencies, hits), reverse=True)[:10]
+    return {"slow_threshold_s": slow_s, "slow_total": sum(1 for lat in phase.latencies if lat > slow_s),
+            "classes": table, "slowest": [{"latency_s": lat, "overlapped": hit} for lat, hit in slowest]}
 
 
 # --- the soak ----------------------------------------------------------------------------------------------
@@ -401,16 +495,21 @@ async def soak_phases(base: str, model: str, server: subprocess.Popen[bytes], po
     limits = httpx.Limits(max_connections=options.clients, max_keepalive_connections=options.clients)
     watch = Watch(server, options.max_server_rss_gb * 2**30)
     watcher = asyncio.create_task(watch.run())
-    outcomes: dict[str, Any] = {"outcomes": {}, "held_s": {}}
+    outcomes: dict[str, Any] = {"outcomes": {}, "held_s": {}, "windows": {}, "attacker_cpu_s_per_s": None}
     async with httpx.AsyncClient(base_url=base, headers=headers, limits=limits) as client:
         chats = normal_chats(model)
         expected = await expected_answers(client, chats)
+        engines = [pid for pid in tree_pids(server.pid) if pid != server.pid]
+        cpu = [(cpu_seconds([server.pid]), cpu_seconds(engines))]
         baseline = await normal_traffic(client, chats, expected, options.baseline_minutes * 60, options.clients, watch)
+        cpu.append((cpu_seconds([server.pid]), cpu_seconds(engines)))
         rss_before = tree_rss_bytes(server.pid)
+        api_rss_before = rss_bytes(server.pid)
         baseline_peak, watch.peak_bytes = watch.peak_bytes, 0
         seconds = options.minutes * 60
         attacker = start_attacker(port, model, seconds, options)
         attacked = await normal_traffic(client, chats, expected, seconds, options.clients, watch)
+        cpu.append((cpu_seconds([server.pid]), cpu_seconds(engines)))
         if watch.aborted is not None:
             attacker.kill()
         out, _ = await asyncio.to_thread(attacker.communicate, timeout=ATTACK_TIMEOUT_S * 4)
@@ -420,16 +519,25 @@ async def soak_phases(base: str, model: str, server: subprocess.Popen[bytes], po
     if watch.aborted is None:
         await asyncio.sleep(options.settle_s)
     rss_after = tree_rss_bytes(server.pid) if watch.aborted is None else 0
+    api_rss_after = rss_bytes(server.pid) if watch.aborted is None else 0
     watch.done = True
     await watcher
     base_p99 = baseline.summary()["p99_s"]
+    windows = outcomes.pop("windows")
     return {"baseline": baseline.summary(), "attack": attacked.summary(),
+            "attribution": attribution(attacked, windows, base_p99),
             "p99_ratio": attacked.summary()["p99_s"] / base_p99 if base_p99 == base_p99 and base_p99 > 0 else None,
             "wrong_answers": sum(baseline.wrong.values()) + sum(attacked.wrong.values()),
             "rss_before_mib": rss_before / 2**20, "rss_after_mib": rss_after / 2**20,
-            "rss_ratio": rss_after / rss_before, "baseline_peak_rss_mib": baseline_peak / 2**20,
+            "rss_ratio": rss_after / rss_before,
+            "api_server_rss_mib": {"before": api_rss_before / 2**20, "after": api_rss_after / 2**20}, "baseline_peak_rss_mib": baseline_peak / 2**20,
             "attack_peak_rss_mib": attack_peak / 2**20, "aborted": watch.aborted,
-            "attacker_exit": attacker.returncode, **outcomes}
+            "attacker_exit": attacker.returncode,
+            "cpu_s_per_s": {phase: {"api_server": (cpu[k + 1][0] - cpu[k][0]) / length,
+                                    "engine": (cpu[k + 1][1] - cpu[k][1]) / length}
+                            for k, (phase, length) in enumerate([("baseline", options.baseline_minutes * 60),
+                                                                  ("attack", seconds)])},
+            **outcomes}
 
 
 def soak(options: SoakOptions) -> dict[str, Any]:
@@ -458,15 +566,33 @@ def report_soak(report: Report, result: dict[str, Any]) -> None:
         report.add(GROUP, f"{phase}: p99 latency", summary["p99_s"] * 1000, "ms")
     if result["p99_ratio"] is not None:
         report.ratio(GROUP, "p99 under attack / attack-free", result["p99_ratio"], at_most=P99_LIMIT)
+    for phase, used in result["cpu_s_per_s"].items():
+        report.add(GROUP, f"{phase}: CPU of the API server", used["api_server"], "s/s")
+        report.add(GROUP, f"{phase}: CPU of the engine", used["engine"], "s/s")
+    if result["attacker_cpu_s_per_s"] is not None:
+        report.add(GROUP, "CPU of the attacker (same machine)", result["attacker_cpu_s_per_s"], "s/s")
     report.add(GROUP, "server RSS at the end of the baseline", result["rss_before_mib"], "MiB")
     report.add(GROUP, "server RSS after the attacks and settling", result["rss_after_mib"], "MiB")
     report.ratio(GROUP, "RSS after / before", result["rss_ratio"], at_most=RSS_LIMIT)
+    report.add(GROUP, "the API server's own RSS before", result["api_server_rss_mib"]["before"], "MiB")
+    report.add(GROUP, "the API server's own RSS after", result["api_server_rss_mib"]["after"], "MiB")
     report.add(GROUP, "server peak RSS, attack-free", result["baseline_peak_rss_mib"], "MiB")
     report.add(GROUP, "server peak RSS under attack", result["attack_peak_rss_mib"], "MiB")
     for attack, outcomes in result["outcomes"].items():
         print(f"  {GROUP:<22} {attack}: {outcomes}", flush=True)
     for attack, held in result["held_s"].items():
         print(f"  {GROUP:<22} {attack}: held open up to {held:.1f} s", flush=True)
+    found = result["attribution"]
+    print(f"  {GROUP:<22} normal requests under attack slower than the attack-free p99 "
+          f"({found['slow_threshold_s'] * 1000:.1f} ms): {found['slow_total']}; per attack class they overlapped:",
+          flush=True)
+    for name, row in sorted(found["classes"].items(), key=lambda item: -item[1]["slow"]):
+        print(f"  {GROUP:<22}   {name:<20} busy {row['busy_s']:6.1f} s  overlapped {row['requests']:5d}  "
+              f"p50 {row['p50_s'] * 1000:7.1f} ms  p99 {row['p99_s'] * 1000:7.1f} ms  slow {row['slow']:4d} "
+              f"(alone {row['slow_alone']})", flush=True)
+    for slow in found["slowest"]:
+        print(f"  {GROUP:<22}   {slow['latency_s'] * 1000:7.1f} ms: {', '.join(slow['overlapped']) or 'no attack'}",
+              flush=True)
 
 
 def run(report: Report, quick: bool) -> None:

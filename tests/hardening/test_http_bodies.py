@@ -116,6 +116,17 @@ def test_a_million_messages_are_refused_before_they_are_decoded(server: Server) 
     assert server.peak() - before < 6 * len(body), (server.peak() - before) / MiB
 
 
+def test_a_content_of_another_kind_does_not_let_a_million_messages_through(server: Server) -> None:
+    """One message whose content is a number made the counting decode fail, which skipped the
+    bound: the million messages were decoded into a million dicts."""
+    body = chat_body([{"role": "user", "content": "a"}] * 1_000_000 + [{"role": "user", "content": 5}])
+    before = server.reset_peak()
+    status, answer = server.post("/v1/chat/completions", body, timeout=30)
+    assert (status, answer["error"]["param"]) == (400, "messages")
+    assert answer["error"]["message"].startswith("The request has 1000001 messages; the server's limit is 10000 ")
+    assert server.peak() - before < 6 * len(body), (server.peak() - before) / MiB
+
+
 def test_a_million_text_parts_are_refused_before_they_are_decoded(server: Server) -> None:
     """One message of a million text parts: before, 400 after 7 s and +892 MiB."""
     body = chat_body([{"role": "user", "content": [{"type": "text", "text": "a"}] * 1_000_000}])
@@ -137,8 +148,10 @@ def test_text_longer_than_any_prompt_is_refused_before_the_template(server: Serv
     status, answer = server.post("/v1/chat/completions", body)
     assert status == 400
     assert answer["error"]["param"] == "messages"
-    assert answer["error"]["message"].startswith("The messages hold 1200000 characters of text; the longest prompt "
-                                                 "the server tokenizes is ")
+    # 1,200,000 bytes of text hold at least 100,000 characters (12 bytes at most to one): over the bound, so
+    # the 1.2 MB are refused from their length, never decoded into strings
+    assert answer["error"]["message"].startswith("The messages hold at least 100000 characters of text; the longest "
+                                                 "prompt the server tokenizes is ")
 
 
 def test_bodies_in_flight_together_are_bounded(server: Server) -> None:

@@ -9,6 +9,7 @@ port in a thread; timeouts are set to fractions of a second."""
 
 from __future__ import annotations
 
+import selectors
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from mmfront.serve.http_protocol import TIMEOUT_SPREAD
 from mmfront.serve.launcher import uvicorn_config
 from mmfront.serve.settings import ServeSettings
 from mmfront.testing.servers import run_uvicorn
@@ -92,6 +94,29 @@ def test_a_connection_that_sends_nothing_is_closed() -> None:
     with served() as port:
         response = answer(connect(port))
         assert status_of(response) == 408
+
+
+def test_connections_opened_together_do_not_all_time_out_in_one_turn_of_the_loop() -> None:
+    """Issue 36's soak: a thousand idle connections opened at once all timed out in one turn of
+    the event loop, and every normal request waited while they were closed (and reopened by their
+    client). Each timeout now ends at a random point of its last fifth: never later than the
+    setting, never earlier than 80 % of it."""
+    with served(header_read_timeout=1.0) as port:
+        selector = selectors.DefaultSelector()
+        opened = time.monotonic()
+        for _ in range(60):
+            selector.register(connect(port), selectors.EVENT_READ)
+        closed: list[float] = []
+        while len(closed) < 60:
+            for key, _ in selector.select(timeout=10):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if not sock.recv(65536):
+                    closed.append(time.monotonic() - opened)
+                    selector.unregister(sock)
+                    sock.close()
+        assert min(closed) >= 1.0 * (1 - TIMEOUT_SPREAD), closed
+        assert max(closed) - min(closed) > 0.05, closed  # before: all within a few milliseconds
 
 
 def test_a_stalled_body_is_closed_with_408() -> None:

@@ -46,7 +46,7 @@ from mmfront.preprocess.truncation import resolve_truncation
 from mmfront.processing import BaseProcessingInfo
 from mmfront.serve import beam_search, openapi, protocol, responses, tokenize
 from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
-from mmfront.serve.chat_bounds import check_chat_counts, check_chat_text
+from mmfront.serve.chat_bounds import check_chat_body
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
 from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
@@ -232,7 +232,6 @@ class _Server:
         req = await self._off_loop(self._decode_tokenize, body)
         self._check_model(req.model)
         if isinstance(req, tokenize.TokenizeChatRequest):
-            check_chat_text(req.messages, self.max_prompt_chars)
             self._check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
             req.chat_template_kwargs = self._template_kwargs(req.chat_template_kwargs)
         request_id = f"tokenize-{_base_id(request, None)}"
@@ -769,20 +768,20 @@ class _Server:
                                         max_model_len=self.max_model_len, max_output_tokens=max_output_tokens)
         return {"add_special_tokens": req.add_special_tokens, "truncation": truncation, "session_id": session_id}
 
-    def _check_chat_counts(self, body: bytes) -> None:
-        check_chat_counts(body, max_messages=self.settings.max_chat_messages, max_parts=self.settings.max_content_parts)
+    def _check_chat_body(self, body: bytes) -> None:
+        check_chat_body(body, max_messages=self.settings.max_chat_messages, max_parts=self.settings.max_content_parts,
+                        max_prompt_chars=self.max_prompt_chars)
 
     def _decode_chat(self, body: bytes) -> ChatCompletionRequest:
-        """A chat body decoded off the loop: its messages and parts counted before they are built
-        (a million messages are refused before a million structs exist), its text checked after."""
-        self._check_chat_counts(body)
-        req = protocol.decode_request(body, ChatCompletionRequest)
-        check_chat_text(req.messages, self.max_prompt_chars)
-        return req
+        """A chat body decoded off the loop: its messages and parts counted and its text measured
+        before they are built (a million messages are refused before a million structs exist, a
+        60 MB text before it is decoded twice)."""
+        self._check_chat_body(body)
+        return protocol.decode_request(body, ChatCompletionRequest)
 
     def _decode_tokenize(self, body: bytes) -> tokenize.TokenizeCompletionRequest | tokenize.TokenizeChatRequest:
-        """A ``/tokenize`` body decoded off the loop, a chat one's counts checked first."""
-        self._check_chat_counts(body)
+        """A ``/tokenize`` body decoded off the loop, a chat one's bounds checked first."""
+        self._check_chat_body(body)
         return tokenize.decode_tokenize(body)
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import mmap
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -74,8 +75,13 @@ class HeldBody:
         self.size = 0
 
 
-async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray:
-    """The body in one buffer, refused as soon as it passes ``limit`` (413) or the budget (503)."""
+async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray | mmap.mmap:
+    """The body in one buffer, refused as soon as it passes ``limit`` (413) or the budget (503).
+    A declared body of :data:`MMAP_THRESHOLD_BYTES` or more is read into an anonymous mapping,
+    whose pages the kernel zeroes as the bytes arrive: ``bytearray(size)`` zeroes all of them
+    at once, on the event loop (a 60 MB body held it ~15-25 ms before a byte was read, and four
+    arriving together four times that), and makes the server's memory grow by the declared size
+    rather than by the bytes received."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit():
         size = int(declared)
@@ -83,7 +89,7 @@ async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray:
             raise BodyTooLargeError(f"The request body ({size} bytes) is larger than the server's limit of {limit} "
                                     "bytes.")
         held.grow(size)
-        body = bytearray(size)
+        body: bytearray | mmap.mmap = mmap.mmap(-1, size) if size >= MMAP_THRESHOLD_BYTES else bytearray(size)
         view = memoryview(body)
         filled = 0
         async for part in request.stream():
@@ -91,13 +97,13 @@ async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray:
             filled += len(part)
         view.release()
         return body
-    body = bytearray()
+    chunked = bytearray()
     async for part in request.stream():
-        if len(body) + len(part) > limit:
+        if len(chunked) + len(part) > limit:
             raise BodyTooLargeError(f"The request body is larger than the server's limit of {limit} bytes.")
         held.grow(len(part))
-        body += part
-    return body
+        chunked += part
+    return chunked
 
 
 __all__ = ["MMAP_THRESHOLD_BYTES", "BodyBudget", "HeldBody", "read_body", "return_large_buffers_to_the_os"]
