@@ -1,9 +1,11 @@
 """mmfront's parsers and the installed vLLM 0.33 parsers, side by side, on the model outputs of
 vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and, when both are
-fed the text token by token (vLLM's stream parsers run on the peer's tokenizer with the markers
-added: tests/serve/data/vllm_parser_oracle.py), the same deltas chunk by chunk (the parsers that
-stream a call's name, then its arguments in fragments) or the same assembled answer (those that
-send each call whole: parser_cases.STREAMED_WHOLE).
+fed the text token by token (vLLM's chat server's parser, ``parse_delta`` with the last token
+``finished``, on the peer's tokenizer with the markers added: tests/serve/data/vllm_parser_oracle.py),
+the same deltas token by token (the parsers that stream a call's name, then its arguments in
+fragments; mmfront's last delta is its last feed and its finish together, as vLLM flushes its
+parser on the last token) or the same assembled answer (those that send each call whole:
+parser_cases.STREAMED_WHOLE).
 
 Skipped where the peer venv or its model folder is absent."""
 
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parser_cases import REASONING_CASES, STREAMED_WHOLE, TOOL_CASES
+from parser_cases import REASONING_CASES, STREAMED_WHOLE, TOOL_CASES, stream_tools
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
 from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, make_tool_parser
@@ -29,7 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side, pytest.mark.skipi
 
 @pytest.fixture(scope="module")
 def vllm() -> dict[str, Any]:
-    cases = [{"kind": "tool", "parser": p, "text": t, "tools": tools} for p, t, tools, _ in TOOL_CASES.values()]
+    cases = [{"kind": "tool", "parser": p, "text": t, "tools": tools, "stream_tools": stream_tools(case)}
+             for case, (p, t, tools, _) in TOOL_CASES.items()]
     cases += [{"kind": "reasoning", "parser": p, "text": t, "chat_template_kwargs": kw}
               for p, t, kw, _, _ in REASONING_CASES.values()]
     done = subprocess.run([str(PEER), str(ORACLE), str(MODEL)], input=json.dumps(cases), capture_output=True,
@@ -55,11 +58,15 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
             "tool_calls": [[c.name, c.arguments] for c in result.tool_calls]}
     assert mine == answer["whole"]
 
-    stream = ToolCallStream(make_tool_parser(name, tools))
-    if name not in STREAMED_WHOLE:  # vLLM's deltas, chunk by chunk
-        mine = [wire(stream.feed(c)) for c in answer["chunks"]]
-        assert mine == answer["deltas"]
-        assert wire(stream.finish()) is None
+    stream = ToolCallStream(make_tool_parser(name, stream_tools(case)))
+    if name not in STREAMED_WHOLE:  # vLLM's deltas, token by token
+        *chunks, last = answer["chunks"]
+        mine = [wire(stream.feed(c)) for c in chunks]
+        final = stream.feed(last)
+        rest = stream.finish()
+        final.content = (final.content or "") + (rest.content or "") or None
+        final.tool_calls += rest.tool_calls
+        assert [*mine, wire(final)] == [sent(d) for d in answer["deltas"]]
         return
     content, calls = [], []
     for delta in [*(stream.feed(c) for c in answer["chunks"]), stream.finish()]:
@@ -79,6 +86,13 @@ def wire(delta: StreamDelta) -> dict[str, Any] | None:
         return None
     return {"content": delta.content, "tool_calls": [[c.index, c.id is not None, c.type, c.name, c.arguments]
                                                      for c in delta.tool_calls]}
+
+
+def sent(delta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """vLLM's delta as mmfront's stream sends it: one with neither content nor calls (a chunk
+    with ``delta: {}`` or ``"content": ""`` in vLLM's stream) is no chunk (docs/serving.md,
+    "Differences")."""
+    return None if delta is None or (not delta["content"] and not delta["tool_calls"]) else delta
 
 
 @pytest.mark.parametrize("case", sorted(REASONING_CASES))

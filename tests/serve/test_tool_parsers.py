@@ -4,9 +4,12 @@ tests expect."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from parser_cases import REASONING_CASES, STREAMED_TOOLS_DIFFER, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
@@ -17,13 +20,20 @@ def cut(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
-def streamed_tools(parser_name: str, text: str, tools: list | None, size: int) -> tuple[bool, list, str | None]:
+def split(text: str, cuts: list[int]) -> list[str]:
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a] or [""]
+
+
+def streamed_tools(parser_name: str, text: str, tools: list | None, size: int,
+                   chunks: list[str] | None = None) -> tuple[bool, list, str | None]:
     """What a client assembles of the stream, checking vLLM's delta structure: a call's first
-    delta has its id, type and name, the later ones only fragments of its arguments."""
+    delta has its id, type and name (and, for some formats, the first of its arguments), the
+    later ones only fragments of its arguments."""
     stream = ToolCallStream(make_tool_parser(parser_name, tools))
     content: list[str] = []
     calls: dict[int, list[str]] = {}
-    for delta in [*(stream.feed(c) for c in cut(text, size)), stream.finish()]:
+    for delta in [*(stream.feed(c) for c in (chunks if chunks is not None else cut(text, size))), stream.finish()]:
         if delta.content:
             content.append(delta.content)
         for call in delta.tool_calls:
@@ -51,6 +61,18 @@ def test_a_whole_output_parses_as_vllms_tests_expect(case: str) -> None:
     name, text, tools, expected = TOOL_CASES[case]
     result = make_tool_parser(name, tools).extract(text)
     assert (result.tools_called, [(c.name, c.arguments) for c in result.tool_calls], result.content) == expected
+
+
+@pytest.mark.parametrize("parser", sorted({name for name, *_ in TOOL_CASES.values()}))
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_any_split_into_chunks_assembles_as_the_whole_stream(parser: str, data: st.DataObject) -> None:
+    """However the answer is cut into chunks, the stream assembles to what a stream of the whole
+    answer in one chunk sends (the whole answer's calls, or vLLM's stream where it differs)."""
+    case = data.draw(st.sampled_from(sorted(c for c, (name, *_) in TOOL_CASES.items() if name == parser)))
+    name, text, tools, _ = TOOL_CASES[case]
+    cuts = data.draw(st.lists(st.integers(1, max(len(text) - 1, 1)), max_size=40))
+    assert streamed_tools(name, text, tools, 0, split(text, cuts)) == streamed_tools(name, text, tools, len(text) + 1)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 1000])

@@ -84,6 +84,9 @@ class ToolParser:
     engine_based: ClassVar[bool] = False
     """vLLM reads this format with its grammar engine, which also answers ``tool_choice: "none"``
     with the content its reading leaves."""
+    name_with_arguments: ClassVar[bool] = False
+    """Whether vLLM's stream sends a call's name and the first of its arguments in one tool-call
+    delta (its parser engine does), rather than as two deltas of the same index."""
     keeps_special_tokens: ClassVar[bool] = False
     """Whether the request's output keeps special tokens (the markers are special in the
     family's tokenizers; vLLM's parser sets ``skip_special_tokens`` false then)."""
@@ -99,6 +102,18 @@ class ToolParser:
         call's name once it is whole (else the list stops there) and its arguments' text so far,
         which only grows. ``None``: this format streams each call whole."""
         return None
+
+    def new_call_id(self) -> str:
+        """The id of a call this format's stream begins."""
+        return make_tool_call_id()
+
+    def stream_view(self, text: str, final: bool) -> StreamView | None:
+        """What a stream of ``text`` has shown so far: its content and the calls it has begun
+        (both only grow as ``text`` does); ``final``: the answer has ended, so nothing is held
+        back for what may follow. By default the content before the tool section and
+        :meth:`partial_calls`; ``None``: this format streams each call whole."""
+        calls = self.partial_calls(text)
+        return None if calls is None else StreamView(text[:self.content_end(text)], calls)
 
     def streamed_content(self, text: str, result: ExtractedToolCalls) -> str:
         """All the content a stream of ``text`` sends (vLLM's streams may send more than the
@@ -131,6 +146,14 @@ class PartialCall:
 
     name: str | None
     arguments: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamView:
+    """A stream's reading of the text so far (:meth:`ToolParser.stream_view`)."""
+
+    content: str
+    calls: list[PartialCall]
 
 
 @dataclass
@@ -175,14 +198,14 @@ class ToolCallStream:
     def feed(self, delta: str) -> StreamDelta:
         self.text += delta
         out = StreamDelta()
+        view = self.parser.stream_view(self.text, final=False)
+        if view is not None:
+            self._add_view(view, out)
+            return out
         end = self.parser.content_end(self.text)
         if end > self.sent_content:
             out.content = self.text[self.sent_content:end]
             self.sent_content = end
-        partial = self.parser.partial_calls(self.text)
-        if partial is not None:
-            self._add_fragments(partial, out)
-            return out
         marker = self.parser.call_end
         if marker is not None and end < len(self.text) and marker in self.text[-len(delta) - len(marker):]:
             closed = self.text.rfind(marker) + len(marker)  # a call closed in this delta: read the calls so far
@@ -192,10 +215,15 @@ class ToolCallStream:
         return out
 
     def finish(self) -> StreamDelta:
-        """The rest, read as a whole output once the stream has ended (a parser that streams
-        fragments has sent all it will)."""
+        """The rest, once the stream has ended: what a fragment-streaming parser held back for
+        what might follow, or the calls of a format that streams them whole, read from the whole
+        output."""
         out = StreamDelta()
-        if self.parser.content_end(self.text) >= len(self.text) or self.parser.partial_calls(self.text) is not None:
+        view = self.parser.stream_view(self.text, final=True)
+        if view is not None:
+            self._add_view(view, out)
+            return out
+        if self.parser.content_end(self.text) >= len(self.text):
             return out
         result = self.parser.extract(self.text)
         self._add_calls(result, out)
@@ -205,19 +233,35 @@ class ToolCallStream:
         self.sent_content = len(self.text)
         return out
 
+    def _add_view(self, view: StreamView, out: StreamDelta) -> None:
+        if len(view.content) > self.sent_content:
+            out.content = view.content[self.sent_content:]
+            self.sent_content = len(view.content)
+        self._add_fragments(view.calls, out)
+
     def _add_fragments(self, calls: list[PartialCall], out: StreamDelta) -> None:
-        """vLLM's diffing: a new call's name first, then the arguments' text it has not sent."""
+        """vLLM's diffing: a new call's id, type and name, then the arguments' text it has not
+        sent (in the name's delta where the format's vLLM parser sends them together)."""
         for index, call in enumerate(calls):
-            if index >= self.sent_calls:
+            new = index >= self.sent_calls
+            if new:
                 if call.name is None:
                     break
-                out.tool_calls.append(CallDelta(index, make_tool_call_id(), "function", call.name))
                 self.sent_calls += 1
                 self.sent_arguments.append("")
             sent = self.sent_arguments[index]
+            fragment = None
             if call.arguments is not None and len(call.arguments) > len(sent):
-                out.tool_calls.append(CallDelta(index, arguments=call.arguments[len(sent):]))
+                fragment = call.arguments[len(sent):]
                 self.sent_arguments[index] = call.arguments
+            if new:
+                together = self.parser.name_with_arguments
+                out.tool_calls.append(CallDelta(index, self.parser.new_call_id(), "function", call.name,
+                                                fragment if together else None))
+                if together:
+                    continue
+            if fragment is not None:
+                out.tool_calls.append(CallDelta(index, arguments=fragment))
 
     def _add_calls(self, result: ExtractedToolCalls, out: StreamDelta) -> None:
         if result.tools_called and len(result.tool_calls) > self.sent_calls:
@@ -226,5 +270,5 @@ class ToolCallStream:
             self.sent_calls = len(result.tool_calls)
 
 
-__all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "ToolCall", "ToolCallStream", "ToolParser", "json_arguments",
+__all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "StreamView", "ToolCall", "ToolCallStream", "ToolParser", "json_arguments",
            "make_tool_call_id", "no_tool_calls", "partial_overlap"]
