@@ -129,6 +129,28 @@ TOOL_CASES: dict[str, tuple[str, str, list[dict[str, Any]] | None, tuple[bool, l
                                (True, [("f", '{"a": "x y", "b": "2"}')], None)),
 }
 
+FORCED_TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+_ARRAY = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+_NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+# mistral with tool_choice "required" or a named tool, whose output vLLM constrains to a bare JSON
+# array (a Hugging Face tokenizer): (model output, tool_choice, whether the vocabulary has
+# [ARGS]) -> the whole answer vLLM 0.33 reads (tools_called, [(name, arguments)], content)
+FORCED_MISTRAL_CASES: dict[str, tuple[str, Any, bool, tuple[bool, list[tuple[str, str]], str | None]]] = {
+    "v11_required_array": (_ARRAY, "required", True, (False, [], _ARRAY)),
+    "v11_named_array": (_ARRAY, _NAMED, True, (False, [], _ARRAY)),
+    "v11_required_marker": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "required", True,
+                            (True, [("get_weather", '{"city": "Paris"}')], None)),
+    "pre_v11_required_array": (_ARRAY, "required", False, (True, [("get_weather", '{"city": "Paris"}')], None)),
+    "pre_v11_named_array": (_ARRAY, _NAMED, False, (True, [("get_weather", '{"city": "Paris"}')], None)),
+    "pre_v11_required_marker": ("Hi [TOOL_CALLS]" + _ARRAY, "required", False,
+                                (True, [("get_weather", '{"city": "Paris"}')], "Hi ")),
+    "pre_v11_required_cut": ('[{"name": "get_weather", "arguments": {"ci', "required", False,
+                             (False, [], '[{"name": "get_weather", "arguments": {"ci')),
+    "pre_v11_auto_array": (_ARRAY, "auto", False, (False, [], _ARRAY)),
+}
+
 
 def stream_tools(case: str) -> list[dict[str, Any]]:
     """The request's tools for a case's stream (vLLM reads calls in a stream only when the

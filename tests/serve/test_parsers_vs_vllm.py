@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parser_cases import REASONING_CASES, STREAMED_WHOLE, TOOL_CASES, stream_tools
+from parser_cases import FORCED_MISTRAL_CASES, FORCED_TOOLS, REASONING_CASES, STREAMED_WHOLE, TOOL_CASES, stream_tools
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
-from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, make_tool_parser
+from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, join_call_deltas, make_tool_parser
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
 PEER = vllm_peer_python()
@@ -35,10 +35,12 @@ def vllm() -> dict[str, Any]:
              for case, (p, t, tools, _) in TOOL_CASES.items()]
     cases += [{"kind": "reasoning", "parser": p, "text": t, "chat_template_kwargs": kw}
               for p, t, kw, _, _ in REASONING_CASES.values()]
+    cases += [{"kind": "tool", "parser": "mistral", "text": t, "tools": FORCED_TOOLS, "tool_choice": choice,
+               "without_markers": [] if args else ["[ARGS]"]} for t, choice, args, _ in FORCED_MISTRAL_CASES.values()]
     done = subprocess.run([str(PEER), str(ORACLE), str(MODEL)], input=json.dumps(cases), capture_output=True,
                           text=True, timeout=600, check=True)
     answers = json.loads(done.stdout)
-    return dict(zip([*TOOL_CASES, *REASONING_CASES], answers))
+    return dict(zip([*TOOL_CASES, *REASONING_CASES, *(f"forced-{c}" for c in FORCED_MISTRAL_CASES)], answers))
 
 
 def _args(arguments: str) -> Any:
@@ -60,13 +62,7 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
 
     stream = ToolCallStream(make_tool_parser(name, stream_tools(case)))
     if name not in STREAMED_WHOLE:  # vLLM's deltas, token by token
-        *chunks, last = answer["chunks"]
-        mine = [wire(stream.feed(c)) for c in chunks]
-        final = stream.feed(last)
-        rest = stream.finish()
-        final.content = (final.content or "") + (rest.content or "") or None
-        final.tool_calls += rest.tool_calls
-        assert [*mine, wire(final)] == [sent(d) for d in answer["deltas"]]
+        assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
         return
     content, calls = [], []
     for delta in [*(stream.feed(c) for c in answer["chunks"]), stream.finish()]:
@@ -78,6 +74,35 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
     # vLLM's serving layer sends what its stream parser held back when the stream ends; the
     # arguments a client assembles are then the whole answer's
     assert calls == [[n, _args(a)] for n, a in answer["whole"]["tool_calls"]][:len(calls)]
+
+
+@pytest.mark.parametrize("case", sorted(FORCED_MISTRAL_CASES))
+def test_mistral_forced_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
+    """The bare JSON array vLLM constrains ``required`` and named calls to, read as vLLM reads it:
+    calls where the vocabulary predates ``[ARGS]``, content after it; a stream with ``[ARGS]``
+    sends vLLM's deltas (one without streams each call whole: docs/serving.md)."""
+    text, choice, has_args, expected = FORCED_MISTRAL_CASES[case]
+    answer = vllm[f"forced-{case}"]
+    vocab = {"[TOOL_CALLS]": 1, **({"[ARGS]": 2} if has_args else {})}
+    forced = choice != "auto"
+    result = make_tool_parser("mistral", FORCED_TOOLS, vocab, forced=forced).extract(text)
+    mine = (result.tools_called, [(c.name, c.arguments) for c in result.tool_calls], result.content)
+    theirs = answer["whole"]
+    assert mine == (theirs["tools_called"], [tuple(c) for c in theirs["tool_calls"]], theirs["content"]) == expected
+    if has_args:
+        stream = ToolCallStream(make_tool_parser("mistral", FORCED_TOOLS, vocab, forced=forced))
+        assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
+
+
+def token_by_token(stream: ToolCallStream, chunks: list[str]) -> list[dict[str, Any] | None]:
+    """The deltas of a stream fed ``chunks``, its end flushed into the last one's delta."""
+    *first, last = chunks
+    deltas = [wire(stream.feed(c)) for c in first]
+    final = stream.feed(last)
+    rest = stream.finish()
+    final.content = (final.content or "") + (rest.content or "") or None
+    final.tool_calls = join_call_deltas(final.tool_calls, rest.tool_calls)
+    return [*deltas, wire(final)]
 
 
 def wire(delta: StreamDelta) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 
 Reads a JSON list of cases on stdin (``{"kind": "tool"|"reasoning", "parser": NAME, "text": STR,
 "tools": [...] | null, "stream_tools": [...] | null (the request's tools for the stream, which
-vLLM reads only with tools), "tool_choice": ... | null, "chat_template_kwargs": {...} | null}``) and writes, per case, what the
+vLLM reads only with tools), "tool_choice": ... | null, "without_markers": [...] | null (markers the
+tokenizer lacks), "chat_template_kwargs": {...} | null}``) and writes, per case, what the
 installed vLLM parser returns: the non-streaming extraction, and the stream of the text's tokens
 (``chunks``: each token's text, as an incremental detokenizer gives it) reassembled: the content,
 the reasoning, and each tool call's name and concatenated arguments; and, for tool parsers, each
@@ -26,11 +27,12 @@ MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<|python_tag|>
            "<｜tool▁sep｜>", "<|im_end|>", "<|im_start|>"]
 
 
-def tokenizer(model: str) -> Any:
+def tokenizer(model: str, without: tuple[str, ...] = ()) -> Any:
+    """``without``: markers left out (``[ARGS]``: a Mistral vocabulary before v11)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    tok.add_special_tokens({"additional_special_tokens": MARKERS})
+    tok.add_special_tokens({"additional_special_tokens": [m for m in MARKERS if m not in without]})
     return tok
 
 
@@ -139,9 +141,13 @@ def main() -> None:
     import logging
 
     logging.disable(logging.CRITICAL)
-    tok = tokenizer(sys.argv[1])
+    tokenizers = {(): tokenizer(sys.argv[1])}
     out = []
     for case in json.load(sys.stdin):
+        without = tuple(case.get("without_markers") or ())
+        if without not in tokenizers:
+            tokenizers[without] = tokenizer(sys.argv[1], without)
+        tok = tokenizers[without]
         case["chunks"] = chunks(tok, case["text"])
         try:
             out.append(run_tool(tok, case) if case["kind"] == "tool" else run_reasoning(tok, case))

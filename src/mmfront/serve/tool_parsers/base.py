@@ -103,6 +103,11 @@ class ToolParser:
         which only grows. ``None``: this format streams each call whole."""
         return None
 
+    def forced_calls_schema(self, named: str | None) -> dict[str, Any] | None:
+        """The JSON schema this format's vLLM parser itself constrains ``tool_choice:
+        "required"`` (``named``: ``None``) or a named tool to, where it does (else ``None``)."""
+        return None
+
     def new_call_id(self) -> str:
         """The id of a call this format's stream begins."""
         return make_tool_call_id()
@@ -170,6 +175,17 @@ class CallDelta:
     @classmethod
     def whole(cls, index: int, call: ToolCall) -> CallDelta:
         return cls(index, call.id, call.type, call.name, call.arguments)
+
+
+def join_call_deltas(first: list[CallDelta], then: list[CallDelta]) -> list[CallDelta]:
+    """Two steps' tool-call deltas sent as one (the last token's and what the stream's end
+    flushed): a fragment of the call the first ended with joins that call's last delta, as
+    vLLM appends what its parser held back to the last token's delta."""
+    if first and then and then[0].id is None and then[0].index == first[-1].index:
+        last = first[-1]
+        joined = CallDelta(last.index, last.id, last.type, last.name, (last.arguments or "") + (then[0].arguments or ""))
+        return [*first[:-1], joined, *then[1:]]
+    return [*first, *then]
 
 
 @dataclass
@@ -270,5 +286,18 @@ class ToolCallStream:
             self.sent_calls = len(result.tool_calls)
 
 
-__all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "StreamView", "ToolCall", "ToolCallStream", "ToolParser", "json_arguments",
-           "make_tool_call_id", "no_tool_calls", "partial_overlap"]
+__all__ = [
+    "CallDelta",
+    "ExtractedToolCalls",
+    "PartialCall",
+    "StreamDelta",
+    "StreamView",
+    "ToolCall",
+    "ToolCallStream",
+    "ToolParser",
+    "join_call_deltas",
+    "json_arguments",
+    "make_tool_call_id",
+    "no_tool_calls",
+    "partial_overlap",
+]

@@ -40,13 +40,35 @@ class MistralToolParser(ToolParser):
     name_with_arguments = True
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None,
-                 vocab: Mapping[str, int] | None = None) -> None:
+                 vocab: Mapping[str, int] | None = None, *, forced: bool = False) -> None:
         super().__init__(tools)
         self.named_calls = vocab is None or ARGS in vocab
+        self.forced = forced
+        """``tool_choice: "required"`` or a named tool: the output is the bare JSON array
+        :meth:`forced_calls_schema` constrains it to, which only the format before v11 reads
+        as calls (vLLM 0.33 reads it as content where the vocabulary has ``[ARGS]``)."""
+
+    def forced_calls_schema(self, named: str | None) -> dict[str, Any] | None:
+        """vLLM's schema for a Hugging Face tokenizer: an array of ``{"name", "arguments"}``,
+        at most one item for a named tool (``parallel_tool_calls`` does not cap it)."""
+        tools = [t["function"] for t in self.tools if named is None or t["function"]["name"] == named]
+        if not tools:
+            return None
+        items = [{"type": "object", "properties": {"name": {"type": "string", "enum": [f["name"]]},
+                                                   "arguments": f.get("parameters") or {"type": "object"}},
+                  "required": ["name", "arguments"]} for f in tools]
+        return {"type": "array", "minItems": 1, **({"maxItems": 1} if named is not None else {}),
+                "items": {"type": "object", "anyOf": items}}
+
+    def content_end(self, text: str) -> int:
+        """The bare array of a forced call before v11 is never content."""
+        return 0 if self.forced and not self.named_calls else super().content_end(text)
 
     def extract(self, text: str) -> ExtractedToolCalls:
         if TOOL_CALLS not in text:
-            return no_tool_calls(text)
+            if not (self.forced and not self.named_calls):
+                return no_tool_calls(text)
+            text = TOOL_CALLS + text  # the bare array of a forced call, read as after the marker
         content, *segments = text.split(TOOL_CALLS)
         calls = self._named(segments) if self.named_calls else self._listed(segments)
         if calls is None:
