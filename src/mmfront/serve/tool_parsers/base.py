@@ -286,18 +286,5 @@ class ToolCallStream:
             self.sent_calls = len(result.tool_calls)
 
 
-__all__ = [
-    "CallDelta",
-    "ExtractedToolCalls",
-    "PartialCall",
-    "StreamDelta",
-    "StreamView",
-    "ToolCall",
-    "ToolCallStream",
-    "ToolParser",
-    "join_call_deltas",
-    "json_arguments",
-    "make_tool_call_id",
-    "no_tool_calls",
-    "partial_overlap",
-]
+__all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "StreamView", "ToolCall", "ToolCallStream",
+           "ToolParser", "join_call_deltas", "json_arguments", "make_tool_call_id", "no_tool_calls", "partial_overlap"]
