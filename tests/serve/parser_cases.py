@@ -122,6 +122,7 @@ TOOL_CASES: dict[str, tuple[str, str, list[dict[str, Any]] | None, tuple[bool, l
     "deepseek_v3_pretty": ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
                            '{\n  "a": 1\n}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>after', None,
                            (True, [("f", '{\n  "a": 1\n}')], "after")),
+    "pythonic_cut": ("pythonic", "[get_weather(city='San Fr", None, (False, [], "[get_weather(city='San Fr")),
     "qwen3_coder_cut": ("qwen3_coder", "<tool_call>\n<function=bash>\n<parameter=command>\nls -l", WEATHER_TOOLS,
                         (True, [("bash", "{}")], None)),
     "qwen3_coder_two_params": ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\nx y\n</parameter>\n"
@@ -171,6 +172,7 @@ STREAMED_TOOLS_DIFFER: dict[str, tuple[bool, list[tuple[str, str]], str | None]]
     "hermes_invalid_json": (True, [("final_answer", '{"trigger": true}')], None),
     "deepseek_v3_cut": (True, [("get_weather", '{"city": "To')], "Hi."),
     "qwen3_coder_cut": (True, [("bash", '{"command": "ls -l')], None),
+    "pythonic_cut": (True, [("get_weather", '{"city": "San Fr')], None),
     # Mistral's arguments stream as written, what follows their JSON included
     "mistral_text_after": (True, [("add", '{"a": 1} done')], None),
     # what follows a call's opening marker is not content, in vLLM's stream, even when it is no call
@@ -180,7 +182,6 @@ STREAMED_TOOLS_DIFFER: dict[str, tuple[bool, list[tuple[str, str]], str | None]]
 
 STREAMED_WHOLE = {
     "llama3_json": "vLLM streams the arguments from partial_json_parser's reading of the JSON so far",
-    "pythonic": "vLLM streams each call's arguments from its reading of the unfinished Python list",
 }
 """Parsers whose stream sends each call whole, once it is complete, where vLLM's sends the name
 first and the arguments in fragments (docs/serving.md, "Differences"); the others send vLLM's
