@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from parser_cases import REASONING_CASES, STREAMED_TOOLS_DIFFER, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
-from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, make_tool_parser
+from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, join_call_deltas, make_tool_parser
 
 
 def cut(text: str, size: int) -> list[str]:
@@ -103,6 +103,26 @@ def test_a_call_cut_by_max_tokens_has_sent_its_name_and_arguments_so_far() -> No
     deltas = [stream.feed(piece) for piece in ('<tool_call>{"name": "f", "arguments": ', '{"city": "Pa')]
     assert [(c.name, c.arguments) for d in deltas for c in d.tool_calls] == [("f", None), (None, '{"city": "Pa')]
     assert stream.finish().tool_calls == [] and stream.tools_called
+
+
+def test_what_the_end_flushes_joins_the_last_tokens_fragment() -> None:
+    """vLLM appends what its parser held back to the last token's delta: one fragment."""
+    stream = ToolCallStream(make_tool_parser("mistral", None))
+    assert [c.arguments for c in stream.feed('[TOOL_CALLS]f[ARGS]{"a"').tool_calls] == ['{"a"']
+    last = stream.feed(": 1}")
+    rest = stream.finish()
+    assert [c.arguments for c in last.tool_calls] == [": 1"] and [c.arguments for c in rest.tool_calls] == ["}"]
+    assert [(c.index, c.id, c.arguments) for c in join_call_deltas(last.tool_calls, rest.tool_calls)] == [
+        (0, None, ": 1}")]
+
+
+def test_qwen3_typed_values_wait_for_the_next_tag_and_strings_stream() -> None:
+    stream = ToolCallStream(make_tool_parser("qwen3_coder", [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}]))
+    pieces = ["<tool_call>\n<function=f>\n", "<parameter=n>\n", "5\n</parameter>\n", "<parameter=s>\n", "a b",
+              "\n</parameter>\n</function>\n</tool_call>"]
+    sent = [[(c.name, c.arguments) for c in stream.feed(p).tool_calls] for p in pieces]
+    assert sent == [[("f", None)], [(None, '{"n": ')], [], [(None, '5, "s": "')], [(None, "a b")], [(None, '"}')]]
 
 
 def test_call_ids_are_vllms() -> None:
