@@ -2,12 +2,14 @@
 and the streaming driver that turns a parser of whole outputs into deltas.
 
 A parser (``--tool-call-parser NAME``) knows one model family's format and reads a finished
-output (:meth:`ToolParser.extract`). In a stream the text before the tool section streams as
-content. A parser that reads calls still being written (:meth:`ToolParser.partial_calls`)
-streams them as vLLM's does: a call's id, type and name in one delta as soon as the name is
-whole, then its arguments in fragments as they are written, so an answer cut inside a call has
-sent the call so far. The others send each call whole once its end marker has arrived, and read
-what is left at the end, so the stream assembles to the non-streamed answer.
+output (:meth:`ToolParser.extract`). A parser that reads a stream's text so far
+(:meth:`ToolParser.stream_view`: its content and the calls begun, each call's name once whole
+and its arguments so far) streams as vLLM's does: a call's id, type and name in one delta as
+soon as the name is whole, then its arguments in fragments as they are written, and with the
+last token what it held back for what might follow, so an answer cut inside a call has sent the
+call so far. The others stream the text before the tool section as content and send each call
+whole once its end marker has arrived, and read what is left at the end, so the stream
+assembles to the non-streamed answer.
 """
 
 from __future__ import annotations
