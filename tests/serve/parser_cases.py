@@ -110,7 +110,55 @@ TOOL_CASES: dict[str, tuple[str, str, list[dict[str, Any]] | None, tuple[bool, l
                               "</parameter>\n</function>\n</tool_call>", WEATHER_TOOLS,
                               (True, [("bash", '{"command": "ls"}'), ("bash", '{"command": "pwd"}')], None)),
     "qwen3_coder_no_call": ("qwen3_coder", "Just an answer.", WEATHER_TOOLS, (False, [], "Just an answer.")),
+    # answers cut by max_tokens inside a call, JSON nested, text after the calls (what vLLM 0.33's
+    # parsers answer)
+    "mistral_nested": ("mistral", '[TOOL_CALLS]f[ARGS]{"a": {"b": [1, 2]}, "c": "x}"}', None,
+                       (True, [("f", '{"a": {"b": [1, 2]}, "c": "x}"}')], None)),
+    "mistral_cut": ("mistral", 'Sure.[TOOL_CALLS]add[ARGS]{"a": 1, "b', None, (True, [("add", '{"a": 1, "b')], "Sure.")),
+    "mistral_text_after": ("mistral", '[TOOL_CALLS]add[ARGS]{"a": 1} done', None, (True, [("add", '{"a": 1}')], None)),
+    "mistral_no_args_tag": ("mistral", '[TOOL_CALLS]add{"a": 1}', None, (True, [("add", '{"a": 1}')], None)),
+    "deepseek_v3_cut": ("deepseek_v3", "Hi.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+                        '```json\n{"city": "To', None, (True, [], "Hi.")),
+    "deepseek_v3_pretty": ("deepseek_v3", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+                           '{\n  "a": 1\n}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>after', None,
+                           (True, [("f", '{\n  "a": 1\n}')], "after")),
+    "pythonic_cut": ("pythonic", "[get_weather(city='San Fr", None, (False, [], "[get_weather(city='San Fr")),
+    "qwen3_coder_cut": ("qwen3_coder", "<tool_call>\n<function=bash>\n<parameter=command>\nls -l", WEATHER_TOOLS,
+                        (True, [("bash", "{}")], None)),
+    "qwen3_coder_two_params": ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\nx y\n</parameter>\n"
+                               "<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>", None,
+                               (True, [("f", '{"a": "x y", "b": "2"}')], None)),
 }
+
+FORCED_TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+_ARRAY = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+_NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+# mistral with tool_choice "required" or a named tool, whose output vLLM constrains to a bare JSON
+# array (a Hugging Face tokenizer): (model output, tool_choice, whether the vocabulary has
+# [ARGS]) -> the whole answer vLLM 0.33 reads (tools_called, [(name, arguments)], content)
+FORCED_MISTRAL_CASES: dict[str, tuple[str, Any, bool, tuple[bool, list[tuple[str, str]], str | None]]] = {
+    "v11_required_array": (_ARRAY, "required", True, (False, [], _ARRAY)),
+    "v11_named_array": (_ARRAY, _NAMED, True, (False, [], _ARRAY)),
+    "v11_required_marker": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "required", True,
+                            (True, [("get_weather", '{"city": "Paris"}')], None)),
+    "pre_v11_required_array": (_ARRAY, "required", False, (True, [("get_weather", '{"city": "Paris"}')], None)),
+    "pre_v11_named_array": (_ARRAY, _NAMED, False, (True, [("get_weather", '{"city": "Paris"}')], None)),
+    "pre_v11_required_marker": ("Hi [TOOL_CALLS]" + _ARRAY, "required", False,
+                                (True, [("get_weather", '{"city": "Paris"}')], "Hi ")),
+    "pre_v11_required_cut": ('[{"name": "get_weather", "arguments": {"ci', "required", False,
+                             (False, [], '[{"name": "get_weather", "arguments": {"ci')),
+    "pre_v11_auto_array": (_ARRAY, "auto", False, (False, [], _ARRAY)),
+}
+
+
+def stream_tools(case: str) -> list[dict[str, Any]]:
+    """The request's tools for a case's stream (vLLM reads calls in a stream only when the
+    request has tools): the case's, else one of each name it calls."""
+    _, _, tools, (_, calls, _) = TOOL_CASES[case]
+    names = dict.fromkeys(name for name, _ in calls) or {"unused": None}
+    return tools or [{"type": "function", "function": {"name": name}} for name in names]
 
 STREAMED_TOOLS_DIFFER: dict[str, tuple[bool, list[tuple[str, str]], str | None]] = {
     # vLLM's llama3_json stream reads calls only where the output opens with one: all content
@@ -119,8 +167,14 @@ STREAMED_TOOLS_DIFFER: dict[str, tuple[bool, list[tuple[str, str]], str | None]]
     "qwen3_coder_content_first": (True, [("bash", '{"command": "cat /etc/hosts"}')], "Let me check.\n"),
     "qwen3_coder_text_around": (True, [("bash", '{"command": "ls"}')], "  Let me check.\n\nDone."),
     "qwen3_coder_two_calls": (True, [("bash", '{"command": "ls"}'), ("bash", '{"command": "pwd"}')], None),
+    "deepseek_v3_two_and_content": (True, [("a", '{"x": 1}'), ("b", '{"y": [1, 2]}')], "Checking.\n"),
     # an output cut inside a call: vLLM's stream has sent the call so far, its whole answer holds none
     "hermes_invalid_json": (True, [("final_answer", '{"trigger": true}')], None),
+    "deepseek_v3_cut": (True, [("get_weather", '{"city": "To')], "Hi."),
+    "qwen3_coder_cut": (True, [("bash", '{"command": "ls -l')], None),
+    "pythonic_cut": (True, [("get_weather", '{"city": "San Fr')], None),
+    # Mistral's arguments stream as written, what follows their JSON included
+    "mistral_text_after": (True, [("add", '{"a": 1} done')], None),
     # what follows a call's opening marker is not content, in vLLM's stream, even when it is no call
     "llama3_missing_name": (False, [], None),
 }
@@ -128,11 +182,6 @@ STREAMED_TOOLS_DIFFER: dict[str, tuple[bool, list[tuple[str, str]], str | None]]
 
 STREAMED_WHOLE = {
     "llama3_json": "vLLM streams the arguments from partial_json_parser's reading of the JSON so far",
-    "mistral": "vLLM streams the arguments of [ARGS] as they come",
-    "pythonic": "vLLM streams each call's arguments from its reading of the unfinished Python list",
-    "qwen3_xml": "vLLM's parser engine streams each parameter as it closes",
-    "qwen3_coder": "vLLM's parser engine streams each parameter as it closes",
-    "deepseek_v3": "vLLM's stream counts the call markers' token ids and streams the fenced JSON as it comes",
 }
 """Parsers whose stream sends each call whole, once it is complete, where vLLM's sends the name
 first and the arguments in fragments (docs/serving.md, "Differences"); the others send vLLM's

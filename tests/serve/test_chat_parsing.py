@@ -262,6 +262,47 @@ def test_a_named_tool_constrains_to_its_parameters() -> None:
     assert p.finish_reason("stop", True) == "stop"  # OpenAI reports stop for a forced function
 
 
+MISTRAL = (("enable_auto_tool_choice", True), ("tool_call_parser", "mistral"))
+
+
+def test_mistral_required_and_named_send_vllms_json_array_and_read_it_as_content_with_args() -> None:
+    """vLLM with a Hugging Face tokenizer: an array of ``{"name", "arguments"}`` (one item for a
+    named tool, ``parallel_tool_calls`` not counted), which a vocabulary with ``[ARGS]`` reads
+    as content."""
+    weather = {"type": "object", "properties": {"name": {"type": "string", "enum": ["get_weather"]},
+                                                "arguments": {"type": "object", "properties": {"city": {"type": "string"}}}},
+               "required": ["name", "arguments"]}
+    time = {"type": "object", "properties": {"name": {"type": "string", "enum": ["get_time"]},
+                                             "arguments": {"type": "object"}}, "required": ["name", "arguments"]}
+    required = parsing(*MISTRAL, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    params = required.adjust(protocol.sampling_params(request(), None))
+    assert params.structured_outputs is not None and params.structured_outputs.json == {
+        "type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [weather, time]}}
+    named = parsing(*MISTRAL, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    params = named.adjust(protocol.sampling_params(request(response_format={"type": "json_object"}), None))
+    assert params.structured_outputs is not None and params.structured_outputs.json == {
+        "type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "object", "anyOf": [weather]}}
+    regex = parsing(*MISTRAL, tools=TOOLS, tool_choice="required", structured_outputs={"regex": "[a-z]+"})
+    params = regex.adjust(protocol.sampling_params(request(structured_outputs={"regex": "[a-z]+"}), None))
+    assert params.structured_outputs is not None and params.structured_outputs.regex == "[a-z]+"
+    array = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
+    message = required.whole(array)
+    assert message.tool_calls == [] and message.content == array
+    stream = required.stream([])
+    assert stream.feed(array).content == array and not stream.finish()
+
+
+def test_mistral_streams_the_name_with_the_first_argument_then_holds_the_closing_brace() -> None:
+    stream = parsing(*MISTRAL, tools=TOOLS).stream([])
+    assert stream.feed("Sure.[TOOL_CALLS]get_weather[ARGS]").content == "Sure."
+    first = stream.feed('{"city"').tool_calls
+    assert [(c.index, c.type, c.name, c.arguments) for c in first] == [(0, "function", "get_weather", '{"city"')]
+    assert first[0].id is not None and len(first[0].id) == 9
+    assert [c.arguments for c in stream.feed(': "Paris"}').tool_calls] == [': "Paris"']
+    last = stream.feed("").then(stream.finish())
+    assert [(c.index, c.id, c.arguments) for c in last.tool_calls] == [(0, None, "}")]
+
+
 def test_hermes_keeps_special_tokens_for_its_markers() -> None:
     assert not parsing(*AUTO, tools=TOOLS).adjust(protocol.sampling_params(request(), None)).skip_special_tokens
     kept = parsing(*AUTO, tools=TOOLS, tool_choice="none").adjust(protocol.sampling_params(request(), None))

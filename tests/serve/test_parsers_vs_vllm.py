@@ -1,9 +1,11 @@
 """mmfront's parsers and the installed vLLM 0.33 parsers, side by side, on the model outputs of
 vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and, when both are
-fed the text token by token (vLLM's stream parsers run on the peer's tokenizer with the markers
-added: tests/serve/data/vllm_parser_oracle.py), the same deltas chunk by chunk (the parsers that
-stream a call's name, then its arguments in fragments) or the same assembled answer (those that
-send each call whole: parser_cases.STREAMED_WHOLE).
+fed the text token by token (vLLM's chat server's parser, ``parse_delta`` with the last token
+``finished``, on the peer's tokenizer with the markers added: tests/serve/data/vllm_parser_oracle.py),
+the same deltas token by token (the parsers that stream a call's name, then its arguments in
+fragments; mmfront's last delta is its last feed and its finish together, as vLLM flushes its
+parser on the last token) or the same assembled answer (those that send each call whole:
+parser_cases.STREAMED_WHOLE).
 
 Skipped where the peer venv or its model folder is absent."""
 
@@ -15,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parser_cases import REASONING_CASES, STREAMED_WHOLE, TOOL_CASES
+from parser_cases import FORCED_MISTRAL_CASES, FORCED_TOOLS, REASONING_CASES, STREAMED_WHOLE, TOOL_CASES, stream_tools
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
-from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, make_tool_parser
+from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, join_call_deltas, make_tool_parser
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
 PEER = vllm_peer_python()
@@ -29,13 +31,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side, pytest.mark.skipi
 
 @pytest.fixture(scope="module")
 def vllm() -> dict[str, Any]:
-    cases = [{"kind": "tool", "parser": p, "text": t, "tools": tools} for p, t, tools, _ in TOOL_CASES.values()]
+    cases = [{"kind": "tool", "parser": p, "text": t, "tools": tools, "stream_tools": stream_tools(case)}
+             for case, (p, t, tools, _) in TOOL_CASES.items()]
     cases += [{"kind": "reasoning", "parser": p, "text": t, "chat_template_kwargs": kw}
               for p, t, kw, _, _ in REASONING_CASES.values()]
+    cases += [{"kind": "tool", "parser": "mistral", "text": t, "tools": FORCED_TOOLS, "tool_choice": choice,
+               "without_markers": [] if args else ["[ARGS]"]} for t, choice, args, _ in FORCED_MISTRAL_CASES.values()]
     done = subprocess.run([str(PEER), str(ORACLE), str(MODEL)], input=json.dumps(cases), capture_output=True,
                           text=True, timeout=600, check=True)
     answers = json.loads(done.stdout)
-    return dict(zip([*TOOL_CASES, *REASONING_CASES], answers))
+    return dict(zip([*TOOL_CASES, *REASONING_CASES, *(f"forced-{c}" for c in FORCED_MISTRAL_CASES)], answers))
 
 
 def _args(arguments: str) -> Any:
@@ -55,11 +60,9 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
             "tool_calls": [[c.name, c.arguments] for c in result.tool_calls]}
     assert mine == answer["whole"]
 
-    stream = ToolCallStream(make_tool_parser(name, tools))
-    if name not in STREAMED_WHOLE:  # vLLM's deltas, chunk by chunk
-        mine = [wire(stream.feed(c)) for c in answer["chunks"]]
-        assert mine == answer["deltas"]
-        assert wire(stream.finish()) is None
+    stream = ToolCallStream(make_tool_parser(name, stream_tools(case)))
+    if name not in STREAMED_WHOLE:  # vLLM's deltas, token by token
+        assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
         return
     content, calls = [], []
     for delta in [*(stream.feed(c) for c in answer["chunks"]), stream.finish()]:
@@ -73,12 +76,48 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
     assert calls == [[n, _args(a)] for n, a in answer["whole"]["tool_calls"]][:len(calls)]
 
 
+@pytest.mark.parametrize("case", sorted(FORCED_MISTRAL_CASES))
+def test_mistral_forced_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
+    """The bare JSON array vLLM constrains ``required`` and named calls to, read as vLLM reads it:
+    calls where the vocabulary predates ``[ARGS]``, content after it; a stream with ``[ARGS]``
+    sends vLLM's deltas (one without streams each call whole: docs/serving.md)."""
+    text, choice, has_args, expected = FORCED_MISTRAL_CASES[case]
+    answer = vllm[f"forced-{case}"]
+    vocab = {"[TOOL_CALLS]": 1, **({"[ARGS]": 2} if has_args else {})}
+    forced = choice != "auto"
+    result = make_tool_parser("mistral", FORCED_TOOLS, vocab, forced=forced).extract(text)
+    mine = (result.tools_called, [(c.name, c.arguments) for c in result.tool_calls], result.content)
+    theirs = answer["whole"]
+    assert mine == (theirs["tools_called"], [tuple(c) for c in theirs["tool_calls"]], theirs["content"]) == expected
+    if has_args:
+        stream = ToolCallStream(make_tool_parser("mistral", FORCED_TOOLS, vocab, forced=forced))
+        assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
+
+
+def token_by_token(stream: ToolCallStream, chunks: list[str]) -> list[dict[str, Any] | None]:
+    """The deltas of a stream fed ``chunks``, its end flushed into the last one's delta."""
+    *first, last = chunks
+    deltas = [wire(stream.feed(c)) for c in first]
+    final = stream.feed(last)
+    rest = stream.finish()
+    final.content = (final.content or "") + (rest.content or "") or None
+    final.tool_calls = join_call_deltas(final.tool_calls, rest.tool_calls)
+    return [*deltas, wire(final)]
+
+
 def wire(delta: StreamDelta) -> dict[str, Any] | None:
     """A delta as the oracle writes vLLM's (``None``: nothing sent)."""
     if not delta.content and not delta.tool_calls:
         return None
     return {"content": delta.content, "tool_calls": [[c.index, c.id is not None, c.type, c.name, c.arguments]
                                                      for c in delta.tool_calls]}
+
+
+def sent(delta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """vLLM's delta as mmfront's stream sends it: one with neither content nor calls (a chunk
+    with ``delta: {}`` or ``"content": ""`` in vLLM's stream) is no chunk (docs/serving.md,
+    "Differences")."""
+    return None if delta is None or (not delta["content"] and not delta["tool_calls"]) else delta
 
 
 @pytest.mark.parametrize("case", sorted(REASONING_CASES))

@@ -33,10 +33,10 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 TIME = {"type": "function", "function": {"name": "get_time"}}
 STRICT = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
 LOOSE = {**TIME, "function": {**TIME["function"], "strict": False}}
-PARSERS = ["hermes", "qwen3_json", "llama3_json", "deepseek_v3", "qwen3_xml", "qwen3_coder", "pythonic"]
-"""Not ``mistral``: with a Hugging Face tokenizer vLLM constrains its ``required`` and named calls
-to a bare JSON array its engine parser reads; mmfront reads Mistral's own syntax, unconstrained
-(docs/serving.md, "Differences")."""
+PARSERS = ["hermes", "qwen3_json", "llama3_json", "deepseek_v3", "qwen3_xml", "qwen3_coder", "pythonic", "mistral"]
+"""``mistral`` as with a Hugging Face tokenizer: vLLM constrains its ``required`` and named calls
+to a JSON array of ``{"name", "arguments"}`` (with a Mistral tokenizer, Mistral's grammar
+instead, which mmfront does not build: docs/serving.md)."""
 CHOICES: dict[str, Any] = {"auto": "auto", "required": "required", "none": "none",
                            "named": {"type": "function", "function": {"name": "get_weather"}}}
 VARIANTS: dict[str, tuple[dict[str, Any], str | None]] = {

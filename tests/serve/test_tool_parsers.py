@@ -4,26 +4,36 @@ tests expect."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from parser_cases import REASONING_CASES, STREAMED_TOOLS_DIFFER, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
-from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, make_tool_parser
+from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, join_call_deltas, make_tool_parser
 
 
 def cut(text: str, size: int) -> list[str]:
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
 
 
-def streamed_tools(parser_name: str, text: str, tools: list | None, size: int) -> tuple[bool, list, str | None]:
+def split(text: str, cuts: list[int]) -> list[str]:
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a] or [""]
+
+
+def streamed_tools(parser_name: str, text: str, tools: list | None, size: int,
+                   chunks: list[str] | None = None) -> tuple[bool, list, str | None]:
     """What a client assembles of the stream, checking vLLM's delta structure: a call's first
-    delta has its id, type and name, the later ones only fragments of its arguments."""
+    delta has its id, type and name (and, for some formats, the first of its arguments), the
+    later ones only fragments of its arguments."""
     stream = ToolCallStream(make_tool_parser(parser_name, tools))
     content: list[str] = []
     calls: dict[int, list[str]] = {}
-    for delta in [*(stream.feed(c) for c in cut(text, size)), stream.finish()]:
+    for delta in [*(stream.feed(c) for c in (chunks if chunks is not None else cut(text, size))), stream.finish()]:
         if delta.content:
             content.append(delta.content)
         for call in delta.tool_calls:
@@ -51,6 +61,18 @@ def test_a_whole_output_parses_as_vllms_tests_expect(case: str) -> None:
     name, text, tools, expected = TOOL_CASES[case]
     result = make_tool_parser(name, tools).extract(text)
     assert (result.tools_called, [(c.name, c.arguments) for c in result.tool_calls], result.content) == expected
+
+
+@pytest.mark.parametrize("parser", sorted({name for name, *_ in TOOL_CASES.values()}))
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_any_split_into_chunks_assembles_as_the_whole_stream(parser: str, data: st.DataObject) -> None:
+    """However the answer is cut into chunks, the stream assembles to what a stream of the whole
+    answer in one chunk sends (the whole answer's calls, or vLLM's stream where it differs)."""
+    case = data.draw(st.sampled_from(sorted(c for c, (name, *_) in TOOL_CASES.items() if name == parser)))
+    name, text, tools, _ = TOOL_CASES[case]
+    cuts = data.draw(st.lists(st.integers(1, max(len(text) - 1, 1)), max_size=40))
+    assert streamed_tools(name, text, tools, 0, split(text, cuts)) == streamed_tools(name, text, tools, len(text) + 1)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 1000])
@@ -81,6 +103,26 @@ def test_a_call_cut_by_max_tokens_has_sent_its_name_and_arguments_so_far() -> No
     deltas = [stream.feed(piece) for piece in ('<tool_call>{"name": "f", "arguments": ', '{"city": "Pa')]
     assert [(c.name, c.arguments) for d in deltas for c in d.tool_calls] == [("f", None), (None, '{"city": "Pa')]
     assert stream.finish().tool_calls == [] and stream.tools_called
+
+
+def test_what_the_end_flushes_joins_the_last_tokens_fragment() -> None:
+    """vLLM appends what its parser held back to the last token's delta: one fragment."""
+    stream = ToolCallStream(make_tool_parser("mistral", None))
+    assert [c.arguments for c in stream.feed('[TOOL_CALLS]f[ARGS]{"a"').tool_calls] == ['{"a"']
+    last = stream.feed(": 1}")
+    rest = stream.finish()
+    assert [c.arguments for c in last.tool_calls] == [": 1"] and [c.arguments for c in rest.tool_calls] == ["}"]
+    assert [(c.index, c.id, c.arguments) for c in join_call_deltas(last.tool_calls, rest.tool_calls)] == [
+        (0, None, ": 1}")]
+
+
+def test_qwen3_typed_values_wait_for_the_next_tag_and_strings_stream() -> None:
+    stream = ToolCallStream(make_tool_parser("qwen3_coder", [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}}}}]))
+    pieces = ["<tool_call>\n<function=f>\n", "<parameter=n>\n", "5\n</parameter>\n", "<parameter=s>\n", "a b",
+              "\n</parameter>\n</function>\n</tool_call>"]
+    sent = [[(c.name, c.arguments) for c in stream.feed(p).tool_calls] for p in pieces]
+    assert sent == [[("f", None)], [(None, '{"n": ')], [], [(None, '5, "s": "')], [(None, "a b")], [(None, '"}')]]
 
 
 def test_call_ids_are_vllms() -> None:

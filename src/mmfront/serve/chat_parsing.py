@@ -25,7 +25,15 @@ from mmfront.errors import ConfigError, ValidationError
 from mmfront.serve.protocol import ChatCompletionRequest, named_tool, template_kwargs
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningParser, ReasoningStream
 from mmfront.serve.settings import ServeSettings
-from mmfront.serve.tool_parsers import TOOL_PARSERS, CallDelta, ToolCall, ToolCallStream, ToolParser, make_tool_parser
+from mmfront.serve.tool_parsers import (
+    TOOL_PARSERS,
+    CallDelta,
+    ToolCall,
+    ToolCallStream,
+    ToolParser,
+    join_call_deltas,
+    make_tool_parser,
+)
 from mmfront.serve.tool_parsers.mistral import MistralToolParser
 from mmfront.serve.tool_parsers.structural_tags import (
     ToolStrictLevel,
@@ -58,7 +66,7 @@ class ParsedDelta:
 
     def then(self, later: ParsedDelta) -> ParsedDelta:
         return ParsedDelta(_cat(self.reasoning, later.reasoning), _cat(self.content, later.content),
-                           [*self.tool_calls, *later.tool_calls])
+                           join_call_deltas(self.tool_calls, later.tool_calls))
 
 
 def _cat(a: str | None, b: str | None) -> str | None:
@@ -132,15 +140,16 @@ class RequestParsing:
         self.server = server
         self.request = request
         tools = [msgspec.to_builtins(t) for t in request.tools or []]
-        self.tools: ToolParser | None = None
-        if server.tool_parser is not None:
-            vocab = server.vocab if TOOL_PARSERS[server.tool_parser] is MistralToolParser else None
-            self.tools = make_tool_parser(server.tool_parser, tools, vocab)
         kwargs = template_kwargs(request, server.reasoning_effort_map)
         self.reasoning_cls = REASONING_PARSERS[server.reasoning_parser] if server.reasoning_parser else None
         self.reasoning_kwargs = kwargs
         self.named = named_tool(request)
         self.required = request.tool_choice == "required"
+        self.tools: ToolParser | None = None
+        if server.tool_parser is not None:
+            vocab = server.vocab if TOOL_PARSERS[server.tool_parser] is MistralToolParser else None
+            self.tools = make_tool_parser(server.tool_parser, tools, vocab,
+                                          forced=self.required or self.named is not None)
         self.tag_model = self.tools.structural_tag_model if self.tools is not None and server.structural_tags else None
         json_choices = self.tools is not None and self.tools.supports_required_and_named and self.tag_model is None
         self.constrained = json_choices and (self.required or self.named is not None)
@@ -183,11 +192,25 @@ class RequestParsing:
                 self.request.tool_choice != "none"):
             changes["skip_special_tokens"] = False
         tag = self._structural_tag(params.structured_outputs)
+        forced = self._forced_calls_schema()
         if tag is not None:
             changes["structured_outputs"] = StructuredOutputsParams(structural_tag=tag)
         elif self.constrained:
             changes["structured_outputs"] = StructuredOutputsParams(json=self._tool_schema())
+        elif forced is not None:
+            changes["structured_outputs"] = StructuredOutputsParams(json=forced)
         return msgspec.structs.replace(params, **changes) if changes else params
+
+    def _forced_calls_schema(self) -> dict[str, Any] | None:
+        """The schema the tool parser itself sends for ``required`` and named tools (Mistral's),
+        unless the request brings ``structured_outputs`` or a structural-tag ``response_format``
+        (vLLM replaces another ``response_format`` with it)."""
+        request = self.request
+        if (self.tools is None or not request.tools or not (self.required or self.named is not None)
+                or request.structured_outputs is not None
+                or (request.response_format is not None and request.response_format.type == "structural_tag")):
+            return None
+        return self.tools.forced_calls_schema(self.named)
 
     def _structural_tag(self, structured_outputs: StructuredOutputsParams | None) -> str | None:
         if self.tag_model is None or self.tools is None or not self.request.tools:
@@ -360,7 +383,7 @@ class ChoiceStream:
             if final:
                 rest = self.tools.finish()
                 delta.content = _cat(delta.content, rest.content)
-                delta.tool_calls += rest.tool_calls
+                delta.tool_calls = join_call_deltas(delta.tool_calls, rest.tool_calls)
             out.content = delta.content
             out.tool_calls = [c for c in delta.tool_calls
                               if self.parsing.request.parallel_tool_calls is not False or c.index == 0]

@@ -1,7 +1,9 @@
 """What vLLM's own tool and reasoning parsers make of model outputs (runs in the vLLM peer venv).
 
 Reads a JSON list of cases on stdin (``{"kind": "tool"|"reasoning", "parser": NAME, "text": STR,
-"tools": [...] | null, "chat_template_kwargs": {...} | null}``) and writes, per case, what the
+"tools": [...] | null, "stream_tools": [...] | null (the request's tools for the stream, which
+vLLM reads only with tools), "tool_choice": ... | null, "without_markers": [...] | null (markers the
+tokenizer lacks), "chat_template_kwargs": {...} | null}``) and writes, per case, what the
 installed vLLM parser returns: the non-streaming extraction, and the stream of the text's tokens
 (``chunks``: each token's text, as an incremental detokenizer gives it) reassembled: the content,
 the reasoning, and each tool call's name and concatenated arguments; and, for tool parsers, each
@@ -25,49 +27,74 @@ MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<|python_tag|>
            "<｜tool▁sep｜>", "<|im_end|>", "<|im_start|>"]
 
 
-def tokenizer(model: str) -> Any:
+def tokenizer(model: str, without: tuple[str, ...] = ()) -> Any:
+    """``without``: markers left out (``[ARGS]``: a Mistral vocabulary before v11)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    tok.add_special_tokens({"additional_special_tokens": MARKERS})
+    tok.add_special_tokens({"additional_special_tokens": [m for m in MARKERS if m not in without]})
     return tok
 
 
-def chunks(tok: Any, text: str) -> list[str]:
+def decode(tok: Any, ids: list[int]) -> str:
+    """The text of ``ids`` with each added marker as it is written (the tiny tokenizer's decoder
+    would turn the ``▁`` of DeepSeek's markers into spaces, which the model's own does not)."""
+    added = {i: t.content for i, t in tok.added_tokens_decoder.items() if t.content in MARKERS}
+    out, run = [], []
+    for i in [*ids, None]:
+        if i is None or i in added:
+            if run:
+                out.append(tok.decode(run, skip_special_tokens=False))
+                run = []
+            if i is not None:
+                out.append(added[i])
+        else:
+            run.append(i)
+    return "".join(out)
+
+
+def chunks(tok: Any, text: str) -> list[tuple[str, list[int]]]:
+    """The text token by token as an incremental detokenizer gives it: each chunk's text and ids
+    (a token that leaves a character incomplete waits for the next)."""
     ids = tok.encode(text, add_special_tokens=False)
-    out, sent = [], ""
+    out, sent, start = [], "", 0
     for i in range(1, len(ids) + 1):
-        decoded = tok.decode(ids[:i], skip_special_tokens=False)
-        if not decoded.endswith("\ufffd"):  # a character still incomplete waits for its bytes
-            out.append(decoded[len(sent):])
-            sent = decoded
+        decoded = decode(tok, ids[:i])
+        if not decoded.endswith("\ufffd"):
+            out.append((decoded[len(sent):], ids[start:i]))
+            sent, start = decoded, i
+    assert sent == text, (sent, text)
     return out
 
 
-def request(tools: list[dict[str, Any]] | None) -> Any:
+def request(tools: list[dict[str, Any]] | None, tool_choice: Any = None) -> Any:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=tools)
+    extra = {} if tool_choice is None else {"tool_choice": tool_choice}
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], tools=tools, **extra)
 
 
 def run_tool(tok: Any, case: dict[str, Any]) -> dict[str, Any]:
+    """The whole answer from the tool parser; the stream as vLLM's chat server makes it: the
+    parser ``--tool-call-parser NAME --enable-auto-tool-choice`` composes, fed chunk by chunk
+    through ``parse_delta`` (the last chunk with ``finished``, which flushes what the parser
+    held back)."""
+    from vllm.parser.parser_manager import ParserManager
     from vllm.tool_parsers import ToolParserManager
 
     cls = ToolParserManager.get_tool_parser(case["parser"])
-    req = request(case.get("tools"))
+    req = request(case.get("tools"), case.get("tool_choice"))
     tools = req.tools
     parser = cls(tok, tools) if tools else cls(tok)
     info = parser.extract_tool_calls(case["text"], req)
     whole = {"tools_called": info.tools_called, "content": info.content,
              "tool_calls": [[c.function.name, c.function.arguments] for c in info.tool_calls]}
-    parser = cls(tok, tools) if tools else cls(tok)
-    previous, prev_ids = "", []
+    req = request(case.get("stream_tools") or case.get("tools"), case.get("tool_choice"))
+    composed = ParserManager.get_parser(tool_parser_name=case["parser"], enable_auto_tools=True)(tok, req.tools)
     content, calls, deltas = [], {}, []
-    for chunk in case["chunks"]:
-        ids = tok.encode(chunk, add_special_tokens=False)
-        current = previous + chunk
-        delta = parser.extract_tool_calls_streaming(previous, current, chunk, prev_ids, prev_ids + ids, ids, req)
-        previous, prev_ids = current, prev_ids + ids
+    for n, (chunk, ids) in enumerate(case["chunks"]):
+        delta = composed.parse_delta(delta_text=chunk, delta_token_ids=list(ids), request=req, prompt_token_ids=[],
+                                     finished=n == len(case["chunks"]) - 1)
         deltas.append(None if delta is None else {"content": delta.content, "tool_calls": [
             [tc.index, tc.id is not None, tc.type, tc.function.name if tc.function else None,
              tc.function.arguments if tc.function else None] for tc in delta.tool_calls or []]})
@@ -96,8 +123,7 @@ def run_reasoning(tok: Any, case: dict[str, Any]) -> dict[str, Any]:
     parser = cls(tok, **kwargs)
     previous, prev_ids = "", []
     parts: dict[str, list[str]] = {"reasoning": [], "content": []}
-    for chunk in case["chunks"]:
-        ids = tok.encode(chunk, add_special_tokens=False)
+    for chunk, ids in case["chunks"]:
         current = previous + chunk
         delta = parser.extract_reasoning_streaming(previous, current, chunk, prev_ids, prev_ids + ids, ids)
         previous, prev_ids = current, prev_ids + ids
@@ -115,15 +141,19 @@ def main() -> None:
     import logging
 
     logging.disable(logging.CRITICAL)
-    tok = tokenizer(sys.argv[1])
+    tokenizers = {(): tokenizer(sys.argv[1])}
     out = []
     for case in json.load(sys.stdin):
+        without = tuple(case.get("without_markers") or ())
+        if without not in tokenizers:
+            tokenizers[without] = tokenizer(sys.argv[1], without)
+        tok = tokenizers[without]
         case["chunks"] = chunks(tok, case["text"])
         try:
             out.append(run_tool(tok, case) if case["kind"] == "tool" else run_reasoning(tok, case))
         except Exception as e:
             out.append({"error": f"{type(e).__name__}: {e}"})
-        out[-1]["chunks"] = case["chunks"]
+        out[-1]["chunks"] = [text for text, _ in case["chunks"]]
     json.dump(out, sys.stdout)
 
 

@@ -11,9 +11,11 @@ from mmfront.serve.tool_parsers.base import (
     ExtractedToolCalls,
     PartialCall,
     StreamDelta,
+    StreamView,
     ToolCall,
     ToolCallStream,
     ToolParser,
+    join_call_deltas,
     make_tool_call_id,
 )
 from mmfront.serve.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser
@@ -38,11 +40,12 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
 
 
 def make_tool_parser(name: str, tools: Sequence[Mapping[str, Any]] | None,
-                     vocab: Mapping[str, int] | None = None) -> ToolParser:
-    """A parser for one request (``tools``: its tools, whose schemas some formats need)."""
+                     vocab: Mapping[str, int] | None = None, *, forced: bool = False) -> ToolParser:
+    """A parser for one request (``tools``: its tools, whose schemas some formats need;
+    ``forced``: its ``tool_choice`` is ``"required"`` or a named tool)."""
     cls = TOOL_PARSERS[name]
     if cls is MistralToolParser:
-        return MistralToolParser(tools, vocab)
+        return MistralToolParser(tools, vocab, forced=forced)
     return cls(tools)
 
 
@@ -52,9 +55,11 @@ __all__ = [
     "ExtractedToolCalls",
     "PartialCall",
     "StreamDelta",
+    "StreamView",
     "ToolCall",
     "ToolCallStream",
     "ToolParser",
+    "join_call_deltas",
     "make_tool_call_id",
     "make_tool_parser",
 ]

@@ -2,12 +2,14 @@
 and the streaming driver that turns a parser of whole outputs into deltas.
 
 A parser (``--tool-call-parser NAME``) knows one model family's format and reads a finished
-output (:meth:`ToolParser.extract`). In a stream the text before the tool section streams as
-content. A parser that reads calls still being written (:meth:`ToolParser.partial_calls`)
-streams them as vLLM's does: a call's id, type and name in one delta as soon as the name is
-whole, then its arguments in fragments as they are written, so an answer cut inside a call has
-sent the call so far. The others send each call whole once its end marker has arrived, and read
-what is left at the end, so the stream assembles to the non-streamed answer.
+output (:meth:`ToolParser.extract`). A parser that reads a stream's text so far
+(:meth:`ToolParser.stream_view`: its content and the calls begun, each call's name once whole
+and its arguments so far) streams as vLLM's does: a call's id, type and name in one delta as
+soon as the name is whole, then its arguments in fragments as they are written, and with the
+last token what it held back for what might follow, so an answer cut inside a call has sent the
+call so far. The others stream the text before the tool section as content and send each call
+whole once its end marker has arrived, and read what is left at the end, so the stream
+assembles to the non-streamed answer.
 """
 
 from __future__ import annotations
@@ -84,6 +86,9 @@ class ToolParser:
     engine_based: ClassVar[bool] = False
     """vLLM reads this format with its grammar engine, which also answers ``tool_choice: "none"``
     with the content its reading leaves."""
+    name_with_arguments: ClassVar[bool] = False
+    """Whether vLLM's stream sends a call's name and the first of its arguments in one tool-call
+    delta (its parser engine does), rather than as two deltas of the same index."""
     keeps_special_tokens: ClassVar[bool] = False
     """Whether the request's output keeps special tokens (the markers are special in the
     family's tokenizers; vLLM's parser sets ``skip_special_tokens`` false then)."""
@@ -99,6 +104,23 @@ class ToolParser:
         call's name once it is whole (else the list stops there) and its arguments' text so far,
         which only grows. ``None``: this format streams each call whole."""
         return None
+
+    def forced_calls_schema(self, named: str | None) -> dict[str, Any] | None:
+        """The JSON schema this format's vLLM parser itself constrains ``tool_choice:
+        "required"`` (``named``: ``None``) or a named tool to, where it does (else ``None``)."""
+        return None
+
+    def new_call_id(self) -> str:
+        """The id of a call this format's stream begins."""
+        return make_tool_call_id()
+
+    def stream_view(self, text: str, final: bool) -> StreamView | None:
+        """What a stream of ``text`` has shown so far: its content and the calls it has begun
+        (both only grow as ``text`` does); ``final``: the answer has ended, so nothing is held
+        back for what may follow. By default the content before the tool section and
+        :meth:`partial_calls`; ``None``: this format streams each call whole."""
+        calls = self.partial_calls(text)
+        return None if calls is None else StreamView(text[:self.content_end(text)], calls)
 
     def streamed_content(self, text: str, result: ExtractedToolCalls) -> str:
         """All the content a stream of ``text`` sends (vLLM's streams may send more than the
@@ -133,6 +155,14 @@ class PartialCall:
     arguments: str | None = None
 
 
+@dataclass(frozen=True)
+class StreamView:
+    """A stream's reading of the text so far (:meth:`ToolParser.stream_view`)."""
+
+    content: str
+    calls: list[PartialCall]
+
+
 @dataclass
 class CallDelta:
     """One tool-call delta of a stream (vLLM's ``DeltaToolCall``): a call's first delta carries
@@ -147,6 +177,17 @@ class CallDelta:
     @classmethod
     def whole(cls, index: int, call: ToolCall) -> CallDelta:
         return cls(index, call.id, call.type, call.name, call.arguments)
+
+
+def join_call_deltas(first: list[CallDelta], then: list[CallDelta]) -> list[CallDelta]:
+    """Two steps' tool-call deltas sent as one (the last token's and what the stream's end
+    flushed): a fragment of the call the first ended with joins that call's last delta, as
+    vLLM appends what its parser held back to the last token's delta."""
+    if first and then and then[0].id is None and then[0].index == first[-1].index:
+        last = first[-1]
+        joined = CallDelta(last.index, last.id, last.type, last.name, (last.arguments or "") + (then[0].arguments or ""))
+        return [*first[:-1], joined, *then[1:]]
+    return [*first, *then]
 
 
 @dataclass
@@ -175,14 +216,14 @@ class ToolCallStream:
     def feed(self, delta: str) -> StreamDelta:
         self.text += delta
         out = StreamDelta()
+        view = self.parser.stream_view(self.text, final=False)
+        if view is not None:
+            self._add_view(view, out)
+            return out
         end = self.parser.content_end(self.text)
         if end > self.sent_content:
             out.content = self.text[self.sent_content:end]
             self.sent_content = end
-        partial = self.parser.partial_calls(self.text)
-        if partial is not None:
-            self._add_fragments(partial, out)
-            return out
         marker = self.parser.call_end
         if marker is not None and end < len(self.text) and marker in self.text[-len(delta) - len(marker):]:
             closed = self.text.rfind(marker) + len(marker)  # a call closed in this delta: read the calls so far
@@ -192,10 +233,15 @@ class ToolCallStream:
         return out
 
     def finish(self) -> StreamDelta:
-        """The rest, read as a whole output once the stream has ended (a parser that streams
-        fragments has sent all it will)."""
+        """The rest, once the stream has ended: what a fragment-streaming parser held back for
+        what might follow, or the calls of a format that streams them whole, read from the whole
+        output."""
         out = StreamDelta()
-        if self.parser.content_end(self.text) >= len(self.text) or self.parser.partial_calls(self.text) is not None:
+        view = self.parser.stream_view(self.text, final=True)
+        if view is not None:
+            self._add_view(view, out)
+            return out
+        if self.parser.content_end(self.text) >= len(self.text):
             return out
         result = self.parser.extract(self.text)
         self._add_calls(result, out)
@@ -205,19 +251,35 @@ class ToolCallStream:
         self.sent_content = len(self.text)
         return out
 
+    def _add_view(self, view: StreamView, out: StreamDelta) -> None:
+        if len(view.content) > self.sent_content:
+            out.content = view.content[self.sent_content:]
+            self.sent_content = len(view.content)
+        self._add_fragments(view.calls, out)
+
     def _add_fragments(self, calls: list[PartialCall], out: StreamDelta) -> None:
-        """vLLM's diffing: a new call's name first, then the arguments' text it has not sent."""
+        """vLLM's diffing: a new call's id, type and name, then the arguments' text it has not
+        sent (in the name's delta where the format's vLLM parser sends them together)."""
         for index, call in enumerate(calls):
-            if index >= self.sent_calls:
+            new = index >= self.sent_calls
+            if new:
                 if call.name is None:
                     break
-                out.tool_calls.append(CallDelta(index, make_tool_call_id(), "function", call.name))
                 self.sent_calls += 1
                 self.sent_arguments.append("")
             sent = self.sent_arguments[index]
+            fragment = None
             if call.arguments is not None and len(call.arguments) > len(sent):
-                out.tool_calls.append(CallDelta(index, arguments=call.arguments[len(sent):]))
+                fragment = call.arguments[len(sent):]
                 self.sent_arguments[index] = call.arguments
+            if new:
+                together = self.parser.name_with_arguments
+                out.tool_calls.append(CallDelta(index, self.parser.new_call_id(), "function", call.name,
+                                                fragment if together else None))
+                if together:
+                    continue
+            if fragment is not None:
+                out.tool_calls.append(CallDelta(index, arguments=fragment))
 
     def _add_calls(self, result: ExtractedToolCalls, out: StreamDelta) -> None:
         if result.tools_called and len(result.tool_calls) > self.sent_calls:
@@ -226,5 +288,5 @@ class ToolCallStream:
             self.sent_calls = len(result.tool_calls)
 
 
-__all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "ToolCall", "ToolCallStream", "ToolParser", "json_arguments",
-           "make_tool_call_id", "no_tool_calls", "partial_overlap"]
+__all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "StreamView", "ToolCall", "ToolCallStream",
+           "ToolParser", "join_call_deltas", "json_arguments", "make_tool_call_id", "no_tool_calls", "partial_overlap"]

@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import re
 
-from mmfront.serve.tool_parsers.base import ExtractedToolCalls, ToolCall, ToolParser, no_tool_calls
+from mmfront.serve.tool_parsers.base import (
+    ExtractedToolCalls,
+    PartialCall,
+    StreamView,
+    ToolCall,
+    ToolParser,
+    no_tool_calls,
+    partial_overlap,
+)
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_NAME = re.compile(rf"(?P<type>.*){SEP}(?P<name>.*)\n")
+FENCE = "```json\n"
 _CALL = re.compile(rf"{CALL_BEGIN}(?P<type>.*){SEP}(?P<name>.*)\n```json\n(?P<arguments>[\s\S]*?)\n```{CALL_END}")
 
 
@@ -28,3 +38,44 @@ class DeepSeekV3ToolParser(ToolParser):
         if end != -1:
             content += text[end + len(CALLS_END):]
         return ExtractedToolCalls(True, calls, content or None)
+
+    def stream_view(self, text: str, final: bool) -> StreamView:
+        """vLLM's stream: the text outside the calls as content (the section's markers left
+        out), a call's name once its line is whole, then its fenced JSON as written, short of
+        the newlines and backticks that may be the fence's end."""
+        begin = text.find(CALLS_BEGIN)
+        if begin == -1:
+            return StreamView(text if final else text[:self.content_end(text)], [])
+        content, calls = [text[:begin]], []
+        rest, pos = text[begin + len(CALLS_BEGIN):], 0
+        while True:
+            start = rest.find(CALL_BEGIN, pos)
+            outside = rest[pos:] if start == -1 else rest[pos:start]
+            if start == -1 and not final:
+                outside = outside[:len(outside) - max(partial_overlap(outside, m) for m in (CALL_BEGIN, CALLS_END))]
+            content.append(outside.replace(CALLS_END, ""))
+            if start == -1:
+                break
+            body_start = start + len(CALL_BEGIN)
+            end = rest.find(CALL_END, body_start)
+            body = rest[body_start:] if end == -1 else rest[body_start:end]
+            if end == -1 and not final:
+                body = body[:len(body) - partial_overlap(body, CALL_END)]
+            call = _partial_call(body)
+            if call is None:
+                break
+            calls.append(call)
+            if end == -1:
+                break
+            pos = end + len(CALL_END)
+        return StreamView("".join(content), calls)
+
+
+def _partial_call(body: str) -> PartialCall | None:
+    name = _NAME.match(body)
+    if name is None:
+        return None
+    fenced = body[name.end():]
+    if not fenced.startswith(FENCE):
+        return PartialCall(name["name"])
+    return PartialCall(name["name"], fenced[len(FENCE):].rstrip("\n`"))

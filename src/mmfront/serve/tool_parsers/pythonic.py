@@ -7,7 +7,15 @@ import ast
 import re
 from typing import Any
 
-from mmfront.serve.tool_parsers.base import ExtractedToolCalls, ToolCall, ToolParser, json_arguments, no_tool_calls
+from mmfront.serve.tool_parsers.base import (
+    ExtractedToolCalls,
+    PartialCall,
+    StreamView,
+    ToolCall,
+    ToolParser,
+    json_arguments,
+    no_tool_calls,
+)
 
 _NAME = r"[a-zA-Z]+\w*"
 _ARG = rf"{_NAME}=.*"
@@ -15,16 +23,13 @@ _CALLS = re.compile(
     rf"\[({_NAME}\(({_ARG},\s*)*({_ARG}\s)?\),\s*)*({_NAME}\(({_ARG},\s*)*({_ARG}\s*)?\)\s*)+\]", re.DOTALL)
 """The shape vLLM accepts as a list of calls (what does not match is content)."""
 _JSON_NAMES = {"null": None, "true": True, "false": False}
+_CLOSING = {"[": "]", "(": ")", "{": "}", "'": "'", '"': '"'}
+_OPENING = {"]": "[", ")": "(", "}": "{"}
 
 
 class PythonicToolParser(ToolParser):
     name = "pythonic"
-    start_markers = ("[",)
-
-    def content_end(self, text: str) -> int:
-        """A list of calls opens the output: until the output shows it is not one, hold it."""
-        stripped = text.lstrip()
-        return len(text) if stripped and not stripped.startswith("[") else 0
+    name_with_arguments = True
 
     def extract(self, text: str) -> ExtractedToolCalls:
         if _CALLS.match(text) is None:
@@ -38,6 +43,73 @@ class PythonicToolParser(ToolParser):
         except (SyntaxError, ValueError, TypeError):
             return no_tool_calls(text)
         return ExtractedToolCalls(True, calls, None)
+
+    def stream_view(self, text: str, final: bool) -> StreamView:
+        """vLLM's stream: an output that does not open with ``[`` is content; else the list so
+        far, closed as Python and read, gives each call's arguments as JSON, short of what the
+        closing added (the unfinished call's ``}``, an open string's quote). The end of the
+        answer releases nothing: vLLM's does not."""
+        if not text.startswith("["):
+            return StreamView(text, [])
+        try:
+            completed = _close(text)
+            if completed is None:
+                return StreamView("", [])
+            candidate, added = completed
+            node = getattr(ast.parse(candidate).body[0], "value", None)
+            if not isinstance(node, ast.List) or not all(isinstance(e, ast.Call) for e in node.elts):
+                return StreamView("", [])
+            calls = [_call(e) for e in node.elts if isinstance(e, ast.Call)]
+        except (SyntaxError, ValueError, TypeError):
+            return StreamView("", [])
+        partial = []
+        for index, call in enumerate(calls):
+            arguments = call.arguments
+            if index == len(calls) - 1 and ")]" in added:  # the call still being written
+                held = (added[:-2] + "}").replace("'", '"')
+                if not arguments.endswith(held):
+                    return StreamView("", [])
+                arguments = arguments[:-len(held)]
+            partial.append(PartialCall(call.name, arguments))
+        return StreamView("", partial)
+
+
+def _escaped(text: str, index: int) -> bool:
+    """Whether an odd run of backslashes precedes ``text[index]``."""
+    run = len(text[:index]) - len(text[:index].rstrip("\\"))
+    return run % 2 == 1
+
+
+def _close(text: str) -> tuple[str, str] | None:
+    """``text`` with its open strings and brackets closed, and what was added; ``None`` where
+    vLLM's stream waits for more (a name, key or value being written). Mismatched brackets raise
+    :class:`ValueError`."""
+    stack: list[str] = []
+    for index, char in enumerate(text):
+        if stack and stack[-1] in "'\"":
+            if char == stack[-1] and not _escaped(text, index):
+                stack.pop()
+        elif char in "[({'\"":
+            stack.append(char)
+        elif char in _OPENING and (not stack or stack.pop() != _OPENING[char]):
+            raise ValueError("mismatched brackets")
+    text = text.rstrip()
+    if text.endswith(("=", ":")):
+        return None
+    top = stack[-1] if stack else None
+    if top in ("{", "("):
+        before = text[:text.rfind(top)]
+        names, values = (before.count(":"), before.count(",")) if top == "{" else (before.count("="), before.count(","))
+        if names <= values:
+            return None
+    text = text.removesuffix(",")
+    if top == "[" and not text.endswith(("[", ")")):
+        return None
+    added = "".join(_CLOSING[c] for c in reversed(stack))
+    module = ast.parse(text + added)
+    if not module.body or ("}" in added and any(isinstance(n, ast.Set) for n in ast.walk(module))):
+        return None
+    return text + added, added
 
 
 def _call(call: ast.Call) -> ToolCall:
