@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from lane_inputs import png
 
@@ -74,6 +75,21 @@ def test_a_lane_sends_the_engine_layout_of_the_processor_it_serves(tmp_path: Pat
         assert sorted(item) == ["image_grid_thw", "pixel_values"]
         assert item["image_grid_thw"].field.keep_on_cpu
         assert item["pixel_values"].data.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("kind", ["idefics3", "llava_onevision"])
+def test_a_lane_of_another_native_family_sends_the_in_place_bytes(kind: str, tmp_path: Path) -> None:
+    """Idefics3 and LLaVA-OneVision also lay their items out as vLLM's native class reads them,
+    which a processor built from its classes alone did not."""
+    processor = create_processor(build_model_folder(kind, tmp_path / kind))
+    assert processor.info.native is not None
+    spec = LaneSpec.of(processor)
+    assert spec is not None
+    ids = processor.info.tokenizer.encode(processor.get_placeholder_str("image", 0))
+    data = {"image": [natural_image(64, 48, tag=3)]}
+    with LocalProcessExecutor(spec, 1) as lanes:
+        got = processor.apply(ids, data, executor=lanes)["mm_kwargs"]
+    assert _bytes(got) == _bytes(processor.apply(ids, data)["mm_kwargs"])
 
 
 def test_a_job_splits_per_item_in_modality_then_item_order(gemma3_dir: Path) -> None:
