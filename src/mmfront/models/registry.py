@@ -92,4 +92,6 @@ def create_processor(
                                   config.mm_device_do_normalize, processor=type(hf_processor).__name__,
                                   legacy_backend=_is_legacy(factory))
     info.native, info.device_normalize = resolved.native, resolved.device_normalize
+    if model_dir is not None:
+        info.built_by = f"{__name__}:{create_processor.__name__}"
     return factory.processor_cls(info)

@@ -99,6 +99,10 @@ class BaseProcessingInfo:
         ``--model-impl``); ``None``: the processor's own layout (the transformers backend's)."""
         self.device_normalize = False
         """Send raw uint8 pixels: the engine normalises them (``mm_device_do_normalize``)."""
+        self.built_by: str | None = None
+        """The function that built this processor from its folder, as ``module:name``
+        (``create_processor`` sets it): a processing lane rebuilds the processor by calling it,
+        so the lane's items have the caller's layout (native fields, image processor speedups)."""
         self._processor_variants: dict[str, Any] = {}
 
     def get_tokenizer(self) -> Any:

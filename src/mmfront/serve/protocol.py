@@ -391,11 +391,19 @@ def thinking_token_budget(value: Any) -> int | None:
     return None if value == -1 else value
 
 
+@cache
+def _refused_fields(cls: type[_SamplingFields]) -> tuple[tuple[str, str, Any], ...]:
+    """The fields of ``cls`` that :data:`NOT_SUPPORTED` refuses away from their default: name,
+    reason, default. Once per class: ``msgspec.structs.fields`` resolves the class's annotations
+    on every call (~2 ms of every request's CPU)."""
+    return tuple((f.name, reason, f.default) for f in msgspec.structs.fields(cls)
+                 if (reason := NOT_SUPPORTED.get(f.name)) is not None)
+
+
 def _refuse_unsupported(request: _SamplingFields) -> None:
-    for field in msgspec.structs.fields(request):
-        reason = NOT_SUPPORTED.get(field.name)
-        if reason is not None and getattr(request, field.name) != field.default:
-            raise ValidationError(f"`{field.name}` is refused: {reason}.", parameter=field.name)
+    for name, reason, default in _refused_fields(type(request)):
+        if getattr(request, name) != default:
+            raise ValidationError(f"`{name}` is refused: {reason}.", parameter=name)
 
 
 _CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from lane_inputs import png
 
@@ -21,6 +22,7 @@ from mmfront.processing.executors import (
     LocalProcessExecutor,
 )
 from mmfront.testing.media import natural_image
+from mmfront.testing.models import build_model_folder
 from mmfront.wire import MsgpackEncoder
 
 
@@ -51,6 +53,43 @@ def test_in_place_and_local_process_give_identical_items_for_one_job(gemma3_dir:
     assert lanes.closed
     job = jobs["independent items"]
     assert _bytes(lanes.run(job, processor)) == _bytes(in_place.run(job, processor))  # closed: in place
+
+
+def test_a_lane_sends_the_engine_layout_of_the_processor_it_serves(tmp_path: Path) -> None:
+    """Qwen2.5-VL's native layout (vLLM's fields: no ``num_image_patches``, the grid kept on the
+    CPU) and its image processor's speedups come from ``create_processor``; a lane rebuilds the
+    processor through it, so its items are the caller's byte for byte."""
+    processor = create_processor(build_model_folder("qwen2_5_vl", tmp_path / "qwen2_5_vl"))
+    spec = LaneSpec.of(processor)
+    assert spec is not None and spec.built_by == "mmfront.models.registry:create_processor"
+    rebuilt = spec.build()
+    assert {"patchify", "process_image"} <= set(vars(rebuilt.info.hf_processor.image_processor))
+    ids = processor.info.tokenizer.encode(" and ".join([processor.get_placeholder_str("image", 0)] * 2))
+    data = {"image": [natural_image(64, 48, tag=1), natural_image(40, 72, tag=2)]}
+    with LocalProcessExecutor(spec, 1) as lanes:
+        got = processor.apply(ids, data, executor=lanes)["mm_kwargs"]
+    want = processor.apply(ids, data)["mm_kwargs"]
+    assert _bytes(got) == _bytes(want)
+    for item in got["image"]:
+        assert item is not None
+        assert sorted(item) == ["image_grid_thw", "pixel_values"]
+        assert item["image_grid_thw"].field.keep_on_cpu
+        assert item["pixel_values"].data.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("kind", ["idefics3", "llava_onevision"])
+def test_a_lane_of_another_native_family_sends_the_in_place_bytes(kind: str, tmp_path: Path) -> None:
+    """Idefics3 and LLaVA-OneVision also lay their items out as vLLM's native class reads them,
+    which a processor built from its classes alone did not."""
+    processor = create_processor(build_model_folder(kind, tmp_path / kind))
+    assert processor.info.native is not None
+    spec = LaneSpec.of(processor)
+    assert spec is not None
+    ids = processor.info.tokenizer.encode(processor.get_placeholder_str("image", 0))
+    data = {"image": [natural_image(64, 48, tag=3)]}
+    with LocalProcessExecutor(spec, 1) as lanes:
+        got = processor.apply(ids, data, executor=lanes)["mm_kwargs"]
+    assert _bytes(got) == _bytes(processor.apply(ids, data)["mm_kwargs"])
 
 
 def test_a_job_splits_per_item_in_modality_then_item_order(gemma3_dir: Path) -> None:

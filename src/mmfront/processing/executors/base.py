@@ -45,6 +45,11 @@ class ProcessorOrigin(Protocol):
     @property
     def config(self) -> MultiModalConfig: ...
 
+    @property
+    def built_by(self) -> str | None:
+        """The function that built the processor from ``model_dir``, as ``module:name``
+        (``None``: the lane builds it from its classes)."""
+
 
 class ItemProcessor(Protocol):
     """What an executor needs of a processor (``BaseMultiModalProcessor`` is one)."""

@@ -40,7 +40,9 @@ from mmfront.wire import Frame, MsgpackDecoder, MsgpackEncoder
 
 class LaneSpec(msgspec.Struct, frozen=True):
     """What a lane needs to build the caller's processor: its classes by import path, the model
-    folder and the config."""
+    folder and the config, and the function that built it where one did (``create_processor``
+    also gives the processor its engine layout and the image processor's speedups, which a
+    processor built from its classes alone lacks)."""
 
     processor_cls: str
     info_cls: str
@@ -48,6 +50,7 @@ class LaneSpec(msgspec.Struct, frozen=True):
     model_id: str
     config: dict[str, Any]
     sys_path: list[str]
+    built_by: str | None = None
 
     @classmethod
     def of(cls, processor: ItemProcessor) -> LaneSpec | None:
@@ -58,10 +61,14 @@ class LaneSpec(msgspec.Struct, frozen=True):
         if info.model_dir is None or None in paths:
             return None
         config = {f.name: getattr(info.config, f.name) for f in fields(info.config)}
-        return cls(paths[0] or "", paths[1] or "", str(info.model_dir), info.model_id, config, list(sys.path))
+        return cls(paths[0] or "", paths[1] or "", str(info.model_dir), info.model_id, config, list(sys.path),
+                   info.built_by)
 
     def build(self) -> ItemProcessor:
         config = MultiModalConfig(**self.config)
+        if self.built_by is not None:
+            built: ItemProcessor = _resolve(self.built_by)(self.model_dir, config, model_id=self.model_id)
+            return built
         info = _resolve(self.info_cls)(load_hf_processor(Path(self.model_dir), **folder_kwargs(config)),
                                        model_id=self.model_id,
                                        config=config, model_dir=self.model_dir)
