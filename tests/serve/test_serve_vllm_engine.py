@@ -238,13 +238,7 @@ def test_the_vllm_serve_command_line_serves_through_the_vllm_engine_it_starts(tm
         group = os.getpgid(engine)
         members = [p for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == group]
         assert len(members) >= 2  # vllm serve --headless and its engine core
-        stop = time.monotonic()
-        server.process.send_signal(signal.SIGTERM)
-        assert server.process.wait(60) == 0, server.tail()
-        stopped_s = time.monotonic() - stop
-        print(f"SIGTERM to exit, idle: {stopped_s:.2f} s")
-        assert not [p for p in members if _alive(int(p))], "the engine's process group outlived the server"
-        assert stopped_s < IDLE_STOP_S, server.tail()
+        stop_idle(server, members)
     finally:
         server.close()
 
@@ -258,8 +252,7 @@ def test_sigterm_with_a_request_in_flight_answers_it_then_stops_the_engine(tmp_p
                           "stub_trace.TraceStubExecutor", "--vllm-command", str(PEER.parent / "vllm"),
                           env={"STUB_TRACE_STEP_DELAY_S": "0.1"})
     try:
-        [engine] = headless_children(server.process.pid)
-        members = [p for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == os.getpgid(engine)]
+        members = engine_group(server)
         body = {"model": str(PEER_MODEL), "prompt": "Hello", "max_tokens": 30, "stream": True, "ignore_eos": True,
                 "return_token_ids": True}
         tokens: list[int] = []
@@ -307,15 +300,59 @@ def test_two_ranks_are_two_vllm_engines(tmp_path: Path) -> None:
         commands = [_cmdline(pid).split(b"\0") for pid in headless_children(server.process.pid)]
         assert sorted(c[c.index(b"--data-parallel-start-rank") + 1] for c in commands) == [b"0", b"1"]
         for i in range(4):  # the least busy rank takes each: both serve
-            body = {"model": str(PEER_MODEL), "max_tokens": 3, "return_token_ids": True, "messages": [
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(
-                    make_image(40, 32, seed=i))}}, {"type": "text", "text": "What?"}]}]}
-            answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
-            assert answer["choices"][0]["token_ids"] == [1010, 1011, 1012], answer
+            assert image_chat_tokens(server, seed=i) == [1010, 1011, 1012]
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(60) == 0, server.tail()
     finally:
         server.close()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_side_by_side
+@pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)
+def test_two_api_servers_serve_through_the_vllm_engine_and_stop_within_the_idle_bound(tmp_path: Path) -> None:
+    assert PEER is not None
+    server = start_server(tmp_path, "--api-server-count", "2", "--max-model-len", "4096",
+                          "--distributed-executor-backend", "stub_executor.StubExecutor",
+                          "--vllm-command", str(PEER.parent / "vllm"))
+    try:
+        members = engine_group(server)
+        api_servers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == server.process.pid
+                       and b"multiprocessing.spawn" in _cmdline(int(p)) and b"resource_tracker" not in _cmdline(int(p))]
+        assert len(api_servers) == 2
+        for i in range(6):  # new connections, spread over both API servers by the kernel
+            assert image_chat_tokens(server, seed=i) == [1010, 1011, 1012]
+        stop_idle(server, [*members, *map(str, api_servers)])
+    finally:
+        server.close()
+
+
+def image_chat_tokens(server: Server, seed: int) -> list[int]:
+    """The token ids of a chat with one image (``seed``) answered by ``server``."""
+    body = {"model": str(PEER_MODEL), "max_tokens": 3, "return_token_ids": True, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(
+            make_image(40, 32, seed=seed))}}, {"type": "text", "text": "What?"}]}]}
+    answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+    token_ids: list[int] = answer["choices"][0]["token_ids"]
+    return token_ids
+
+
+def engine_group(server: Server) -> list[str]:
+    """The process ids of the process group of ``server``'s one ``vllm serve --headless``."""
+    [engine] = headless_children(server.process.pid)
+    return [p for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == os.getpgid(engine)]
+
+
+def stop_idle(server: Server, members: list[str]) -> None:
+    """SIGTERM the idle ``server``: it exits 0 within :data:`IDLE_STOP_S`, and none of ``members``
+    (process ids: its engines' groups, its API servers) is left running."""
+    stop = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) == 0, server.tail()
+    stopped_s = time.monotonic() - stop
+    print(f"SIGTERM to exit, idle: {stopped_s:.2f} s")
+    assert not [p for p in members if _alive(int(p))], "a process of the server outlived it"
+    assert stopped_s < IDLE_STOP_S, server.tail()
 
 
 def headless_children(pid: int) -> list[int]:
