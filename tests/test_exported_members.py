@@ -22,7 +22,7 @@ EXPORTED = {
     'mmfront.preprocess': ['InputPreprocessor', 'InputProcessor', 'ModelPipeline', 'PreparedRequest', 'PromptInput', 'RequestOptions'],
     'mmfront.processing': ['BaseDummyInputsBuilder', 'BaseMultiModalProcessor', 'BaseProcessingInfo', 'PlaceholderFeaturesInfo', 'PreparedInputs', 'PromptIndexTargets', 'PromptInsertion', 'PromptReplacement', 'PromptUpdate', 'PromptUpdateDetails', 'iter_token_matches'],
     'mmfront.processing.executors': ['BaseLaneExecutor', 'InPlaceExecutor', 'ItemExecutor', 'ItemJob', 'ItemProcessor', 'LaneSpec', 'LocalProcessExecutor', 'ProcessorOrigin', 'RayExecutor', 'executor_from_config'],
-    'mmfront.serve.api_servers': ['serve_api_servers'],
+    'mmfront.serve.api_servers': ['no_rejoin', 'serve_api_servers'],
     'mmfront.serve.app': ['create_app', 'error_response', 'json_response'],
     'mmfront.serve.args': ['DESCRIPTION', 'RoutedArgv', 'SERVE_FLAGS', 'ServeFlags', 'add_serve_parser', 'engine_kind', 'plan_from_args', 'refuse_unknown', 'route_serve_argv', 'serve_argv', 'serve_flag_table', 'unrouted_engine_flags'],
     'mmfront.serve.errors': ['ErrorInfo', 'ErrorResponse', 'MAX_ERROR_MESSAGE_CHARS', 'MAX_ERROR_PARAM_CHARS', 'VLLM_VALIDATION_CODE', 'engine_error', 'error_body', 'error_info', 'shortened'],
