@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from mmfront.config import DataParallelConfig
 from mmfront.network import get_open_port
+from mmfront.serve.api_servers import no_rejoin
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
@@ -128,3 +130,16 @@ def test_two_api_servers_share_the_port_and_the_engine(gemma3_weights_dir: Path,
                     os.kill(pid, signal.SIGKILL)
             server.kill()
             server.wait(30)
+
+
+@pytest.mark.parametrize(("size", "local", "count", "keep_alive", "refused"), [
+    (2, 1, 2, True, True), (2, 0, 3, True, True),
+    (2, 1, 1, True, False), (2, 1, 2, False, False), (2, 2, 2, True, False),
+])
+def test_keep_alive_rejoin_with_several_api_servers_is_refused_with_the_reason(
+        size: int, local: int, count: int, keep_alive: bool, refused: bool) -> None:
+    said = no_rejoin(DataParallelConfig(data_parallel_size=size, data_parallel_size_local=local), count, keep_alive)
+    assert said == (f"VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 with --api-server-count {count}: a headless engine restarted "
+                    "after its death cannot rejoin (the handshake closes after start-up; rejoining needs one API "
+                    "server). The API servers stay up, answering 503 on /health, until the whole server is "
+                    "restarted." if refused else None)

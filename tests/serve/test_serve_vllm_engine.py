@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from mmfront.cli import main
 from mmfront.network import get_open_port
 from mmfront.serve.args import plan_from_args, route_serve_argv
 from mmfront.serve.launcher import engine_commands, engine_kind, handshake_parallel
-from mmfront.serve.vllm_engine import VLLM_CLI_MODULE, vllm_cli
+from mmfront.serve.vllm_engine import VLLM_CLI_CODE, script_python, vllm_cli
 from mmfront.testing.media import image_data_url, make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
@@ -37,6 +38,8 @@ NO_PEER = PEER is None or PEER_MODEL is None or not PEER_DIR.is_dir()
 LITERAL = ["--max-model-len", "8192", "--limit-mm-per-prompt", '{"image":4}', "--gpu-memory-utilization", "0.9",
            "--tensor-parallel-size", "1", "--distributed-executor-backend", "stub_executor.StubExecutor"]
 """The issue's ``vllm serve`` command line, with the stub executor's flag added."""
+IDLE_STOP_S = 2.0
+"""How soon an idle server stops on SIGTERM, engines included (``vllm serve``: 0.9-1.9 s here)."""
 
 
 def parsed(argv: list[str]) -> argparse.Namespace:
@@ -89,10 +92,50 @@ def test_each_local_rank_is_a_headless_vllm_serve_greeting_a_tcp_handshake(gemma
          "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", "4567"] for rank in (0, 1)]
 
 
-def test_a_python_is_run_with_vllms_cli_module(tmp_path: Path) -> None:
+def test_a_python_is_run_with_vllms_cli_code(tmp_path: Path) -> None:
     python = tmp_path / "python3"
     python.write_text("")
-    assert vllm_cli(str(python)) == (str(python), "-m", VLLM_CLI_MODULE)
+    assert vllm_cli(str(python)) == (str(python), "-c", VLLM_CLI_CODE)
+
+
+def test_a_scripts_python_is_read_from_its_first_lines(tmp_path: Path) -> None:
+    python = tmp_path / "a venv" / "bin" / "python3.11"
+    python.parent.mkdir(parents=True)
+    python.write_text("")
+    direct, long, other, missing = (tmp_path / name for name in ("direct", "long", "other", "missing"))
+    direct.write_text(f"#!{tmp_path / 'a' / 'python3'} -E\nimport sys\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "python3").write_text("")
+    long.write_text(f"#!/bin/sh\n'''exec' \"{python}\" \"$0\" \"$@\"\n' '''\nimport sys\n")  # pip's form for long paths
+    other.write_text("#!/bin/sh\nexit 3\n")
+    missing.write_text("#!/nowhere/python3\n")
+    assert script_python(str(direct)) == str(tmp_path / "a" / "python3")
+    assert script_python(str(long)) == str(python)
+    assert (script_python(str(other)), script_python(str(missing)), script_python(str(tmp_path / "none"))) == (None,) * 3
+    assert vllm_cli(str(long)) == (str(python), "-c", VLLM_CLI_CODE)
+    assert vllm_cli(str(other)) == (str(other),)
+
+
+@pytest.mark.parametrize(("body", "status", "said"), [
+    ("print('served')", 0, "served"),
+    ("raise SystemExit(3)", 3, ""),
+    ("raise SystemExit('vllm: bad flag')", 1, "vllm: bad flag"),
+    ("raise ValueError('no model')", 1, "ValueError: no model"),
+])
+def test_vllms_cli_runs_then_ends_the_process_after_its_atexit_handlers(tmp_path: Path, body: str, status: int,
+                                                                        said: str) -> None:
+    cli = tmp_path / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for folder in (cli.parent.parent, cli.parent, cli):
+        (folder / "__init__.py").write_text("")
+    (cli / "main.py").write_text(f"import atexit, sys\n\n\ndef main():\n    atexit.register(print, 'atexit ran', sys.argv)\n"
+                                 f"    {body}\n")
+    ended = subprocess.run([sys.executable, "-c", VLLM_CLI_CODE, "serve", "m", "--headless"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60, check=False,
+                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert ended.returncode == status, ended.stderr
+    assert said in ended.stdout + ended.stderr
+    assert "atexit ran ['vllm', 'serve', 'm', '--headless']" in ended.stdout
 
 
 def test_engine_vllm_without_vllm_is_refused(gemma3_dir: Path, capsys: pytest.CaptureFixture[str],
@@ -146,12 +189,12 @@ class Server:
             self.process.wait(30)
 
 
-def start_server(tmp_path: Path, *flags: str) -> Server:
+def start_server(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> Server:
     """``mmfront serve PEER_MODEL ... flags`` with the peer's stub executors importable (its
-    ``PYTHONPATH``), without keep-alive, healthy."""
+    ``PYTHONPATH``) and ``env`` added, without keep-alive, healthy."""
     assert PEER_MODEL is not None
     port = get_open_port()
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **(env or {}),
            "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(PEER_DIR)])}
     env.pop("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", None)
     log = tmp_path / "serve.log"
@@ -195,10 +238,36 @@ def test_the_vllm_serve_command_line_serves_through_the_vllm_engine_it_starts(tm
         group = os.getpgid(engine)
         members = [p for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == group]
         assert len(members) >= 2  # vllm serve --headless and its engine core
-        stop = time.monotonic()
-        server.process.send_signal(signal.SIGTERM)
+        stop_idle(server, members)
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_side_by_side
+@pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)
+def test_sigterm_with_a_request_in_flight_answers_it_then_stops_the_engine(tmp_path: Path) -> None:
+    assert PEER is not None
+    server = start_server(tmp_path, "--max-model-len", "4096", "--distributed-executor-backend",
+                          "stub_trace.TraceStubExecutor", "--vllm-command", str(PEER.parent / "vllm"),
+                          env={"STUB_TRACE_STEP_DELAY_S": "0.1"})
+    try:
+        members = engine_group(server)
+        body = {"model": str(PEER_MODEL), "prompt": "Hello", "max_tokens": 30, "stream": True, "ignore_eos": True,
+                "return_token_ids": True}
+        tokens: list[int] = []
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as streamed:
+            finish = None
+            for line in streamed.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                [choice] = json.loads(line[len("data: "):])["choices"]
+                tokens += choice["token_ids"]
+                finish = choice["finish_reason"]
+                if len(tokens) == 3:
+                    server.process.send_signal(signal.SIGTERM)  # 27 steps of 0.1 s are still to come
+        assert (tokens, finish) == ([1000 + k for k in range(30)], "length")
         assert server.process.wait(60) == 0, server.tail()
-        print(f"SIGTERM to exit, idle: {time.monotonic() - stop:.1f} s")
         assert not [p for p in members if _alive(int(p))], "the engine's process group outlived the server"
     finally:
         server.close()
@@ -231,15 +300,59 @@ def test_two_ranks_are_two_vllm_engines(tmp_path: Path) -> None:
         commands = [_cmdline(pid).split(b"\0") for pid in headless_children(server.process.pid)]
         assert sorted(c[c.index(b"--data-parallel-start-rank") + 1] for c in commands) == [b"0", b"1"]
         for i in range(4):  # the least busy rank takes each: both serve
-            body = {"model": str(PEER_MODEL), "max_tokens": 3, "return_token_ids": True, "messages": [
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(
-                    make_image(40, 32, seed=i))}}, {"type": "text", "text": "What?"}]}]}
-            answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
-            assert answer["choices"][0]["token_ids"] == [1010, 1011, 1012], answer
+            assert image_chat_tokens(server, seed=i) == [1010, 1011, 1012]
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(60) == 0, server.tail()
     finally:
         server.close()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm_side_by_side
+@pytest.mark.skipif(NO_PEER, reason=SKIP_REASON)
+def test_two_api_servers_serve_through_the_vllm_engine_and_stop_within_the_idle_bound(tmp_path: Path) -> None:
+    assert PEER is not None
+    server = start_server(tmp_path, "--api-server-count", "2", "--max-model-len", "4096",
+                          "--distributed-executor-backend", "stub_executor.StubExecutor",
+                          "--vllm-command", str(PEER.parent / "vllm"))
+    try:
+        members = engine_group(server)
+        api_servers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == server.process.pid
+                       and b"multiprocessing.spawn" in _cmdline(int(p)) and b"resource_tracker" not in _cmdline(int(p))]
+        assert len(api_servers) == 2
+        for i in range(6):  # new connections, spread over both API servers by the kernel
+            assert image_chat_tokens(server, seed=i) == [1010, 1011, 1012]
+        stop_idle(server, [*members, *map(str, api_servers)])
+    finally:
+        server.close()
+
+
+def image_chat_tokens(server: Server, seed: int) -> list[int]:
+    """The token ids of a chat with one image (``seed``) answered by ``server``."""
+    body = {"model": str(PEER_MODEL), "max_tokens": 3, "return_token_ids": True, "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(
+            make_image(40, 32, seed=seed))}}, {"type": "text", "text": "What?"}]}]}
+    answer = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
+    token_ids: list[int] = answer["choices"][0]["token_ids"]
+    return token_ids
+
+
+def engine_group(server: Server) -> list[str]:
+    """The process ids of the process group of ``server``'s one ``vllm serve --headless``."""
+    [engine] = headless_children(server.process.pid)
+    return [p for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == os.getpgid(engine)]
+
+
+def stop_idle(server: Server, members: list[str]) -> None:
+    """SIGTERM the idle ``server``: it exits 0 within :data:`IDLE_STOP_S`, and none of ``members``
+    (process ids: its engines' groups, its API servers) is left running."""
+    stop = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(60) == 0, server.tail()
+    stopped_s = time.monotonic() - stop
+    print(f"SIGTERM to exit, idle: {stopped_s:.2f} s")
+    assert not [p for p in members if _alive(int(p))], "a process of the server outlived it"
+    assert stopped_s < IDLE_STOP_S, server.tail()
 
 
 def headless_children(pid: int) -> list[int]:

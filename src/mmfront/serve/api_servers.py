@@ -20,19 +20,23 @@ the engines.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import multiprocessing
+import os
 import signal
 import sys
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from mmfront.config import DataParallelConfig
 from mmfront.engine.handshake import wait_for_ready_responses
 from mmfront.errors import HandshakeError
 from mmfront.serve.banner import engines_banner
 from mmfront.serve.launcher import (
+    KEEP_ALIVE,
     STOP_GRACE_S,
     EngineProcesses,
     bind_handshake,
@@ -77,7 +81,23 @@ def _api_server(index: int, plan: ServePlan, port: int, conn: Connection) -> Non
     sock.listen(2048)
     conn.send(("serving",))
     conn.close()
-    sys.exit(run_app(frontend, plan.settings, sockets=[sock], keep_alive=keep_alive_on_engine_death()))
+    try:
+        status = run_app(frontend, plan.settings, sockets=[sock], keep_alive=keep_alive_on_engine_death())
+    except SystemExit as ended:  # SIGTERM's way out of run_app (exit_on_sigterm)
+        status = ended.code if isinstance(ended.code, int) else int(ended.code is not None)
+    _end_process(status)
+
+
+def _end_process(status: int) -> None:
+    """End an API server process once it has closed its frontend: its ``atexit`` handlers, then the
+    end without the interpreter's teardown, which multiprocessing's spawned child runs otherwise
+    and which took 3-10 s of every stop here (the final garbage collection of torch's modules),
+    as ``mmfront serve`` ends its own process."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _stop_processes(processes: list[BaseProcess], grace_s: float = STOP_GRACE_S) -> None:
@@ -104,6 +124,8 @@ def serve_api_servers(plan: ServePlan) -> int:
         reserved.close()
         raise
     logger.info("%s; %d API servers", engines_banner(plan, engine_kind(plan)), count)
+    if (refusal := no_rejoin(plan.parallel, count, keep_alive_on_engine_death())) is not None:
+        logger.warning("%s", refusal)
     context = multiprocessing.get_context("spawn")
     servers: list[BaseProcess] = []
     engines: EngineProcesses | None = None
@@ -145,6 +167,17 @@ def serve_api_servers(plan: ServePlan) -> int:
         reserved.close()
 
 
+def no_rejoin(parallel: DataParallelConfig, api_server_count: int, keep_alive: bool) -> str | None:
+    """Why a restarted headless engine cannot rejoin these API servers, where keep-alive asks for
+    it: API server 0 closes the handshake after start-up, since a rejoining engine would greet it
+    alone and the others would never hear of it; ``None`` where no rejoin is asked for."""
+    if not keep_alive or api_server_count < 2 or parallel.local_ranks == parallel.data_parallel_size:
+        return None
+    return (f"{KEEP_ALIVE}=1 with --api-server-count {api_server_count}: a headless engine restarted after its "
+            "death cannot rejoin (the handshake closes after start-up; rejoining needs one API server). The API "
+            "servers stay up, answering 503 on /health, until the whole server is restarted.")
+
+
 def _receive(pipe: Connection, process: BaseProcess, tag: str, engines: EngineProcesses | None = None) -> list[Any]:
     """The next message of an API server in start-up (``tag`` and its values); an error when it,
     or a local engine, exits first."""
@@ -178,4 +211,4 @@ def _supervise(servers: list[BaseProcess], stop_signal: list[int]) -> int:
     return 0
 
 
-__all__ = ["serve_api_servers"]
+__all__ = ["no_rejoin", "serve_api_servers"]

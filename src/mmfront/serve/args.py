@@ -180,7 +180,7 @@ def engine_found() -> str:
     if cli is None:
         return ("Here vLLM is not found: the engines started are mmfront's reference engine (mmfront worker); give "
                 "--vllm-command to start vLLM's.")
-    return f"Here the engines started are vLLM's engine cores: {' '.join(cli)} serve MODEL --headless ..."
+    return f"Here the engines started are vLLM's engine cores: 'vllm serve MODEL --headless ...', run by {cli[0]}."
 
 
 def engine_kind(engine: EngineKind | None, vllm_command: str | None) -> tuple[EngineKind, tuple[str, ...]]:

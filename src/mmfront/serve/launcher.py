@@ -69,6 +69,11 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_S = 10.0
 """How long a local engine gets to stop after SIGTERM before it is killed."""
 _WATCH_INTERVAL_S = 0.2
+GROUP_SETTLE_S = 1.0
+"""How long what is left of a stopped engine's process group may take to end on its own before it
+is killed: vLLM's resource tracker, unlinking the shared memory of the engine core its
+``vllm serve --headless`` killed, ends when that process has."""
+_SETTLE_POLL_S = 0.02
 WAIT_LOG_INTERVAL_S = 10.0
 """How often the wait for headless engines is logged (vLLM's ``wait_for_engine_startup`` polls as often)."""
 KEEP_ALIVE = "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH"
@@ -229,7 +234,7 @@ class EngineProcesses:
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM every engine's process group (unless :meth:`terminate` did), SIGKILL the engines
         still running ``grace_s`` after it; then SIGKILL what is left of each group (a child its
-        engine left behind)."""
+        engine left behind) once it had :data:`GROUP_SETTLE_S` to end on its own."""
         self.terminate()
         deadline = self._terminated_at + grace_s
         for p in self.processes:
@@ -238,8 +243,34 @@ class EngineProcesses:
             except subprocess.TimeoutExpired:
                 _signal_group(p, signal.SIGKILL)
                 p.wait()
+            settled = time.monotonic() + GROUP_SETTLE_S
+            while group_running(p.pid) and time.monotonic() < settled:
+                time.sleep(_SETTLE_POLL_S)
             _signal_group(p, signal.SIGKILL)
         atexit.unregister(self.stop)
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` runs: zombies aside where ``/proc`` tells (a process
+    reparented to an init that reaps nothing stays one), else any process of the group."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                state, _, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+            except (OSError, IndexError, ValueError):
+                continue
+            if int(group) == pgid and state != "Z":
+                return True
+    return False
 
 
 def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
@@ -649,6 +680,7 @@ __all__ = [
     "ENGINE_DEATH_STATUS",
     "ENGINE_KIND",
     "ENGINE_NAME",
+    "GROUP_SETTLE_S",
     "KEEP_ALIVE",
     "WAIT_LOG_INTERVAL_S",
     "AccessLogFilter",
@@ -664,6 +696,7 @@ __all__ = [
     "engine_kind",
     "engine_name",
     "exit_on_sigterm",
+    "group_running",
     "handshake_parallel",
     "http_limits",
     "http_sockets",
