@@ -14,9 +14,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,6 +23,7 @@ from mmfront._version import __version__
 from mmfront.config import DEFAULT_RPC_PORT, CacheType, MultiModalConfig
 from mmfront.errors import ConfigError
 from mmfront.flags import add_options, flag, port, values
+from mmfront.process_end import run_and_end_the_process
 from mmfront.serve.args import add_serve_parser, route_serve_argv, serve_argv
 
 DESCRIPTION = (
@@ -183,38 +182,6 @@ def cmd_fixtures_build(args: argparse.Namespace) -> int:
     engines = "" if args.weights else " --data-parallel-size-local 0  # no weights: in front of headless engines"
     print(f"mmfront fixtures: wrote {args.family} to {folder}; serve it with:\n  mmfront serve {folder}{engines}")
     return 0
-
-
-def run_and_end_the_process(command: Callable[[], int]) -> int:
-    """Run ``command`` (a server's whole life), then end the process without the interpreter's
-    teardown: with torch and transformers loaded, tearing the modules down takes about a second of
-    every shutdown and has nothing left to release (the engines are stopped, the sockets and
-    shared memory closed by then). The ``atexit`` handlers registered while the command runs run
-    first (the ending is registered before them); the one registered earlier, by importing this
-    module, is ``logging``'s, which the ending runs itself. The status is the command's, or the one
-    its exception ends the process with."""
-    import atexit
-    import logging
-    import os
-
-    status = [1]
-
-    def end() -> None:
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status[0])
-
-    atexit.register(end)
-    try:
-        status[0] = command()
-    except SystemExit as e:
-        status[0] = e.code if isinstance(e.code, int) else int(e.code is not None)
-        raise
-    except KeyboardInterrupt:
-        status[0] = 128 + signal.SIGINT
-        raise
-    return status[0]
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -174,7 +174,7 @@ def test_a_keep_alive_that_is_not_an_integer_is_refused() -> None:
 
 _ENDS = textwrap.dedent("""
     import atexit, logging, sys
-    from mmfront.cli import run_and_end_the_process
+    from mmfront.process_end import run_and_end_the_process
     how = sys.argv[1]
     def command():
         logging.getLogger("probe").addHandler(logging.FileHandler(sys.argv[2]))

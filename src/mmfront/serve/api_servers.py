@@ -24,9 +24,7 @@ import atexit
 import functools
 import logging
 import multiprocessing
-import os
 import signal
-import sys
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -34,6 +32,7 @@ from typing import Any
 from mmfront.config import DataParallelConfig
 from mmfront.engine.handshake import wait_for_ready_responses
 from mmfront.errors import HandshakeError
+from mmfront.process_end import end_the_process
 from mmfront.serve.banner import engines_banner
 from mmfront.serve.launcher import (
     KEEP_ALIVE,
@@ -85,19 +84,9 @@ def _api_server(index: int, plan: ServePlan, port: int, conn: Connection) -> Non
         status = run_app(frontend, plan.settings, sockets=[sock], keep_alive=keep_alive_on_engine_death())
     except SystemExit as ended:  # SIGTERM's way out of run_app (exit_on_sigterm)
         status = ended.code if isinstance(ended.code, int) else int(ended.code is not None)
-    _end_process(status)
-
-
-def _end_process(status: int) -> None:
-    """End an API server process once it has closed its frontend: its ``atexit`` handlers, then the
-    end without the interpreter's teardown, which multiprocessing's spawned child runs otherwise
-    and which took 3-10 s of every stop here (the final garbage collection of torch's modules),
-    as ``mmfront serve`` ends its own process."""
+    # its atexit handlers, then the end without the teardown (3-10 s of every stop otherwise)
     atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    end_the_process(status)
 
 
 def _stop_processes(processes: list[BaseProcess], grace_s: float = STOP_GRACE_S) -> None:
