@@ -151,6 +151,11 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "thinking_token_budget_without_reasoning_parser": (CHAT, text_chat(thinking_token_budget=5), SAME_ERROR),
     "thinking_token_budget_unlimited": (CHAT, text_chat(thinking_token_budget=-1), BODY),
     "media_io_kwargs": (CHAT, text_chat(media_io_kwargs={"image": {"x": 1}}), SAME_ERROR),
+    # SamplingParams' bounds where vLLM's error names the field: the same message
+    "temperature_negative": (CHAT, text_chat(temperature=-1), SAME_ERROR),
+    "temperature_above_2": (CHAT, text_chat(temperature=2.5), SAME_ERROR),
+    "completion_temperature_negative": (COMPLETION, completion(temperature=-0.5), SAME_ERROR),
+    "top_p_zero": (CHAT, text_chat(top_p=0), SAME_ERROR),
     # stream_options: {} without stream is no error (vLLM checks a non-empty one)
     "stream_options_empty_without_stream": (CHAT, text_chat(stream_options={}), BODY),
     # test_vision.py: an image_url that is a bare string
@@ -190,6 +195,22 @@ def test_a_nesting_bomb_is_a_400_in_both(pair: Pair, where: str) -> None:  # noq
     assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
     assert vllm.json() == {"detail": "There was an error parsing the body"}, explain(pair, vllm, mmfront)
     assert (error(mmfront)["type"], error(mmfront)["param"]) == ("Bad Request", "body"), explain(pair, vllm, mmfront)
+
+
+@pytest.mark.parametrize(("param", "fields"), [
+    ("presence_penalty", {"presence_penalty": 2.5}), ("frequency_penalty", {"frequency_penalty": -3}),
+    ("repetition_penalty", {"repetition_penalty": 0}), ("top_k", {"top_k": -2}), ("min_p", {"min_p": 1.5}),
+    ("min_tokens", {"min_tokens": 5}), ("n", {"n": 2, "temperature": 0}),
+])
+def test_a_sampling_value_out_of_range_is_refused_in_vllms_words_naming_it(
+        pair: Pair, param: str, fields: dict[str, Any]) -> None:  # noqa: F811
+    """vLLM's ``SamplingParams`` names no field for these: mmfront answers its words and names
+    the field (docs/serving.md, "Differences")."""
+    vllm, mmfront = both(pair, "POST", CHAT, text_chat(**fields))
+    assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
+    want, got = error(vllm), error(mmfront)
+    assert (got["type"], want["param"], got["param"]) == (want["type"], None, param), explain(pair, vllm, mmfront)
+    assert got["message"].startswith(want["message"] + f" (parameter={param}"), explain(pair, vllm, mmfront)
 
 
 def test_n_past_vllms_cap_is_a_400_in_both_and_mmfront_names_it(pair: Pair) -> None:  # noqa: F811
