@@ -197,22 +197,6 @@ def test_a_nesting_bomb_is_a_400_in_both(pair: Pair, where: str) -> None:  # noq
     assert (error(mmfront)["type"], error(mmfront)["param"]) == ("Bad Request", "body"), explain(pair, vllm, mmfront)
 
 
-@pytest.mark.parametrize(("param", "fields"), [
-    ("presence_penalty", {"presence_penalty": 2.5}), ("frequency_penalty", {"frequency_penalty": -3}),
-    ("repetition_penalty", {"repetition_penalty": 0}), ("top_k", {"top_k": -2}), ("min_p", {"min_p": 1.5}),
-    ("min_tokens", {"min_tokens": 5}), ("n", {"n": 2, "temperature": 0}),
-])
-def test_a_sampling_value_out_of_range_is_refused_in_vllms_words_naming_it(
-        pair: Pair, param: str, fields: dict[str, Any]) -> None:  # noqa: F811
-    """vLLM's ``SamplingParams`` names no field for these: mmfront answers its words and names
-    the field (docs/serving.md, "Differences")."""
-    vllm, mmfront = both(pair, "POST", CHAT, text_chat(**fields))
-    assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
-    want, got = error(vllm), error(mmfront)
-    assert (got["type"], want["param"], got["param"]) == (want["type"], None, param), explain(pair, vllm, mmfront)
-    assert got["message"].startswith(want["message"] + f" (parameter={param}"), explain(pair, vllm, mmfront)
-
-
 def test_n_past_vllms_cap_is_a_400_in_both_and_mmfront_names_it(pair: Pair) -> None:  # noqa: F811
     vllm, mmfront = both(pair, "POST", CHAT, text_chat(n=10**9, temperature=1.0))
     assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
