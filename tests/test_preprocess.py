@@ -54,6 +54,24 @@ def test_chat_request_repeating_an_image_decodes_it_once(gemma3_dir: Path, decod
     assert len(second["mm_placeholders"]["image"]) == 3
 
 
+def test_a_prompt_sent_as_several_engine_requests_counts_its_lookups_once(gemma3_dir: Path) -> None:
+    """vLLM counts a prompt's processor-cache lookups when it processes the prompt, once: its
+    ``n`` choices and its beam-search steps carry what that made. mmfront commits each engine
+    request to the mirrored cache, and only the first commit of a prepared prompt counts."""
+    pre = InputPreprocessor(gemma3_dir)
+    processor = InputProcessor(pre)
+    prompt = pre.preprocess(chat(image_data_url(make_image(40, 30, seed=3))))
+    step = {**prompt, "prompt_token_ids": [*prompt["prompt_token_ids"], 17]}  # a beam step's copy
+    for request_id, inputs in [("0_r", prompt), ("1_r", prompt), ("2_r", prompt), ("r-beam-0", step)]:
+        sent = processor.commit(processor.prepare(request_id, inputs))
+        assert processor.take_stamp(request_id) is not None
+        assert (sent.mm_features or [])[0].data is None or request_id == "0_r"  # the data goes once
+    assert (pre.stats.requests, pre.stats.queries, pre.stats.hits) == (1, 1, 0)
+    again = pre.preprocess(chat(image_data_url(make_image(40, 30, seed=3))))  # the prompt processed again
+    processor.commit(processor.prepare("r2", again))
+    assert (pre.stats.requests, pre.stats.queries, pre.stats.hits) == (2, 2, 1)
+
+
 def test_prompt_forms_agree(gemma3_dir: Path) -> None:
     pre = InputPreprocessor(gemma3_dir)
     images = [make_image(40, 30, seed=0), make_image(48, 64, seed=1)]

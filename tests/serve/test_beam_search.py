@@ -45,6 +45,15 @@ def test_the_score_divides_by_the_length_to_the_penalty() -> None:
     assert beam_score(0, -1.0, 2.0) == -1.0  # an aborted beam of no tokens counts one
 
 
+def test_the_request_log_prints_vllms_repr() -> None:
+    """``--enable-log-requests`` prints the parameters as vLLM prints its ``BeamSearchParams``
+    (side by side: test_vllm_serve_beam_search.py)."""
+    assert repr(BeamSearchParams(3, 4, temperature=0.5, allowed_token_ids=[7])) == (
+        "BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=False, temperature=0.5, length_penalty=1.0, "
+        "include_stop_str_in_output=False, structured_outputs=None, skip_special_tokens=True, watermarking=None, "
+        "allowed_token_ids=[7])")
+
+
 def test_a_step_keeps_the_best_extensions_and_sets_aside_finished_beams() -> None:
     params = BeamSearchParams(beam_width=2, max_tokens=4)
     a, b = Beam([5], [position(t5=-0.5)], -0.5), Beam([6], [position(t6=-1.0)], -1.0)

@@ -74,7 +74,7 @@ def test_a_field_the_reference_engine_cannot_honour_is_refused_400(served: Serve
 def test_n_above_one_at_temperature_0_is_refused_by_the_api_server_as_vllms(served: Served) -> None:
     error = post(served, {**GREEDY, "n": 2}).json()["error"]
     assert (error["param"], error["message"]) == (
-        "n", "n must be 1 with greedy sampling (temperature 0), got 2. (parameter=n, value=2)")
+        "n", "n must be 1 when using greedy sampling, got 2. (parameter=n, value=2)")
 
 
 def test_a_completion_at_the_default_temperature_is_refused(served: Served) -> None:

@@ -13,7 +13,9 @@ exact texts are ours; at each step the stub's candidates are its next token ``t`
   ``n=2``) and its refusal of a streamed beam search;
 * the fields beam search reads (``length_penalty``, ``include_stop_str_in_output``,
   ``ignore_eos``, ``max_tokens`` 0, ``echo``) and vLLM's refusals (``logprob_token_ids``, ``echo``
-  with ``logprobs``, ``n`` out of range, ``allowed_token_ids``, ``2 * n`` over ``--max-logprobs``).
+  with ``logprobs``, ``n`` out of range, ``allowed_token_ids``, ``2 * n`` over ``--max-logprobs``);
+* observability: an image prompt's ``vllm:mm_cache_queries``/``hits`` (one lookup, whatever its
+  ``n`` or beam steps) and ``--enable-log-requests``' ``Received request`` lines.
 
 Skipped where the peer venv, its model folder or ``../shared/peer`` is absent.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -39,6 +42,7 @@ from test_vllm_serve_parity import (
     SERVED,
     Answer,
     Pair,
+    Side,
     both,
     explain,
     masked,
@@ -58,7 +62,7 @@ QUESTION = [{"role": "user", "content": "what is 1+1?"}]
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    yield from start_pair(tmp_path_factory.mktemp("beams"))
+    yield from start_pair(tmp_path_factory.mktemp("beams"), ["--enable-log-requests"])
 
 
 def chat(messages: list[dict[str, Any]] = QUESTION, **fields: Any) -> dict[str, Any]:
@@ -112,20 +116,49 @@ def mm_cache_counts(answer: Answer) -> dict[str, float]:
     return counts
 
 
-def test_an_image_beam_search_counts_a_lookup_per_step_request(pair: Pair) -> None:
-    """vLLM processes the image once, with the prompt, and its beams' step requests carry what that
-    made (the data again each step): one processor-cache lookup. mmfront commits each step request
-    to the processor cache (so the image's data goes once and the engine's mirror stays exact),
-    and each commit counts a lookup: 1 + 3 + 3 + 3 step requests, the first a miss (a new image),
-    the others hits (docs/serving.md, "Differences")."""
-    image = {"type": "image_url", "image_url": {"url": image_data_url(make_image(48, 40, seed=11))}}
+@pytest.mark.parametrize(("seed", "fields"), [(11, {"use_beam_search": True}), (12, {"use_beam_search": False,
+                                                                                     "temperature": 1.0})],
+                         ids=["beam_search", "n_choices"])
+def test_an_image_prompt_counts_one_lookup_whatever_its_engine_requests(
+        pair: Pair, seed: int, fields: dict[str, Any]) -> None:
+    """vLLM processes the image once, with the prompt, and counts one processor-cache lookup
+    then; its ``n`` choices and its beams' step requests (1 + 3 + 3 + 3 here) carry what that
+    made. mmfront commits each engine request to its processor cache (so the image's data goes
+    to the engine once) and counts only the first commit of a prepared prompt."""
+    image = {"type": "image_url", "image_url": {"url": image_data_url(make_image(48, 40, seed=seed))}}
     messages = [{"role": "user", "content": [image, {"type": "text", "text": "Describe it."}]}]
     before = [mm_cache_counts(a) for a in both(pair, "GET", "/metrics")]
-    same(pair, CHAT_PATH, chat(messages, n=3, max_tokens=4))
+    same(pair, CHAT_PATH, chat(messages, n=3, max_tokens=4, **fields))
     after = [mm_cache_counts(a) for a in both(pair, "GET", "/metrics")]
     vllm, mmfront = ({k: a[k] - b.get(k, 0.0) for k in a} for b, a in zip(before, after))
     assert vllm == {"vllm:mm_cache_queries_total": 1.0, "vllm:mm_cache_hits_total": 0.0}, vllm
-    assert mmfront == {"vllm:mm_cache_queries_total": 10.0, "vllm:mm_cache_hits_total": 9.0}, mmfront
+    assert mmfront == vllm
+
+
+RECEIVED = re.compile(r"(Received request \S+: params: .*)$")
+
+
+def received(side: Side, request_id: str) -> list[str]:
+    """The request log's ``Received request`` lines naming ``request_id``."""
+    return [m.group(1) for line in side.logs["server"].read_text(errors="replace").splitlines()
+            if (m := RECEIVED.search(line)) and request_id in line]
+
+
+@pytest.mark.parametrize(("request_id", "path", "body"), [
+    ("beams-chat-log", CHAT_PATH, chat(n=2, max_tokens=3, temperature=0.5)),
+    ("beams-completion-log", COMPLETION_PATH, completion(["Hello, my name is", "The capital of France is"], n=2,
+                                                          max_tokens=2, length_penalty=0.5, ignore_eos=True)),
+    ("plain-chat-log", CHAT_PATH, chat(n=2, max_tokens=3, use_beam_search=False, temperature=1.0, seed=3, stop=["x"])),
+    ("plain-completion-log", COMPLETION_PATH, completion(["Hello, my name is", "The capital of France is"], n=2,
+                                                   max_tokens=2, use_beam_search=False, temperature=1.0, logprobs=2)),
+])
+def test_the_request_log_is_vllms(pair: Pair, request_id: str, path: str, body: dict[str, Any]) -> None:
+    """``--enable-log-requests``: one ``Received request`` line per prompt, beam search or not,
+    under vLLM's id and with vLLM's parameters (``BeamSearchParams`` for a beam search)."""
+    same(pair, path, {**body, "request_id": request_id})
+    vllm = received(pair.vllm, f"-{request_id}")
+    assert len(vllm) == (1 if path == CHAT_PATH else 2), vllm
+    assert received(pair.mmfront, f"-{request_id}") == vllm
 
 
 def test_the_beams_are_the_best_by_cumulative_logprob(pair: Pair) -> None:

@@ -151,6 +151,11 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "thinking_token_budget_without_reasoning_parser": (CHAT, text_chat(thinking_token_budget=5), SAME_ERROR),
     "thinking_token_budget_unlimited": (CHAT, text_chat(thinking_token_budget=-1), BODY),
     "media_io_kwargs": (CHAT, text_chat(media_io_kwargs={"image": {"x": 1}}), SAME_ERROR),
+    # SamplingParams' bounds where vLLM's error names the field: the same message
+    "temperature_negative": (CHAT, text_chat(temperature=-1), SAME_ERROR),
+    "temperature_above_2": (CHAT, text_chat(temperature=2.5), SAME_ERROR),
+    "completion_temperature_negative": (COMPLETION, completion(temperature=-0.5), SAME_ERROR),
+    "top_p_zero": (CHAT, text_chat(top_p=0), SAME_ERROR),
     # stream_options: {} without stream is no error (vLLM checks a non-empty one)
     "stream_options_empty_without_stream": (CHAT, text_chat(stream_options={}), BODY),
     # test_vision.py: an image_url that is a bare string

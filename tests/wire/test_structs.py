@@ -4,6 +4,8 @@ SamplingParams' normalisation and its typed validation errors."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from mmfront.errors import DecodeError, ValidationError
+from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 from mmfront.wire.codec import MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.params import (
     LoRARequest,
@@ -125,26 +128,27 @@ def test_sampling_params_normalise_as_vllm() -> None:
 
 @pytest.mark.parametrize(("kwargs", "parameter", "match"), [
     ({"n": 0}, "n", "n must be at least 1"),
-    ({"n": 2, "temperature": 0.0}, "n", "n must be 1 with greedy sampling"),
+    ({"n": 2, "temperature": 0.0}, "n", "n must be 1 when using greedy sampling"),
     ({"presence_penalty": 2.5}, "presence_penalty", r"\[-2, 2\]"),
     ({"frequency_penalty": -3.0}, "frequency_penalty", r"\[-2, 2\]"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty", "above 0"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty", "greater than zero"),
     ({"repetition_penalty": float("nan")}, "repetition_penalty", "finite"),
     ({"temperature": 2.5}, "temperature", r"\[0, 2\]"),
-    ({"temperature": float("inf")}, "temperature", r"\[0, 2\]"),
+    ({"temperature": float("inf")}, "temperature", "finite"),
+    ({"temperature": -1.0}, "temperature", "non-negative"),
     ({"top_p": 0.0}, "top_p", r"\(0, 1\]"),
     ({"top_k": -2}, "top_k", "top_k must be 0"),
     ({"min_p": 1.5}, "min_p", r"\[0, 1\]"),
     ({"max_tokens": 0}, "max_tokens", "at least 1"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "max_tokens=4"),
-    ({"min_tokens": -1}, "min_tokens", "min_tokens must be in"),
+    ({"min_tokens": -1}, "min_tokens", "greater than or equal to 0"),
     ({"stream_interval": 0}, "stream_interval", "at least 1"),
     ({"logprobs": -2}, "logprobs", "non-negative or -1"),
     ({"prompt_logprobs": -5}, "prompt_logprobs", "non-negative or -1"),
     ({"stop": ["a", ""]}, "stop", "empty string"),
     ({"stop": "a", "detokenize": False}, "stop", "detokenize=True"),
     ({"bad_words": [""]}, "bad_words", "empty string"),
-    ({"extra_args": {"k": [2**64]}}, "extra_args", "64 bits"),
+    ({"extra_args": {"k": [2**64]}}, "extra_args", r"2\*\*64 - 1"),
     ({"thinking_token_budget": -3}, "thinking_token_budget", "non-negative integer"),
     ({"thinking_token_budget": True}, "thinking_token_budget", "non-negative integer"),
 ])
@@ -152,6 +156,48 @@ def test_bad_sampling_params_name_the_parameter(kwargs: dict[str, Any], paramete
     with pytest.raises(ValidationError, match=match) as info:
         SamplingParams(**kwargs)
     assert info.value.parameter == parameter
+
+
+PEER_VERIFY = """
+import json, sys
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import SamplingParams
+answers = []
+for fields in json.loads(sys.stdin.read()):
+    try:
+        SamplingParams(**fields)
+        answers.append(None)
+    except VLLMValidationError as e:
+        answers.append({"message": str(e), "words": e.args[0], "parameter": e.parameter})
+print(json.dumps(answers))
+"""
+OUT_OF_RANGE: list[dict[str, Any]] = [
+    {"n": 0}, {"n": 2, "temperature": 0.0}, {"presence_penalty": 2.5}, {"frequency_penalty": -3.0},
+    {"repetition_penalty": 0.0}, {"repetition_penalty": float("nan")}, {"temperature": -1.0},
+    {"temperature": 2.5}, {"temperature": float("inf")}, {"top_p": 0.0}, {"top_k": -2}, {"min_p": 1.5},
+    {"max_tokens": 0}, {"min_tokens": 5, "max_tokens": 4}, {"min_tokens": -1}, {"stream_interval": 0},
+    {"logprobs": -2}, {"prompt_logprobs": -5}, {"stop": ["a", ""]}, {"stop": "a", "detokenize": False},
+    {"bad_words": ["a", ""]}, {"extra_args": {"k": [2**64]}}, {"temperature": -1.0, "presence_penalty": 3.0},
+]
+
+
+def test_a_value_out_of_range_is_refused_in_vllms_words() -> None:
+    """Each case refused with vLLM's ``SamplingParams``' message (its first failing check, in its
+    order); where vLLM's error names the field and value, mmfront's API message is vLLM's whole
+    (``vllm_message``). Where vLLM's names none, mmfront still names the field (docs/serving.md)."""
+    python = vllm_peer_python()
+    if python is None:
+        pytest.skip(SKIP_REASON)
+    run = subprocess.run([str(python), "-c", PEER_VERIFY], input=json.dumps(OUT_OF_RANGE), capture_output=True,
+                         text=True, timeout=300, check=False, env={"VLLM_TARGET_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    for fields, want in zip(OUT_OF_RANGE, json.loads(run.stdout.strip().splitlines()[-1]), strict=True):
+        assert want is not None, fields
+        with pytest.raises(ValidationError) as info:
+            SamplingParams(**fields)
+        assert str(info.value) == want["words"], fields
+        if want["parameter"] is not None:
+            assert info.value.vllm_message() == want["message"], fields
 
 
 @pytest.mark.parametrize(("make", "parameter"), [

@@ -32,10 +32,13 @@ class MultiModalCacheStats:
         self.queries += num_queries
         self.hits += num_hits
 
-    def record_request(self, cache: BaseMultiModalProcessorCache) -> None:
-        """Record the lookups ``cache`` counted since the previous call (call once per request)."""
+    def record_request(self, cache: BaseMultiModalProcessorCache, *, counted: bool = True) -> None:
+        """Record the lookups ``cache`` counted since the previous call (call once per commit).
+        ``counted=False`` drops them instead: a prompt's later commits (its other choices, beam
+        steps, resends), which vLLM, processing the prompt once, never looks up."""
         delta = cache.make_stats(delta=True)
-        self.record(delta.total, delta.hits)
+        if counted:
+            self.record(delta.total, delta.hits)
 
     def clear_cache(self, cache: BaseMultiModalProcessorCache) -> None:
         """Clear ``cache`` (vLLM's ``reset_mm_cache``) and flag the reset for the consumers."""

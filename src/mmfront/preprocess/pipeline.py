@@ -132,7 +132,7 @@ class ModelPipeline:
         if request_id is not None:
             cache.begin_request(request_id)
         committed = commit(inputs, cache)
-        self.stats.record_request(cache)
+        self.stats.record_request(cache, counted=pending.first_commit.take())
         return committed
 
     def _prepare(

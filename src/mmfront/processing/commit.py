@@ -14,7 +14,7 @@ transport (see ``mmfront.engine.client``). P1 walks the same order, so both LRUs
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 from mmfront.cache.base import BaseMultiModalProcessorCache, PromptUpdates
@@ -23,6 +23,21 @@ from mmfront.inputs import MultiModalInputs, MultiModalKwargsItem, MultiModalKwa
 
 Reprocess = Callable[[str, int], MultiModalKwargsItem]
 """Processes item ``index`` of a modality again from its media (a hit that was evicted since)."""
+
+
+@dataclass
+class FirstCommit:
+    """Whether a prepared request was committed yet. One prepared prompt is committed once per
+    engine request that carries it (each of its ``n`` choices, each beam-search step, a resend);
+    vLLM processes a prompt once and counts its cache lookups then, so only the first commit's
+    lookups are the prompt's. Commits of one prepared request run in the client's one lane."""
+
+    done: bool = False
+
+    def take(self) -> bool:
+        """True for the first call only."""
+        first, self.done = not self.done, True
+        return first
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,8 @@ class PendingCommit:
     new_items: Mapping[str, MultiModalKwargsItem]
     updates_by_hash: Mapping[str, PromptUpdates]
     reprocess: Reprocess
+    first_commit: FirstCommit = field(default_factory=FirstCommit)
+    """Shared by every copy of the prepared inputs (they hold this one object)."""
 
 
 def _no_item(modality: str, index: int) -> MultiModalKwargsItem:
@@ -110,4 +127,4 @@ def _update_cache(
         cache.release_sender_touches()
 
 
-__all__ = ["NOTHING_TO_COMMIT", "PendingCommit", "PreparedInputs", "Reprocess", "commit", "pending_commit"]
+__all__ = ["NOTHING_TO_COMMIT", "FirstCommit", "PendingCommit", "PreparedInputs", "Reprocess", "commit", "pending_commit"]

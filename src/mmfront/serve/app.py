@@ -329,10 +329,10 @@ class _Server:
         max_tokens = self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
                                       "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
         if req.use_beam_search:
-            gen, choices = self._search(response_id, [(inputs, options)], req, max_tokens)
+            gen, choices = self._search(response_id, [(inputs, options)], req, max_tokens, [response_id])
         else:
             params = await self._off_loop(self._params, req, max_tokens, [inputs], parsing)
-            gen, choices = await self._start(response_id, [(inputs, options)], params,
+            gen, choices = await self._start(response_id, [(inputs, options)], params, [response_id],
                                              weight_versions=req.return_weight_versions)
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -382,12 +382,14 @@ class _Server:
         prompts = await self._off_loop(protocol.prompts, req)
         prepared = [(await self._prepare(p, options, response_id), options) for p in prompts]
         lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
+        logged = [f"{response_id}-{p}" for p in range(len(prepared))]  # the ids vLLM's request log gives them
         if req.use_beam_search:
-            gen, choices = self._search(response_id, prepared, req, self._max_tokens(req.max_tokens, max(lengths)))
+            gen, choices = self._search(response_id, prepared, req, self._max_tokens(req.max_tokens, max(lengths)),
+                                        logged)
         else:
             params = await self._off_loop(self._params, req, self._max_tokens(req.max_tokens, max(lengths)),
                                           [inputs for inputs, _ in prepared], None)
-            gen, choices = await self._start(response_id, prepared, params,
+            gen, choices = await self._start(response_id, prepared, params, logged,
                                              weight_versions=req.return_weight_versions)
         head = self._head(response_id)
         headers = _id_header(request)
@@ -469,12 +471,20 @@ class _Server:
         return await loop.run_in_executor(self.preprocessor.executor, partial(
             self.preprocessor.preprocess, prompt, request_id=request_id, options=options))
 
+    def _log_inputs(self, logged: Sequence[str], prepared: list[tuple[MultiModalInputs, RequestOptions]],
+                    params: SamplingParams | beam_search.BeamSearchParams) -> None:
+        """``--enable-log-requests``: each prompt under the id ``logged`` gives it, as vLLM's API
+        server logs it (once per prompt, whatever its ``n`` or beam steps)."""
+        if self.request_log is not None:
+            for log_id, (inputs, _) in zip(logged, prepared):
+                self.request_log.log_inputs(log_id, inputs.get("prompt"), inputs["prompt_token_ids"], params)
+
     async def _start(
-        self, response_id: str, prepared: list[tuple[MultiModalInputs, RequestOptions]], params: SamplingParams, *,
-        weight_versions: bool = False,
+        self, response_id: str, prepared: list[tuple[MultiModalInputs, RequestOptions]], params: SamplingParams,
+        logged: Sequence[str], *, weight_versions: bool = False,
     ) -> tuple[_Generation, list[ChoiceOutput]]:
-        """Send ``params.n`` engine requests per prompt (ids ``{i}_{base}`` as vLLM's children);
-        ``weight_versions``: track the weights that make each one's tokens."""
+        """Send ``params.n`` engine requests per prompt (ids ``{i}_{base}`` as vLLM's children;
+        logged under ``logged``); ``weight_versions``: track the weights that make each one's tokens."""
         n = params.n
         base = f"{response_id}-{secrets.token_hex(4)}"
         streams: list[AsyncIterator[EngineCoreOutput]] = []
@@ -482,10 +492,9 @@ class _Server:
         request_ids = [f"{k}_{base}" if n > 1 or len(prepared) > 1 else base for k in range(len(prepared) * n)]
         if weight_versions:
             self.weight_versions.track(request_ids)
+        self._log_inputs(logged, prepared, params)
         try:
             for p, (inputs, options) in enumerate(prepared):
-                if self.request_log is not None:
-                    self.request_log.log_inputs(base, inputs.get("prompt"), inputs["prompt_token_ids"], params)
                 self.stats.add_requests(request_ids[p * n:(p + 1) * n], len(inputs["prompt_token_ids"]),
                                         params.max_tokens, stop_strings=bool(params.stop),
                                         keep_timings=self._attributable(len(request_ids)))
@@ -506,15 +515,17 @@ class _Server:
         return _Generation(streams, request_ids), choices
 
     def _search(self, response_id: str, prepared: list[tuple[MultiModalInputs, RequestOptions]],
-                req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None, logged: Sequence[str],
                 ) -> tuple[_Generation, list[ChoiceOutput]]:
-        """``use_beam_search``: each prompt's ``n`` beams (:mod:`mmfront.serve.beam_search`), checked
-        as vLLM checks them before its first step, searched by the generation's tasks."""
+        """``use_beam_search``: each prompt's ``n`` beams (:mod:`mmfront.serve.beam_search`), logged
+        under ``logged`` and checked as vLLM logs and checks them before its first step, searched by
+        the generation's tasks."""
         if max_tokens is None:  # the engine named no context length to bound the search by
             raise ValidationError("Beam search needs `max_tokens` where the engine reports no max_model_len.",
                                   parameter="max_tokens")
         params = beam_search.beam_search_params(req, max_tokens)
-        if req.allowed_token_ids:  # vLLM's stock engines run its V1 model runner, which has no exact-id logprobs
+        self._log_inputs(logged, prepared, params)
+        if params.allowed_token_ids:  # vLLM's stock engines run its V1 model runner, which has no exact-id logprobs
             raise ValidationError("Beam allowlists require the V2 model runner")
         step = params.step_params()
         protocol.check_logprobs(step, self.settings.max_logprobs, self.vocab_size)

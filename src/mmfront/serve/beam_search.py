@@ -49,6 +49,17 @@ class BeamSearchParams:
     beam's cumulative logprob when beams are ranked: above 0 favours longer beams."""
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    watermarking: bool | None = None
+    allowed_token_ids: list[int] | None = None
+
+    def __repr__(self) -> str:
+        """vLLM's ``BeamSearchParams`` repr (its request log prints it), with its
+        ``structured_outputs``, which a request never sets for a beam search."""
+        return (f"BeamSearchParams(beam_width={self.beam_width}, max_tokens={self.max_tokens}, "
+                f"ignore_eos={self.ignore_eos}, temperature={self.temperature}, "
+                f"length_penalty={self.length_penalty}, include_stop_str_in_output={self.include_stop_str_in_output}, "
+                f"structured_outputs=None, skip_special_tokens={self.skip_special_tokens}, "
+                f"watermarking={self.watermarking}, allowed_token_ids={self.allowed_token_ids})")
 
     @property
     def step_logprobs(self) -> int:
@@ -56,18 +67,10 @@ class BeamSearchParams:
         return 2 * self.beam_width
 
     def step_params(self) -> SamplingParams:
-        """The parameters of every step's engine requests: one token, its top candidates. A
-        temperature out of range is refused in the words of vLLM's ``SamplingParams``."""
-        if self.temperature < 0:
-            raise ValidationError(f"temperature must be non-negative, got {self.temperature}.",
-                                  parameter="temperature", value=self.temperature)
-        try:
-            return SamplingParams(max_tokens=1, temperature=self.temperature, logprobs=self.step_logprobs,
-                                  detokenize=False)
-        except ValidationError as e:
-            if e.parameter == "temperature":
-                e.value = self.temperature
-            raise
+        """The parameters of every step's engine requests: one token, its top candidates (a
+        temperature out of range is refused as vLLM's ``SamplingParams`` refuses it)."""
+        return SamplingParams(max_tokens=1, temperature=self.temperature, logprobs=self.step_logprobs,
+                              detokenize=False)
 
 
 def beam_search_params(request: ChatCompletionRequest | CompletionRequest, max_tokens: int) -> BeamSearchParams:
@@ -82,7 +85,8 @@ def beam_search_params(request: ChatCompletionRequest | CompletionRequest, max_t
         beam_width=width, max_tokens=max_tokens, ignore_eos=request.ignore_eos,
         temperature=1.0 if request.temperature is None else request.temperature,
         length_penalty=request.length_penalty, include_stop_str_in_output=request.include_stop_str_in_output,
-        skip_special_tokens=True if request.skip_special_tokens is None else request.skip_special_tokens)
+        skip_special_tokens=True if request.skip_special_tokens is None else request.skip_special_tokens,
+        watermarking=request.watermarking, allowed_token_ids=request.allowed_token_ids)
 
 
 def end_of_sequence_ids(generation_config: Mapping[str, Any], eos_token_id: int | None) -> frozenset[int]:

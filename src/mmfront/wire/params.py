@@ -176,11 +176,25 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         self._verify()
         if self.temperature < _SAMPLING_EPS:
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-            _check(self.n == 1, "n", f"n must be 1 with greedy sampling (temperature 0), got {self.n}.")
+            _check(self.n == 1, "n", f"n must be 1 when using greedy sampling, got {self.n}.")
         self._all_stop_token_ids.update(self.stop_token_ids)
         if self.skip_reading_prefix_cache is None:
             self.skip_reading_prefix_cache = (
                 self.prompt_logprobs is not None or self.prompt_logprob_token_ids is not None)
+
+    def __repr__(self) -> str:
+        """vLLM's ``SamplingParams.__repr__`` (its request log prints it): these fields, in this order."""
+        return (f"SamplingParams(n={self.n}, presence_penalty={self.presence_penalty}, "
+                f"frequency_penalty={self.frequency_penalty}, repetition_penalty={self.repetition_penalty}, "
+                f"temperature={self.temperature}, watermarking={self.watermarking}, top_p={self.top_p}, "
+                f"top_k={self.top_k}, min_p={self.min_p}, seed={self.seed}, stop={self.stop}, "
+                f"stop_token_ids={self.stop_token_ids}, bad_words={self.bad_words}, "
+                f"thinking_token_budget={self.thinking_token_budget}, "
+                f"include_stop_str_in_output={self.include_stop_str_in_output}, ignore_eos={self.ignore_eos}, "
+                f"max_tokens={self.max_tokens}, min_tokens={self.min_tokens}, logprobs={self.logprobs}, "
+                f"prompt_logprobs={self.prompt_logprobs}, skip_special_tokens={self.skip_special_tokens}, "
+                f"spaces_between_special_tokens={self.spaces_between_special_tokens}, "
+                f"structured_outputs={self.structured_outputs}, extra_args={self.extra_args})")
 
     @property
     def is_greedy(self) -> bool:
@@ -213,41 +227,53 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
                 self.stop_token_ids = list(extra)
 
     def _verify(self) -> None:
+        """vLLM's ``_verify_args``: its checks in its order, in its words, with the value where
+        vLLM's error carries one. Every error names its field (vLLM's name none for the
+        penalties, ``top_k``, ``min_p``, ``min_tokens``, ``stop`` and ``bad_words``:
+        docs/serving.md, "Differences")."""
         _check(self.n >= 1, "n", f"n must be at least 1, got {self.n}.")
         _check(self.n <= (most := max_n_sequences()), "n", f"n must be at most {most}, got {self.n}. To increase "
                "this limit, set the VLLM_MAX_N_SEQUENCES environment variable.")
+        if self.extra_args:
+            _check(_ints_fit(self.extra_args), "extra_args", "extra_args integers must be between -2**63 and 2**64 - 1.")
         _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        _check(math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
-               f"repetition_penalty must be a finite number above 0, got {self.repetition_penalty}.")
-        _check(math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0, "temperature",
-               f"temperature must be in [0, 2], got {self.temperature}.")
-        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}.")
-        _check(self.top_k >= -1, "top_k", f"top_k must be 0 (off), -1 (off) or at least 1, got {self.top_k}.")
+        _check(math.isfinite(self.repetition_penalty), "repetition_penalty",
+               f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
+        _check(self.repetition_penalty > 0.0, "repetition_penalty",
+               f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+        temperature = self.temperature
+        _check(math.isfinite(temperature), "temperature", f"temperature must be a finite number, got {temperature}.",
+               temperature)
+        _check(temperature >= 0.0, "temperature", f"temperature must be non-negative, got {temperature}.", temperature)
+        _check(temperature <= 2.0, "temperature", f"temperature must be in [0, 2], got {temperature}.", temperature)
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}.", self.top_p)
+        _check(self.top_k >= -1, "top_k", f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}.")
         _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
-               f"max_tokens must be at least 1, got {self.max_tokens}.")
-        ceiling = self.min_tokens if self.max_tokens is None else self.max_tokens
-        _check(0 <= self.min_tokens <= ceiling, "min_tokens",
-               f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}.")
+               f"max_tokens must be at least 1, got {self.max_tokens}.", self.max_tokens)
+        _check(self.min_tokens >= 0, "min_tokens",
+               f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+               f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.")
         _check(self.stream_interval is None or self.stream_interval >= 1, "stream_interval",
-               f"stream_interval must be at least 1, got {self.stream_interval}.")
+               f"stream_interval must be at least 1, got {self.stream_interval}.", self.stream_interval)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _check(value is None or value >= -1, name, f"{name} must be non-negative or -1 (all), got {value}.")
+            _check(value is None or value >= -1, name, f"{name} must be non-negative or -1, got {value}.", value)
         assert isinstance(self.stop, list)
         _check(all(self.stop), "stop", "stop cannot contain an empty string.")
-        _check(not self.stop or self.detokenize, "stop", "stop strings need detokenize=True.")
-        _check(all(self.bad_words or ()), "bad_words", "bad_words cannot contain an empty string.")
-        if self.extra_args:
-            _check(_ints_fit(self.extra_args), "extra_args", "extra_args integers must fit in 64 bits.")
+        _check(not self.stop or self.detokenize, "stop",
+               "stop strings are only supported when detokenize is True. Set detokenize=True to use stop.")
+        _check(all(self.bad_words or ()), "bad_words",
+               f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
 
 
-def _check(ok: bool, parameter: str, message: str) -> None:
+def _check(ok: bool, parameter: str, message: str, value: object = None) -> None:
     if not ok:
-        raise ValidationError(message, parameter=parameter)
+        raise ValidationError(message, parameter=parameter, value=value)
 
 
 def _thinking_budget(value: Any) -> int | None:
