@@ -206,3 +206,15 @@ def test_reasoning_streams_as_vllms_tests_expect(case: str, size: int) -> None:
             if getattr(delta, key):
                 sent.append(getattr(delta, key))
     assert ("".join(parts["reasoning"]) or None, "".join(parts["content"]) or None) == (reasoning, content)
+
+
+def test_each_stream_of_a_request_keeps_its_own_llama3_json_state() -> None:
+    """A request's choices share its parser; vLLM's llama3_json stream keeps state from step to
+    step, so each stream reads with its own (n > 1 streams the same text the same way)."""
+    parser = make_tool_parser("llama3_json", None)
+    streams = [ToolCallStream(parser), ToolCallStream(parser)]
+    sent: list[list[tuple]] = [[], []]
+    for piece in ['{"name": "f', '", ', '"parameters": {"a": 1}}', " "]:
+        for stream, out in zip(streams, sent, strict=True):
+            out.append([(c.index, c.name, c.arguments) for c in stream.feed(piece).tool_calls])
+    assert sent[0] == sent[1] == [[], [(0, "f", None)], [(0, None, '{"a": 1}')], [(0, None, "")]]
