@@ -125,6 +125,20 @@ TOOL_CASES: dict[str, tuple[str, str, list[dict[str, Any]] | None, tuple[bool, l
     "pythonic_cut": ("pythonic", "[get_weather(city='San Fr", None, (False, [], "[get_weather(city='San Fr")),
     "qwen3_coder_cut": ("qwen3_coder", "<tool_call>\n<function=bash>\n<parameter=command>\nls -l", WEATHER_TOOLS,
                         (True, [("bash", "{}")], None)),
+    "llama3_three_calls": ("llama3_json", '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", '
+                           '"parameters": {"y": "two words"}}; {"name": "c", "arguments": {"z": [true, null]}}', None,
+                           (True, [("a", '{"x": 1}'), ("b", '{"y": "two words"}'), ("c", '{"z": [true, null]}')], None)),
+    "llama3_nested": ("llama3_json", '{"name": "f", "parameters": {"a": {"b": [1, 2.5, {"c": "x}"}]}, "d": "\\"q\\"", '
+                      '"e": "héllo 世界"}}', None,
+                      (True, [("f", '{"a": {"b": [1, 2.5, {"c": "x}"}]}, "d": "\\"q\\"", "e": "héllo 世界"}')], None)),
+    "llama3_cut": ("llama3_json", '{"name": "searchTool", "parameters": {"query": "weather in Par', None,
+                   (False, [], '{"name": "searchTool", "parameters": {"query": "weather in Par')),
+    "llama3_cut_second": ("llama3_json", '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"y', None,
+                          (False, [], '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"y')),
+    "llama3_space_after": ("llama3_json", '{"name": "f", "parameters": {"a": "b"}}; ', None,
+                           (True, [("f", '{"a": "b"}')], None)),
+    "llama3_pretty": ("llama3_json", '{\n  "name": "f",\n  "parameters": {\n    "a": 10,\n    "b": false\n  }\n}', None,
+                      (True, [("f", '{"a": 10, "b": false}')], None)),
     "qwen3_coder_two_params": ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\nx y\n</parameter>\n"
                                "<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>", None,
                                (True, [("f", '{"a": "x y", "b": "2"}')], None)),
@@ -177,15 +191,19 @@ STREAMED_TOOLS_DIFFER: dict[str, tuple[bool, list[tuple[str, str]], str | None]]
     "mistral_text_after": (True, [("add", '{"a": 1} done')], None),
     # what follows a call's opening marker is not content, in vLLM's stream, even when it is no call
     "llama3_missing_name": (False, [], None),
+    # llama3_json: the calls as partial_json_parser reads the text so far (its stream sends a
+    # prefix of them: STREAMED_PREFIX)
+    "llama3_cut": (True, [("searchTool", '{"query": "weather in Par"}')], None),
+    "llama3_cut_second": (True, [("a", '{"x": 1}'), ("b", "{}")], None),
 }
 """Cases whose stream vLLM reads otherwise than the whole output (its stream parsers do)."""
 
-STREAMED_WHOLE = {
-    "llama3_json": "vLLM streams the arguments from partial_json_parser's reading of the JSON so far",
+STREAMED_PREFIX = {
+    "llama3_json": "vLLM's stream sends a fragment where partial_json_parser's reading of the text so far changes "
+                   "from its last step's, and the rest of a call's arguments only at a step that completes its JSON",
 }
-"""Parsers whose stream sends each call whole, once it is complete, where vLLM's sends the name
-first and the arguments in fragments (docs/serving.md, "Differences"); the others send vLLM's
-deltas."""
+"""Parsers whose stream sends, depending on how the text arrives, only a prefix of the calls and
+of each call's arguments (vLLM's too: test_parsers_vs_vllm.py compares the deltas)."""
 
 # (parser, model output, chat_template_kwargs) -> (reasoning, content), whole and streamed
 REASONING_CASES: dict[str, tuple[str, str, dict[str, Any] | None, tuple[str | None, str | None],

@@ -2,22 +2,22 @@
 vLLM's own parser tests (tests/serve/parser_cases.py): the same whole answer, and, when both are
 fed the text token by token (vLLM's chat server's parser, ``parse_delta`` with the last token
 ``finished``, on the peer's tokenizer with the markers added: tests/serve/data/vllm_parser_oracle.py),
-the same deltas token by token (the parsers that stream a call's name, then its arguments in
-fragments; mmfront's last delta is its last feed and its finish together, as vLLM flushes its
-parser on the last token) or the same assembled answer (those that send each call whole:
-parser_cases.STREAMED_WHOLE).
+the same deltas token by token (mmfront's last delta is its last feed and its finish together,
+as vLLM flushes its parser on the last token).
 
 Skipped where the peer venv or its model folder is absent."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from parser_cases import FORCED_MISTRAL_CASES, FORCED_TOOLS, REASONING_CASES, STREAMED_WHOLE, TOOL_CASES, stream_tools
+from parser_cases import FORCED_MISTRAL_CASES, FORCED_TOOLS, REASONING_CASES, STREAMED_PREFIX, TOOL_CASES, stream_tools
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
 from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, join_call_deltas, make_tool_parser
@@ -37,17 +37,35 @@ def vllm() -> dict[str, Any]:
               for p, t, kw, _, _ in REASONING_CASES.values()]
     cases += [{"kind": "tool", "parser": "mistral", "text": t, "tools": FORCED_TOOLS, "tool_choice": choice,
                "without_markers": [] if args else ["[ARGS]"]} for t, choice, args, _ in FORCED_MISTRAL_CASES.values()]
+    cases += [{"kind": "tool", "parser": TOOL_CASES[c][0], "text": TOOL_CASES[c][1], "tools": TOOL_CASES[c][2],
+               "stream_tools": stream_tools(c), "chunk_texts": chunks} for c, chunks in SPLITS]
     done = subprocess.run([str(PEER), str(ORACLE), str(MODEL)], input=json.dumps(cases), capture_output=True,
                           text=True, timeout=600, check=True)
     answers = json.loads(done.stdout)
-    return dict(zip([*TOOL_CASES, *REASONING_CASES, *(f"forced-{c}" for c in FORCED_MISTRAL_CASES)], answers))
+    keys = [*TOOL_CASES, *REASONING_CASES, *(f"forced-{c}" for c in FORCED_MISTRAL_CASES),
+            *(f"{c}/split{n}" for n, (c, _) in enumerate(SPLITS))]
+    return dict(zip(keys, answers, strict=True))
 
 
-def _args(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
+def random_splits(text: str, seed: int, count: int) -> list[list[str]]:
+    """``count`` ways to cut ``text`` into chunks (as an engine step of several tokens, or a
+    client's network, would), ``<|python_tag|>`` kept whole (it is one token), and the text in
+    one chunk."""
+    rng = random.Random(seed)
+    tag = "<|python_tag|>"
+    inside = {i for s in range(len(text)) if text.startswith(tag, s) for i in range(s + 1, s + len(tag))}
+    places = [i for i in range(1, len(text)) if i not in inside]
+    splits = [[text]]
+    for _ in range(count):
+        cuts = sorted(rng.sample(places, rng.randint(1, min(len(places), 30))))
+        splits.append([text[a:b] for a, b in itertools.pairwise([0, *cuts, len(text)])])
+    return splits
+
+
+SPLITS = [(case, chunks) for case in sorted(c for c in TOOL_CASES if TOOL_CASES[c][0] in STREAMED_PREFIX)
+          for chunks in random_splits(TOOL_CASES[case][1], seed=len(case), count=4)]
+"""Chunkings of the cases whose stream depends on how the text arrives (llama3_json's: its
+fragments are cut where one step's reading differs from the last one's)."""
 
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
@@ -61,19 +79,17 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
     assert mine == answer["whole"]
 
     stream = ToolCallStream(make_tool_parser(name, stream_tools(case)))
-    if name not in STREAMED_WHOLE:  # vLLM's deltas, token by token
-        assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
-        return
-    content, calls = [], []
-    for delta in [*(stream.feed(c) for c in answer["chunks"]), stream.finish()]:
-        content.append(delta.content or "")
-        calls += [[c.name, _args(c.arguments or "")] for c in delta.tool_calls]
-    theirs = answer["stream"]
-    assert "".join(content) == theirs["content"]
-    assert [c[0] for c in calls] == [c[0] for c in theirs["tool_calls"]]
-    # vLLM's serving layer sends what its stream parser held back when the stream ends; the
-    # arguments a client assembles are then the whole answer's
-    assert calls == [[n, _args(a)] for n, a in answer["whole"]["tool_calls"]][:len(calls)]
+    assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
+
+
+@pytest.mark.parametrize("case", sorted({c for c, _ in SPLITS}))
+def test_any_chunking_streams_as_vllm(vllm: dict[str, Any], case: str) -> None:
+    """The text in one chunk and cut at random places: the same deltas, chunk by chunk."""
+    for n, (name, chunks) in enumerate(SPLITS):
+        if name == case:
+            answer = vllm[f"{case}/split{n}"]
+            stream = ToolCallStream(make_tool_parser(TOOL_CASES[case][0], stream_tools(case)))
+            assert token_by_token(stream, chunks) == [sent(d) for d in answer["deltas"]], chunks
 
 
 @pytest.mark.parametrize("case", sorted(FORCED_MISTRAL_CASES))

@@ -10,7 +10,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from parser_cases import REASONING_CASES, STREAMED_TOOLS_DIFFER, TOOL_CASES
+from parser_cases import REASONING_CASES, STREAMED_PREFIX, STREAMED_TOOLS_DIFFER, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
 from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, join_call_deltas, make_tool_parser
@@ -25,11 +25,19 @@ def split(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a] or [""]
 
 
+def outside_markers(text: str, cuts: list[int]) -> list[int]:
+    """The cuts that leave ``<|python_tag|>`` whole: it is one token, and vLLM's llama3_json stream
+    sends the start of a tag cut in two as content (STREAMED_PREFIX parsers hold nothing back)."""
+    inside = {i for start in range(len(text)) if text.startswith("<|python_tag|>", start)
+              for i in range(start + 1, start + len("<|python_tag|>"))}
+    return [c for c in cuts if c not in inside]
+
+
 def streamed_tools(parser_name: str, text: str, tools: list | None, size: int,
                    chunks: list[str] | None = None) -> tuple[bool, list, str | None]:
     """What a client assembles of the stream, checking vLLM's delta structure: a call's first
     delta has its id, type and name (and, for some formats, the first of its arguments), the
-    later ones only fragments of its arguments."""
+    later ones only fragments of its arguments (vLLM's llama3_json parser sends empty ones too)."""
     stream = ToolCallStream(make_tool_parser(parser_name, tools))
     content: list[str] = []
     calls: dict[int, list[str]] = {}
@@ -37,14 +45,35 @@ def streamed_tools(parser_name: str, text: str, tools: list | None, size: int,
         if delta.content:
             content.append(delta.content)
         for call in delta.tool_calls:
-            if call.index not in calls:
+            if call.index not in calls and call.id is None and parser_name in STREAMED_PREFIX:
+                calls[call.index] = [None, call.arguments or ""]  # a call whose name vLLM skipped
+            elif call.index not in calls:
                 assert call.id is not None and call.type == "function" and call.name, call
                 calls[call.index] = [call.name, call.arguments or ""]
             else:
-                assert (call.id, call.type, call.name) == (None, None, None) and call.arguments, call
+                assert (call.id, call.type, call.name) == (None, None, None) and call.arguments is not None, call
+                assert call.arguments or parser_name in STREAMED_PREFIX, call
                 calls[call.index][1] += call.arguments
-    return stream.tools_called, [(n, json_or_text(a)) for n, a in (calls[i] for i in sorted(calls))], \
+    skipped = [None, ""]  # a call vLLM's llama3_json stream skipped: (no name, no arguments)
+    return stream.tools_called, [tuple(calls.get(i, skipped)) for i in range(max(calls, default=-1) + 1)], \
         "".join(content) or None
+
+
+def as_json(streamed: tuple[bool, list, str | None]) -> tuple[bool, list, str | None]:
+    called, calls, content = streamed
+    return called, [(n, json_or_text(a)) for n, a in calls], content
+
+
+def sends_a_prefix(streamed: tuple[bool, list, str | None], expected: tuple[bool, list, str | None]) -> bool:
+    """Whether a stream sent the expected content and, of the expected calls, the first ones
+    (a name maybe skipped), each with a prefix of its arguments or a whole JSON object
+    (STREAMED_PREFIX: vLLM's end completes the arguments its last reading holds, which leaves out
+    a string the name's step read unfinished)."""
+    called, calls, content = streamed
+    _, expected_calls, expected_content = expected
+    return (content == expected_content and called == bool(calls) and len(calls) <= len(expected_calls)
+            and all(n in (e, None) and (e_args.startswith(a) or isinstance(json_or_text(a), dict))
+                    for (n, a), (e, e_args) in zip(calls, expected_calls, strict=False)))
 
 
 def json_or_text(arguments: str) -> object:
@@ -68,21 +97,37 @@ def test_a_whole_output_parses_as_vllms_tests_expect(case: str) -> None:
 @given(data=st.data())
 def test_any_split_into_chunks_assembles_as_the_whole_stream(parser: str, data: st.DataObject) -> None:
     """However the answer is cut into chunks, the stream assembles to what a stream of the whole
-    answer in one chunk sends (the whole answer's calls, or vLLM's stream where it differs)."""
+    answer in one chunk sends (the whole answer's calls, or vLLM's stream where it differs), or,
+    for STREAMED_PREFIX parsers, a prefix of them (test_parsers_vs_vllm.py compares those
+    chunkings with vLLM's deltas)."""
     case = data.draw(st.sampled_from(sorted(c for c, (name, *_) in TOOL_CASES.items() if name == parser)))
     name, text, tools, _ = TOOL_CASES[case]
     cuts = data.draw(st.lists(st.integers(1, max(len(text) - 1, 1)), max_size=40))
-    assert streamed_tools(name, text, tools, 0, split(text, cuts)) == streamed_tools(name, text, tools, len(text) + 1)
+    if name in STREAMED_PREFIX:
+        streamed = streamed_tools(name, text, tools, 0, split(text, outside_markers(text, cuts)))
+        assert sends_a_prefix(streamed, expected_stream(case))
+        return
+    streamed = streamed_tools(name, text, tools, 0, split(text, cuts))
+    assert as_json(streamed) == as_json(streamed_tools(name, text, tools, len(text) + 1))
+
+
+def expected_stream(case: str) -> tuple[bool, list, str | None]:
+    """What a stream of ``case`` assembles to (or, for STREAMED_PREFIX, sends a prefix of)."""
+    _, text, _, (called, calls, content) = TOOL_CASES[case]
+    if case in STREAMED_TOOLS_DIFFER:
+        return STREAMED_TOOLS_DIFFER[case]
+    return called, calls, content if called else text or None
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 8, 1000])
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
 def test_a_stream_assembles_to_the_whole_answer(case: str, size: int) -> None:
-    name, text, tools, (called, calls, content) = TOOL_CASES[case]
-    called, calls, content = STREAMED_TOOLS_DIFFER.get(case, (called, calls, content))
-    got_called, got_calls, got_content = streamed_tools(name, text, tools, size)
-    assert (got_called, got_calls) == (called, [(n, json_or_text(a)) for n, a in calls])
-    assert got_content == (content if called or case in STREAMED_TOOLS_DIFFER else text or None)
+    name, text, tools, _ = TOOL_CASES[case]
+    if name in STREAMED_PREFIX:
+        chunks = split(text, outside_markers(text, list(range(size, len(text), size))))
+        assert sends_a_prefix(streamed_tools(name, text, tools, 0, chunks), expected_stream(case))
+        return
+    assert as_json(streamed_tools(name, text, tools, size)) == as_json(expected_stream(case))
 
 
 def test_content_streams_before_the_call_then_its_name_then_its_arguments() -> None:
@@ -161,3 +206,15 @@ def test_reasoning_streams_as_vllms_tests_expect(case: str, size: int) -> None:
             if getattr(delta, key):
                 sent.append(getattr(delta, key))
     assert ("".join(parts["reasoning"]) or None, "".join(parts["content"]) or None) == (reasoning, content)
+
+
+def test_each_stream_of_a_request_keeps_its_own_llama3_json_state() -> None:
+    """A request's choices share its parser; vLLM's llama3_json stream keeps state from step to
+    step, so each stream reads with its own (n > 1 streams the same text the same way)."""
+    parser = make_tool_parser("llama3_json", None)
+    streams = [ToolCallStream(parser), ToolCallStream(parser)]
+    sent: list[list[tuple]] = [[], []]
+    for piece in ['{"name": "f', '", ', '"parameters": {"a": 1}}', " "]:
+        for stream, out in zip(streams, sent, strict=True):
+            out.append([(c.index, c.name, c.arguments) for c in stream.feed(piece).tool_calls])
+    assert sent[0] == sent[1] == [[], [(0, "f", None)], [(0, None, '{"a": 1}')], [(0, None, "")]]

@@ -28,6 +28,7 @@ from mmfront.serve.settings import ServeSettings
 from mmfront.serve.tool_parsers import (
     TOOL_PARSERS,
     CallDelta,
+    StreamDelta,
     ToolCall,
     ToolCallStream,
     ToolParser,
@@ -379,7 +380,8 @@ class ChoiceStream:
                 if not calls and self.held:
                     out.content = self.held
         elif self.tools is not None:
-            delta = self.tools.feed(content or "")
+            # the end is no token of its own: only text the reasoning parser held back is fed
+            delta = self.tools.feed(content or "") if content or not final else StreamDelta()
             if final:
                 rest = self.tools.finish()
                 delta.content = _cat(delta.content, rest.content)

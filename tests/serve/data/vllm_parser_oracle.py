@@ -3,7 +3,8 @@
 Reads a JSON list of cases on stdin (``{"kind": "tool"|"reasoning", "parser": NAME, "text": STR,
 "tools": [...] | null, "stream_tools": [...] | null (the request's tools for the stream, which
 vLLM reads only with tools), "tool_choice": ... | null, "without_markers": [...] | null (markers the
-tokenizer lacks), "chat_template_kwargs": {...} | null}``) and writes, per case, what the
+tokenizer lacks), "chat_template_kwargs": {...} | null, "chunk_texts": [...] | null (the stream's chunks, instead
+of the text's tokens)}``) and writes, per case, what the
 installed vLLM parser returns: the non-streaming extraction, and the stream of the text's tokens
 (``chunks``: each token's text, as an incremental detokenizer gives it) reassembled: the content,
 the reasoning, and each tool call's name and concatenated arguments; and, for tool parsers, each
@@ -148,7 +149,8 @@ def main() -> None:
         if without not in tokenizers:
             tokenizers[without] = tokenizer(sys.argv[1], without)
         tok = tokenizers[without]
-        case["chunks"] = chunks(tok, case["text"])
+        given = case.get("chunk_texts")
+        case["chunks"] = chunks(tok, case["text"]) if given is None else [(c, []) for c in given]
         try:
             out.append(run_tool(tok, case) if case["kind"] == "tool" else run_reasoning(tok, case))
         except Exception as e:

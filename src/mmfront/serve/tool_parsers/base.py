@@ -114,6 +114,12 @@ class ToolParser:
         """The id of a call this format's stream begins."""
         return make_tool_call_id()
 
+    def for_stream(self) -> ToolParser:
+        """The parser one stream reads with: this one, whose reading of a stream is a function
+        of the text so far; a format whose vLLM parser keeps state from step to step returns a
+        fresh parser that keeps it for one stream (a request's choices stream apart)."""
+        return self
+
     def stream_view(self, text: str, final: bool) -> StreamView | None:
         """What a stream of ``text`` has shown so far: its content and the calls it has begun
         (both only grow as ``text`` does); ``final``: the answer has ended, so nothing is held
@@ -161,6 +167,9 @@ class StreamView:
 
     content: str
     calls: list[PartialCall]
+    fragment_of: int | None = None
+    """A call this step sends a fragment of though its arguments have not grown: vLLM's parser
+    then sends an empty one (a chunk with ``"arguments": ""``)."""
 
 
 @dataclass
@@ -202,16 +211,16 @@ class ToolCallStream:
     """A parser over a stream of text deltas (see the module's docstring)."""
 
     def __init__(self, parser: ToolParser) -> None:
-        self.parser = parser
+        self.parser = parser.for_stream()
         self.text = ""
         self.sent_content = 0
         self.sent_calls = 0
-        self.sent_arguments: list[str] = []
+        self.sent_arguments: dict[int, str] = {}
         self.read_upto = 0
 
     @property
     def tools_called(self) -> bool:
-        return self.sent_calls > 0
+        return self.sent_calls > 0 or bool(self.sent_arguments)
 
     def feed(self, delta: str) -> StreamDelta:
         self.text += delta
@@ -255,24 +264,27 @@ class ToolCallStream:
         if len(view.content) > self.sent_content:
             out.content = view.content[self.sent_content:]
             self.sent_content = len(view.content)
-        self._add_fragments(view.calls, out)
+        self._add_fragments(view.calls, out, view.fragment_of)
 
-    def _add_fragments(self, calls: list[PartialCall], out: StreamDelta) -> None:
+    def _add_fragments(self, calls: list[PartialCall], out: StreamDelta, fragment_of: int | None) -> None:
         """vLLM's diffing: a new call's id, type and name, then the arguments' text it has not
-        sent (in the name's delta where the format's vLLM parser sends them together)."""
+        sent (in the name's delta where the format's vLLM parser sends them together). A call
+        without a name is not begun, unless the view has arguments for it: vLLM's llama3_json
+        stream, given several calls in one step, may skip a call's name and send its arguments."""
         for index, call in enumerate(calls):
-            new = index >= self.sent_calls
-            if new:
-                if call.name is None:
-                    break
-                self.sent_calls += 1
-                self.sent_arguments.append("")
-            sent = self.sent_arguments[index]
+            begun = index in self.sent_arguments
+            named = not begun and call.name is not None
+            if not begun and not named and call.arguments is None:
+                continue
+            sent = self.sent_arguments.get(index, "")
             fragment = None
             if call.arguments is not None and len(call.arguments) > len(sent):
                 fragment = call.arguments[len(sent):]
-                self.sent_arguments[index] = call.arguments
-            if new:
+            elif index == fragment_of and not named:
+                fragment = ""
+            self.sent_arguments[index] = sent + (fragment or "")
+            if named:
+                self.sent_calls += 1
                 together = self.parser.name_with_arguments
                 out.tool_calls.append(CallDelta(index, self.parser.new_call_id(), "function", call.name,
                                                 fragment if together else None))
