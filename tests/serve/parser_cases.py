@@ -166,6 +166,41 @@ FORCED_MISTRAL_CASES: dict[str, tuple[str, Any, bool, tuple[bool, list[tuple[str
     "pre_v11_auto_array": (_ARRAY, "auto", False, (False, [], _ARRAY)),
 }
 
+_PYTHONIC_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+_GET_TIME = {"type": "function", "function": {"name": "get_time"}}
+
+# the JSON tool_choice "required" (an array of {"name", "parameters"}) or a named tool (the
+# arguments) constrains a `pythonic` answer to, which vLLM's chat server streams with code every
+# JSON-reading parser shares: (model output, tool_choice) -> the calls a stream assembles
+# [(name, arguments)]
+FORCED_JSON_CASES: dict[str, tuple[str, Any, list[tuple[str, str]]]] = {
+    "required_one": ('[{"name": "get_weather", "parameters": {"city": "Paris"}}]', "required",
+                     [("get_weather", '{"city": "Paris"}')]),
+    "required_two": ('[{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}, '
+                     '{"name": "get_time", "parameters": {}}]', "required",
+                     [("get_weather", '{"city": "Paris", "days": 3}'), ("get_time", "{}")]),
+    "required_tricky_strings": ('[ {"parameters" : {"city": "a \\"}] {x", "days": [1, {"y": "]"}]},'
+                                ' "name":"get_weather"} ]', "required",
+                                [("get_weather", '{"city": "a \\"}] {x", "days": [1, {"y": "]"}]}')]),
+    "required_pretty": ('[\n  {\n    "name": "get_time",\n    "parameters": {}\n  }\n]', "required",
+                        [("get_time", "{}")]),
+    "required_scalar_parameters": ('[{"name": "get_time", "parameters": null}, {"name": "get_weather", '
+                                   '"parameters": "x"}]', "required", [("get_time", "null"), ("get_weather", '"x"')]),
+    "required_cut": ('[{"name": "get_weather", "parameters": {"city": "Par', "required",
+                     [("get_weather", '{"city": "Par')]),
+    "required_bad_name": ('[{"name": "get_\\q", "parameters": {}}]', "required", []),
+    "required_not_an_array": ('{"name": "get_time", "parameters": {}}', "required", []),
+    "required_text_after": ('[{"name": "get_time", "parameters": {}}] and [{"name": "x", "parameters": 1}]',
+                            "required", [("get_time", "{}")]),
+    "named": ('{"city": "Paris", "days": 2}', _NAMED, [("get_weather", '{"city": "Paris", "days": 2}')]),
+    "named_empty_object": ("{}", _GET_TIME, [("get_time", "{}")]),
+}
+FORCED_JSON_TOOLS = _PYTHONIC_TOOLS
+
 
 def stream_tools(case: str) -> list[dict[str, Any]]:
     """The request's tools for a case's stream (vLLM reads calls in a stream only when the

@@ -338,10 +338,33 @@ def test_a_stream_reads_no_reasoning_when_the_prompt_closed_it() -> None:
     assert stream(p, ["x</think>y"], prompt=[11, 10])["reasoning"] == "x"
 
 
-def test_a_stream_of_required_calls_sends_them_at_the_end() -> None:
+def steps(p: RequestParsing, pieces: list[str]) -> list[list[tuple[int, bool, str | None, str | None]]]:
+    s = p.stream([])
+    deltas = [s.feed(piece) for piece in pieces[:-1]]
+    deltas.append(s.feed(pieces[-1]).then(s.finish()))
+    return [[(c.index, c.id is not None, c.name, c.arguments) for c in d.tool_calls] for d in deltas]
+
+
+def test_a_stream_of_required_calls_sends_each_call_as_its_parameters_are_written() -> None:
     p = parsing(*PYTHONIC, tools=TOOLS, tool_choice="required")
-    assert stream(p, ['[{"name": "get_time", ', '"parameters": {}}]']) == {
-        "reasoning": "", "content": "", "calls": [(0, "get_time", "{}")]}
+    assert steps(p, ['[{"name": "get_time", ', '"parameters": {', '"x": 1}', '}, {"name": "get_weather", "par',
+                     'ameters": {}}]']) == [
+        [], [(0, True, "get_time", "{")], [(0, False, None, '"x": 1}')], [],
+        [(1, True, "get_weather", "{}")]]
+    only_first = parsing(*PYTHONIC, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    assert steps(only_first, ['[{"name": "a", "parameters": 1}, {"name": "b", "parameters": 2}]']) == [
+        [(0, True, "a", "1")]]
+    assert steps(p, ["not JSON"]) == [[]]  # no call, and no content either (vLLM's stream)
+
+
+def test_a_stream_of_a_named_call_sends_every_steps_text_from_the_end_of_reasoning() -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    p = parsing(*PYTHONIC, tools=TOOLS, tool_choice=named)
+    assert steps(p, ['{"city"', "", ': "Paris"}']) == [
+        [(0, True, "get_weather", '{"city"')], [(0, False, None, "")], [(0, False, None, ': "Paris"}')]]
+    thinking = parsing(*PYTHONIC, R1, tools=TOOLS, tool_choice=named)
+    assert steps(thinking, ["<think>hm", "</think>{", "}"]) == [
+        [], [(0, True, "get_weather", "{")], [(0, False, None, "}")]]
 
 
 def test_a_request_without_parsers_is_left_as_it_is() -> None:

@@ -17,10 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from parser_cases import FORCED_MISTRAL_CASES, FORCED_TOOLS, REASONING_CASES, STREAMED_PREFIX, TOOL_CASES, stream_tools
+from parser_cases import (
+    FORCED_JSON_CASES,
+    FORCED_JSON_TOOLS,
+    FORCED_MISTRAL_CASES,
+    FORCED_TOOLS,
+    REASONING_CASES,
+    STREAMED_PREFIX,
+    TOOL_CASES,
+    stream_tools,
+)
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
 from mmfront.serve.tool_parsers import StreamDelta, ToolCallStream, join_call_deltas, make_tool_parser
+from mmfront.serve.tool_parsers.forced_stream import ForcedCallStream
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 
 PEER = vllm_peer_python()
@@ -39,11 +49,14 @@ def vllm() -> dict[str, Any]:
                "without_markers": [] if args else ["[ARGS]"]} for t, choice, args, _ in FORCED_MISTRAL_CASES.values()]
     cases += [{"kind": "tool", "parser": TOOL_CASES[c][0], "text": TOOL_CASES[c][1], "tools": TOOL_CASES[c][2],
                "stream_tools": stream_tools(c), "chunk_texts": chunks} for c, chunks in SPLITS]
+    cases += [{"kind": "tool", "parser": "pythonic", "text": FORCED_JSON_CASES[c][0], "tools": FORCED_JSON_TOOLS,
+               "tool_choice": FORCED_JSON_CASES[c][1], "chunk_texts": chunks} for c, chunks in FORCED_SPLITS]
     done = subprocess.run([str(PEER), str(ORACLE), str(MODEL)], input=json.dumps(cases), capture_output=True,
                           text=True, timeout=600, check=True)
     answers = json.loads(done.stdout)
     keys = [*TOOL_CASES, *REASONING_CASES, *(f"forced-{c}" for c in FORCED_MISTRAL_CASES),
-            *(f"{c}/split{n}" for n, (c, _) in enumerate(SPLITS))]
+            *(f"{c}/split{n}" for n, (c, _) in enumerate(SPLITS)),
+            *(f"forced-json-{c}/split{n}" for n, (c, _) in enumerate(FORCED_SPLITS))]
     return dict(zip(keys, answers, strict=True))
 
 
@@ -66,6 +79,10 @@ SPLITS = [(case, chunks) for case in sorted(c for c in TOOL_CASES if TOOL_CASES[
           for chunks in random_splits(TOOL_CASES[case][1], seed=len(case), count=4)]
 """Chunkings of the cases whose stream depends on how the text arrives (llama3_json's: its
 fragments are cut where one step's reading differs from the last one's)."""
+
+FORCED_SPLITS = [(case, chunks) for case in sorted(FORCED_JSON_CASES)
+                 for chunks in [None, *random_splits(FORCED_JSON_CASES[case][0], seed=len(case), count=3)]]
+"""The forced-JSON cases token by token (``None``), in one chunk, and cut at random places."""
 
 
 @pytest.mark.parametrize("case", sorted(TOOL_CASES))
@@ -108,6 +125,24 @@ def test_mistral_forced_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
     if has_args:
         stream = ToolCallStream(make_tool_parser("mistral", FORCED_TOOLS, vocab, forced=forced))
         assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
+
+
+@pytest.mark.parametrize("case", sorted(FORCED_JSON_CASES))
+def test_forced_json_calls_stream_as_vllm(vllm: dict[str, Any], case: str) -> None:
+    """``tool_choice: "required"`` and a named tool with ``pythonic`` (vLLM's chat server streams
+    the JSON they constrain to with its shared code): the same deltas, token by token and
+    chunked at random; a named tool's every step sends a fragment, even an empty one."""
+    text, choice, calls = FORCED_JSON_CASES[case]
+    named = None if choice == "required" else choice["function"]["name"]
+    for n, (name, _) in enumerate(FORCED_SPLITS):
+        if name != case:
+            continue
+        answer = vllm[f"forced-json-{case}/split{n}"]
+        assert "error" not in answer and "".join(answer["chunks"]) == text, answer
+        stream = ForcedCallStream(named)
+        mine = [wire(StreamDelta(tool_calls=stream.feed(c))) for c in answer["chunks"]]
+        assert mine == [sent(d) for d in answer["deltas"]], answer["chunks"]
+        assert answer["stream"]["tool_calls"] == [list(c) for c in calls]
 
 
 def token_by_token(stream: ToolCallStream, chunks: list[str]) -> list[dict[str, Any] | None]:

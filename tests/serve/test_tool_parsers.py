@@ -10,10 +10,11 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from parser_cases import REASONING_CASES, STREAMED_PREFIX, STREAMED_TOOLS_DIFFER, TOOL_CASES
+from parser_cases import FORCED_JSON_CASES, REASONING_CASES, STREAMED_PREFIX, STREAMED_TOOLS_DIFFER, TOOL_CASES
 
 from mmfront.serve.reasoning import REASONING_PARSERS, ReasoningStream
 from mmfront.serve.tool_parsers import TOOL_PARSERS, ToolCallStream, join_call_deltas, make_tool_parser
+from mmfront.serve.tool_parsers.forced_stream import ForcedCallStream
 
 
 def cut(text: str, size: int) -> list[str]:
@@ -109,6 +110,25 @@ def test_any_split_into_chunks_assembles_as_the_whole_stream(parser: str, data: 
         return
     streamed = streamed_tools(name, text, tools, 0, split(text, cuts))
     assert as_json(streamed) == as_json(streamed_tools(name, text, tools, len(text) + 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_forced_json_assembles_the_same_calls_however_it_is_cut(data: st.DataObject) -> None:
+    """The JSON of ``required`` and named tools: any chunking sends each call's id and name once
+    and fragments that join to its arguments (test_parsers_vs_vllm.py compares the deltas with
+    vLLM's)."""
+    case = data.draw(st.sampled_from(sorted(FORCED_JSON_CASES)))
+    text, choice, calls = FORCED_JSON_CASES[case]
+    stream = ForcedCallStream(None if choice == "required" else choice["function"]["name"])
+    assembled: list[list[str]] = []
+    for chunk in split(text, data.draw(st.lists(st.integers(1, max(len(text) - 1, 1)), max_size=40))):
+        for delta in stream.feed(chunk):
+            if delta.id is not None:
+                assert delta.index == len(assembled) and delta.name is not None
+                assembled.append([delta.name, ""])
+            assembled[delta.index][1] += delta.arguments or ""
+    assert assembled == [list(c) for c in calls]
 
 
 def expected_stream(case: str) -> tuple[bool, list, str | None]:

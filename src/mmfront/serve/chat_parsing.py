@@ -35,6 +35,7 @@ from mmfront.serve.tool_parsers import (
     join_call_deltas,
     make_tool_parser,
 )
+from mmfront.serve.tool_parsers.forced_stream import ForcedCallStream
 from mmfront.serve.tool_parsers.mistral import MistralToolParser
 from mmfront.serve.tool_parsers.structural_tags import (
     ToolStrictLevel,
@@ -347,8 +348,9 @@ def _required_calls(text: str) -> list[ToolCall]:
 
 
 class ChoiceStream:
-    """One choice's stream: reasoning first, then the content through the tool parser. The
-    constrained JSON of ``required`` and named tools is read when the choice ends."""
+    """One choice's stream: reasoning first, then the content through the tool parser, or the
+    constrained JSON of ``required`` and named tools as vLLM streams it
+    (:mod:`mmfront.serve.tool_parsers.forced_stream`)."""
 
     def __init__(self, parsing: RequestParsing, reasoning_ended: bool) -> None:
         self.parsing = parsing
@@ -356,7 +358,8 @@ class ChoiceStream:
         self.reasoning = ReasoningStream(parser) if parser is not None else None
         reads_calls = parsing.tools is not None and parsing.auto and parsing.keeps_calls
         self.tools = ToolCallStream(parsing.tools) if reads_calls and parsing.tools is not None else None
-        self.held = "" if parsing.constrained else None
+        self.forced = ForcedCallStream(parsing.named) if parsing.constrained else None
+        self.reading_calls = self.reasoning is None
         self.calls_made = False
 
     def feed(self, text: str) -> ParsedDelta:
@@ -371,14 +374,13 @@ class ChoiceStream:
         if split is not None:
             out.reasoning = split.reasoning if self.parsing.request.include_reasoning else None
             content = split.content
-        if self.held is not None:
-            self.held += content or ""
-            if final:
-                calls, _ = self.parsing._calls(self.held)
-                out.tool_calls = [CallDelta.whole(i, c) for i, c in enumerate(
-                    calls[:1] if self.parsing.request.parallel_tool_calls is False else calls)]
-                if not calls and self.held:
-                    out.content = self.held
+        if self.forced is not None:
+            # vLLM's stream reads the JSON from the step the reasoning ends in; the end adds only
+            # what the reasoning parser held back
+            self.reading_calls = self.reading_calls or content is not None
+            if self.reading_calls and (content or not final):
+                out.tool_calls = [c for c in self.forced.feed(content or "")
+                                  if self.parsing.request.parallel_tool_calls is not False or c.index == 0]
         elif self.tools is not None:
             # the end is no token of its own: only text the reasoning parser held back is fed
             delta = self.tools.feed(content or "") if content or not final else StreamDelta()
