@@ -367,6 +367,15 @@ def test_a_stream_of_a_named_call_sends_every_steps_text_from_the_end_of_reasoni
         [], [(0, True, "get_weather", "{")], [(0, False, None, "}")]]
 
 
+def test_an_empty_delta_of_the_tool_parser_is_kept_unless_reasoning_is_left_out() -> None:
+    deepseek = (("enable_auto_tool_choice", True), ("tool_call_parser", "deepseek_v3"))
+    for include, content in ((True, ""), (False, None)):
+        s = parsing(*deepseek, tools=TOOLS, include_reasoning=include).stream([])
+        step = s.feed("<｜tool▁calls▁begin｜>")
+        assert step.content == content and step.sends_chunk is include
+        assert s.feed("<｜tool▁calls▁end｜>").then(s.finish()).content == content
+
+
 def test_a_request_without_parsers_is_left_as_it_is() -> None:
     p = parsing()
     assert not p.active and p.whole("<think>x</think>").content == "<think>x</think>"

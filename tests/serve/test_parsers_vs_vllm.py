@@ -75,10 +75,11 @@ def random_splits(text: str, seed: int, count: int) -> list[list[str]]:
     return splits
 
 
-SPLITS = [(case, chunks) for case in sorted(c for c in TOOL_CASES if TOOL_CASES[c][0] in STREAMED_PREFIX)
+SPLITS = [(case, chunks) for case in sorted(c for c in TOOL_CASES if TOOL_CASES[c][0] in {*STREAMED_PREFIX, "pythonic"})
           for chunks in random_splits(TOOL_CASES[case][1], seed=len(case), count=4)]
 """Chunkings of the cases whose stream depends on how the text arrives (llama3_json's: its
-fragments are cut where one step's reading differs from the last one's)."""
+fragments are cut where one step's reading differs from the last one's; pythonic's: the empty
+delta of a step after which the list is whole)."""
 
 FORCED_SPLITS = [(case, chunks) for case in sorted(FORCED_JSON_CASES)
                  for chunks in [None, *random_splits(FORCED_JSON_CASES[case][0], seed=len(case), count=3)]]
@@ -96,7 +97,7 @@ def test_tool_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
     assert mine == answer["whole"]
 
     stream = ToolCallStream(make_tool_parser(name, stream_tools(case)))
-    assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
+    assert token_by_token(stream, answer["chunks"]) == answer["deltas"]
 
 
 @pytest.mark.parametrize("case", sorted({c for c, _ in SPLITS}))
@@ -106,7 +107,7 @@ def test_any_chunking_streams_as_vllm(vllm: dict[str, Any], case: str) -> None:
         if name == case:
             answer = vllm[f"{case}/split{n}"]
             stream = ToolCallStream(make_tool_parser(TOOL_CASES[case][0], stream_tools(case)))
-            assert token_by_token(stream, chunks) == [sent(d) for d in answer["deltas"]], chunks
+            assert token_by_token(stream, chunks) == answer["deltas"], chunks
 
 
 @pytest.mark.parametrize("case", sorted(FORCED_MISTRAL_CASES))
@@ -124,7 +125,7 @@ def test_mistral_forced_calls_as_vllm(vllm: dict[str, Any], case: str) -> None:
     assert mine == (theirs["tools_called"], [tuple(c) for c in theirs["tool_calls"]], theirs["content"]) == expected
     if has_args:
         stream = ToolCallStream(make_tool_parser("mistral", FORCED_TOOLS, vocab, forced=forced))
-        assert token_by_token(stream, answer["chunks"]) == [sent(d) for d in answer["deltas"]]
+        assert token_by_token(stream, answer["chunks"]) == answer["deltas"]
 
 
 @pytest.mark.parametrize("case", sorted(FORCED_JSON_CASES))
@@ -141,7 +142,7 @@ def test_forced_json_calls_stream_as_vllm(vllm: dict[str, Any], case: str) -> No
         assert "error" not in answer and "".join(answer["chunks"]) == text, answer
         stream = ForcedCallStream(named)
         mine = [wire(StreamDelta(tool_calls=stream.feed(c))) for c in answer["chunks"]]
-        assert mine == [sent(d) for d in answer["deltas"]], answer["chunks"]
+        assert mine == answer["deltas"], answer["chunks"]
         assert answer["stream"]["tool_calls"] == [list(c) for c in calls]
 
 
@@ -151,24 +152,19 @@ def token_by_token(stream: ToolCallStream, chunks: list[str]) -> list[dict[str, 
     deltas = [wire(stream.feed(c)) for c in first]
     final = stream.feed(last)
     rest = stream.finish()
-    final.content = (final.content or "") + (rest.content or "") or None
+    if rest.content is not None:
+        final.content = (final.content or "") + rest.content
     final.tool_calls = join_call_deltas(final.tool_calls, rest.tool_calls)
     return [*deltas, wire(final)]
 
 
 def wire(delta: StreamDelta) -> dict[str, Any] | None:
-    """A delta as the oracle writes vLLM's (``None``: nothing sent)."""
-    if not delta.content and not delta.tool_calls:
+    """A delta as the oracle writes vLLM's (``None``: nothing sent; ``"content": ""``: an empty
+    delta, which vLLM's server sends as a chunk of its own)."""
+    if delta.content is None and not delta.tool_calls:
         return None
     return {"content": delta.content, "tool_calls": [[c.index, c.id is not None, c.type, c.name, c.arguments]
                                                      for c in delta.tool_calls]}
-
-
-def sent(delta: dict[str, Any] | None) -> dict[str, Any] | None:
-    """vLLM's delta as mmfront's stream sends it: one with neither content nor calls (a chunk
-    with ``delta: {}`` or ``"content": ""`` in vLLM's stream) is no chunk (docs/serving.md,
-    "Differences")."""
-    return None if delta is None or (not delta["content"] and not delta["tool_calls"]) else delta
 
 
 @pytest.mark.parametrize("case", sorted(REASONING_CASES))

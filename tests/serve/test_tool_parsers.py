@@ -131,6 +131,20 @@ def test_forced_json_assembles_the_same_calls_however_it_is_cut(data: st.DataObj
     assert assembled == [list(c) for c in calls]
 
 
+def test_a_marker_vllms_parser_consumes_is_an_empty_delta() -> None:
+    """vLLM's chat server sends a chunk of ``"content": ""`` where its parser answers a step with
+    an empty delta: deepseek_v3's section markers, pythonic's step that closes the list."""
+    calls = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜>"
+    stream = ToolCallStream(make_tool_parser("deepseek_v3", None))
+    steps = [stream.feed(c) for c in ["Hi", "<｜tool▁calls▁begin｜>", calls, "<｜tool▁calls▁end｜>", ""]]
+    assert [s.content for s in steps] == ["Hi", "", None, "", ""]
+    pythonic = ToolCallStream(make_tool_parser("pythonic", None))
+    steps = [pythonic.feed(c) for c in ["[f(a=", "1)", "]", ""]]
+    assert [(s.content, len(s.tool_calls)) for s in steps] == [(None, 0), (None, 1), ("", 0), ("", 0)]
+    plain = ToolCallStream(make_tool_parser("pythonic", None))
+    assert [plain.feed(c).content for c in ["[]", ""]] == [None, None]  # no call: vLLM answers nothing
+
+
 def expected_stream(case: str) -> tuple[bool, list, str | None]:
     """What a stream of ``case`` assembles to (or, for STREAMED_PREFIX, sends a prefix of)."""
     _, text, _, (called, calls, content) = TOOL_CASES[case]

@@ -630,10 +630,10 @@ class _Server:
                     step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
                     self._log_chat_delta(head.id, step.content, step.reasoning,
                                          "".join(c.arguments or "" for c in step.tool_calls), delta)
-                    if not step and delta.finish_reason is None and logprobs is None:
+                    if not step.sends_chunk and delta.finish_reason is None and logprobs is None:
                         continue  # the parsers hold this text back (vLLM sends no chunk)
                     yield sse_event(responses.chat_chunk(
-                        head, i, step.content or None,
+                        head, i, step.content,
                         logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
                                                                                parsed[i].calls_made),
                         stop_reason=delta.stop_reason, fingerprint=not with_usage,

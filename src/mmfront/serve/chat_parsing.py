@@ -66,13 +66,19 @@ class ParsedDelta:
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
 
+    @property
+    def sends_chunk(self) -> bool:
+        """Whether vLLM's stream sends a chunk for this step: one with something, or an empty
+        delta (``"content": ""``) its parser answered with."""
+        return bool(self) or self.content == ""
+
     def then(self, later: ParsedDelta) -> ParsedDelta:
         return ParsedDelta(_cat(self.reasoning, later.reasoning), _cat(self.content, later.content),
                            join_call_deltas(self.tool_calls, later.tool_calls))
 
 
 def _cat(a: str | None, b: str | None) -> str | None:
-    return (a or "") + (b or "") or None
+    return None if a is None and b is None else (a or "") + (b or "")
 
 
 def load_plugin(path: str, what: str) -> None:
@@ -393,6 +399,8 @@ class ChoiceStream:
                               if self.parsing.request.parallel_tool_calls is not False or c.index == 0]
         else:
             out.content = content or None
+        if out.content == "" and not self.parsing.request.include_reasoning:
+            out.content = None  # vLLM drops a delta left empty once the reasoning is taken out
         self.calls_made = self.calls_made or bool(out.tool_calls)
         return out
 

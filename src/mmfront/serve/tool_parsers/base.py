@@ -110,6 +110,12 @@ class ToolParser:
         "required"`` (``named``: ``None``) or a named tool to, where it does (else ``None``)."""
         return None
 
+    def answers_step(self, before: str, now: str) -> bool:
+        """Whether vLLM's parser answers a stream step that took the text from ``before`` to
+        ``now`` with a delta even where it sends nothing (``"content": ""``, for a marker it
+        consumed): vLLM's server sends that as a chunk of its own."""
+        return False
+
     def new_call_id(self) -> str:
         """The id of a call this format's stream begins."""
         return make_tool_call_id()
@@ -201,7 +207,8 @@ def join_call_deltas(first: list[CallDelta], then: list[CallDelta]) -> list[Call
 
 @dataclass
 class StreamDelta:
-    """What one step of a stream adds: content, and tool-call deltas."""
+    """What one step of a stream adds: content (``""``: an empty delta vLLM sends as a chunk),
+    and tool-call deltas."""
 
     content: str | None = None
     tool_calls: list[CallDelta] = field(default_factory=list)
@@ -223,6 +230,13 @@ class ToolCallStream:
         return self.sent_calls > 0 or bool(self.sent_arguments)
 
     def feed(self, delta: str) -> StreamDelta:
+        out = self._feed(delta)
+        if out.content is None and not out.tool_calls and self.parser.answers_step(self.text[:-len(delta) or None],
+                                                                                   self.text):
+            out.content = ""
+        return out
+
+    def _feed(self, delta: str) -> StreamDelta:
         self.text += delta
         out = StreamDelta()
         view = self.parser.stream_view(self.text, final=False)

@@ -70,6 +70,13 @@ class DeepSeekV3ToolParser(ToolParser):
             pos = end + len(CALL_END)
         return StreamView("".join(content), calls)
 
+    def answers_step(self, before: str, now: str) -> bool:
+        """vLLM's parser answers a step outside any call, once the section has begun, with the
+        text the step added less the section's markers: empty where the step was a marker."""
+        ends = now.count(CALL_END)
+        return (CALLS_BEGIN in now and now.count(CALL_BEGIN) == ends == before.count(CALL_END)
+                and CALL_END not in now[len(before):])
+
 
 def _partial_call(body: str) -> PartialCall | None:
     name = _NAME.match(body)

@@ -73,6 +73,22 @@ class PythonicToolParser(ToolParser):
             partial.append(PartialCall(call.name, arguments))
         return StreamView("", partial)
 
+    def answers_step(self, before: str, now: str) -> bool:
+        """vLLM's parser answers with an empty delta a step after which the list holds calls and
+        is whole (nothing to close), having sent them all."""
+        if not now.startswith("["):
+            return False
+        try:
+            completed = _close(now)
+            if completed is None or completed[1]:
+                return False
+            node = getattr(ast.parse(completed[0]).body[0], "value", None)
+            if not isinstance(node, ast.List) or not all(isinstance(e, ast.Call) for e in node.elts):
+                return False
+            return bool([_call(e) for e in node.elts if isinstance(e, ast.Call)])
+        except (SyntaxError, ValueError, TypeError):
+            return False
+
 
 def _escaped(text: str, index: int) -> bool:
     """Whether an odd run of backslashes precedes ``text[index]``."""
