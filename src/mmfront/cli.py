@@ -210,7 +210,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from mmfront.engine.transports import ENGINE_TRANSPORTS
-    from mmfront.engine.worker import run_worker
+    from mmfront.engine.worker import run_worker, stop_with_parent
     from mmfront.errors import ModelFilesNotFoundError
     from mmfront.hub import resolve_model_folder
 
@@ -238,6 +238,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except ModelFilesNotFoundError as e:
         raise SystemExit(f"mmfront worker: {e}") from e
     frontends = [connect(i, o) for i, o in zip(opts.input, opts.output)]
+    if opts.local:
+        stop_with_parent()  # a local engine's server is its parent: it never outlives it
     stats = run_worker(model, frontends, config, engine_index=opts.engine_index, handshake=handshake,
                        local=opts.local,
                        shm_name=shm_names if opts.cache == "shm" else None, device=opts.device, dtype=opts.dtype)

@@ -340,6 +340,7 @@ def engine_handshake_all(
     ``ipc``, unless ``side_channel`` is false), and return one transport per API server."""
     ctx = zmq.Context()
     transports: list[ZmqEngineTransport] = []
+    linger_ms = 0  # a failed or interrupted handshake waits for no frontend to read its HELLO
     try:
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, engine_identity(engine_index))
@@ -366,12 +367,13 @@ def engine_handshake_all(
                                                  side_secret=secret))
         said = [EXTRA_SIDE_CHANNEL] if all(t.side_channel for t in transports) else None
         dealer.send(_encode(HandshakeStatus("READY", local, not local, mmfront_extras=said)))
+        linger_ms = 5000  # READY must reach the frontend
     except BaseException:
         for transport in transports:
             transport.close()
         raise
     finally:
-        ctx.destroy(linger=5000)
+        ctx.destroy(linger=linger_ms)
     return transports
 
 

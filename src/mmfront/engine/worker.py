@@ -13,6 +13,7 @@ names (:mod:`mmfront.engine.reference_limits`), never answered greedily. The loo
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -132,6 +133,58 @@ def serve(receiver: EngineCoreReceiver, runner: ModelRunner, stop: threading.Eve
     stats.messages_dropped = receiver.messages_dropped
 
 
+class StopSignals:
+    """SIGTERM and SIGINT in the process's main thread, taken as vLLM's engine core takes them:
+    while the engine starts (loading the model, the handshake) they end the start-up at once
+    (``SystemExit``; a handshake whose frontend is gone would otherwise wait out its timeout),
+    and while it serves they set ``stop``, so the loop ends after its step. Only the first signal
+    acts: the server's SIGTERM to the engine's group and the kernel's parent-death SIGTERM can
+    come together, and a handler that ran ``stop.set()`` again inside the first one's
+    ``stop.set()`` would wait forever on the lock that call holds (the orphan this guards
+    against: a worker idle for half an hour after its server was killed)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.serving = False
+        """Set once the engine serves: from then on a signal sets ``stop``."""
+        self.received = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self)
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.received:
+            return
+        self.received = True
+        if not self.serving:
+            raise SystemExit
+        self.stop.set()
+
+
+PARENT_POLL_S = 0.2
+"""How often a local engine looks whether its server (its parent process) is still there."""
+
+
+def stop_with_parent(poll_s: float = PARENT_POLL_S) -> threading.Thread:
+    """For an engine its server started (``mmfront worker --local``): SIGTERM this process (see
+    :class:`StopSignals`) once the parent it has now is gone, whatever the stage. The kernel's
+    parent-death signal (``PR_SET_PDEATHSIG``, set by the launcher) does this on Linux when the
+    thread that started the engine ends; this watch also covers a server that died before that
+    was set, a launcher without it, and other systems."""
+    parent = os.getppid()
+
+    def run() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        logger.error("The server (pid %d) that started this engine is gone: stopping.", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=run, name="mmfront-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def receiver_caches(
     config: MultiModalConfig, frontends: int, shm_name: str | Sequence[str] | None,
 ) -> list[BaseMultiModalReceiverCache | None]:
@@ -176,9 +229,9 @@ def run_worker(
         raise ConfigError("run_worker needs at least one frontend to connect to.")
     config = config or MultiModalConfig()
     stop = stop or threading.Event()
+    signals = StopSignals(stop)
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+        signals.install()
     runner = ModelRunner(model_dir, device=device, dtype=dtype)
     ready = ready_response(runner)
     transports = [connect(engine_index) for connect in frontends]
@@ -186,6 +239,7 @@ def run_worker(
         for address in handshake:
             transports += engine_handshake_all(address, engine_index, ready, local=local, extras=WORKER_EXTRAS)
         caches = receiver_caches(config, len(transports), shm_name)
+        signals.serving = True
     except BaseException:
         for transport in transports:
             transport.close()
@@ -201,4 +255,5 @@ def run_worker(
     return stats
 
 
-__all__ = ["WORKER_EXTRAS", "StepStats", "WorkerStats", "ready_response", "receiver_caches", "run_worker", "serve"]
+__all__ = ["PARENT_POLL_S", "WORKER_EXTRAS", "StepStats", "StopSignals", "WorkerStats", "ready_response",
+           "receiver_caches", "run_worker", "serve", "stop_with_parent"]

@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import logging
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -44,10 +45,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from mmfront.cache import ShmObjectStoreSenderCache
 from mmfront.config import DataParallelConfig, MultiModalConfig
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from mmfront.serve.http_protocol import HttpLimits
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 STOP_GRACE_S = 10.0
 """How long a local engine gets to stop after SIGTERM before it is killed."""
@@ -163,6 +166,44 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+class LastingSpawner:
+    """Starts processes from one daemon thread that lives as long as this process, for callers
+    off the main thread: Linux sends the parent-death signal when the *thread* that forked a child
+    ends, so an engine started from a short-lived thread (a test's, an executor's) would be told
+    to stop as that thread ends, while its server lives on. The main thread lasts as long as the
+    process and starts its engines itself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] | None = None
+
+    def run(self, start: Callable[[], _T]) -> _T:
+        """``start()`` on the main thread or on the lasting one; its result or exception."""
+        if threading.current_thread() is threading.main_thread():
+            return start()
+        with self._lock:
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                threading.Thread(target=self._loop, args=(self._queue,), name="mmfront-engine-spawner",
+                                 daemon=True).start()
+        future: Future[_T] = Future()
+        self._queue.put((start, future))
+        return future.result()
+
+    @staticmethod
+    def _loop(jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]]) -> None:
+        while True:
+            start, future = jobs.get()
+            try:
+                future.set_result(start())
+            except BaseException as e:  # handed to the caller
+                future.set_exception(e)
+
+
+SPAWNER = LastingSpawner()
+"""The one lasting thread that starts local engines for callers off the main thread."""
+
+
 class EngineProcesses:
     """The local engine processes, by rank: started, watched and stopped by this server."""
 
@@ -179,11 +220,14 @@ class EngineProcesses:
         self._terminated_at = 0.0
         atexit.register(self.stop)
         linux = sys.platform.startswith("linux")
+
+        def start(command: Sequence[str]) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(list(command), env=env, start_new_session=True,
+                                    preexec_fn=_die_with_parent if linux else None)  # noqa: PLW1509 (prctl only)
+
         try:
             for command in commands:
-                self.processes.append(subprocess.Popen(
-                    list(command), env=env, start_new_session=True,
-                    preexec_fn=_die_with_parent if linux else None))  # noqa: PLW1509 (no threads yet at start-up)
+                self.processes.append(SPAWNER.run(partial(start, command)))
         except OSError:
             self.stop()
             raise
@@ -682,11 +726,13 @@ __all__ = [
     "ENGINE_NAME",
     "GROUP_SETTLE_S",
     "KEEP_ALIVE",
+    "SPAWNER",
     "WAIT_LOG_INTERVAL_S",
     "AccessLogFilter",
     "EngineProcesses",
     "EngineWatchdog",
     "Frontend",
+    "LastingSpawner",
     "Link",
     "bind_handshake",
     "bind_link",
