@@ -13,12 +13,8 @@ installed version. The ``hf_version`` fixture is the installed version itself.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
-import signal
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -164,42 +160,3 @@ def idefics3_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def qwen2_audio_weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Qwen2-Audio folder plus a random-weight float32 ``Qwen2AudioForConditionalGeneration``."""
     return _build_with_weights("qwen2_audio", tmp_path_factory)
-
-
-LEFTOVER_GRACE_S = 15.0
-"""How long a module's processes may take to end after it (a killed server's engine stops on the
-kernel's parent-death signal)."""
-
-
-def _leftovers(basetemp: str) -> dict[int, str]:
-    """Running processes other than this one whose command line names this session's temporary
-    folder (a model folder, a log): what the tests started."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if basetemp in command and state != "Z":
-            found[int(entry.name)] = command
-    return found
-
-
-@pytest.fixture(scope="module", autouse=True)
-def no_process_outlives_its_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Services a test needs stop by themselves: a process a module started (``mmfront serve``,
-    its ``mmfront worker``) that still runs after the module is an error, and is killed."""
-    yield
-    if not Path("/proc").is_dir():
-        return
-    basetemp = str(tmp_path_factory.getbasetemp())
-    deadline = time.monotonic() + LEFTOVER_GRACE_S
-    while (left := _leftovers(basetemp)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    assert not left, f"processes outlived their test module: {left}"
