@@ -291,8 +291,16 @@ ALLOWED_BUILTIN_RAISES: dict[tuple[str, str, str], str] = {
     "ValueError for a bad constraint), raised and caught inside the module, which answers ValidationError",
     ("serve/tool_parsers/pythonic.py", "*", "ValueError"): "ast literal evaluation's signal, caught in the same module: "
     "text that is not a call list is content, as vLLM's pythonic parser treats it",
+    ("serve/tool_parsers/llama3_json.py", "JsonCallSteps._step", "ValueError"): "a stream step vLLM's llama3_json "
+    "parser fails (both parameters and arguments), caught in the same module's feed, which then sends nothing for "
+    "the step, as vLLM's does",
+    ("serve/tool_parsers/llama3_json.py", "JsonCallSteps._step", "TypeError"): "a stream step vLLM's llama3_json "
+    "parser fails (a name that is not a string), caught in the same module's feed, which then sends nothing for "
+    "the step, as vLLM's does",
     ("serve/tool_parsers/base.py", "ToolParser.extract", "NotImplementedError"): "the method a ToolParser subclass "
     "(a format users register) must provide",
+    ("engine/worker.py", "StopSignals.__call__", "SystemExit"): "a stop signal while the worker starts (loading, "
+    "the handshake) ends the process with status 0, as vLLM's engine core ends on SIGTERM",
     ("cli.py", "*", "SystemExit"): "the command-line entry point ends with a message and exit status 1, as argparse "
     "does; library code never exits",
     ("wire/pipe.py", "_recv_header_and_fd", "EOFError"): "the pipe protocol of multiprocessing.Connection, which "
