@@ -17,8 +17,12 @@ from typing import NoReturn
 __all__ = ["end_the_process", "run_and_end_the_process"]
 
 
-def end_the_process(status: int) -> NoReturn:
-    """Flush the logs and the standard streams, then end with ``status`` at once."""
+def end_the_process(status: int, *, run_exit_handlers: bool = False) -> NoReturn:
+    """Flush the logs and the standard streams, then end with ``status`` at once.
+    ``run_exit_handlers``: run the ``atexit`` handlers first (a process that ends here outside
+    :func:`run_and_end_the_process`, whose ending is itself one of them)."""
+    if run_exit_handlers:
+        atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -20,7 +20,6 @@ the engines.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import multiprocessing
@@ -84,9 +83,7 @@ def _api_server(index: int, plan: ServePlan, port: int, conn: Connection) -> Non
         status = run_app(frontend, plan.settings, sockets=[sock], keep_alive=keep_alive_on_engine_death())
     except SystemExit as ended:  # SIGTERM's way out of run_app (exit_on_sigterm)
         status = ended.code if isinstance(ended.code, int) else int(ended.code is not None)
-    # its atexit handlers, then the end without the teardown (3-10 s of every stop otherwise)
-    atexit._run_exitfuncs()
-    end_the_process(status)
+    end_the_process(status, run_exit_handlers=True)  # the teardown took 3-10 s of every stop
 
 
 def _stop_processes(processes: list[BaseProcess], grace_s: float = STOP_GRACE_S) -> None:
