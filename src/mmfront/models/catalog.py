@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from mmfront.config import ModelOption
 from mmfront.errors import ConfigError, InputTypeError
-from mmfront.models.spec import ImagePatches, ModelSpec, PromptLayout, PromptOutput, ReferenceModel
+from mmfront.models.spec import ImageExpansions, ImagePatches, ModelSpec, PromptLayout, PromptOutput, ReferenceModel
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 
@@ -264,6 +264,13 @@ def image_patches(hf_processor_class: type) -> ImagePatches | None:
     model counts them (``ModelSpec.image_patches``)."""
     return next((spec.image_patches for spec in _specs_along(hf_processor_class) if spec.image_patches is not None),
                 None)
+
+
+def image_expansions(hf_processor_class: type) -> ImageExpansions | None:
+    """How the HF processor of this class (or a subclass) expands each image, from its image
+    processor's outputs, where the module of its model says (``ModelSpec.image_expansions``)."""
+    return next((spec.image_expansions for spec in _specs_along(hf_processor_class)
+                 if spec.image_expansions is not None), None)
 
 
 def prompt_outputs(hf_processor_class: type) -> Mapping[str, PromptOutput]:

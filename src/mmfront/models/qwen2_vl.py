@@ -14,6 +14,10 @@ of rows element by element through an 8-dimensional stride pattern) becomes
 :func:`mmfront.pixels.patch_rows`, one C pass in about half the CPU time; and an RGB PIL image reaches the resize as a
 channels-first view of its pixel array, without HF's contiguous copy (torch's uint8 resize reads
 either layout and gives the same pixels: it lays the planes out channels-last itself).
+
+An image's expansion is known from its grid (:func:`qwen2_vl_image_expansions`), so the
+transformers backend runs the image processor alone on a miss: no dummy text of 999 image pads
+tokenized, and HF's kwargs merged once per distinct set of kwargs rather than on every call.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from mmfront.models.spec import ModelSpec
 from mmfront.pixels import patch_rows, to_hwc_uint8
 from mmfront.processing.native import NativeInputs
 
-__all__ = ["QWEN2_VL", "QWEN2_VL_NATIVE", "qwen2_vl_fields", "qwen2_vl_speedups"]
+__all__ = ["QWEN2_VL", "QWEN2_VL_NATIVE", "qwen2_vl_fields", "qwen2_vl_image_expansions", "qwen2_vl_speedups"]
 
 
 def _merge_size(hf_processor: Any) -> int:
@@ -52,6 +56,14 @@ def qwen2_vl_fields(hf_out: Mapping[str, Any], hf_processor: Any) -> dict[str, M
         "video_grid_thw": MultiModalFieldConfig.batched("video", keep_on_cpu=True),
         "timestamps": MultiModalFieldConfig.batched("video", keep_on_cpu=True),
     }
+
+
+def qwen2_vl_image_expansions(hf_processor: Any, image_outputs: Mapping[str, Any]) -> list[list[int]]:
+    """HF's ``replace_image_token`` as ids (vLLM's ``get_replacement_qwen2vl`` too): ``t*h*w /
+    merge_size**2`` image pads per image, from its ``image_grid_thw`` row."""
+    unit = _merge_size(hf_processor) ** 2
+    token = int(hf_processor.image_token_id)
+    return [[token] * (int(rows) // unit) for rows in image_outputs["image_grid_thw"].prod(-1).tolist()]
 
 
 def _patchify(hf_patchify: Callable[..., tuple[torch.Tensor, int, int]], images: torch.Tensor, patch_size: int,
@@ -87,4 +99,5 @@ QWEN2_VL_NATIVE = NativeInputs(("Qwen2VLForConditionalGeneration",), qwen2_vl_fi
                                whole_range_embeds=True, hf_samples_frames=False)
 
 QWEN2_VL = register_model(ModelSpec(model_type="qwen2_vl", hf_processor_class="Qwen2VLProcessor",
-                                    native=QWEN2_VL_NATIVE, hf_speedups=qwen2_vl_speedups))
+                                    native=QWEN2_VL_NATIVE, hf_speedups=qwen2_vl_speedups,
+                                    image_expansions=qwen2_vl_image_expansions))

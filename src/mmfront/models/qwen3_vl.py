@@ -2,7 +2,8 @@
 ``Qwen3VLForConditionalGeneration`` reads Qwen2-VL's fields (``_create_qwen2vl_field_factory``:
 patch rows per item, grids kept on the CPU, raw uint8 patches normalised on the device), and a
 video's range holds its frames' timestamps and markers around the embedding tokens (the mask says
-which are embedded)."""
+which are embedded). Its images expand as Qwen2-VL's (``image_expansions``: ``t*h*w / merge_size**2``
+image pads), so the transformers backend runs the image processor alone on them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mmfront.models.catalog import register_model
-from mmfront.models.qwen2_vl import qwen2_vl_fields
+from mmfront.models.qwen2_vl import qwen2_vl_fields, qwen2_vl_image_expansions
 from mmfront.models.spec import ModelSpec
 from mmfront.processing.native import NativeInputs
 
@@ -50,4 +51,4 @@ QWEN3_VL_NATIVE = NativeInputs(("Qwen3VLForConditionalGeneration",), qwen2_vl_fi
                                video_outputs=qwen3_vl_timestamps, whole_range_embeds=True)
 
 QWEN3_VL = register_model(ModelSpec(model_type="qwen3_vl", hf_processor_class="Qwen3VLProcessor",
-                                    native=QWEN3_VL_NATIVE))
+                                    native=QWEN3_VL_NATIVE, image_expansions=qwen2_vl_image_expansions))

@@ -22,7 +22,7 @@ from mmfront.processing.native import NativeInputs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 __all__ = [
-    "Encoder", "ImagePatches", "ModelSpec", "Positions", "PromptLayout", "PromptOutput", "ReferenceModel", "pooled_rows",
+    "Encoder", "ImageExpansions", "ImagePatches", "ModelSpec", "Positions", "PromptLayout", "PromptOutput", "ReferenceModel", "pooled_rows",
     "split_rows",
 ]
 
@@ -45,6 +45,10 @@ HF output for that prompt, without HF's batch dimension``: how an engine rebuild
 lays out along the prompt's tokens from what mmfront sends."""
 
 ImagePatches = Callable[[Any, int, int, Mapping[str, Any]], int]
+ImageExpansions = Callable[[Any, Mapping[str, Any]], list[list[int]]]
+"""``(the HF processor, what its image processor returned for a call's images) -> each image's
+expansion of its placeholder as token ids``: what HF's ``replace_image_token`` writes into the text,
+known from the image processor's outputs (Qwen2-VL: ``t*h*w / merge_size**2`` image pads)."""
 HfSpeedups = Callable[[Any], None]
 """``(a freshly loaded HF processor) -> None``: swaps steps of its sub-processors for faster ones
 that return the very same bytes (Qwen2-VL's patch rows in one C pass)."""
@@ -124,6 +128,14 @@ class ModelSpec:
     """Tiles per image where the HF processor cannot be asked (no ``_get_num_multimodal_tokens``, no
     ``get_number_of_image_patches``: LFM2-VL counts a tiled image's rows and columns, then drops
     them): the transformers backend splits a call's tiles by it, checked against the data."""
+    image_expansions: ImageExpansions | None = None
+    """Each image's expansion, computed from what the image processor returns, where the HF
+    processor's ``__call__`` is ``ProcessorMixin``'s (the image processor, then one
+    ``replace_image_token`` per image, then the tokenizer on the text): the transformers backend
+    then calls the image processor itself, with the kwargs HF's merge gives (merged once per
+    distinct set of kwargs: :class:`mmfront.processing.hf.MergedHfKwargs`), and neither tokenizes
+    a dummy text nor reads the expansion off HF's text. Same outputs and ids as HF's call, bit for
+    bit (``tests/models/test_qwen2_vl_direct.py``); videos still go through HF's call."""
 
 
 def pooled_rows(output: Any) -> torch.Tensor:

@@ -9,6 +9,7 @@ stray kwarg never reaches (or breaks) the HF call.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import math
@@ -189,6 +190,69 @@ def refuse_processor_kwargs(
             return (f"{shown} cannot be set per request: {owner} takes only {allowed}. Settings such as the image "
                     "size are the model's, fixed by its checkpoint.")
     return None
+
+
+FrozenKwargs = tuple[Any, ...]
+"""A processor call's kwargs as a hashable value that gives them back exactly (:func:`freeze_kwargs`)."""
+
+_LEAVES = (type(None), bool, int, float, str)
+
+
+def freeze_kwargs(value: Any) -> Any:
+    """``value`` (kwargs: dicts, lists and tuples of JSON-like leaves) as a hashable value that
+    :func:`thaw_kwargs` turns back into an equal one of the same types (``3136`` and ``3136.0``
+    stay apart: HF validates types). Raises TypeError for anything else (a tensor, an array)."""
+    if isinstance(value, Mapping):
+        return ("dict", tuple((key, freeze_kwargs(item)) for key, item in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(freeze_kwargs(item) for item in value))
+    if type(value) in _LEAVES:
+        return ("leaf", type(value).__name__, value)
+    raise TypeError(f"{type(value).__name__} is not a kwarg value mmfront can key a cache by")
+
+
+def thaw_kwargs(frozen: Any) -> Any:
+    kind = frozen[0]
+    if kind == "dict":
+        return {key: thaw_kwargs(item) for key, item in frozen[1]}
+    if kind == "leaf":
+        return frozen[2]
+    items = [thaw_kwargs(item) for item in frozen[1]]
+    return items if kind == "list" else tuple(items)
+
+
+class MergedHfKwargs:
+    """HF's own merge of one processor call's kwargs into its sub-processors' kwargs
+    (``ProcessorMixin._merge_kwargs``: the processor's defaults, the tokenizer's init kwargs, the
+    call's; transformers 5.24 validates the result through ``huggingface_hub``'s strict
+    dataclasses, ~2.5 ms a call), done once per distinct set of kwargs and kept (a deployment
+    sees a few: its own, and those of requests that set ``mm_processor_kwargs``). What a caller
+    hands a sub-processor from it is what HF's ``__call__`` would hand it; the dicts returned
+    are copies, so a sub-processor that edits its kwargs leaves the kept ones as they are."""
+
+    def __init__(self, hf_processor: Any, *, maxsize: int = 64) -> None:
+        self.hf_processor = hf_processor
+        self._merged = lru_cache(maxsize=maxsize)(self._merge_frozen)
+
+    def __call__(self, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        try:
+            frozen = freeze_kwargs(kwargs)
+        except TypeError:
+            merged = self._merge(kwargs)
+        else:
+            merged = self._merged(frozen)
+        return copy.deepcopy(merged)
+
+    def _merge_frozen(self, frozen: FrozenKwargs) -> dict[str, dict[str, Any]]:
+        return self._merge(thaw_kwargs(frozen))
+
+    def _merge(self, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        proc = self.hf_processor
+        tokenizer = getattr(proc, "tokenizer", None)
+        merged: dict[str, dict[str, Any]] = proc._merge_kwargs(
+            type(proc).valid_processor_kwargs,
+            tokenizer_init_kwargs=tokenizer.init_kwargs if tokenizer is not None else {}, **kwargs)
+        return merged
 
 
 @cache

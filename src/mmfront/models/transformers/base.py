@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
 import torch
 import transformers
 from packaging.version import Version
+from transformers import ProcessorMixin
 
 from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, UnsupportedModelError, ValidationError
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.catalog import (
     backend_placeholder_attr,
+    image_expansions,
     image_patches,
     prompt_layout,
     prompt_outputs,
@@ -57,7 +59,7 @@ from mmfront.parse import (
     MultiModalDataItems,
     VideoProcessorItems,
 )
-from mmfront.processing.hf import SCOPES, call_hf, resolve_hf_kwargs
+from mmfront.processing.hf import SCOPES, MergedHfKwargs, call_hf, resolve_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 from mmfront.processing.updates import PromptReplacement, PromptUpdate, PromptUpdateDetails
 
@@ -269,6 +271,11 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             )
         super().__init__(info)
         self.modalities = info.modalities
+        proc = info.hf_processor
+        self.image_expansions = image_expansions(type(proc)) if calls_like_mixin(proc) else None
+        """Where set, images skip HF's ``__call__``: the image processor runs on its own, each image's
+        expansion comes from its outputs (``ModelSpec.image_expansions``)."""
+        self.merged_kwargs = MergedHfKwargs(proc)
 
     def get_placeholder_str(self, modality: str, index: int) -> str:
         if modality in self.modalities:
@@ -302,18 +309,24 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         item's expansion (Offsets: ``text_replacement_offsets``; Legacy: the token marks)."""
         return {}
 
-    def run_hf(self, text: str | list[str], data: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any],
-               **extra: Any) -> dict[str, Any]:
-        """One HF processor call; ``extra`` adds kwargs (scoped ones merge into their scope). Its
-        outputs laid out along the (dummy) prompt are dropped here, or refused."""
+    def call_kwargs(self, modalities: Collection[str], hf_kwargs: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+        """The kwargs of one HF call on items of ``modalities``: ``extra`` adds kwargs (scoped ones
+        merge into their scope)."""
         kwargs: dict[str, Any] = dict(hf_kwargs)
         for key, value in extra.items():
             kwargs[key] = {**kwargs.get(key, {}), **value} if key in SCOPES else value
-        if "audio" in data:
+        if "audio" in modalities:
             rate = self.info.get_target_sample_rate()
             if rate is not None:
                 kwargs["audio_kwargs"] = {"sampling_rate": int(rate), **kwargs.get("audio_kwargs", {})}
         kwargs["return_tensors"] = "pt"
+        return kwargs
+
+    def run_hf(self, text: str | list[str], data: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any],
+               **extra: Any) -> dict[str, Any]:
+        """One HF processor call; ``extra`` adds kwargs (scoped ones merge into their scope). Its
+        outputs laid out along the (dummy) prompt are dropped here, or refused."""
+        kwargs = self.call_kwargs(data, hf_kwargs, **extra)
         proc = self.info.hf_processor
         desc = ", ".join(f"{len(items)} {m}(s)" for m, items in data.items()) or "text only"
         out = dict(call_hf(proc, what=type(proc).__name__, data_desc=desc, text=text,
@@ -365,7 +378,13 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         """One HF call for all images, or one per image where that call's rows cannot be told
         apart per image (Llama 4 tiles a large image into ``[tiles, C, H, W]`` and has no per-image
         count to ask) and each image expands alone exactly as beside the others: alone, an image
-        owns its call's rows."""
+        owns its call's rows. Where the model's module knows each image's expansion from the image
+        processor's outputs (:attr:`image_expansions`), the image processor runs alone instead."""
+        if self.image_expansions is not None:
+            direct = [self.call_image_processor(items.get_all(), hf_kwargs)]
+            data, lay = self._lay_out("image", items, direct, hf_kwargs)
+            lay.expansions = self.image_expansions(self.info.hf_processor, direct[0])
+            return direct, (data, lay)
         joint = [self._call_on_dummy_text("image", items.get_all(), hf_kwargs)]
         try:
             return joint, self._lay_out("image", items, joint, hf_kwargs)
@@ -377,6 +396,21 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             if not self.same_expansions(joint[0], singles, items.get_count()):
                 raise
         return singles, self._lay_out("image", items, singles, hf_kwargs)
+
+    def call_image_processor(self, images: list[Any], hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """What HF's ``ProcessorMixin.__call__`` returns for ``images`` on a dummy text, less the
+        text's outputs: its image processor's outputs, called with the ``images_kwargs`` HF's merge
+        of the same call's kwargs gives (merged once per distinct set: :attr:`merged_kwargs`), and
+        without the keys the processor drops (``unused_input_names``)."""
+        proc = self.info.hf_processor
+        name = type(proc).__name__
+        desc = f"{len(images)} image(s)"
+        kwargs = self.call_kwargs(("image",), hf_kwargs, **self._dummy_call_kwargs())
+        images_kwargs = call_hf(self.merged_kwargs, what=f"{name}'s kwarg merge", data_desc=desc,
+                                kwargs=kwargs)["images_kwargs"]
+        out = call_hf(proc.image_processor, what=name, data_desc=desc, images=images, **images_kwargs)
+        unused = set(getattr(proc, "unused_input_names", None) or ())
+        return {key: value for key, value in out.items() if key not in unused}
 
     def same_expansions(self, joint: Mapping[str, Any], singles: Sequence[Mapping[str, Any]], count: int) -> bool:
         """Whether the images of one call expand as each does alone (no text that numbers them,
@@ -615,6 +649,15 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
                 config[f"{modality}_replacement_ids"] = MultiModalFieldConfig.flat_from_sizes(
                     modality, torch.tensor(lay.replacement_sizes), keep_on_cpu=True)
         return config
+
+
+def calls_like_mixin(hf_processor: Any) -> bool:
+    """Whether the processor's call is ``ProcessorMixin``'s own: the image processor on the images,
+    one ``replace_image_token`` per image, then the tokenizer (transformers rewrote Qwen2-VL's and
+    others' so from 5.14). Only then may the image processor run without it."""
+    cls = type(hf_processor)
+    return (cls.__call__ is ProcessorMixin.__call__
+            and getattr(cls, "_process_images", None) is getattr(ProcessorMixin, "_process_images", object()))
 
 
 def size_candidates(subprocessor: Any) -> list[ImageSize]:

@@ -42,7 +42,9 @@ class ModalityLayout:
 
     ``rows[i]`` is how many rows item ``i`` owns along a key's slice dimension (image tiles or crops,
     audio windows). ``size_keys`` are per-item counts sent along with the data (kept on CPU);
-    ``replacement_sizes`` splits ``{modality}_replacement_ids`` (Offsets only).
+    ``replacement_sizes`` splits ``{modality}_replacement_ids``; ``expansions`` holds each item's
+    expansion where the model's module computes it from the data (``ModelSpec.image_expansions``),
+    rather than the backend reading it off HF's text.
     """
 
     count: int
@@ -50,6 +52,7 @@ class ModalityLayout:
     rows: list[int]
     size_keys: list[str] = field(default_factory=list)
     replacement_sizes: list[int] | None = None
+    expansions: list[list[int]] | None = None
 
 
 OutputLayout = dict[str, ModalityLayout]

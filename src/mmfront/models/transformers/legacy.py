@@ -226,10 +226,13 @@ class LegacyMultiModalProcessor(_MultiModalProcessorBase):
 
     def _add_expansions(self, modality: str, items: Any, outputs: Sequence[Mapping[str, Any]], *,
                         data: dict[str, Any], layout: ModalityLayout, hf_kwargs: Mapping[str, Any]) -> None:
-        """Each item's expansion as located in HF's ids, or the placeholder itself where the
-        model's module says HF leaves it unexpanded (``ModelSpec.unexpanded_placeholders``)."""
+        """Each item's expansion as located in HF's ids, or as the model's module computes it from
+        the data (``ModelSpec.image_expansions``), or the placeholder itself where the model's module
+        says HF leaves it unexpanded (``ModelSpec.unexpanded_placeholders``)."""
         if modality in self.unexpanded:
             expansions = [self.info.placeholder_ids(modality)] * items.get_count()
+        elif layout.expansions is not None:
+            expansions = layout.expansions
         else:
             expansions = [ids[start:stop] for out in outputs
                           for ids, start, stop in self._expansions(modality, items, out, hf_kwargs)]

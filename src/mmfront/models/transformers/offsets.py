@@ -157,8 +157,10 @@ class OffsetsMultiModalProcessor(_MultiModalProcessorBase):
     def _add_item_sizes(self, modality: str, outputs: Sequence[Mapping[str, Any]], data: dict[str, Any],
                         layout: ModalityLayout) -> None:
         super()._add_item_sizes(modality, outputs, data, layout)
-        texts = self.replacements(modality, outputs, layout.count)
-        encoded = [self.info.encode(text) for text in texts]
+        if layout.expansions is not None:
+            encoded = layout.expansions
+        else:
+            encoded = [self.info.encode(text) for text in self.replacements(modality, outputs, layout.count)]
         if not all(encoded):
             raise self._empty_replacement_error(modality, encoded.index([]))
         data[f"{modality}_replacement_ids"] = torch.tensor([t for ids in encoded for t in ids], dtype=torch.int64)
