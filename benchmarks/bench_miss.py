@@ -18,9 +18,18 @@ once, in the order a miss runs them; medians over rounds (the first round warms 
   mmfront's :func:`mmfront.pixels.patch_rows`, one C pass); the results are asserted equal. Nothing is
   normalised: vLLM's engine normalises Qwen2-VL's uint8 rows on the device
   (``--mm-device-do-normalize``, its default for the class), and both frontends send uint8;
+* ``kwargs merge``, ``dummy text``: what HF's processor call does besides the image processor, each
+  once as it does it on every call: its merge and validation of the call's kwargs
+  (``ProcessorMixin._merge_kwargs``, through :class:`mmfront.processing.hf.MergedHfKwargs` built
+  afresh) and the tokenization of the dummy text, one image pad per token of the image. mmfront's
+  transformers backend does neither on a Qwen2-VL miss now (``ModelSpec.image_expansions``): the
+  image processor runs alone, with kwargs merged once per distinct set, and the expansion comes from
+  the grid;
 * ``apply``: the processor's ``apply()`` on a miss with the default sender cache, mmfront's with
-  the lazy item (decode included) and, in the same round, a processor whose image processor keeps
-  HF's steps (the before); vLLM's with the item it loaded (decode not included);
+  the lazy item (decode included) and, in the same round and alternating order, two processors of
+  the before: one calling HF's processor as it did (``apply_call``: mmfront's pixel steps, HF's
+  ``__call__`` on a dummy text) and one that also keeps HF's pixel steps (``apply_hf``); vLLM's with
+  the item it loaded (decode not included);
 * ``encode``: the miss's item through the wire encoder (``MsgpackEncoder``), ``send``: its frames
   over a ZMQ ``ipc://`` PUSH/PULL pair, received.
 
@@ -55,6 +64,9 @@ from mmfront.cache.lru import LruKeyReplicatedSenderCache
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
+from mmfront.models.transformers import offsets_request_kwargs
+from mmfront.processing.hf import MergedHfKwargs, resolve_hf_kwargs
+from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS
 from mmfront.testing.media import natural_image
 from mmfront.testing.peer import vllm_peer_python
 from mmfront.wire import MsgpackEncoder
@@ -66,8 +78,12 @@ CASES = ((1024, 768, "JPEG"), (1024, 768, "PNG"), (1920, 1080, "JPEG"), (1920, 1
 STAGES = (("load_hash", "load + hash"), ("decode", "decode"), ("to_tensor_hf", "to tensor, HF's (a contiguous copy)"),
           ("to_tensor", "to tensor, mmfront's (a view)"), ("resize_hf", "resize of HF's tensor (torch uint8 bicubic)"),
           ("resize", "resize of mmfront's view"), ("patchify_hf", "patchify, HF's"),
-          ("patchify", "patchify, mmfront's C pass"), ("apply_hf", "apply() miss, HF's steps (before)"),
-          ("apply", "apply() miss"), ("encode", "encode"), ("send", "send (ZMQ ipc, received)"))
+          ("patchify", "patchify, mmfront's C pass"), ("merge", "kwargs merge, HF's (per call through HF's call)"),
+          ("dummy_text", "dummy text tokenized (per call through HF's call)"),
+          ("apply_hf", "apply() miss, HF's steps and HF's call"),
+          ("apply_call", "apply() miss, mmfront's steps, HF's call (before)"),
+          ("apply", "apply() miss, image processor alone (after)"), ("encode", "encode"),
+          ("send", "send (ZMQ ipc, received)"))
 VLLM_STAGES = (("hash", "hash"), ("decode", "decode (at load)"), ("to_tensor", "to tensor (HF)"),
                ("resize", "resize (HF)"), ("patchify", "patchify (HF)"), ("apply", "apply() miss, decoded item"),
                ("encode", "encode"), ("send", "send (ZMQ ipc, received)"))
@@ -101,18 +117,25 @@ class _Pipe:
 def measure_mmfront(folder: Path, rounds: int, pipe: _Pipe) -> dict[str, dict[str, float]]:
     torch.set_num_threads(1)  # as mmfront's server runs torch (ThreadPlan)
     config = MultiModalConfig()
-    proc = create_processor(folder, config)
-    before = create_processor(folder, config)
+    proc: Any = create_processor(folder, config)
+    before: Any = create_processor(folder, config)
+    via_call: Any = create_processor(folder, config)
     hf_steps = type(before.info.hf_processor.image_processor)
     for step in ("patchify", "process_image"):  # mmfront's steps are the instance's: HF's methods again
         delattr(before.info.hf_processor.image_processor, step)
+    for p in (before, via_call):  # HF's __call__ on a dummy text, as before ModelSpec.image_expansions
+        p.image_expansions = None
+    hf = proc.info.hf_processor
+    call_kwargs = proc.call_kwargs(("image",), resolve_hf_kwargs(hf, config.mm_processor_kwargs, DEVICE_NORMALIZE_KWARGS),
+                                   **offsets_request_kwargs())
     from transformers.image_utils import SizeDict  # after mmfront loaded a processor (its torchvision guard)
 
     ip = proc.info.hf_processor.image_processor
     factor = ip.patch_size * ip.merge_size
     size = SizeDict(shortest_edge=ip.size["shortest_edge"], longest_edge=ip.size["longest_edge"])
     prompt = proc.info.tokenizer.encode("Describe " + proc.get_placeholder_str("image", 0))
-    caches = {id(p): LruKeyReplicatedSenderCache(config.mm_processor_cache_bytes) for p in (proc, before)}
+    caches = {id(p): LruKeyReplicatedSenderCache(config.mm_processor_cache_bytes) for p in (proc, before, via_call)}
+    applied = {id(proc): "apply", id(before): "apply_hf", id(via_call): "apply_call"}
     connector = MediaConnector(config)
     encoder = MsgpackEncoder()
 
@@ -140,9 +163,12 @@ def measure_mmfront(folder: Path, rounds: int, pipe: _Pipe) -> dict[str, dict[st
             times["patchify_hf"], (want, _, _) = cpu_timed(hf_steps.patchify, ip, resized, **patch)
             times["patchify"], (rows, _, _) = cpu_timed(ip.patchify, resized, **patch)
             assert torch.equal(rows, want), "mmfront's patch rows differ from HF's"
-            for p in ((before, proc) if i % 2 else (proc, before)):
-                key = "apply" if p is proc else "apply_hf"
-                times[key], result = cpu_timed(p.apply, prompt, {"image": [lazy(data)]}, cache=caches[id(p)])
+            times["merge"], _ = cpu_timed(MergedHfKwargs(hf), call_kwargs)
+            pads = hf.image_token * (int(rows.shape[0]) // ip.merge_size**2)
+            times["dummy_text"], _ = cpu_timed(hf.tokenizer, [pads], return_tensors="pt")
+            order = (proc, via_call, before)
+            for p in order[i % 3:] + order[:i % 3]:
+                times[applied[id(p)]], result = cpu_timed(p.apply, prompt, {"image": [lazy(data)]}, cache=caches[id(p)])
                 if p is proc:
                     kwargs_item = result["mm_kwargs"]["image"][0]
             assert kwargs_item is not None, "every round's image must be new (a miss)"
@@ -184,7 +210,9 @@ def run(report: Report, quick: bool) -> None:
         for key, label in STAGES:
             report.add(GROUP, f"Qwen2.5-VL {case}, mmfront: {label}", stages[key], "ms")
         report.ratio(GROUP, f"Qwen2.5-VL {case}: patchify, mmfront / HF", stages["patchify"] / stages["patchify_hf"])
-        report.ratio(GROUP, f"Qwen2.5-VL {case}: apply() miss, after / before",
+        report.ratio(GROUP, f"Qwen2.5-VL {case}: apply() miss, image processor alone / HF's call",
+                     stages["apply"] / stages["apply_call"], at_most=1.0)
+        report.ratio(GROUP, f"Qwen2.5-VL {case}: apply() miss, mmfront / HF's steps and call",
                      stages["apply"] / stages["apply_hf"], at_most=1.0)
     if theirs is None:
         report.add(GROUP, "vLLM peer not found or failed: its stages skipped", 0.0, "")
