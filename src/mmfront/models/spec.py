@@ -45,6 +45,8 @@ HF output for that prompt, without HF's batch dimension``: how an engine rebuild
 lays out along the prompt's tokens from what mmfront sends."""
 
 ImagePatches = Callable[[Any, int, int, Mapping[str, Any]], int]
+"""``(the HF processor, an image's height, its width, the call's images_kwargs) -> the tiles (rows of
+its data) HF's processor makes of that image``."""
 ImageExpansions = Callable[[Any, Mapping[str, Any]], list[list[int]]]
 """``(the HF processor, what its image processor returned for a call's images) -> each image's
 expansion of its placeholder as token ids``: what HF's ``replace_image_token`` writes into the text,
@@ -52,8 +54,6 @@ known from the image processor's outputs (Qwen2-VL: ``t*h*w / merge_size**2`` im
 HfSpeedups = Callable[[Any], None]
 """``(a freshly loaded HF processor) -> None``: swaps steps of its sub-processors for faster ones
 that return the very same bytes (Qwen2-VL's patch rows in one C pass)."""
-"""``(the HF processor, an image's height, its width, the call's images_kwargs) -> the tiles (rows of
-its data) HF's processor makes of that image``."""
 
 
 @dataclass(frozen=True)
