@@ -166,3 +166,22 @@ def test_a_refused_kwarg_is_refused_as_by_hfs_call(root: Path) -> None:
             sent(proc, {"image": [make_image(48, 40, seed=0)]}, {"max_pixels": "many"})
         errors.append(str(caught.value))
     assert all("max_pixels" in e or "many" in e for e in errors), errors
+
+
+def test_a_subclass_with_its_own_expansion_keeps_hfs_call(root: Path) -> None:
+    from mmfront.models.catalog import image_expansions
+    from mmfront.models.qwen2_vl import qwen2_vl_image_expansions
+
+    folder, _ = family_folder("Qwen2VLProcessor", root)
+    direct, _ = pair(folder)
+    base = type(direct.info.hf_processor)
+
+    class SameExpansion(base):  # type: ignore[misc, valid-type]
+        pass
+
+    class OwnExpansion(base):  # type: ignore[misc, valid-type]
+        def replace_image_token(self, image_inputs: dict[str, Any], image_idx: int, **kwargs: Any) -> str:
+            return f"{self.image_token}{super().replace_image_token(image_inputs, image_idx, **kwargs)}"
+
+    assert image_expansions(base) is image_expansions(SameExpansion) is qwen2_vl_image_expansions
+    assert image_expansions(OwnExpansion) is None

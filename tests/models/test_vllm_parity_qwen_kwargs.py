@@ -47,7 +47,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_peer
 @pytest.mark.slow
-@pytest.mark.skipif(TRANSFORMERS_VERSION < Version("5.15"),
+@pytest.mark.skipif(Version("5.15") > TRANSFORMERS_VERSION,
                     reason="transformers 5.14's Qwen2-VL image processor ignores min_pixels/max_pixels kwargs")
 @pytest.mark.parametrize("processor_class", ["Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"])
 def test_request_pixel_limits_equal_vllm_native(processor_class: str, root: Path) -> None:

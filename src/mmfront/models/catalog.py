@@ -268,9 +268,15 @@ def image_patches(hf_processor_class: type) -> ImagePatches | None:
 
 def image_expansions(hf_processor_class: type) -> ImageExpansions | None:
     """How the HF processor of this class (or a subclass) expands each image, from its image
-    processor's outputs, where the module of its model says (``ModelSpec.image_expansions``)."""
-    return next((spec.image_expansions for spec in _specs_along(hf_processor_class)
-                 if spec.image_expansions is not None), None)
+    processor's outputs, where the module of its model says (``ModelSpec.image_expansions``); None
+    for a subclass with its own ``replace_image_token``, whose images may expand otherwise."""
+    by_class = {spec.hf_processor_class: spec for spec in model_specs().values()}
+    for depth, cls in enumerate(hf_processor_class.__mro__):
+        spec = by_class.get(cls.__name__)
+        if spec is not None and spec.image_expansions is not None:
+            below = hf_processor_class.__mro__[:depth]
+            return None if any("replace_image_token" in vars(c) for c in below) else spec.image_expansions
+    return None
 
 
 def prompt_outputs(hf_processor_class: type) -> Mapping[str, PromptOutput]:

@@ -198,17 +198,17 @@ FrozenKwargs = tuple[Any, ...]
 _LEAVES = (type(None), bool, int, float, str)
 
 
-def freeze_kwargs(value: Any) -> Any:
+def freeze_kwargs(value: Any) -> FrozenKwargs | None:
     """``value`` (kwargs: dicts, lists and tuples of JSON-like leaves) as a hashable value that
     :func:`thaw_kwargs` turns back into an equal one of the same types (``3136`` and ``3136.0``
-    stay apart: HF validates types). Raises TypeError for anything else (a tensor, an array)."""
+    stay apart: HF validates types); None where it holds anything else (a tensor, an array)."""
     if isinstance(value, Mapping):
-        return ("dict", tuple((key, freeze_kwargs(item)) for key, item in value.items()))
+        pairs = tuple((key, freeze_kwargs(item)) for key, item in value.items())
+        return None if any(frozen is None for _, frozen in pairs) else ("dict", pairs)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(freeze_kwargs(item) for item in value))
-    if type(value) in _LEAVES:
-        return ("leaf", type(value).__name__, value)
-    raise TypeError(f"{type(value).__name__} is not a kwarg value mmfront can key a cache by")
+        items = tuple(freeze_kwargs(item) for item in value)
+        return None if any(frozen is None for frozen in items) else (type(value).__name__, items)
+    return ("leaf", type(value).__name__, value) if type(value) in _LEAVES else None
 
 
 def thaw_kwargs(frozen: Any) -> Any:
@@ -235,12 +235,8 @@ class MergedHfKwargs:
         self._merged = lru_cache(maxsize=maxsize)(self._merge_frozen)
 
     def __call__(self, kwargs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        try:
-            frozen = freeze_kwargs(kwargs)
-        except TypeError:
-            merged = self._merge(kwargs)
-        else:
-            merged = self._merged(frozen)
+        frozen = freeze_kwargs(kwargs)
+        merged = self._merge(kwargs) if frozen is None else self._merged(frozen)
         return copy.deepcopy(merged)
 
     def _merge_frozen(self, frozen: FrozenKwargs) -> dict[str, dict[str, Any]]:
