@@ -34,8 +34,9 @@ def test_frozen_kwargs_give_back_the_same_values_and_types() -> None:
     assert freeze_kwargs({"images_kwargs": {"size": [np.float64(0.5)]}}) is None
 
 
-@NEEDS_TORCHVISION
-def test_the_merge_is_hfs_and_runs_once_per_distinct_kwargs(hf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def merges(hf: Any, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The kwargs of every call of the processor's ``_merge_kwargs`` from here on."""
     calls: list[dict[str, Any]] = []
     merge = hf._merge_kwargs
 
@@ -43,31 +44,29 @@ def test_the_merge_is_hfs_and_runs_once_per_distinct_kwargs(hf: Any, monkeypatch
         calls.append(kwargs)
         return merge(*args, **kwargs)
 
-    kwargs = {"images_kwargs": {"do_normalize": False, "do_rescale": False}, "min_pixels": 3136, "return_tensors": "pt"}
-    want = merge(type(hf).valid_processor_kwargs, tokenizer_init_kwargs=hf.tokenizer.init_kwargs, **kwargs)
     monkeypatch.setattr(hf, "_merge_kwargs", counted)
+    return calls
+
+
+@NEEDS_TORCHVISION
+def test_the_merge_is_hfs_and_runs_once_per_distinct_kwargs(hf: Any, merges: list[dict[str, Any]]) -> None:
+    kwargs = {"images_kwargs": {"do_normalize": False, "do_rescale": False}, "min_pixels": 3136, "return_tensors": "pt"}
+    want = type(hf)._merge_kwargs(hf, type(hf).valid_processor_kwargs, tokenizer_init_kwargs=hf.tokenizer.init_kwargs,
+                                  **kwargs)
     merged = MergedHfKwargs(hf)
     first = merged(kwargs)
     assert first == want and first["images_kwargs"]["min_pixels"] == 3136
     first["images_kwargs"]["min_pixels"] = 1  # a caller's edit stays its own
     assert merged(dict(kwargs)) == want
-    assert len(calls) == 1
+    assert len(merges) == 1
     assert merged({**kwargs, "min_pixels": 6272})["images_kwargs"]["min_pixels"] == 6272
-    assert len(calls) == 2
+    assert len(merges) == 2
 
 
 @NEEDS_TORCHVISION
-def test_kwargs_that_cannot_be_frozen_are_merged_on_every_call(hf: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[dict[str, Any]] = []
-    merge = hf._merge_kwargs
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return merge(*args, **kwargs)
-
-    monkeypatch.setattr(hf, "_merge_kwargs", counted)
+def test_kwargs_that_cannot_be_frozen_are_merged_on_every_call(hf: Any, merges: list[dict[str, Any]]) -> None:
     mean = [np.float64(0.5)] * 3  # a float to HF's validation, not a plain one to the key
     merged = MergedHfKwargs(hf)
     for _ in range(2):
         assert merged({"images_kwargs": {"image_mean": mean}})["images_kwargs"]["image_mean"] == mean
-    assert len(calls) == 2
+    assert len(merges) == 2
