@@ -312,27 +312,12 @@ class _Server:
                 await watcher
 
     async def _chat(self, request: Request, body: bytes) -> Response:
-        req: ChatCompletionRequest = await self._off_loop(self._decode_chat, body)
-        self._check_model(req.model)
-        self._check_mm_kwargs(req.mm_processor_kwargs, None)
-        response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
-        parsing = self.parsing.for_request(req)
-        options = RequestOptions(
-            hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
-            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(
-                protocol.template_kwargs(req, self.settings.reasoning_effort_map)),
-            add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
-            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none),
-            **self._prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
-                                   else req.max_tokens))
-        inputs = await self._prepare(req.messages, options, response_id)
-        max_tokens = self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
-                                      "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
-        if req.use_beam_search:
-            gen, choices = self._search(response_id, [(inputs, options)], req, max_tokens, [response_id])
+        chat = await self._off_loop(self._prepare_chat, request, body)
+        req, response_id, parsing, inputs, options = chat.req, chat.response_id, chat.parsing, chat.inputs, chat.options
+        if chat.params is None:
+            gen, choices = self._search(response_id, [(inputs, options)], req, chat.max_tokens, [response_id])
         else:
-            params = await self._off_loop(self._params, req, max_tokens, [inputs], parsing)
-            gen, choices = await self._start(response_id, [(inputs, options)], params, [response_id],
+            gen, choices = await self._start(response_id, [(inputs, options)], chat.params, [response_id],
                                              weight_versions=req.return_weight_versions)
         prompt_ids = list(inputs["prompt_token_ids"])
         head = self._head(response_id)
@@ -443,6 +428,29 @@ class _Server:
         """The output budget the one context-length rule gives (vLLM's ``get_max_tokens``)."""
         return get_max_tokens(self.max_model_len, requested, prompt_tokens, max_tokens_param=param)
 
+    def _prepare_chat(self, request: Request, body: bytes) -> _PreparedChat:
+        """A chat request from its body to its engine inputs and sampling parameters (none for a
+        beam search), in one job on the preparation pool: each job is a round trip between the
+        loop and a pool thread (a wake-up of each), and the steps ran as three."""
+        req = self._decode_chat(body)
+        self._check_model(req.model)
+        self._check_mm_kwargs(req.mm_processor_kwargs, None)
+        response_id = f"chatcmpl-{_base_id(request, req.request_id)}"
+        parsing = self.parsing.for_request(req)
+        options = RequestOptions(
+            hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
+            chat_template=req.chat_template, chat_template_kwargs=self._template_kwargs(
+                protocol.template_kwargs(req, self.settings.reasoning_effort_map)),
+            add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
+            tools=protocol.template_tools(req, self.settings.exclude_tools_when_tool_choice_none),
+            **self._prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
+                                   else req.max_tokens))
+        inputs = self._preprocess(req.messages, options, response_id)
+        max_tokens = self._max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
+                                      "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
+        params = None if req.use_beam_search else self._params(req, max_tokens, [inputs], parsing)
+        return _PreparedChat(req, response_id, parsing, options, inputs, max_tokens, params)
+
     def _params(self, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
                 prepared: list[MultiModalInputs], parsing: RequestParsing | None) -> SamplingParams:
         """The request's ``SamplingParams``, checked as vLLM's API server checks them (logprob
@@ -465,11 +473,12 @@ class _Server:
         return await loop.run_in_executor(self.preprocessor.executor, partial(work, *args))
 
     async def _prepare(self, prompt: PromptInput, options: RequestOptions, request_id: str) -> MultiModalInputs:
+        return await self._off_loop(self._preprocess, prompt, options, request_id)
+
+    def _preprocess(self, prompt: PromptInput, options: RequestOptions, request_id: str) -> MultiModalInputs:
         if self.client.errored:
             raise self.client.dead_error
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.preprocessor.executor, partial(
-            self.preprocessor.preprocess, prompt, request_id=request_id, options=options))
+        return self.preprocessor.preprocess(prompt, request_id=request_id, options=options)
 
     def _log_inputs(self, logged: Sequence[str], prepared: list[tuple[MultiModalInputs, RequestOptions]],
                     params: SamplingParams | beam_search.BeamSearchParams) -> None:
@@ -835,6 +844,20 @@ def _model_context(info: BaseProcessingInfo) -> int:
     except ConfigError:
         return 1
     return int(getattr(config.get_text_config(), "max_position_embeddings", None) or 1)
+
+
+@dataclass(frozen=True)
+class _PreparedChat:
+    """A chat request as the preparation pool hands it back to the loop."""
+
+    req: ChatCompletionRequest
+    response_id: str
+    parsing: RequestParsing
+    options: RequestOptions
+    inputs: MultiModalInputs
+    max_tokens: int | None
+    params: SamplingParams | None
+    """``None``: a beam search (its parameters are the search's)."""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class _Part(msgspec.Struct, gc=False):
 _SHAPE = msgspec.json.Decoder(_Shape)
 _PARTS = msgspec.json.Decoder(list[msgspec.Raw])
 _PART = msgspec.json.Decoder(_Part)
+_OBJECT_PARTS = msgspec.json.Decoder(list[_Part])
 _TEXT = msgspec.json.Decoder(str)
 
 
@@ -58,21 +59,28 @@ def check_chat_body(body: bytes, *, max_messages: int, max_parts: int, max_promp
         raise ValidationError(f"The request has {len(messages)} messages; the server's limit is {max_messages} "
                               "(--max-chat-messages).", parameter="messages")
     texts: list[msgspec.Raw] = []
-    parts: list[msgspec.Raw] = []
+    parts: list[_Part | None] = []
     for message in messages:
         if _starts(message.content, b'"'):
             texts.append(message.content)
         elif _starts(message.content, b"["):
-            listed: list[msgspec.Raw] | None = _decoded(_PARTS, message.content)
-            parts += listed or []
+            parts += _content_parts(message.content)
     if len(parts) > max_parts:
         raise ValidationError(f"The request's messages have {len(parts)} content parts; the server's limit is "
                               f"{max_parts} (--max-content-parts).", parameter="messages")
-    for raw in parts:
-        part = _decoded(_PART, raw)
-        if part is not None and _starts(part.text, b'"'):
-            texts.append(part.text)
+    texts += [part.text for part in parts if part is not None and _starts(part.text, b'"')]
     _check_text(texts, max_prompt_chars)
+
+
+def _content_parts(content: msgspec.Raw) -> list[_Part | None]:
+    """A content list's parts, ``None`` for a part that is not an object. Where every part is one
+    (the usual request), in one pass over the content: each pass over a data URL's part costs a
+    scan of its ~600 KB, and this one used to be two."""
+    every = _decoded(_OBJECT_PARTS, content)
+    if every is not None:
+        return list(every)
+    listed: list[msgspec.Raw] = _decoded(_PARTS, content) or []
+    return [_decoded(_PART, raw) for raw in listed]
 
 
 def _check_text(texts: list[msgspec.Raw], limit: int) -> None:

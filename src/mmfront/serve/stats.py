@@ -167,6 +167,7 @@ class ServerMetrics:
         self._exporter = PrometheusExporter(model_name, engine=engine_indexes[0], registry=self.registry)
         self.model_name = model_name
         self._metrics: dict[str, Any] = {}
+        self._children: dict[tuple[str, int, tuple[str, ...]], Any] = {}
         for family in FAMILIES if engine_stats else ():
             labels = ("model_name", "engine", *family.extra) if family.per_engine else ("model_name", *family.extra)
             if family.kind == "histogram":
@@ -187,7 +188,14 @@ class ServerMetrics:
             self._child("vllm:engine_sleep_state", index, "awake").set(1)
 
     def _child(self, name: str, engine: int, *extra: str) -> Any:
-        return self._metrics[name].labels(self.model_name, str(engine), *extra)
+        """The series of ``name`` for these labels, looked up once: prometheus_client's ``labels``
+        checks and joins the label values under a lock each time, and a step records ~20 series
+        (the engine output reader's largest cost per step)."""
+        key = (name, engine, extra)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._metrics[name].labels(self.model_name, str(engine), *extra)
+        return child
 
     def record(self, engine: int, scheduler: SchedulerStats | None, stats: IterationStats | None) -> None:
         """vLLM's ``PrometheusStatLogger.record`` (the multimodal cache is counted at the scrape)."""

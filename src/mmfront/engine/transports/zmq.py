@@ -153,6 +153,8 @@ class ZmqFrontendTransport(BaseTransport):
         self._dir: Path | None = None
         self._side: FdChannelListener | None = None
         self._monitor: zmq.Socket | None = None
+        self._poller: zmq.Poller | None = None
+        """The output socket and the monitor, once :meth:`watch_disconnects` made the monitor."""
         self._ctx = zmq.Context()
         self._closed = False
         try:
@@ -209,6 +211,9 @@ class ZmqFrontendTransport(BaseTransport):
         sends no heartbeat. Call it once the engines connected, before a receiving thread starts."""
         if self._monitor is None:
             self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._poller = zmq.Poller()
+            self._poller.register(self._pull, zmq.POLLIN)
+            self._poller.register(self._monitor, zmq.POLLIN)
 
     def authorize_side_channel(self, engine_index: int, secret: bytes) -> None:
         """Let engine ``engine_index`` open the ``ipc`` side channel with ``secret`` (the one it
@@ -235,16 +240,17 @@ class ZmqFrontendTransport(BaseTransport):
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
         if self._monitor is not None:
-            self._check_monitor()
-            if timeout is None or timeout > 0:
-                poller = zmq.Poller()
-                poller.register(self._pull, zmq.POLLIN)
-                poller.register(self._monitor, zmq.POLLIN)
-                ready = dict(poller.poll(None if timeout is None else round(timeout * 1000)))
+            if timeout is not None and timeout <= 0:
+                self._check_monitor()
+            else:
+                # one poll per message: it reports a pending disconnect as well as the output
+                assert self._poller is not None
+                ready = dict(self._poller.poll(None if timeout is None else round(timeout * 1000)))
                 if self._monitor in ready:
                     self._check_monitor()
                 if self._pull not in ready:
                     return None
+                timeout = None  # a whole message is waiting, and only this thread reads the socket
         frames = _recv(self._pull, timeout)
         if frames is None:
             return None
