@@ -243,6 +243,11 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         return ids(begin_attrs), ids(end_attrs)
 
     def mm_special_tokens(self) -> set[str]:
+        return set(self._mm_special_tokens)
+
+    @cached_property
+    def _mm_special_tokens(self) -> frozenset[str]:
+        """Read once: every chat request asks for them (twice), and they never change."""
         tok = self.tokenizer
         out: set[str] = set()
         for modality in self.modalities:
@@ -251,7 +256,7 @@ class TransformersProcessingInfo(BaseProcessingInfo):
             for attrs in _WRAPPER_ATTRS[modality]:
                 out.update(t for t in (self._token_attr(a) for a in attrs) if t is not None)
         out.update(t for t in (self._token_attr(a) for a in _STRUCTURE_ATTRS) if t is not None)
-        return out
+        return frozenset(out)
 
 
 class _MultiModalProcessorBase(BaseMultiModalProcessor):
