@@ -5,12 +5,15 @@ values (dyadic logprobs, so sums are exact) and a fake engine client; the answer
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from mmfront.errors import GenerationError, ValidationError
 from mmfront.inputs import MultiModalInputs
@@ -131,6 +134,13 @@ def table(last: int) -> tuple[list[int], list[float]]:
     return [last + 1, last + 1, last + 2, EOS, last + 3], [-0.25, -0.25, -0.5, -1.0, -2.0]
 
 
+def step_output(request_id: str, prompt: list[int]) -> EngineCoreOutput:
+    """The fake engine's answer to a step: one token, its candidates (``table``), finished."""
+    ids, lps = table(prompt[-1])
+    return EngineCoreOutput(request_id, [ids[0]], LogprobsLists(
+        np.array([ids]), np.array([lps], dtype=np.float32), np.array([1])), finish_reason=FinishReason.LENGTH)
+
+
 @dataclass
 class FakeClient:
     """An engine client that answers each request with one token and its candidates (``table``);
@@ -157,14 +167,12 @@ class FakeClient:
                 yield EngineCoreOutput(request_id, [], finish_reason=FinishReason.ERROR,
                                        error=RequestError("EngineError", "the step failed"))
                 return
-            ids, lps = table(prompt[-1])
-            yield EngineCoreOutput(request_id, [ids[0]], LogprobsLists(
-                np.array([ids]), np.array([lps], dtype=np.float32), np.array([1])), finish_reason=FinishReason.LENGTH)
+            yield step_output(request_id, prompt)
         finally:
             self.closed.append(request_id)
 
 
-def search(client: FakeClient, width: int = 2, max_tokens: int = 2, **fields: Any) -> Any:
+def search(client: FakeClient | ScheduledClient, width: int = 2, max_tokens: int = 2, **fields: Any) -> Any:
     inputs = MultiModalInputs(type="multimodal", prompt_token_ids=[10], mm_kwargs={}, mm_hashes={},  # type: ignore[typeddict-item]
                               mm_placeholders={})
     runner = BeamSearch(client, JoinTokenizer(), frozenset({EOS}))  # type: ignore[arg-type]
@@ -229,3 +237,83 @@ def test_a_search_given_up_closes_every_step_request() -> None:
     client = asyncio.run(leave())
     assert len(client.sent) == 1 + 3  # the first step, then the second of the three beams it left
     assert sorted(client.closed) == sorted(r for r, _, _ in client.sent)
+
+
+@dataclass
+class ScheduledClient:
+    """An engine client that keeps :class:`~mmfront.engine.async_client.AsyncEngineClient`'s
+    promises with each wait ``delays`` loop turns long: ``add_request`` prepares (cancelled then,
+    nothing is sent), sends, then waits for the commit lane (cancelled then, what was sent is
+    aborted: the abort queued behind the send); a stream answers after a wait, and closed before
+    its answer it aborts. ``ended``: each sent request's end; ``left``: the search was cancelled."""
+
+    delays: Iterator[int]
+    sent: list[str] = field(default_factory=list)
+    ended: dict[str, str] = field(default_factory=dict)
+    added_after_leaving: list[str] = field(default_factory=list)
+    left: bool = False
+
+    async def wait(self) -> None:
+        for _ in range(next(self.delays, 0)):
+            await asyncio.sleep(0)
+
+    async def add_request(self, request_id: str, inputs: MultiModalInputs, params: SamplingParams, *,
+                          options: RequestOptions | None = None) -> ScheduledStream:
+        if self.left:
+            self.added_after_leaving.append(request_id)
+        await self.wait()
+        self.sent.append(request_id)
+        try:
+            await self.wait()
+        except asyncio.CancelledError:
+            self.ended[request_id] = "aborted"
+            raise
+        return ScheduledStream(self, request_id, list(inputs["prompt_token_ids"]))
+
+
+@dataclass
+class ScheduledStream:
+    client: ScheduledClient
+    request_id: str
+    prompt: list[int]
+
+    def __aiter__(self) -> ScheduledStream:
+        return self
+
+    async def __anext__(self) -> EngineCoreOutput:
+        if self.request_id in self.client.ended:
+            raise StopAsyncIteration
+        await self.client.wait()
+        self.client.ended[self.request_id] = "answered"
+        return step_output(self.request_id, self.prompt)
+
+    async def aclose(self) -> None:
+        self.client.ended.setdefault(self.request_id, "aborted")
+
+
+@settings(max_examples=300, deadline=None)
+@given(delays=st.lists(st.integers(0, 3), max_size=300), leave_after=st.integers(0, 80), width=st.integers(1, 4))
+@example(delays=[0, 2], leave_after=2, width=1)  # left mid-send: the first step is sent, the lane not back
+@example(delays=[0, 0, 2], leave_after=3, width=1)  # left as the first step's answer is on its way
+@example(delays=[0, 0, 0] + [0, 0, 1] * 4, leave_after=5, width=4)  # the second step's three beams sent, unanswered
+def test_a_client_that_leaves_at_any_turn_leaves_no_step_request_running(
+        delays: list[int], leave_after: int, width: int) -> None:
+    """Whatever each step request is doing when its search is given up (preparing, being sent,
+    sent and waiting for the lane, answered, its answer on its way), no step request is made
+    after, and every one sent ends: answered, or aborted (its stream closed, or its send
+    cancelled)."""
+    async def leave() -> ScheduledClient:
+        client = ScheduledClient(iter(delays))
+        task = asyncio.ensure_future(search(client, width=width, max_tokens=30))
+        for _ in range(leave_after):
+            await asyncio.sleep(0)
+        client.left = True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.gather(*asyncio.all_tasks() - {asyncio.current_task()}, return_exceptions=True)
+        return client
+
+    client = asyncio.run(leave())
+    assert client.added_after_leaving == []
+    assert sorted(client.ended) == sorted(client.sent), sorted(set(client.sent) - set(client.ended))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -108,7 +109,7 @@ def test_single_chat_session_image_beamsearch(pair: Pair) -> None:
 
 def mm_cache_counts(answer: Answer) -> dict[str, float]:
     """``vllm:mm_cache_queries`` and ``vllm:mm_cache_hits`` of a ``/metrics`` page."""
-    counts = {}
+    counts: dict[str, float] = {}
     for line in answer.text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in ("vllm:mm_cache_queries_total", "vllm:mm_cache_hits_total"):
@@ -282,42 +283,81 @@ def test_step_parameters_refused_in_a_stream_are_refused_before_it(pair: Pair, f
 
 # --- a client that leaves -----------------------------------------------------------------------------
 
+LEAVING = "leave"
+"""The request ids of the searches left (``chatcmpl-leave-...``), so the trace tells their steps apart."""
+STEPS_BEFORE_LEAVING = 6
+"""Step requests a search's engine is handed before its client leaves: the first step's one, the
+second's four and the first of the third's, whose other three beams then wait (``--max-num-seqs 1``)."""
 
-def engine_requests(trace: Path) -> tuple[set[str], set[str]]:
-    """The requests the stub engine was handed, and those its scheduler finished (aborted ones too)."""
-    events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
-    return ({e["req_id"] for e in events if e["ev"] == "new"}, {e["req_id"] for e in events if e["ev"] == "finished"})
+
+def engine_requests(trace: Path, prefix: str) -> tuple[set[str], set[str]]:
+    """The requests of ids starting ``prefix`` that the stub engine was handed, and those its
+    scheduler finished (a line still being written is not read yet). A request aborted while it
+    waited is finished without ever being handed: vLLM's ``finish_requests`` frees a waiting
+    request into ``finished_req_ids`` too."""
+    text = trace.read_text() if trace.exists() else ""
+    events = [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+    ours = [e for e in events if e["req_id"].startswith(prefix)]
+    return ({e["req_id"] for e in ours if e["ev"] == "new"}, {e["req_id"] for e in ours if e["ev"] == "finished"})
+
+
+def leave_mid_search(side: Side, trace: Path, body: dict[str, Any]) -> None:
+    """Send ``body`` on a connection of its own and close it once the engine was handed
+    :data:`STEPS_BEFORE_LEAVING` of its search's step requests, however long a loaded machine
+    takes to prepare it (a stream is read to its head first: 200)."""
+    url = httpx.URL(side.url)
+    assert url.host and url.port
+    payload = json.dumps(body).encode()
+    head = (f"POST {CHAT_PATH} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+    prefix = f"chatcmpl-{body['request_id']}-"
+    deadline = time.monotonic() + 120
+    with socket.create_connection((url.host, url.port), timeout=120) as connection:
+        connection.sendall(head + payload)
+        if body.get("stream"):
+            received = b""
+            while b"\r\n\r\n" not in received:
+                part = connection.recv(65536)
+                assert part, f"the stream ended before its head: {received!r}"
+                received += part
+            assert received.startswith(b"HTTP/1.1 200 "), received
+        while len(engine_requests(trace, prefix)[0]) < STEPS_BEFORE_LEAVING:
+            assert time.monotonic() < deadline, f"the search never reached the engine\n{side.tails()}"
+            time.sleep(0.01)
 
 
 def test_a_client_that_leaves_mid_search_aborts_every_engine_request(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Four beams of 2,000 steps, each step slowed down, left after two seconds (a whole answer)
-    and after the first chunk (a stream): every step request the engine was handed is finished
-    by its scheduler, and no new one comes."""
+    """Four beams of 2,000 steps, left once the engine was handed a few of their step requests (a
+    whole answer, then a stream), as the other beams of a step wait: the engine runs one request
+    at a time (``--max-num-seqs 1``), each model step 0.2 s. Every step request the engine was
+    handed is finished by its scheduler (those aborted while they waited are finished without
+    being handed), and no new one comes, even while the server answers another request."""
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("STUB_TRACE_LOG", str(trace))
-    monkeypatch.setenv("STUB_TRACE_STEP_DELAY_S", "0.01")
+    monkeypatch.setenv("STUB_TRACE_STEP_DELAY_S", "0.2")
     side = start_side("mmfront", [sys.executable, "-m", "mmfront.cli"],
                       {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}, tmp_path,
-                      engine_args=LOGPROB_ENGINE)
+                      engine_args=[*LOGPROB_ENGINE, "--max-num-seqs", "1"])
     try:
         wait_healthy([side])
         body = chat(CHAT, n=4, max_tokens=2000)
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(side.url + CHAT_PATH, json=body, timeout=2.0)
-        with httpx.stream("POST", side.url + CHAT_PATH, json={**body, "stream": True}, timeout=30) as stream:
-            assert stream.status_code == 200
-            next(stream.iter_lines())
-            time.sleep(2.0)
+        leave_mid_search(side, trace, {**body, "request_id": f"{LEAVING}-whole"})
+        leave_mid_search(side, trace, {**body, "request_id": f"{LEAVING}-stream", "stream": True})
+        left = f"chatcmpl-{LEAVING}-"
         deadline = time.monotonic() + 30
         while True:
-            handed, finished = engine_requests(trace)
+            handed, finished = engine_requests(trace, left)
             time.sleep(1.0)
-            if engine_requests(trace) == (handed, finished) and handed == finished:
+            if engine_requests(trace, left) == (handed, finished) and handed <= finished:
                 break
-            assert time.monotonic() < deadline, f"still running: {sorted(handed - finished)}\n{side.tails()}"
-        assert 2 <= len(handed) < 2 * 4 * 2000, len(handed)
+            assert time.monotonic() < deadline, (f"handed, not finished: {sorted(handed - finished)}; handed since: "
+                                                 f"{sorted(engine_requests(trace, left)[0] - handed)}\n{side.tails()}")
+        for search in ("whole", "stream"):
+            steps = len(engine_requests(trace, f"{left}{search}-")[0])
+            assert STEPS_BEFORE_LEAVING <= steps < 4 * 2000, (search, steps)
         answer = httpx.post(side.url + CHAT_PATH, json=chat(n=2, max_tokens=3), timeout=60)  # it still serves
         assert answer.status_code == 200 and len(answer.json()["choices"]) == 2, answer.text
+        assert engine_requests(trace, left) == (handed, finished)  # and the searches left stay stopped
     finally:
         side.stop()
