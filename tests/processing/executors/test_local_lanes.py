@@ -76,22 +76,6 @@ def _wait_dead(pid: int) -> None:
     raise AssertionError(f"process {pid} still runs")
 
 
-def _wait_exited(pid: int) -> None:
-    """Until the killed process is a zombie whose threads are all gone, so its descriptors are
-    closed (its parent reaps it later), or gone."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                          if ":" in line)
-        except FileNotFoundError:
-            return
-        if status["State"].split()[0] in ("Z", "X") and int(status["Threads"]) <= 1:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"process {pid} still runs")
-
-
 def _wait_started(lanes: LocalProcessExecutor) -> list[int]:
     deadline = time.monotonic() + 240
     while None in lanes.pids():
@@ -177,60 +161,3 @@ def test_a_script_without_a_main_guard_runs_once(gemma3_dir: Path, tmp_path: Pat
         "pre.close()\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=280, check=False)
     assert (done.returncode, done.stdout) == (0, "items 1\n"), done.stderr[-2000:]
-
-
-def _descriptors_and_mappings() -> tuple[int, int]:
-    with open("/proc/self/maps") as maps:
-        return len(os.listdir("/proc/self/fd")), sum("mmfront-frames" in line for line in maps)
-
-
-def test_many_requests_and_killed_lanes_leave_no_descriptor_or_mapping_behind(
-    gemma3_dir: Path, in_place: InputPreprocessor
-) -> None:
-    """A lane's jobs and replies travel in one shared buffer each way, reused request after request
-    (mmfront.wire.shared_buffer): the caller holds a fixed set of descriptors and mappings per lane,
-    whatever the number of requests, and a killed lane's are released with it."""
-    before = _descriptors_and_mappings()
-    with InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processing_lanes=1, mm_processor_cache_gb=0)) as pre:
-        lanes = pre.item_executor
-        assert isinstance(lanes, LocalProcessExecutor)
-        (pid,) = _wait_started(lanes)
-        ids = prompt(pre, 1)
-
-        def serve(tag: int) -> None:
-            image = {"image": [natural_image(48, 40, tag=tag)]}
-            assert wire(pre.preprocess(ids, image)) == wire(in_place.preprocess(ids, image))
-
-        serve(100)
-        steady = _descriptors_and_mappings()
-        assert steady[1] == 2  # the caller's mappings of its job buffer and of the lane's reply buffer
-        for tag in range(101, 131):
-            serve(tag)
-        assert _descriptors_and_mappings() == steady
-        os.kill(pid, signal.SIGKILL)  # while idle: replaced before its next item
-        _wait_exited(pid)
-        for tag in range(131, 141):
-            serve(tag)
-        assert _descriptors_and_mappings() == steady
-        (restarted,) = lanes.pids()
-        assert restarted is not None
-        pid = restarted
-        os.kill(pid, signal.SIGSTOP)  # takes the next item and dies holding it
-        try:
-            job = lanes.encode_job(ItemJob(pre.processor.info.parse_mm_data({"image": natural_image(48, 40, tag=141)}), {}))
-            assert job is not None
-            held = lanes.submit_job(job)
-            deadline = time.monotonic() + 60
-            while not lanes._jobs.empty():  # the lane's thread took it and sends it to the stopped lane
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-            time.sleep(0.3)
-        finally:
-            os.kill(pid, signal.SIGKILL)
-        with pytest.raises(LaneError, match="while it held an item"):
-            held.result(60)
-        assert _descriptors_and_mappings()[1] == 0  # the dead lane's buffers went with it
-        for tag in range(142, 152):
-            serve(tag)
-        assert _descriptors_and_mappings() == steady
-    assert _descriptors_and_mappings() == before
