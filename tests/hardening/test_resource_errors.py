@@ -185,17 +185,17 @@ def test_a_lane_pipe_out_of_memory_is_not_a_gone_peer(monkeypatch: pytest.Monkey
         with monkeypatch.context() as patch:
             patch.setattr(shared_buffer.os, "memfd_create", _os_error(errno.ENOMEM))
             with pytest.raises(ResourceError) as info:
-                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8)], out=out)
+                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8).data], out=out)
             assert info.value.resource == "memory"
         with monkeypatch.context() as patch:
             patch.setattr(shared_buffer.os, "ftruncate", _os_error(errno.ENOSPC))
             with pytest.raises(ResourceError) as info:
-                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8)], out=out)
+                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8).data], out=out)
             assert info.value.resource == "shared memory"
         with monkeypatch.context() as patch:
             patch.setattr(pipe.socket, "fromfd", _os_error(errno.EMFILE))
             with pytest.raises(ResourceError) as info:
-                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8)], out=out)
+                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8).data], out=out)
             assert info.value.resource == "open files"
     finally:
         out.close()
