@@ -34,7 +34,7 @@ from mmfront.media import DecodeBudget, load_image_bytes
 from mmfront.preprocess import InputPreprocessor
 from mmfront.processing.hf import call_hf
 from mmfront.testing.media import make_image
-from mmfront.wire import memfd, pipe
+from mmfront.wire import memfd, pipe, shared_buffer
 
 MiB = 1 << 20
 
@@ -180,18 +180,25 @@ def test_mapping_a_memfd_without_memory_is_a_resource_error(monkeypatch: pytest.
 def test_a_lane_pipe_out_of_memory_is_not_a_gone_peer(monkeypatch: pytest.MonkeyPatch) -> None:
     """send_frames typed every OSError as TransportError ("the peer is gone")."""
     left, right = Pipe()
+    out = shared_buffer.OutBuffer()
     try:
         with monkeypatch.context() as patch:
-            patch.setattr(memfd.os, "memfd_create", _os_error(errno.ENOMEM))
+            patch.setattr(shared_buffer.os, "memfd_create", _os_error(errno.ENOMEM))
             with pytest.raises(ResourceError) as info:
-                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8)], share_from=1024)
+                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8).data], out=out)
             assert info.value.resource == "memory"
+        with monkeypatch.context() as patch:
+            patch.setattr(shared_buffer.os, "ftruncate", _os_error(errno.ENOSPC))
+            with pytest.raises(ResourceError) as info:
+                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8).data], out=out)
+            assert info.value.resource == "shared memory"
         with monkeypatch.context() as patch:
             patch.setattr(pipe.socket, "fromfd", _os_error(errno.EMFILE))
             with pytest.raises(ResourceError) as info:
-                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8)], share_from=1024)
+                pipe.send_frames(left, [np.zeros(1 << 16, dtype=np.uint8).data], out=out)
             assert info.value.resource == "open files"
     finally:
+        out.close()
         left.close()
         right.close()
 

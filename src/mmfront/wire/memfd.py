@@ -1,8 +1,9 @@
 """Frames in a sealed memfd: the one home of how large frames go from one process of this
 machine to another without a socket copying them.
 
-Two paths use it: the processing lanes' pipes (:mod:`mmfront.wire.pipe`) and the ZMQ transports'
-side channel over ``ipc://`` (:mod:`mmfront.engine.transports.fd_channel`). The sender writes the frames
+The ZMQ transports' side channel over ``ipc://`` (:mod:`mmfront.engine.transports.fd_channel`) uses
+it; the processing lanes reuse a buffer instead (:mod:`mmfront.wire.shared_buffer`, which shares
+:func:`layout`). The sender writes the frames
 once into the kernel and passes the descriptor (``SCM_RIGHTS``); the receiver maps those pages,
 where a socket would have it zero-fill fresh memory and copy into it. The memfd has no name, so
 nothing is left behind when either process dies, and it is sealed, so it cannot shrink under the

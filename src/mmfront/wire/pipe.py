@@ -11,11 +11,11 @@ chunks twice, several times the receiver's CPU of one read.
 The frame keeps ``Connection``'s own message layout (a ``!i`` length, or ``-1`` and a ``!Q``
 length), so either end may still be a plain ``send_bytes``.
 
-Between two processes of one machine on a Unix socket (the processing lanes), large frames can
-travel in a sealed memfd passed with the header instead (``share_from``/``accept_shared``,
-:mod:`mmfront.wire.memfd`): the receiver maps them where a socket would have it zero-fill fresh
-memory and copy into it. Their lengths carry :data:`_SHARED` in
-the header. The memory lives as long as the tensors viewing it.
+Between two processes of one machine on a Unix socket that talk in strict request/reply (the
+processing lanes), the frames can travel in the sender's shared buffer instead (``out``/``into``,
+:mod:`mmfront.wire.shared_buffer`): the message is then its header alone, the buffer's memfd
+passed with it when it is new, and the receiver copies the frames out. Their lengths carry
+:data:`_SHARED` in the header.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 
 from mmfront.errors import DecodeError, ResourceError, TransportError, resource_error
 from mmfront.wire._tensors import Frame, frame_view
-from mmfront.wire.memfd import map_sealed, write_sealed
+from mmfront.wire.shared_buffer import InBuffer, OutBuffer
 
 MAX_FRAMES = 1 << 16
 """Most frames one message may announce."""
@@ -36,40 +36,45 @@ _MAX_HEADER = 4 + 8 * MAX_FRAMES
 _DISCARD_CHUNK = 1 << 20
 """How much of a frame that does not match its header is read (and dropped) at a time."""
 _SHARED = 1 << 63
-"""Set in a frame's announced length when the frame travels in the message's memfd."""
+"""Set in a frame's announced length when the frame travels in the sender's shared buffer."""
 
 
-def send_frames(conn: Connection, frames: Sequence[Frame], *, share_from: int | None = None) -> None:
+def send_frames(conn: Connection, frames: Sequence[Frame], *, out: OutBuffer | None = None) -> None:
     """Send one message; raises :class:`~mmfront.errors.TransportError` when the peer is gone.
 
-    With ``share_from``, frames of at least that many bytes travel in a memfd (the peer must be
-    a process of this machine reading with ``accept_shared=True``, ``conn`` a Unix socket)."""
+    With ``out``, the frames travel in that shared buffer (the peer must be a process of this
+    machine reading with ``into``, ``conn`` a Unix socket, and the peer must have answered the
+    previous message sent through ``out``: this one overwrites it)."""
     views = [frame_view(f, i) for i, f in enumerate(frames)]
-    shared = [share_from is not None and v.nbytes >= max(share_from, 1) for v in views]
+    shared = [out is not None and v.nbytes > 0 for v in views]
     header = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes | (_SHARED if s else 0) for v, s in zip(views, shared)))
     try:
-        if any(shared):
-            _send_with_memfd(conn, header, [v for v, s in zip(views, shared) if s])
+        fd = None if out is None else out.place([v for v, s in zip(views, shared) if s])
+        if fd is not None:
+            _send_with_fd(conn, header, fd)
         else:
             conn.send_bytes(header)
-        for view, in_memfd in zip(views, shared):
-            if view.nbytes and not in_memfd:
+        for view, in_buffer in zip(views, shared):
+            if view.nbytes and not in_buffer:
                 conn.send_bytes(view)
-    except ResourceError:
-        raise
-    except (OSError, ValueError) as e:
+    except BaseException as e:
+        if out is not None:
+            out.close()  # the peer may not have its buffer: the next message makes and sends a new one
+        if isinstance(e, ResourceError) or not isinstance(e, (OSError, ValueError)):
+            raise
         raise resource_error(e, doing="Sending a message") or TransportError(
             f"The peer is gone ({e}); reconnect and resend what was in flight.") from e
 
 
-def recv_frames(conn: Connection, timeout: float | None = None, *, accept_shared: bool = False) -> list[Frame] | None:
+def recv_frames(conn: Connection, timeout: float | None = None, *, into: InBuffer | None = None) -> list[Frame] | None:
     """The next message's frames, or ``None`` if none arrived within ``timeout`` seconds (``None``
-    waits for ever). Raises ``EOFError`` when the peer closed its end. ``accept_shared`` takes
-    frames sent with ``share_from`` (``conn`` must then be a Unix socket)."""
+    waits for ever). Raises ``EOFError`` when the peer closed its end. ``into`` takes frames sent
+    with ``out`` (``conn`` must then be a Unix socket): it maps the peer's buffer when the message
+    brings one, and the frames are copied out of it before this returns."""
     try:
         if timeout is not None and not conn.poll(timeout):
             return None
-        header, fd = _recv_header_and_fd(conn) if accept_shared else (conn.recv_bytes(), None)
+        header, fd = _recv_header_and_fd(conn) if into is not None else (conn.recv_bytes(), None)
         try:
             if len(header) < 4:
                 raise DecodeError(f"A message header has at least 4 bytes, got {len(header)}.")
@@ -77,10 +82,16 @@ def recv_frames(conn: Connection, timeout: float | None = None, *, accept_shared
             if count > MAX_FRAMES or len(header) != 4 + 8 * count:
                 raise DecodeError(f"Malformed message header ({len(header)} bytes for {count} frames).")
             sizes = struct.unpack_from(f"<{count}Q", header, 4)
-            mapped = iter(_map_shared(fd, [s & ~_SHARED for s in sizes if s & _SHARED]))
+            if fd is not None:
+                assert into is not None
+                into.adopt(fd)
         finally:
             if fd is not None:
                 os.close(fd)
+        shared_sizes = [s & ~_SHARED for s in sizes if s & _SHARED]
+        if shared_sizes and into is None:
+            raise DecodeError("A message announced shared frames but came without their memory.")
+        mapped = iter(into.copy_out(shared_sizes) if into is not None and shared_sizes else [])
         frames: list[Frame] = []
         for size in sizes:
             if size & _SHARED:
@@ -97,19 +108,15 @@ def recv_frames(conn: Connection, timeout: float | None = None, *, accept_shared
         raise resource_error(e, doing="Receiving a message") or TransportError(f"The peer is gone ({e}).") from e
 
 
-def _send_with_memfd(conn: Connection, header: bytes, views: Sequence[memoryview]) -> None:
-    fd = write_sealed(views)
-    try:
-        data = memoryview(struct.pack("!i", len(header)) + header)
-        with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sent = socket.send_fds(sock, [data], [fd])
-            sock.sendall(data[sent:])
-    finally:
-        os.close(fd)
+def _send_with_fd(conn: Connection, header: bytes, fd: int) -> None:
+    data = memoryview(struct.pack("!i", len(header)) + header)
+    with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sent = socket.send_fds(sock, [data], [fd])
+        sock.sendall(data[sent:])
 
 
 def _recv_header_and_fd(conn: Connection) -> tuple[bytes, int | None]:
-    """A header message read with ``recvmsg``, so the memfd sent with it is received too."""
+    """A header message read with ``recvmsg``, so the buffer's memfd sent with it is received too."""
     fds: list[int] = []
     try:
         with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -136,14 +143,6 @@ def _recv_header_and_fd(conn: Connection) -> tuple[bytes, int | None]:
     for extra in fds[1:]:
         os.close(extra)
     return bytes(header), fds[0] if fds else None
-
-
-def _map_shared(fd: int | None, sizes: Sequence[int]) -> list[memoryview]:
-    if not sizes:
-        return []
-    if fd is None:
-        raise DecodeError("A message announced shared frames but came without their memory.")
-    return map_sealed(fd, sizes)
 
 
 def _recv_frame_into(fd: int, buf: bytearray) -> None:

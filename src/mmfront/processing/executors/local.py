@@ -25,6 +25,7 @@ from mmfront.processing.executors.jobs import LaneFailure, LaneReply, LaneRunner
 from mmfront.processing.executors.lanes import BaseLaneExecutor
 from mmfront.wire import Frame, MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.pipe import recv_frames, send_frames
+from mmfront.wire.shared_buffer import InBuffer, OutBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +35,6 @@ _STOP_S = 5.0
 """How long a closing lane may take to exit before it is killed."""
 _START_S = 600.0
 """How long a lane may take to import and build its processor (minutes on a loaded machine)."""
-_SHARE_FROM = 1 << 20
-"""Reply frames of at least this many bytes (pixel tensors) come back in shared memory: the
-caller maps them rather than copying them off the socket into fresh memory (see
-:mod:`mmfront.wire.pipe`). Below it the socket is as cheap."""
 
 
 def worker_main(fd: int) -> None:
@@ -55,14 +52,15 @@ def worker_main(fd: int) -> None:
         send_frames(conn, encoder.encode(LaneReply(failure=LaneFailure.of(exc))))
         return
     send_frames(conn, encoder.encode(LaneReply()))
+    jobs, replies = InBuffer(), OutBuffer()  # jobs and replies travel in shared buffers, see mmfront.wire.pipe
     while True:
         try:
-            frames = recv_frames(conn)
+            frames = recv_frames(conn, into=jobs)
         except (EOFError, TransportError):
             break
         if frames is not None:
-            send_frames(conn, lane.run(frames), share_from=_SHARE_FROM)
-    # the caller closed its end: nothing is left to release (replies travel in memfds), and the
+            send_frames(conn, lane.run(frames), out=replies)
+    # the caller closed its end: nothing is left to release (the buffers go with the process), and the
     # teardown of an interpreter holding the processor's modules took 2-5 s of every server stop
     sys.stdout.flush()
     sys.stderr.flush()
@@ -86,6 +84,7 @@ class _Worker:
                  f"from mmfront.processing.executors.local import worker_main; worker_main({theirs.fileno()})"],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         self.conn = Connection(ours.detach())  # reaches EOF when the process dies
+        self._jobs, self._replies = OutBuffer(), InBuffer()
         try:
             send_frames(self.conn, spec_frames)
             reply: LaneReply = MsgpackDecoder(LaneReply).decode(self._recv(deadline=time.monotonic() + _START_S))
@@ -106,7 +105,7 @@ class _Worker:
 
     def call(self, frames: list[Frame]) -> list[Frame]:
         try:
-            send_frames(self.conn, frames)
+            send_frames(self.conn, frames, out=self._jobs)
         except TransportError:
             raise self._died() from None
         return self._recv()
@@ -118,7 +117,7 @@ class _Worker:
                     raise self._died()
                 if deadline is not None and time.monotonic() > deadline:
                     raise LaneError(f"Processing lane {self.name} did not build its processor within {_START_S:g} s.")
-            frames = recv_frames(self.conn, accept_shared=True)
+            frames = recv_frames(self.conn, into=self._replies)
         except (EOFError, TransportError):
             raise self._died() from None
         assert frames is not None
@@ -139,6 +138,8 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._jobs.close()
+        self._replies.close()
 
 
 class LocalProcessExecutor(BaseLaneExecutor):
@@ -199,10 +200,10 @@ class LocalProcessExecutor(BaseLaneExecutor):
                     worker = self._start(index)
                 future.set_result(worker.call(frames))
             except Exception as exc:  # the lane thread must survive whatever a lane does
-                future.set_exception(exc if isinstance(exc, (LaneError, ResourceError)) else LaneError(f"Processing lane {index} failed: {exc}"))
-                if worker is not None:
+                if worker is not None:  # released before the item fails: its caller may count what is left
                     worker.stop()
                 worker = self._workers[index] = None
+                future.set_exception(exc if isinstance(exc, (LaneError, ResourceError)) else LaneError(f"Processing lane {index} failed: {exc}"))
         if worker is not None:
             worker.stop()
         self._workers[index] = None
