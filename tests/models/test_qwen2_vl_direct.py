@@ -86,9 +86,10 @@ def test_images_send_what_hfs_call_sends(family: str, config: str, root: Path) -
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_requests_pixel_limits_reach_the_image_processor(family: str, root: Path) -> None:
-    """Each request's kwargs give the grid HF's own call gives for them (transformers 5.14 ignores
-    ``min_pixels``/``max_pixels`` and reads ``size``; later releases read both), and a request's
-    kwargs do not stay for the next request."""
+    """Each request's kwargs give the grid HF's own call gives for them where HF reads them, and
+    the grid of ``size`` with the limits as its edges where transformers 5.14 would drop them (its
+    image processor reads ``size`` only; later releases, vLLM's among them, apply the limits over
+    ``size``'s edges); a request's kwargs do not stay for the next request."""
     folder, _ = family_folder(family, root)
     direct, via_hf = pair(folder)
     hf = direct.info.hf_processor
@@ -102,13 +103,24 @@ def test_a_requests_pixel_limits_reach_the_image_processor(family: str, root: Pa
         got, want = sent(direct, {"image": [image]}, kwargs), sent(via_hf, {"image": [image]}, kwargs)
         same(got, want)
         grid = got["out"]["mm_kwargs"]["image"][0]["image_grid_thw"].data.reshape(3).tolist()
-        assert [grid] == hf(text=hf.image_token, images=[image], return_tensors="pt", **kwargs)["image_grid_thw"].tolist()
+        assert [grid] == hf(text=hf.image_token, images=[image], return_tensors="pt",
+                            **as_size(kwargs, hf.image_processor.size))["image_grid_thw"].tolist()
         assert got["hashes"] != plain["hashes"]  # the request's kwargs are part of the item's hash, as in vLLM
         grids.append(grid)
     assert grids[3] != grids_of(plain)
-    if Version(transformers.__version__) >= Version("5.15"):
-        assert grids[0] == grids[1] != grids_of(plain) and grids[2] != grids_of(plain)
+    assert grids[0] == grids[1] != grids_of(plain) and grids[2] != grids_of(plain)
     same(sent(direct, {"image": [image]}), plain)  # the deployment's kwargs again, after the request's
+
+
+def as_size(kwargs: dict[str, Any], default: Any) -> dict[str, Any]:
+    """``kwargs`` with their pixel limits as ``size``'s edges (over ``default``'s), as transformers
+    5.15 and later apply them; unchanged where they have none."""
+    flat = {**kwargs, **kwargs.get("images_kwargs", {})}
+    limits = {edge: flat[key] for edge, key in (("shortest_edge", "min_pixels"), ("longest_edge", "max_pixels"))
+              if key in flat}
+    if not limits:
+        return kwargs
+    return {"size": {"shortest_edge": default["shortest_edge"], "longest_edge": default["longest_edge"], **limits}}
 
 
 def grids_of(result: dict[str, Any]) -> list[int]:

@@ -4,9 +4,9 @@ image processor runs alone there (``ModelSpec.image_expansions``) with the reque
 as HF merges them, so each request's grid, rows, expansion and hash are vLLM's. Flat and scoped
 (``images_kwargs``) kwargs, one image and two, and the deployment's kwargs again after them.
 
-transformers 5.14's Qwen2-VL image processor reads ``size`` only and ignores these kwargs, where
-vLLM's (transformers 5.20) applies them, so under the Legacy venv the comparison is skipped (the
-same holds for HF's own call there: ``test_qwen2_vl_direct.py``).
+transformers 5.14's Qwen2-VL image processor reads ``size`` only and would drop these kwargs, where
+vLLM's (transformers 5.20) applies them: under it mmfront folds them into ``size``'s edges
+(``ModelSpec.call_kwargs``), so the comparison holds under the Legacy venv too.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from packaging.version import Version
 from vllm_parity import Case, run_family
 
-from mmfront.models.transformers import TRANSFORMERS_VERSION
 from mmfront.testing.media import make_image
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_python
 
@@ -47,8 +45,6 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @needs_peer
 @pytest.mark.slow
-@pytest.mark.skipif(Version("5.15") > TRANSFORMERS_VERSION,
-                    reason="transformers 5.14's Qwen2-VL image processor ignores min_pixels/max_pixels kwargs")
 @pytest.mark.parametrize("processor_class", ["Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor"])
 def test_request_pixel_limits_equal_vllm_native(processor_class: str, root: Path) -> None:
     result = run_family(processor_class, root, cases=cases())

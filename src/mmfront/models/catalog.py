@@ -21,7 +21,15 @@ from typing import TypeVar
 
 from mmfront.config import ModelOption
 from mmfront.errors import ConfigError, InputTypeError
-from mmfront.models.spec import ImageExpansions, ImagePatches, ModelSpec, PromptLayout, PromptOutput, ReferenceModel
+from mmfront.models.spec import (
+    CallKwargs,
+    ImageExpansions,
+    ImagePatches,
+    ModelSpec,
+    PromptLayout,
+    PromptOutput,
+    ReferenceModel,
+)
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 
@@ -264,6 +272,12 @@ def image_patches(hf_processor_class: type) -> ImagePatches | None:
     model counts them (``ModelSpec.image_patches``)."""
     return next((spec.image_patches for spec in _specs_along(hf_processor_class) if spec.image_patches is not None),
                 None)
+
+
+def call_kwargs(hf_processor_class: type) -> CallKwargs | None:
+    """How the HF processor of this class (or a subclass) needs a call's kwargs rewritten under the
+    installed transformers, where the module of its model says (``ModelSpec.call_kwargs``)."""
+    return next((spec.call_kwargs for spec in _specs_along(hf_processor_class) if spec.call_kwargs is not None), None)
 
 
 def image_expansions(hf_processor_class: type) -> ImageExpansions | None:

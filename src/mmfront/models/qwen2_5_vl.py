@@ -17,7 +17,7 @@ import torch
 from mmfront.errors import FieldConfigError
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig
 from mmfront.models.catalog import register_model
-from mmfront.models.qwen2_vl import qwen2_vl_fields, qwen2_vl_image_expansions, qwen2_vl_speedups
+from mmfront.models.qwen2_vl import qwen2_vl_fields, qwen2_vl_image_expansions, qwen2_vl_pixel_limits, qwen2_vl_speedups
 from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
 from mmfront.processing.native import NativeInputs
 
@@ -88,4 +88,5 @@ QWEN2_5_VL = register_model(ModelSpec(
     native=QWEN2_5_VL_NATIVE,
     hf_speedups=qwen2_vl_speedups,
     image_expansions=qwen2_vl_image_expansions,
+    call_kwargs=qwen2_vl_pixel_limits,
 ))

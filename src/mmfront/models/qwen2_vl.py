@@ -27,6 +27,8 @@ from functools import partial
 from typing import Any
 
 import torch
+import transformers
+from packaging.version import Version
 from PIL import Image
 
 from mmfront.inputs import MultiModalFieldConfig
@@ -35,7 +37,7 @@ from mmfront.models.spec import ModelSpec
 from mmfront.pixels import patch_rows, to_hwc_uint8
 from mmfront.processing.native import NativeInputs
 
-__all__ = ["QWEN2_VL", "QWEN2_VL_NATIVE", "qwen2_vl_fields", "qwen2_vl_image_expansions", "qwen2_vl_speedups"]
+__all__ = ["QWEN2_VL", "QWEN2_VL_NATIVE", "qwen2_vl_fields", "qwen2_vl_image_expansions", "qwen2_vl_pixel_limits", "qwen2_vl_speedups"]
 
 
 def _merge_size(hf_processor: Any) -> int:
@@ -95,9 +97,29 @@ def qwen2_vl_speedups(hf_processor: Any) -> None:
             setattr(image_processor, name, partial(fast, hf_step))
 
 
+_READS_PIXEL_LIMITS = Version(transformers.__version__) >= Version("5.15")
+"""Before 5.15 the image processor resizes by ``size`` alone and drops a call's ``min_pixels`` and
+``max_pixels``; from 5.15 (and in vLLM's transformers) they replace ``size``'s edges."""
+
+
+def qwen2_vl_pixel_limits(hf_processor: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's image ``min_pixels``/``max_pixels`` folded into ``size``'s ``shortest_edge`` and
+    ``longest_edge`` where the installed image processor would drop them, so a request's pixel
+    limits give the grid vLLM's gives (the item's hash still covers the request's kwargs as sent)."""
+    images = kwargs.get("images_kwargs") or {}
+    limits = {edge: images[key] for edge, key in (("shortest_edge", "min_pixels"), ("longest_edge", "max_pixels"))
+              if images.get(key) is not None}
+    if _READS_PIXEL_LIMITS or not limits:
+        return kwargs
+    size = images.get("size") or hf_processor.image_processor.size
+    edges = {edge: size[edge] for edge in ("shortest_edge", "longest_edge")}
+    rest = {key: value for key, value in images.items() if key not in ("min_pixels", "max_pixels")}
+    return {**kwargs, "images_kwargs": {**rest, "size": {**edges, **limits}}}
+
+
 QWEN2_VL_NATIVE = NativeInputs(("Qwen2VLForConditionalGeneration",), qwen2_vl_fields, device_normalize=True,
                                whole_range_embeds=True, hf_samples_frames=False)
 
 QWEN2_VL = register_model(ModelSpec(model_type="qwen2_vl", hf_processor_class="Qwen2VLProcessor",
-                                    native=QWEN2_VL_NATIVE, hf_speedups=qwen2_vl_speedups,
+                                    native=QWEN2_VL_NATIVE, hf_speedups=qwen2_vl_speedups, call_kwargs=qwen2_vl_pixel_limits,
                                     image_expansions=qwen2_vl_image_expansions))

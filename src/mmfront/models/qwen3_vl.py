@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from mmfront.models.catalog import register_model
-from mmfront.models.qwen2_vl import qwen2_vl_fields, qwen2_vl_image_expansions
+from mmfront.models.qwen2_vl import qwen2_vl_fields, qwen2_vl_image_expansions, qwen2_vl_pixel_limits
 from mmfront.models.spec import ModelSpec
 from mmfront.processing.native import NativeInputs
 
@@ -51,4 +51,5 @@ QWEN3_VL_NATIVE = NativeInputs(("Qwen3VLForConditionalGeneration",), qwen2_vl_fi
                                video_outputs=qwen3_vl_timestamps, whole_range_embeds=True)
 
 QWEN3_VL = register_model(ModelSpec(model_type="qwen3_vl", hf_processor_class="Qwen3VLProcessor",
-                                    native=QWEN3_VL_NATIVE, image_expansions=qwen2_vl_image_expansions))
+                                    native=QWEN3_VL_NATIVE, image_expansions=qwen2_vl_image_expansions,
+                                    call_kwargs=qwen2_vl_pixel_limits))

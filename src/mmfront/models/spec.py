@@ -22,7 +22,7 @@ from mmfront.processing.native import NativeInputs
 from mmfront.processing.processor import BaseMultiModalProcessor, BaseProcessingInfo
 
 __all__ = [
-    "Encoder", "ImageExpansions", "ImagePatches", "ModelSpec", "Positions", "PromptLayout", "PromptOutput", "ReferenceModel", "pooled_rows",
+    "CallKwargs", "Encoder", "ImageExpansions", "ImagePatches", "ModelSpec", "Positions", "PromptLayout", "PromptOutput", "ReferenceModel", "pooled_rows",
     "split_rows",
 ]
 
@@ -51,6 +51,9 @@ ImageExpansions = Callable[[Any, Mapping[str, Any]], list[list[int]]]
 """``(the HF processor, what its image processor returned for a call's images) -> each image's
 expansion of its placeholder as token ids``: what HF's ``replace_image_token`` writes into the text,
 known from the image processor's outputs (Qwen2-VL: ``t*h*w / merge_size**2`` image pads)."""
+CallKwargs = Callable[[Any, dict[str, Any]], dict[str, Any]]
+"""``(the HF processor, the kwargs of one call to it) -> the kwargs that make the installed
+transformers do what vLLM's transformers does with them``."""
 HfSpeedups = Callable[[Any], None]
 """``(a freshly loaded HF processor) -> None``: swaps steps of its sub-processors for faster ones
 that return the very same bytes (Qwen2-VL's patch rows in one C pass)."""
@@ -136,6 +139,10 @@ class ModelSpec:
     distinct set of kwargs: :class:`mmfront.processing.hf.MergedHfKwargs`), and neither tokenizes
     a dummy text nor reads the expansion off HF's text. Same outputs and ids as HF's call, bit for
     bit (``tests/models/test_qwen2_vl_direct.py``); videos still go through HF's call."""
+    call_kwargs: CallKwargs | None = None
+    """Rewrites the kwargs of every HF call the transformers backend makes, where the installed
+    transformers reads a kwarg otherwise than vLLM's does (transformers 5.14's Qwen2-VL image
+    processor reads ``size`` only and drops ``min_pixels``/``max_pixels``; later releases apply them)."""
 
 
 def pooled_rows(output: Any) -> torch.Tensor:

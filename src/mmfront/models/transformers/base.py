@@ -31,6 +31,7 @@ from mmfront.errors import FieldConfigError, InputTypeError, ProcessorError, Uns
 from mmfront.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.catalog import (
     backend_placeholder_attr,
+    call_kwargs,
     image_expansions,
     image_patches,
     prompt_layout,
@@ -325,7 +326,8 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
             if rate is not None:
                 kwargs["audio_kwargs"] = {"sampling_rate": int(rate), **kwargs.get("audio_kwargs", {})}
         kwargs["return_tensors"] = "pt"
-        return kwargs
+        rewrite = call_kwargs(type(self.info.hf_processor))
+        return kwargs if rewrite is None else rewrite(self.info.hf_processor, kwargs)
 
     def run_hf(self, text: str | list[str], data: Mapping[str, list[Any]], hf_kwargs: Mapping[str, Any],
                **extra: Any) -> dict[str, Any]:
