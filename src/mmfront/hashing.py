@@ -257,7 +257,7 @@ class _Writer:
             smaller_frames = frames_nbytes < len(item.original_bytes)
             self.item("video", item.media if smaller_frames else item.original_bytes)
             return
-        if item.is_decoded:
+        if item.is_decoded and item.pixels is None:  # an image decoded to pixels hashes by its bytes below
             frames = item.media
             if isinstance(frames, (np.ndarray, torch.Tensor)) and frames.ndim >= 3:
                 # Video frames: hash whichever is smaller, the frames or their source bytes.

@@ -10,8 +10,9 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+import numpy as np
 from PIL import Image
 
 from mmfront.errors import InputTypeError
@@ -50,10 +51,17 @@ class MediaWithBytes(Generic[T]):
     ``info`` carries what the loader learned from the header without decoding (format, size, mode).
     ``budget`` is the request's decode budget the loader charged, so that a later stage which
     grows the media (audio resampling in the parser) charges the same request.
+
+    An image loader may also pass ``decode_pixels``: a cheaper decode straight into the image's
+    uint8 (height, width, 3) RGB array (a plain JPEG: :func:`mmfront.media.jpeg.decode_jpeg_rgb`),
+    which returns None where it cannot give exactly the pixels ``decode`` would. It is tried
+    first; where it gives the array, :attr:`pixels` is that array (what the native processors
+    read) and :attr:`media` is a PIL image made from it on first access, at most once, for the
+    consumers that need PIL (HF's processors, hashing a decoded image by its pixels).
     """
 
-    __slots__ = ("_decode", "_lock", "_media", "budget", "decode_count", "info", "io_config", "original_bytes",
-                 "prehashed")
+    __slots__ = ("_decode", "_decode_pixels", "_lock", "_media", "_pixels", "budget", "decode_count", "info",
+                 "io_config", "original_bytes", "prehashed")
 
     def __init__(
         self,
@@ -62,13 +70,18 @@ class MediaWithBytes(Generic[T]):
         io_config: dict[str, Any] | None = None,
         *,
         decode: Callable[[], T] | None = None,
+        decode_pixels: Callable[[], np.ndarray | None] | None = None,
         info: Mapping[str, Any] | None = None,
         budget: DecodeBudget | None = None,
     ) -> None:
         if (media is None) == (decode is None):
             raise InputTypeError("MediaWithBytes needs exactly one of `media` and `decode`", parameter="media")
+        if decode_pixels is not None and decode is None:
+            raise InputTypeError("MediaWithBytes's `decode_pixels` needs a `decode` to fall back on", parameter="media")
         self._media = media
+        self._pixels: np.ndarray | None = None
         self._decode = decode
+        self._decode_pixels = decode_pixels
         self._lock = threading.Lock()
         self.original_bytes = original_bytes
         self.io_config = io_config
@@ -81,16 +94,40 @@ class MediaWithBytes(Generic[T]):
 
     @property
     def is_decoded(self) -> bool:
-        return self._media is not None
+        return self._media is not None or self._pixels is not None
+
+    def ensure_decoded(self) -> None:
+        """Decode a lazy item now (once, thread-safe), into :attr:`pixels` where its loader
+        offered that decode and it applies, else into :attr:`media`."""
+        if not self.is_decoded:
+            with self._lock:
+                if not self.is_decoded:
+                    pixels = self._decode_pixels() if self._decode_pixels is not None else None
+                    if pixels is None:
+                        assert self._decode is not None
+                        self._media = self._decode()
+                        self._decode = None
+                    else:
+                        self._pixels = pixels
+                    self._decode_pixels = None
+                    self.decode_count += 1
+
+    @property
+    def pixels(self) -> np.ndarray | None:
+        """The decoded image as a uint8 (height, width, 3) RGB array, where the item was decoded
+        straight into one (``decode_pixels``); None otherwise. Decodes a lazy item."""
+        self.ensure_decoded()
+        return self._pixels
 
     @property
     def media(self) -> T:
+        self.ensure_decoded()
         if self._media is None:
             with self._lock:
                 if self._media is None:
-                    assert self._decode is not None
-                    self._media = self._decode()
-                    self.decode_count += 1
+                    assert self._pixels is not None
+                    # only an image loader passes decode_pixels, so T is a PIL image here
+                    self._media = cast(T, Image.fromarray(self._pixels))
                     self._decode = None
         return self._media
 
@@ -107,9 +144,8 @@ class MediaWithBytes(Generic[T]):
         return getattr(self.media, name)
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        import numpy as np
-
-        return np.asarray(self.media, *args, **kwargs)
+        pixels = self.pixels
+        return np.asarray(self.media if pixels is None else pixels, *args, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.media)  # type: ignore[call-overload]
@@ -121,6 +157,7 @@ class MediaWithBytes(Generic[T]):
         return len(self.media)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
-        state = type(self._media).__name__ if self._media is not None else "lazy"
+        state = type(self._media).__name__ if self._media is not None else "pixels" if self._pixels is not None \
+            else "lazy"
         return (f"MediaWithBytes({state}, {len(self.original_bytes)} bytes, io_config={self.io_config!r}, "
                 f"info={self.info!r})")

@@ -4,20 +4,24 @@ Loading reads only the header (format, size, mode, EXIF orientation), refuses wh
 forbid, charges the request's decode budget with the decode's peak memory and returns a lazy
 :class:`~mmfront.parse.MediaWithBytes`. Pillow is only allowed to try the plugins of
 ``allowed_image_formats``, so a format whose plugin decodes while opening (ICO) is never opened.
-The pixels are decoded on first access to ``.media``, so a request whose items all hit the
-processor cache never decodes. Decoding follows vLLM: EXIF transpose, ``load()``, then
-conversion to ``image_mode`` with transparent images composited onto ``rgba_background_color``.
+The pixels are decoded on first access to ``.media`` (or ``.pixels``), so a request whose items
+all hit the processor cache never decodes. Decoding follows vLLM: EXIF transpose, ``load()``, then
+conversion to ``image_mode`` with transparent images composited onto ``rgba_background_color``. A
+plain JPEG whose result is RGB is decoded by libjpeg-turbo straight into a numpy array instead
+(:mod:`mmfront.media.jpeg`: the same pixels, bit for bit), which the native processors read as it
+is; a PIL image is made from it only for a consumer that asks for ``.media``.
 """
 
 from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
 
+import numpy as np
 from PIL import Image, ImageMode, ImageOps, UnidentifiedImageError
 
 from mmfront.config import MultiModalConfig
@@ -32,6 +36,7 @@ from mmfront.errors import (
 from mmfront.media._image_peak import decode_peak_bytes
 from mmfront.media.base import EXIF_IMAGE_ID, MediaWithBytes
 from mmfront.media.budget import DecodeBudget, check_media_size
+from mmfront.media.jpeg import decode_jpeg_rgb
 from mmfront.media.png_inflate import decode_png
 
 _ORIENTATION = 0x0112
@@ -203,6 +208,7 @@ def load_image_bytes(
         original_bytes=payload,
         io_config=options.io_config_for(source_mode),
         decode=functools.partial(_decode, payload, fmt, orientation, options),
+        decode_pixels=_pixels_decoder(payload, fmt, orientation, source_mode, options),
         info={"format": fmt, "width": width, "height": height, "mode": options.image_mode or source_mode,
               "source_mode": source_mode},
     )
@@ -299,6 +305,19 @@ def _png_exif_chunk(payload: bytes) -> bytes | None:
             return None
         pos += 12 + length
     return None
+
+
+def _pixels_decoder(
+    payload: bytes, fmt: str, orientation: int, source_mode: str, options: ImageIOOptions
+) -> Callable[[], np.ndarray | None] | None:
+    """The decode straight into RGB pixels where ``.media`` would be a plain RGB decode of a JPEG
+    (:mod:`mmfront.media.jpeg` checks the rest): upright, RGB kept or grayscale made RGB. A
+    grayscale image kept as ``L``, or made anything but RGB, is Pillow's (its RGB to L formula is
+    not libjpeg's)."""
+    target = options.image_mode or source_mode
+    if fmt != "JPEG" or orientation != 1 or target != "RGB" or source_mode not in ("RGB", "L"):
+        return None
+    return functools.partial(decode_jpeg_rgb, payload)
 
 
 def _decode(payload: bytes, fmt: str, orientation: int, options: ImageIOOptions) -> Image.Image:

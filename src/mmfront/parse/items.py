@@ -122,6 +122,13 @@ class ImageProcessorItems(ProcessorBatchItems[Any]):
     def __init__(self, data: Sequence[Any]) -> None:
         super().__init__(data, "image")
 
+    def get_pixels(self, index: int) -> np.ndarray | None:
+        """Item ``index`` as a uint8 (height, width, 3) RGB array where it was decoded straight
+        into one (a plain JPEG: :attr:`MediaWithBytes.pixels`), so a native processor reads it
+        without a PIL image being made; None for any other item (read it with :meth:`get`)."""
+        item = self.data[index]
+        return item.pixels if isinstance(item, MediaWithBytes) else None
+
     def get_image_size(self, index: int) -> ImageSize:
         """Width and height of item ``index``; a lazy item answers from its header ``info``
         without decoding. Arrays are HWC when 3-D with 1, 3 or 4 trailing channels, else CHW."""

@@ -107,7 +107,7 @@ def _mark_pool_thread() -> None:
 
 def decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
     """Decode lazy items, in parallel when there are several, on at most the plan's decode threads."""
-    map_items(lambda item: item.media, items)
+    map_items(lambda item: item.ensure_decoded(), items)
 
 
 __all__ = ["ThreadPlan", "apply_thread_plan", "available_cores", "decode_all", "map_items"]
