@@ -38,7 +38,7 @@ from mmfront.errors import ValidationError
 from mmfront.inputs import BatchedTensorInputs, MultiModalFeatureSpec, MultiModalFieldConfig, MultiModalKwargsItems
 from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec, ReferenceModel, pooled_rows, split_rows
-from mmfront.parse import EmbeddingItems, MultiModalDataItems
+from mmfront.parse import EmbeddingItems, ImageProcessorItems, MultiModalDataItems
 from mmfront.pixels import pixel_rows, to_hwc_uint8
 from mmfront.processing.hf import ProcessorKwargSpec, call_hf, resolve_hf_kwargs
 from mmfront.processing.native import NativeInputs
@@ -202,17 +202,21 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
     # --- HF step ---
 
     def _call_hf_processor(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        items = mm_items["image"]
-        if isinstance(items, EmbeddingItems):
-            return {"num_patches": torch.tensor([self._embeds_patches(items.get(i), i)
-                                                 for i in range(items.get_count())])}
+        embeds = mm_items["image"]
+        if isinstance(embeds, EmbeddingItems):
+            return {"num_patches": torch.tensor([self._embeds_patches(embeds.get(i), i)
+                                                 for i in range(embeds.get_count())])}
         settings = self.info.image_kwargs(hf_kwargs)
-        images = items.get_all()
+        items = mm_items.get_items("image", ImageProcessorItems)
+        count = items.get_count()
         if _native_supported(settings):
-            views = [to_hwc_uint8(image) for image in images]
+            # a decoded JPEG's pixels as they lie; other items through their PIL image or array
+            views = [to_hwc_uint8(pixels if (pixels := items.get_pixels(i)) is not None else items.get(i))
+                     for i in range(count)]
             if all(v is not None for v in views):
-                return call_hf(self._native, what="Gemma3 image processing", data_desc=f"{len(images)} image(s)",
+                return call_hf(self._native, what="Gemma3 image processing", data_desc=f"{count} image(s)",
                                views=views, settings=settings, dtype=self.info.model_dtype)
+        images = items.get_all()
         out = call_hf(self.info.hf_processor.image_processor, what="Gemma3ImageProcessor",
                       data_desc=f"{len(images)} image(s)", images=images, return_tensors="pt",
                       **{k: v for k, v in settings.items() if v is not None})

@@ -13,7 +13,9 @@ copying (:func:`qwen2_vl_speedups`; Qwen2.5-VL's folders load the same image pro
 of rows element by element through an 8-dimensional stride pattern) becomes
 :func:`mmfront.pixels.patch_rows`, one C pass in about half the CPU time; and an RGB PIL image reaches the resize as a
 channels-first view of its pixel array, without HF's contiguous copy (torch's uint8 resize reads
-either layout and gives the same pixels: it lays the planes out channels-last itself).
+either layout and gives the same pixels: it lays the planes out channels-last itself). A JPEG
+decoded straight into pixels reaches it as such a view already (the transformers backend's
+``call_image_processor``), so on a JPEG miss no PIL image is made at all.
 
 An image's expansion is known from its grid (:func:`qwen2_vl_image_expansions`), so the
 transformers backend runs the image processor alone on a miss: no dummy text of 999 image pads
@@ -78,9 +80,17 @@ def _patchify(hf_patchify: Callable[..., tuple[torch.Tensor, int, int]], images:
 
 def _process_image(hf_process_image: Callable[..., torch.Tensor], image: Any, *args: Any, **kwargs: Any,
                    ) -> torch.Tensor:
+    if args or kwargs.get("device") is not None:
+        return hf_process_image(image, *args, **kwargs)
+    if isinstance(image, torch.Tensor):
+        # HF takes a 3-channel first dimension as the channels (even where the last is 3 too), and
+        # its only conversion is the contiguous copy this skips
+        rgb_planes = (image.dtype == torch.uint8 and image.ndim == 3 and image.shape[0] == 3
+                      and kwargs.get("input_data_format") is None)
+        return image if rgb_planes else hf_process_image(image, *args, **kwargs)
     # HF composites an image with a transparency key onto white; only a plain RGB image skips it
     plain = isinstance(image, Image.Image) and image.mode == "RGB" and image.info.get("transparency") is None
-    hwc = to_hwc_uint8(image) if plain and not args and kwargs.get("device") is None else None
+    hwc = to_hwc_uint8(image) if plain else None
     if hwc is None:
         return hf_process_image(image, *args, **kwargs)
     return hwc.permute(2, 0, 1)

@@ -388,7 +388,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         owns its call's rows. Where the model's module knows each image's expansion from the image
         processor's outputs (:attr:`image_expansions`), the image processor runs alone instead."""
         if self.image_expansions is not None:
-            direct = [self.call_image_processor(items.get_all(), hf_kwargs)]
+            direct = [self.call_image_processor(items, hf_kwargs)]
             data, lay = self._lay_out("image", items, direct, hf_kwargs)
             lay.expansions = self.image_expansions(self.info.hf_processor, direct[0])
             return direct, (data, lay)
@@ -404,17 +404,27 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
                 raise
         return singles, self._lay_out("image", items, singles, hf_kwargs)
 
-    def call_image_processor(self, images: list[Any], hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """What HF's ``ProcessorMixin.__call__`` returns for ``images`` on a dummy text, less the
-        text's outputs: its image processor's outputs, called with the ``images_kwargs`` HF's merge
-        of the same call's kwargs gives (merged once per distinct set: :attr:`merged_kwargs`), and
-        without the keys the processor drops (``unused_input_names``)."""
+    def call_image_processor(self, items: ImageProcessorItems, hf_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """What HF's ``ProcessorMixin.__call__`` returns for the images of ``items`` on a dummy
+        text, less the text's outputs: its image processor's outputs, called with the
+        ``images_kwargs`` HF's merge of the same call's kwargs gives (merged once per distinct set:
+        :attr:`merged_kwargs`), and without the keys the processor drops (``unused_input_names``).
+
+        A JPEG decoded straight into pixels (:meth:`ImageProcessorItems.get_pixels`) goes as a
+        channels-first uint8 tensor view of them, no PIL image made: HF's torchvision backend
+        reads that as it reads the PIL RGB image of those pixels (channels inferred first, RGB
+        already), unless the call names ``input_data_format``, which it ignores for a PIL image
+        only (then the PIL image goes)."""
         proc = self.info.hf_processor
         name = type(proc).__name__
-        desc = f"{len(images)} image(s)"
+        desc = f"{items.get_count()} image(s)"
         kwargs = self.call_kwargs(("image",), hf_kwargs, **self._dummy_call_kwargs())
         images_kwargs = call_hf(self.merged_kwargs, what=f"{name}'s kwarg merge", data_desc=desc,
                                 kwargs=kwargs)["images_kwargs"]
+        as_pixels = images_kwargs.get("input_data_format") is None
+        images = [torch.from_numpy(pixels).permute(2, 0, 1)
+                  if as_pixels and (pixels := items.get_pixels(i)) is not None else items.get(i)
+                  for i in range(items.get_count())]
         out = call_hf(proc.image_processor, what=name, data_desc=desc, images=images, **images_kwargs)
         unused = set(getattr(proc, "unused_input_names", None) or ())
         return {key: value for key, value in out.items() if key not in unused}
