@@ -1,5 +1,6 @@
 /* mmfront._pixels: pack a PIL image's 4-byte pixels into the bytes numpy's array of it holds;
-   turn resized uint8 planes into normalized model-dtype planes through a table (lut_planes); and
+   turn resized uint8 planes or channels-last pixels into normalized model-dtype planes through a
+   table (lut_planes, lut_interleaved); and
    lay resized planes out as Qwen2-VL's patch rows in one pass (patchify).
 
 Pillow stores an RGB pixel in 4 bytes (RGBX), while np.asarray(image) -- which vLLM hashes --
@@ -360,6 +361,32 @@ kernel(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }                                                                                        \
     } while (0)
 
+/* The same from interleaved pixels (src: n pixels x channels bytes, as a channels-last image lies),
+   still to planar values: one pass over the pixels, each channel's value to its own plane. */
+#define LUT_INTERLEAVED(T)                                                                       \
+    do {                                                                                         \
+        const T *table = (const T *)lut;                                                         \
+        T *values = (T *)dst;                                                                    \
+        if (channels == 3) {                                                                     \
+            const T *t0 = table, *t1 = table + 256, *t2 = table + 512;                           \
+            T *o0 = values, *o1 = values + n_pixels, *o2 = values + 2 * n_pixels;                \
+            for (size_t i = 0; i < n_pixels; i++) {                                              \
+                const uint8_t *px = src + 3 * i;                                                 \
+                o0[i] = t0[px[0]];                                                               \
+                o1[i] = t1[px[1]];                                                               \
+                o2[i] = t2[px[2]];                                                               \
+            }                                                                                    \
+        } else {                                                                                 \
+            for (size_t c = 0; c < channels; c++) {                                              \
+                const T *t = table + 256 * c;                                                    \
+                T *out = values + c * n_pixels;                                                  \
+                for (size_t i = 0; i < n_pixels; i++) {                                          \
+                    out[i] = t[src[i * channels + c]];                                           \
+                }                                                                                \
+            }                                                                                    \
+        }                                                                                        \
+    } while (0)
+
 PyDoc_STRVAR(lut_planes_doc,
 "lut_planes(src, lut, dst, channels, /) -> None\n"
 "\n"
@@ -368,12 +395,19 @@ PyDoc_STRVAR(lut_planes_doc,
 "of 2 or 4 bytes, copied bit for bit). All three are C-contiguous buffers; runs without the\n"
 "GIL. Raises TypeError or ValueError for buffers that do not fit.");
 
+PyDoc_STRVAR(lut_interleaved_doc,
+"lut_interleaved(src, lut, dst, channels, /) -> None\n"
+"\n"
+"dst[c, i] = lut[c, src[i, c]]: as lut_planes, from interleaved uint8 pixels (src, n x channels\n"
+"bytes: a channels-last image) to planar values, so a channels-last image needs no planar copy\n"
+"first. Runs without the GIL. Raises TypeError or ValueError for buffers that do not fit.");
+
 static PyObject *
-lut_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+lut_any(PyObject *const *args, Py_ssize_t nargs, int interleaved)
 {
-    (void)module;
+    const char *name = interleaved ? "lut_interleaved" : "lut_planes";
     if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "lut_planes() takes 4 positional arguments (%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError, "%s() takes 4 positional arguments (%zd given)", name, nargs);
         return NULL;
     }
     Py_ssize_t channels_arg;
@@ -414,7 +448,13 @@ lut_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         const void *lut = table.buf;
         void *dst = out.buf;
         Py_BEGIN_ALLOW_THREADS
-        if (item == 2) {
+        if (interleaved) {
+            if (item == 2) {
+                LUT_INTERLEAVED(uint16_t);
+            } else {
+                LUT_INTERLEAVED(uint32_t);
+            }
+        } else if (item == 2) {
             LUT_PLANES(uint16_t);
         } else {
             LUT_PLANES(uint32_t);
@@ -426,6 +466,20 @@ lut_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyBuffer_Release(&table);
     PyBuffer_Release(&in);
     return result;
+}
+
+static PyObject *
+lut_planes(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return lut_any(args, nargs, 0);
+}
+
+static PyObject *
+lut_interleaved(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return lut_any(args, nargs, 1);
 }
 
 PyDoc_STRVAR(patchify_doc,
@@ -549,6 +603,7 @@ patchify(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef pixels_methods[] = {
     {"pack", (PyCFunction)(void (*)(void))pack, METH_FASTCALL, pack_doc},
     {"lut_planes", (PyCFunction)(void (*)(void))lut_planes, METH_FASTCALL, lut_planes_doc},
+    {"lut_interleaved", (PyCFunction)(void (*)(void))lut_interleaved, METH_FASTCALL, lut_interleaved_doc},
     {"patchify", (PyCFunction)(void (*)(void))patchify, METH_FASTCALL, patchify_doc},
     {"kernel", (PyCFunction)(void (*)(void))kernel, METH_FASTCALL, kernel_doc},
     {NULL, NULL, 0, NULL},

@@ -61,6 +61,7 @@ class _Extension(NamedTuple):
     kernel: Callable[[], str] | None = None
     lut_planes: _LutPlanes | None = None
     patchify: _Patchify | None = None
+    lut_interleaved: _LutPlanes | None = None
 
 
 def _load_extension() -> _Extension:
@@ -69,10 +70,12 @@ def _load_extension() -> _Extension:
     except ImportError:  # installed without a C compiler: Pillow's packer and torch do the work
         return _Extension()
     # an extension built from an older source lacks the newer kernels: those fall back alone
-    return _Extension(pack, kernel, lut_planes, getattr(sys.modules["mmfront._pixels"], "patchify", None))
+    module = sys.modules["mmfront._pixels"]
+    return _Extension(pack, kernel, lut_planes, getattr(module, "patchify", None),
+                      getattr(module, "lut_interleaved", None))
 
 
-_pack, _kernel, _lut_planes, _patchify = _load_extension()
+_pack, _kernel, _lut_planes, _patchify, _lut_interleaved = _load_extension()
 _local = threading.local()
 
 
@@ -248,17 +251,24 @@ def pixel_rows(regions: Sequence[torch.Tensor], out_hw: tuple[int, int], setting
     A uint8 channel has 256 values, so with the C extension each resized row goes through a
     per-channel table in one pass, straight into the ``dtype`` output (a few times cheaper than
     converting, normalizing and casting it with torch), and ``map_rows`` may run the rows in
-    parallel (both steps run without the GIL; a processor passes its thread pool's map). Without
-    the extension, torch does those steps, a row at a time."""
+    parallel (both steps run without the GIL; a processor passes its thread pool's map). A row
+    whose pixels lie channels-last (a resize's output, or a whole image's HWC pixels that need no
+    resize) is read where it lies, without a planar copy first. Without the extension, torch
+    does those steps, a row at a time."""
     pixel_values = torch.empty((len(regions), 3, *out_hw), dtype=dtype)
     bits = _TABLE_BITS.get(dtype.itemsize)
-    lut_planes = _lut_planes
+    lut_planes, lut_interleaved = _lut_planes, _lut_interleaved
     if lut_planes is not None and bits is not None and dtype.is_floating_point:
         table = _normalization_table(settings, dtype).view(bits).numpy()
 
         def fill(row: int) -> None:
-            planes = resized(regions[row], out_hw).contiguous()  # a resized row already is
-            lut_planes(planes.numpy(), table, pixel_values[row].view(bits).numpy(), 3)
+            chw = resized(regions[row], out_hw)
+            out = pixel_values[row].view(bits).numpy()
+            hwc = chw.permute(1, 2, 0)
+            if lut_interleaved is not None and hwc.is_contiguous():
+                lut_interleaved(hwc.numpy(), table, out, 3)
+            else:
+                lut_planes(chw.contiguous().numpy(), table, out, 3)
 
         map_rows(fill, range(len(regions)))
         return pixel_values
