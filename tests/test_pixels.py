@@ -392,10 +392,12 @@ def test_the_table_path_gives_the_torch_paths_bits(monkeypatch: pytest.MonkeyPat
                                                    config: dict[str, Any]) -> None:
     regions = _row_regions()
     fast = pixels.pixel_rows(regions, (64, 48), config, dtype, map_rows=map_items)
+    monkeypatch.setattr(pixels, "_lut_interleaved", None)  # every row through a planar copy
+    planar = pixels.pixel_rows(regions, (64, 48), config, dtype, map_rows=map_items)
     monkeypatch.setattr(pixels, "_lut_planes", None)
     slow = pixels.pixel_rows(regions, (64, 48), config, dtype, map_rows=map_items)
     assert fast.dtype == slow.dtype == dtype and fast.shape == (5, 3, 64, 48)
-    assert torch.equal(_bits(fast), _bits(slow))
+    assert torch.equal(_bits(fast), _bits(slow)) and torch.equal(_bits(planar), _bits(slow))
     reference = torch.stack([pixels.resized(r, (64, 48)) for r in regions]).float()
     pixels.normalize_(reference, config)
     assert torch.equal(_bits(fast), _bits(reference.to(dtype)))
@@ -412,6 +414,27 @@ def test_lut_planes_is_a_per_plane_table_lookup(channels: int, item: int, n: int
     dst = np.zeros((channels, n), kind)
     _pixels.lut_planes(src, table, dst, channels)
     assert np.array_equal(dst, np.take_along_axis(table, src.astype(np.intp), axis=1))
+
+
+@needs_extension
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.sampled_from([2, 4]), st.integers(0, 300), st.integers(0, 2**32 - 1))
+def test_lut_interleaved_is_a_per_channel_lookup_into_planes(channels: int, item: int, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    kind = {2: np.uint16, 4: np.uint32}[item]
+    src = rng.integers(0, 256, (n, channels), dtype=np.uint8)
+    table = rng.integers(0, np.iinfo(kind).max, (channels, 256), dtype=kind, endpoint=True)
+    dst = np.zeros((channels, n), kind)
+    _pixels.lut_interleaved(src, table, dst, channels)
+    assert np.array_equal(dst, np.take_along_axis(table, src.T.astype(np.intp), axis=1))
+
+
+@needs_extension
+def test_lut_interleaved_refuses_buffers_that_do_not_fit() -> None:
+    with pytest.raises(ValueError, match="dst holds 16 bytes"):
+        _pixels.lut_interleaved(np.zeros((3, 3), np.uint8), np.zeros((3, 256), np.uint16), np.zeros(8, np.uint16), 3)
+    with pytest.raises(TypeError, match="4 positional arguments"):
+        _pixels.lut_interleaved(np.zeros(3, np.uint8), np.zeros((3, 256), np.uint16), np.zeros(3, np.uint16))
 
 
 @needs_extension
