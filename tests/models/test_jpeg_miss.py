@@ -23,7 +23,7 @@ from mmfront.models.registry import create_processor
 from mmfront.testing.media import make_image
 
 QWEN_FAMILIES = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
-QWEN_CONFIGS = {"native": {}, "transformers": {"model_impl": "transformers"},
+QWEN_CONFIGS: dict[str, dict[str, Any]] = {"native": {}, "transformers": {"model_impl": "transformers"},
                 "legacy": {"model_impl": "transformers", "transformers_backend": "legacy"}}
 
 
@@ -111,5 +111,6 @@ def test_gemma3_native_path_reads_the_pixels_without_a_pil_image(gemma3_dir: Pat
     out = proc.apply(ids, {"image": items})
     assert all(repr(item).startswith("MediaWithBytes(pixels,") for item in items)
     assert np.isfinite(out["mm_kwargs"]["image"][0]["pixel_values"].data.float().numpy()).all()
+    pixels = items[0].pixels
     with Image.open(io.BytesIO(exact)) as image:
-        assert np.array_equal(items[0].pixels, np.asarray(image.convert("RGB")))
+        assert pixels is not None and np.array_equal(pixels, np.asarray(image.convert("RGB")))
