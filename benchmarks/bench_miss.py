@@ -10,10 +10,12 @@ once, in the order a miss runs them; medians over rounds (the first round warms 
 * ``load + hash``: the data URL's bytes to a lazy item and its blake3 content hash
   (``MediaConnector.load_image`` + ``prehash_media``: mmfront hashes the bytes and decodes only on a
   miss); vLLM: ``hash`` (``MultiModalHasher`` over the item's original bytes);
-* ``decode``: the lazy item's decode (Pillow; PNG through ISA-L); vLLM decodes as it loads;
+* ``decode``: the lazy item's decode (a plain JPEG by libjpeg-turbo straight into numpy,
+  :mod:`mmfront.media.jpeg`; PNG through ISA-L and Pillow); vLLM decodes as it loads (Pillow);
 * ``to tensor``, ``resize``, ``patchify``: the HF image processor's steps, which vLLM runs as they
   are (the same transformers code), each against mmfront's (``qwen2_vl_speedups``): PIL to a CHW
-  uint8 tensor (HF: a contiguous copy; mmfront: a view of the pixel array), the bicubic
+  uint8 tensor (HF: a contiguous copy; mmfront: a view of the pixel array, a JPEG's decoded pixels
+  as the transformers backend hands them, or the PIL image's), the bicubic
   antialiased uint8 resize (torch's kernel) of either, and the patch rows (HF's ``patchify``;
   mmfront's :func:`mmfront.pixels.patch_rows`, one C pass); the results are asserted equal. Nothing is
   normalised: vLLM's engine normalises Qwen2-VL's uint8 rows on the device
@@ -151,9 +153,12 @@ def measure_mmfront(folder: Path, rounds: int, pipe: _Pipe) -> dict[str, dict[st
             data = _encoded(width, height, fmt, seed=1 + i + 1000 * n)
             times: dict[str, float] = {}
             times["load_hash"], item = cpu_timed(lazy, data)
-            times["decode"], image = cpu_timed(getattr, item, "media")
+            times["decode"], _ = cpu_timed(item.ensure_decoded)
+            pixels = item.pixels  # a plain JPEG's, decoded straight into numpy; None for a PNG
+            image = item.media  # what HF's steps take: the PIL image (made from those pixels, untimed)
             times["to_tensor_hf"], chw_hf = cpu_timed(hf_steps.process_image, ip, image, do_convert_rgb=True)
-            times["to_tensor"], chw = cpu_timed(ip.process_image, image, do_convert_rgb=True)
+            source = image if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)  # as the backend hands it
+            times["to_tensor"], chw = cpu_timed(ip.process_image, source, do_convert_rgb=True)
             times["resize_hf"], resized_hf = cpu_timed(ip.resize, chw_hf[None], size=size, resample=ip.resample,
                                                     factor=factor)
             times["resize"], resized = cpu_timed(ip.resize, chw[None], size=size, resample=ip.resample, factor=factor)

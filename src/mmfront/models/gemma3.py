@@ -10,6 +10,8 @@ uint8 antialiased bilinear resize in channels-last layout, then the fused rescal
 float32. That is faster than HF's PIL backend on CPU and differs from it by at most one
 intensity level; configurations the native path does not cover fall back to the HF
 image processor. The kernels are in :mod:`mmfront.pixels`; the crop grid and the settings are Gemma 3's.
+A JPEG decoded straight into numpy (:attr:`mmfront.parse.MediaWithBytes.pixels`) is read as it lies:
+no PIL image, and no copy of its pixels before the table pass.
 
 Newlines: Gemma's vocabulary has ``"\\n\\n\\n"`` and ``"\\n\\n\\n\\n"`` tokens, and splicing puts
 ``"\\n\\n"`` next to ``"\\n"`` or ``"\\n\\n"``; those pairs are merged as HF's own tokenization would
