@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from media_samples import encode, exif_bytes
 from PIL import Image
 
@@ -106,6 +108,24 @@ ADOBE_YCBCR = b"Adobe" + struct.pack(">HHHB", 100, 0, 0, 1)
 ])
 def test_what_the_scan_cannot_vouch_for_is_left_to_pillow(data: bytes) -> None:
     assert decode_jpeg_rgb(data) is None
+
+
+MUTATED = [encode(_picture(56, 40, seed=11), "JPEG", quality=90),
+           encode(_picture(56, 40, seed=12), "JPEG", quality=60, progressive=True),
+           encode(_picture(56, 40, seed=13), "JPEG", quality=80, subsampling=0, restart_marker_blocks=2)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(MUTATED), st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)),
+                                          min_size=1, max_size=3))
+def test_damaged_jpegs_decode_to_pillows_pixels_or_are_left_to_pillow(data: bytes,
+                                                                      damage: list[tuple[float, int]]) -> None:
+    damaged = bytearray(data)
+    for where, value in damage:
+        damaged[int(where * len(damaged))] = value
+    pixels = decode_jpeg_rgb(bytes(damaged))
+    if pixels is not None:  # then Pillow decodes the same bytes, to the same pixels
+        assert np.array_equal(pixels, _pillow_rgb(bytes(damaged)))
 
 
 def test_a_frame_that_is_not_ycbcr_by_its_ids_is_left_to_pillow() -> None:

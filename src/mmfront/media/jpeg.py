@@ -43,7 +43,7 @@ def decode_jpeg_rgb(payload: bytes) -> np.ndarray | None:
         return None
     try:
         return simplejpeg.decode_jpeg(payload, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
-    except (ValueError, MemoryError):
+    except Exception:  # any error, or a warning raised as one: Pillow decodes, and reports it as it always has
         return None
 
 
