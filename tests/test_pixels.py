@@ -405,28 +405,20 @@ def test_the_table_path_gives_the_torch_paths_bits(monkeypatch: pytest.MonkeyPat
 
 @needs_extension
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 4), st.sampled_from([2, 4]), st.integers(0, 300), st.integers(0, 2**32 - 1))
-def test_lut_planes_is_a_per_plane_table_lookup(channels: int, item: int, n: int, seed: int) -> None:
+@given(st.booleans(), st.integers(1, 4), st.sampled_from([2, 4]), st.integers(0, 300), st.integers(0, 2**32 - 1))
+def test_lut_kernels_are_per_channel_table_lookups_into_planes(interleaved: bool, channels: int, item: int, n: int,
+                                                                seed: int) -> None:
+    """``lut_planes`` reads planar pixels, ``lut_interleaved`` the same pixels channels-last."""
     rng = np.random.default_rng(seed)
     kind = {2: np.uint16, 4: np.uint32}[item]
     src = rng.integers(0, 256, (channels, n), dtype=np.uint8)
     table = rng.integers(0, np.iinfo(kind).max, (channels, 256), dtype=kind, endpoint=True)
     dst = np.zeros((channels, n), kind)
-    _pixels.lut_planes(src, table, dst, channels)
+    if interleaved:
+        _pixels.lut_interleaved(np.ascontiguousarray(src.T), table, dst, channels)
+    else:
+        _pixels.lut_planes(src, table, dst, channels)
     assert np.array_equal(dst, np.take_along_axis(table, src.astype(np.intp), axis=1))
-
-
-@needs_extension
-@settings(max_examples=60, deadline=None)
-@given(st.integers(1, 4), st.sampled_from([2, 4]), st.integers(0, 300), st.integers(0, 2**32 - 1))
-def test_lut_interleaved_is_a_per_channel_lookup_into_planes(channels: int, item: int, n: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    kind = {2: np.uint16, 4: np.uint32}[item]
-    src = rng.integers(0, 256, (n, channels), dtype=np.uint8)
-    table = rng.integers(0, np.iinfo(kind).max, (channels, 256), dtype=kind, endpoint=True)
-    dst = np.zeros((channels, n), kind)
-    _pixels.lut_interleaved(src, table, dst, channels)
-    assert np.array_equal(dst, np.take_along_axis(table, src.T.astype(np.intp), axis=1))
 
 
 @needs_extension
