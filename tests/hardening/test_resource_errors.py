@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import simplejpeg
 import torch
 from PIL import ImageFile
 
@@ -137,10 +138,11 @@ def test_an_image_decode_out_of_memory_is_not_a_corrupt_image(monkeypatch: pytes
     buf = BytesIO()
     make_image(16, 8).save(buf, format="JPEG")
 
-    def no_memory(self: object) -> None:
+    def no_memory(*args: object, **kwargs: object) -> None:
         raise MemoryError
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", no_memory)
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", no_memory)  # libjpeg-turbo's decode falls back to Pillow's
     item = load_image_bytes(buf.getvalue(), config=MultiModalConfig(), budget=DecodeBudget(MiB))
     with pytest.raises(ResourceError) as info:
         _ = item.media
