@@ -153,7 +153,7 @@ def measure_mmfront(folder: Path, rounds: int, pipe: _Pipe) -> dict[str, dict[st
             data = _encoded(width, height, fmt, seed=1 + i + 1000 * n)
             times: dict[str, float] = {}
             times["load_hash"], item = cpu_timed(lazy, data)
-            times["decode"], _ = cpu_timed(item.ensure_decoded)
+            times["decode"], _ = cpu_timed(item.ensure_decoded, pixels=True)  # as for a processor that reads_pixels
             pixels = item.pixels  # a plain JPEG's, decoded straight into numpy; None for a PNG
             image = item.media  # what HF's steps take: the PIL image (made from those pixels, untimed)
             times["to_tensor_hf"], chw_hf = cpu_timed(hf_steps.process_image, ip, image, do_convert_rgb=True)

@@ -2,7 +2,8 @@
 Pillow's decode of it sends: prompt ids, placeholder ranges, hashes and every item's wire frames,
 for the families whose processors read the pixels without a PIL image (the Qwen2-VL family's image
 processor, Gemma 3's native path), under each backend. Each case runs once with the fast decode
-and once with Pillow's alone, on fresh items."""
+and once with Pillow's alone, on fresh items. A processing lane decodes into pixels as the
+in-place executor does; a processor that reads PIL images gets Pillow's decode."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from mmfront import MultiModalConfig
 from mmfront.media import DecodeBudget, load_image_bytes
 from mmfront.media import image as image_module
 from mmfront.models.registry import create_processor
+from mmfront.processing.executors import InPlaceExecutor, ItemJob, LaneSpec, LocalProcessExecutor
 from mmfront.testing.media import make_image
+from mmfront.wire import MsgpackEncoder
 
 QWEN_FAMILIES = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
 QWEN_CONFIGS: dict[str, dict[str, Any]] = {"native": {}, "transformers": {"model_impl": "transformers"},
@@ -114,3 +117,31 @@ def test_gemma3_native_path_reads_the_pixels_without_a_pil_image(gemma3_dir: Pat
     pixels = items[0].pixels
     with Image.open(io.BytesIO(exact)) as image:
         assert pixels is not None and np.array_equal(pixels, np.asarray(image.convert("RGB")))
+
+
+def test_a_lane_decodes_into_pixels_and_sends_what_in_place_sends(gemma3_dir: Path) -> None:
+    config = MultiModalConfig()
+    proc: Any = create_processor(gemma3_dir, config)
+    spec = LaneSpec.of(proc)
+    assert spec is not None and proc.reads_pixels
+    lazy = [load_image_bytes(p, config=config, budget=DecodeBudget(1 << 30)) for p in JPEGS]
+    job = ItemJob(proc.info.parse_mm_data({"image": lazy}), {})
+    with LocalProcessExecutor(spec, 1) as lanes:
+        assert lanes.encode_job(job) is not None, "undecoded JPEGs travel to the lane as their bytes"
+        on_lane = [bytes(f) for f in MsgpackEncoder().encode(lanes.run(job, proc))]
+    assert not any(item.is_decoded for item in lazy)
+    in_place = [bytes(f) for f in MsgpackEncoder().encode(InPlaceExecutor().run(job, proc))]
+    assert on_lane == in_place
+    assert all(repr(item).startswith("MediaWithBytes(pixels,") for item in lazy)
+
+
+@NEEDS_TORCHVISION
+def test_a_processor_that_reads_pil_images_gets_pillows_decode(root: Path) -> None:
+    folder, _ = family_folder("LlavaProcessor", root)
+    config = MultiModalConfig()
+    proc: Any = create_processor(folder, config)
+    assert not proc.reads_pixels
+    item = load_image_bytes(JPEGS[0], config=config, budget=DecodeBudget(1 << 30))
+    InPlaceExecutor().run(ItemJob(proc.info.parse_mm_data({"image": [item]}), {}), proc)
+    assert repr(item).startswith("MediaWithBytes(JpegImageFile,"), "no array made only to make a PIL image of it"
+    assert item.pixels is None

@@ -52,12 +52,13 @@ class MediaWithBytes(Generic[T]):
     ``budget`` is the request's decode budget the loader charged, so that a later stage which
     grows the media (audio resampling in the parser) charges the same request.
 
-    An image loader may also pass ``decode_pixels``: a cheaper decode straight into the image's
-    uint8 (height, width, 3) RGB array (a plain JPEG: :func:`mmfront.media.jpeg.decode_jpeg_rgb`),
-    which returns None where it cannot give exactly the pixels ``decode`` would. It is tried
-    first; where it gives the array, :attr:`pixels` is that array (what the native processors
-    read) and :attr:`media` is a PIL image made from it on first access, at most once, for the
-    consumers that need PIL (HF's processors, hashing a decoded image by its pixels).
+    An image loader may also pass ``decode_pixels``: a decode straight into the image's uint8
+    (height, width, 3) RGB array (a plain JPEG: :func:`mmfront.media.jpeg.decode_jpeg_rgb`), which
+    returns None where it cannot give exactly the pixels ``decode`` would. A lazy item asked for
+    :attr:`pixels` first (a native processor: ``reads_pixels``) decodes that way, and :attr:`media`
+    is then a PIL image made from the array on first access, at most once, for a consumer that
+    needs PIL. A lazy item asked for :attr:`media` first decodes with ``decode`` as it always did
+    (making PIL's image from an array costs more than the array saves), and :attr:`pixels` is None.
     """
 
     __slots__ = ("_decode", "_decode_pixels", "_lock", "_media", "_pixels", "budget", "decode_count", "info",
@@ -96,27 +97,29 @@ class MediaWithBytes(Generic[T]):
     def is_decoded(self) -> bool:
         return self._media is not None or self._pixels is not None
 
-    def ensure_decoded(self) -> None:
-        """Decode a lazy item now (once, thread-safe), into :attr:`pixels` where its loader
-        offered that decode and it applies, else into :attr:`media`."""
+    def ensure_decoded(self, *, pixels: bool = False) -> None:
+        """Decode a lazy item now (once, thread-safe): with ``pixels``, into :attr:`pixels` where
+        its loader offered that decode and it applies; otherwise, or where it does not, into
+        :attr:`media`."""
         if not self.is_decoded:
             with self._lock:
                 if not self.is_decoded:
-                    pixels = self._decode_pixels() if self._decode_pixels is not None else None
-                    if pixels is None:
+                    array = self._decode_pixels() if pixels and self._decode_pixels is not None else None
+                    if array is None:
                         assert self._decode is not None
                         self._media = self._decode()
                         self._decode = None
                     else:
-                        self._pixels = pixels
+                        self._pixels = array
                     self._decode_pixels = None
                     self.decode_count += 1
 
     @property
     def pixels(self) -> np.ndarray | None:
         """The decoded image as a uint8 (height, width, 3) RGB array, where the item was decoded
-        straight into one (``decode_pixels``); None otherwise. Decodes a lazy item."""
-        self.ensure_decoded()
+        straight into one (``decode_pixels``); None otherwise. Decodes a lazy item, into the
+        array where it can."""
+        self.ensure_decoded(pixels=True)
         return self._pixels
 
     @property
@@ -144,7 +147,7 @@ class MediaWithBytes(Generic[T]):
         return getattr(self.media, name)
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
-        pixels = self.pixels
+        pixels = self.pixels  # an array is wanted: no PIL image made for it
         return np.asarray(self.media if pixels is None else pixels, *args, **kwargs)
 
     def __iter__(self) -> Iterator[Any]:

@@ -7,9 +7,9 @@ forbid, charges the request's decode budget with the decode's peak memory and re
 The pixels are decoded on first access to ``.media`` (or ``.pixels``), so a request whose items
 all hit the processor cache never decodes. Decoding follows vLLM: EXIF transpose, ``load()``, then
 conversion to ``image_mode`` with transparent images composited onto ``rgba_background_color``. A
-plain JPEG whose result is RGB is decoded by libjpeg-turbo straight into a numpy array instead
-(:mod:`mmfront.media.jpeg`: the same pixels, bit for bit), which the native processors read as it
-is; a PIL image is made from it only for a consumer that asks for ``.media``.
+plain JPEG whose result is RGB, asked for its ``.pixels`` first (by a processor that reads them),
+is decoded by libjpeg-turbo straight into a numpy array instead (:mod:`mmfront.media.jpeg`: the
+same pixels, bit for bit); a PIL image is made from that array only if ``.media`` is asked for.
 """
 
 from __future__ import annotations

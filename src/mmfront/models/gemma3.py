@@ -162,6 +162,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
     info: Gemma3ProcessingInfo
 
     items_are_independent: ClassVar[bool] = True  # each image is resized and normalized on its own
+    reads_pixels = True  # the native path reads a decoded JPEG's pixels as they lie
 
     mm_kwarg_specs: ClassVar[Sequence[ProcessorKwargSpec]] = (
         ProcessorKwargSpec("do_pan_and_scan", bool),

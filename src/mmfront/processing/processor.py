@@ -300,6 +300,12 @@ class BaseMultiModalProcessor(ABC):
     batch's longest item), so executors process a call's items one call each, in parallel, and
     merge them (a 3-image request then uses 3 lanes). Otherwise a call's items stay together."""
 
+    reads_pixels: bool = False
+    """The processor reads a decoded JPEG's pixels (:meth:`ImageProcessorItems.get_pixels
+    <mmfront.parse.ImageProcessorItems.get_pixels>`) rather than its PIL image, so executors decode
+    its lazily loaded JPEGs straight into arrays (:mod:`mmfront.media.jpeg`). Otherwise they decode
+    with Pillow, as the PIL image it then reads is made at no extra cost."""
+
     def __init__(self, info: BaseProcessingInfo) -> None:
         self.info = info
         if self.mm_kwarg_specs is not None and info.config.mm_processor_kwargs:

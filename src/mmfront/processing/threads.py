@@ -105,9 +105,10 @@ def _mark_pool_thread() -> None:
     _on_pool.active = True
 
 
-def decode_all(items: Sequence[MediaWithBytes[Any]]) -> None:
-    """Decode lazy items, in parallel when there are several, on at most the plan's decode threads."""
-    map_items(lambda item: item.ensure_decoded(), items)
+def decode_all(items: Sequence[MediaWithBytes[Any]], *, pixels: bool = False) -> None:
+    """Decode lazy items, in parallel when there are several, on at most the plan's decode threads;
+    ``pixels``: straight into arrays where they can (for a processor that ``reads_pixels``)."""
+    map_items(lambda item: item.ensure_decoded(pixels=pixels), items)
 
 
 __all__ = ["ThreadPlan", "apply_thread_plan", "available_cores", "decode_all", "map_items"]

@@ -281,6 +281,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         self.image_expansions = image_expansions(type(proc)) if calls_like_mixin(proc) else None
         """Where set, images skip HF's ``__call__``: the image processor runs on its own, each image's
         expansion comes from its outputs (``ModelSpec.image_expansions``)."""
+        self.reads_pixels = self.image_expansions is not None  # call_image_processor hands it pixels
         self.merged_kwargs = MergedHfKwargs(proc)
 
     def get_placeholder_str(self, modality: str, index: int) -> str:

@@ -60,6 +60,11 @@ class ItemProcessor(Protocol):
         then be processed one call each, in parallel, and merged."""
 
     @property
+    def reads_pixels(self) -> bool:
+        """Whether the processor reads a decoded JPEG's pixels rather than its PIL image, so its
+        lazily loaded images are decoded straight into arrays."""
+
+    @property
     def info(self) -> ProcessorOrigin: ...
 
     def process_hf_items(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> MultiModalKwargsItems:

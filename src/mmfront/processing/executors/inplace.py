@@ -22,7 +22,7 @@ class InPlaceExecutor(ItemExecutor):
         lazy = [raw for items in job.items.values() for raw in items.get_all_items_for_hash()
                 if isinstance(raw, MediaWithBytes) and not raw.is_decoded]
         if lazy:
-            decode_all(lazy)
+            decode_all(lazy, pixels=processor.reads_pixels)
         parts = job.per_item() if processor.items_are_independent else [job]
         if len(parts) == 1:
             return processor.process_hf_items(job.items, job.hf_kwargs)

@@ -188,11 +188,14 @@ def _media_of(container: ModalityDataItems[Any, Any], index: int) -> _Media | No
     return None
 
 
-def _item_of(media: _Media, config: MultiModalConfig) -> object:
+def _item_of(media: _Media, config: MultiModalConfig, *, pixels: bool) -> object:
+    """``pixels``: the lane's processor ``reads_pixels``, so a JPEG is decoded straight into them."""
     if isinstance(media, _EncodedImage):
         options = media.io_config or {"image_mode": None}
-        return load_image_bytes(media.payload.tobytes(), config=config, budget=DecodeBudget(config.max_media_request_decode_bytes),
-                                media_io_kwargs={"image": options}, lazy=False)
+        item = load_image_bytes(media.payload.tobytes(), config=config, budget=DecodeBudget(config.max_media_request_decode_bytes),
+                                media_io_kwargs={"image": options})
+        item.ensure_decoded(pixels=pixels)
+        return item
     if isinstance(media, _RawImage):
         return Image.frombytes(media.mode, (media.width, media.height), media.pixels.tobytes())
     return media.value
@@ -232,7 +235,8 @@ class LaneRunner:
             items = MultiModalDataItems()
             for modality, media in job.items.items():
                 container = ImageProcessorItems if modality == "image" else AudioProcessorItems
-                items[modality] = container([_item_of(m, self.processor.info.config) for m in media])
+                items[modality] = container([_item_of(m, self.processor.info.config, pixels=self.processor.reads_pixels)
+                                             for m in media])
             reply = LaneReply(items=self.processor.process_hf_items(items, job.hf_kwargs))
         except Exception as exc:  # every failure goes back to the caller, typed
             reply = LaneReply(failure=LaneFailure.of(exc))
