@@ -252,9 +252,9 @@ def pixel_rows(regions: Sequence[torch.Tensor], out_hw: tuple[int, int], setting
     per-channel table in one pass, straight into the ``dtype`` output (a few times cheaper than
     converting, normalizing and casting it with torch), and ``map_rows`` may run the rows in
     parallel (both steps run without the GIL; a processor passes its thread pool's map). A row
-    whose pixels lie channels-last (a resize's output, or a whole image's HWC pixels that need no
-    resize) is read where it lies, without a planar copy first. Without the extension, torch
-    does those steps, a row at a time."""
+    whose pixels lie channels-last (an image's HWC pixels that need no resize; torch's antialiased
+    resize gives planar rows) is read where it lies, without a planar copy first. Without the
+    extension, torch does those steps, a row at a time."""
     pixel_values = torch.empty((len(regions), 3, *out_hw), dtype=dtype)
     bits = _TABLE_BITS.get(dtype.itemsize)
     lut_planes, lut_interleaved = _lut_planes, _lut_interleaved
