@@ -49,7 +49,7 @@ from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
 from mmfront.serve.chat_bounds import check_chat_body
 from mmfront.serve.chat_parsing import ChatParsing, ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.errors import error_body
-from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
+from mmfront.serve.event_stream import SSE_DONE, DisconnectWatch, EventStreamResponse, event_stream_response, sse_event
 from mmfront.serve.iteration_stats import Recorder, RequestTimings, StatsRecorder
 from mmfront.serve.middleware import LoadCount, LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.output import ChoiceOutput, Delta, LogprobTokens, PositionLogprobs, WholeOutput, make_detokenizer
@@ -292,24 +292,25 @@ class _Server:
         except Exception as e:
             return error_response(e)
         # held once, as read: the handlers and msgspec read any buffer, so no bytes copy is made
-        task = asyncio.ensure_future(handler(request, cast(bytes, body)))
-        watcher = asyncio.ensure_future(_disconnected(request))
+        watch = DisconnectWatch(request.receive)
+        watch.arm()
         try:
-            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-                return Response(status_code=499)
-            return task.result()
+            response = await handler(request, cast(bytes, body))
+        except asyncio.CancelledError:
+            watch.close()
+            if not watch.took_cancel():
+                raise
+            return Response(status_code=499)
         except Exception as e:
+            watch.close()
             if self.settings.log_error_stack:
                 logger.error("Error response to %s %s", request.method, request.url.path, exc_info=e)
             return error_response(e)
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
+        if isinstance(response, EventStreamResponse):
+            response.watch = watch  # it watches on until the stream's last chunk
+        else:
+            watch.close()
+        return response
 
     async def _chat(self, request: Request, body: bytes) -> Response:
         chat = await self._off_loop(self._prepare_chat, request, body)
@@ -961,13 +962,6 @@ def _delta_call(call: CallDelta) -> responses.DeltaToolCall:
 
 def _given(value: str | None) -> str | UnsetType:
     return UNSET if value is None else value
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has gone away: after the body, the next message an ASGI server
-    delivers is the disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _base_id(request: Request, body_id: str | None) -> str:
