@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
@@ -62,8 +63,10 @@ class DisconnectWatch:
         if task is None or self._cancelled is not task:
             return False
         self._cancelled = None
-        task.uncancel()
-        return task.cancelling() == 0
+        if sys.version_info >= (3, 11):  # a task counts its cancels from 3.11 on
+            task.uncancel()
+            return task.cancelling() == 0
+        return True
 
     def close(self) -> None:
         self._target = None
