@@ -407,11 +407,20 @@ def selected_configs() -> list[Config]:
     return [c for c in CONFIGS if not keys or c.key in keys]
 
 
-def run(report: Report, quick: bool) -> None:
+def stock_engine_python(report: Report, group: str) -> Path | None:
+    """The peer venv's python, where it and ``../shared/peer`` can start a stock engine; else
+    ``None``, the skip reported under ``group``."""
     python = vllm_peer_python()
     if python is None or not (PEER_DIR / "stock_engine.py").is_file():
-        print(f"  {GROUP}: {SKIP_REASON} (and ../shared/peer/stock_engine.py)", file=sys.stderr)
-        report.add(GROUP, "vLLM peer not found: skipped (no stock engine)", 0.0, "")
+        print(f"  {group}: {SKIP_REASON} (and ../shared/peer/stock_engine.py)", file=sys.stderr)
+        report.add(group, "vLLM peer not found: skipped (no stock engine)", 0.0, "")
+        return None
+    return python
+
+
+def run(report: Report, quick: bool) -> None:
+    python = stock_engine_python(report, GROUP)
+    if python is None:
         return
     rounds, prompts = (1, 32) if quick else (2, 64)
     with tempfile.TemporaryDirectory(prefix="mmfront-frontends-bench-") as name:

@@ -43,6 +43,7 @@ from bench_frontends import (
     TICKS_PER_S,
     group_cpu_s,
     launch_side,
+    stock_engine_python,
     wait_healthy,
     warm_up,
 )
@@ -174,10 +175,7 @@ def compare(sources: Sequence[str], rounds: int, requests: int, misses: bool) ->
 
 
 def run(report: Report, quick: bool) -> None:
-    python = vllm_peer_python()
-    if python is None or not (PEER_DIR / "stock_engine.py").is_file():
-        print(f"  {GROUP}: {SKIP_REASON} (and ../shared/peer/stock_engine.py)", file=sys.stderr)
-        report.add(GROUP, "vLLM peer not found: skipped (no stock engine)", 0.0, "")
+    if stock_engine_python(report, GROUP) is None:
         return
     requests = 50 if quick else 200
     src = str(Path(__file__).resolve().parents[1] / "src")

@@ -17,8 +17,7 @@ from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import RequestOptions
 from mmfront.serve import protocol, responses
 from mmfront.serve.chat_parsing import ChoiceStream, ParsedDelta, RequestParsing
-from mmfront.serve.errors import error_body
-from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
+from mmfront.serve.event_stream import sse_event
 from mmfront.serve.generation import Generation
 from mmfront.serve.output import ChoiceOutput, Delta
 from mmfront.serve.protocol import ChatCompletionRequest
@@ -66,12 +65,9 @@ async def chat(server: Server, request: Request, body: bytes) -> Response:
     role = response_role(server, req)
     echo = _echoed_message(req, role) if req.echo else ""
     if req.stream:
-        chunks = chat_chunks(server, gen, choices, head, req, inputs=inputs, role=role, echo=echo, parsing=parsing)
-        return event_stream_response(chunks, gen.close, headers, server.settings.sse_keep_alive_interval)
-    try:
-        await server.drain(gen, choices)
-    finally:
-        await gen.close()
+        return server.event_stream(gen, chat_chunks(server, gen, choices, head, req, inputs=inputs, role=role, echo=echo,
+                                                    parsing=parsing), headers)
+    await server.drain(gen, choices)
     fmt = server.logprob_format(req)
     choices = [c for c in choices if c.finished]  # a beam search may answer fewer
     body_choices = [_parsed_choice(
@@ -138,7 +134,8 @@ def response_role(server: Server, req: ChatCompletionRequest) -> str:
 async def chat_chunks(server: Server, gen: Generation, choices: list[ChoiceOutput], head: ResponseHead,
                       req: ChatCompletionRequest, *, inputs: MultiModalInputs, role: str, echo: str,
                       parsing: RequestParsing) -> AsyncIterator[bytes]:
-    """``echo``: the last message's content, sent first (``echo``)."""
+    """The stream's events before ``[DONE]`` (:meth:`~mmfront.serve.server.Server.event_stream` ends
+    it): each choice's role, ``echo`` (the last message's content), the deltas, the usage."""
     prompt_ids = list(inputs["prompt_token_ids"])
     with_usage, running = server.usage_options(req)
     prompt_tokens = len(prompt_ids)
@@ -148,52 +145,46 @@ async def chat_chunks(server: Server, gen: Generation, choices: list[ChoiceOutpu
     def so_far(tokens: int) -> UsageInfo | None:
         return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
 
-    try:
-        for i in range(len(choices)):
-            yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
-                                                      prompt_token_ids=prompt_ids if req.return_token_ids else None,
-                                                      prompt_text=inputs.get("prompt") if req.return_prompt_text
-                                                      else None))
-        for i in range(len(choices) if echo else 0):
-            yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
-        async for i, delta in server.deltas(gen, choices):
-            logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], top_logprobs(req), fmt)
-                        if req.logprobs else None)
-            text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
-            if parsed is not None:
-                step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
-                _log_chat_delta(server, head.id, delta, content=step.content, reasoning=step.reasoning,
-                                tool_args="".join(c.arguments or "" for c in step.tool_calls))
-                if not step.sends_chunk and delta.finish_reason is None and logprobs is None:
-                    continue  # the parsers hold this text back (vLLM sends no chunk)
-                yield sse_event(responses.chat_chunk(
-                    head, i, step.content,
-                    logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
-                                                                           parsed[i].calls_made),
-                    stop_reason=delta.stop_reason, fingerprint=not with_usage,
-                    usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
-                    tool_calls=[_delta_call(c) for c in step.tool_calls],
-                    token_ids=delta.token_ids if req.return_token_ids else None,
-                    weight_versions=finished_weight_versions(req, gen, i)))
-                continue
-            _log_chat_delta(server, head.id, delta, content=text)
-            yield sse_event(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
-                                                 stop_reason=delta.stop_reason, fingerprint=not with_usage,
-                                                 usage_info=so_far(len(choices[i].token_ids)),
-                                                 token_ids=delta.token_ids if req.return_token_ids else None,
-                                                 weight_versions=finished_weight_versions(req, gen, i)))
-        if with_usage:
-            usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
-            _add_reasoning_tokens(usage, parsing, choices)
-            if server.settings.enable_prompt_tokens_details:
-                usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
-            yield sse_event(responses.chat_usage_chunk(head, usage, server.request_metrics(gen, usage.completion_tokens)))
-        server.log_stream_complete(head.id, choices)
-    except Exception as e:
-        yield sse_event(error_body(e))
-    finally:
-        await gen.close()
-    yield SSE_DONE
+    for i in range(len(choices)):
+        yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
+                                                  prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                                                  prompt_text=inputs.get("prompt") if req.return_prompt_text
+                                                  else None))
+    for i in range(len(choices) if echo else 0):
+        yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
+    async for i, delta in server.deltas(gen, choices):
+        logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], top_logprobs(req), fmt)
+                    if req.logprobs else None)
+        text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
+        if parsed is not None:
+            step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
+            _log_chat_delta(server, head.id, delta, content=step.content, reasoning=step.reasoning,
+                            tool_args="".join(c.arguments or "" for c in step.tool_calls))
+            if not step.sends_chunk and delta.finish_reason is None and logprobs is None:
+                continue  # the parsers hold this text back (vLLM sends no chunk)
+            yield sse_event(responses.chat_chunk(
+                head, i, step.content,
+                logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
+                                                                       parsed[i].calls_made),
+                stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
+                tool_calls=[_delta_call(c) for c in step.tool_calls],
+                token_ids=delta.token_ids if req.return_token_ids else None,
+                weight_versions=finished_weight_versions(req, gen, i)))
+            continue
+        _log_chat_delta(server, head.id, delta, content=text)
+        yield sse_event(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
+                                             stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                                             usage_info=so_far(len(choices[i].token_ids)),
+                                             token_ids=delta.token_ids if req.return_token_ids else None,
+                                             weight_versions=finished_weight_versions(req, gen, i)))
+    if with_usage:
+        usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
+        _add_reasoning_tokens(usage, parsing, choices)
+        if server.settings.enable_prompt_tokens_details:
+            usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
+        yield sse_event(responses.chat_usage_chunk(head, usage, server.request_metrics(gen, usage.completion_tokens)))
+    server.log_stream_complete(head.id, choices)
 
 
 def _log_chat_delta(server: Server, request_id: str, delta: Delta, *, content: str | None,

@@ -13,8 +13,7 @@ from starlette.responses import Response
 from mmfront.errors import ValidationError
 from mmfront.preprocess import RequestOptions
 from mmfront.serve import protocol, responses
-from mmfront.serve.errors import error_body
-from mmfront.serve.event_stream import SSE_DONE, event_stream_response, sse_event
+from mmfront.serve.event_stream import sse_event
 from mmfront.serve.generation import Generation
 from mmfront.serve.output import ChoiceOutput, PositionLogprobs
 from mmfront.serve.protocol import CompletionRequest
@@ -67,12 +66,8 @@ async def completions(server: Server, request: Request, body: bytes) -> Response
                             else p if isinstance(p, str) else server.decode(p))
               for p, (inputs, _) in zip(prompts, prepared) for _ in range(per_prompt)]
     if req.stream:
-        chunks = completion_chunks(server, gen, choices, head, req, prompts=echoes)
-        return event_stream_response(chunks, gen.close, headers, server.settings.sse_keep_alive_interval)
-    try:
-        await server.drain(gen, choices)
-    finally:
-        await gen.close()
+        return server.event_stream(gen, completion_chunks(server, gen, choices, head, req, prompts=echoes), headers)
+    await server.drain(gen, choices)
     fmt = server.logprob_format(req)
     body_choices = []
     answered = [(c, prompt) for c, prompt in zip(choices, echoes) if c.finished]  # a beam search may answer fewer
@@ -101,52 +96,47 @@ async def completions(server: Server, request: Request, body: bytes) -> Response
 
 async def completion_chunks(server: Server, gen: Generation, choices: list[ChoiceOutput], head: ResponseHead,
                             req: CompletionRequest, *, prompts: list[_EchoedPrompt]) -> AsyncIterator[bytes]:
-    """``prompts``: each choice's prompt, its tokens and the text ``echo`` repeats."""
+    """The stream's events before ``[DONE]`` (:meth:`~mmfront.serve.server.Server.event_stream` ends
+    it); ``prompts``: each choice's prompt, its tokens and the text ``echo`` repeats."""
     with_usage, running = server.usage_options(req)
     fmt = server.logprob_format(req)
     offsets = [0] * len(choices)
     started = [False] * len(choices)
-    try:
-        async for i, delta in server.deltas(gen, choices):
-            prompt, first = prompts[i], not started[i]
-            started[i] = True
-            if first and req.echo:
-                text, token_ids, positions = _completion_output(
-                    req, prompt, delta.text, delta.token_ids, logprobs=delta.logprobs or [],
-                    prompt_logprobs=choices[i].prompt_logprobs)
-            else:
-                text, token_ids, positions = delta.text, delta.token_ids, [*(delta.logprobs or [])]
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs = responses.completion_logprobs(token_ids, positions, top_logprobs(req), fmt,
-                                                         offsets[i])
-                if logprobs.tokens:
-                    offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
-            so_far = (responses.usage(len(prompt.token_ids), len(choices[i].token_ids), details=False) if running
-                      else None)
-            if server.output_log is not None and delta.text and server.settings.enable_log_deltas:
-                server.output_log.log_outputs(head.id, delta.text, delta.token_ids, delta.finish_reason,
-                                              is_streaming=True, delta=True)
-            yield sse_event(responses.completion_chunk(
-                head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
-                stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far,
-                prompt_token_ids=prompt.token_ids if first and (req.echo or req.return_token_ids) else None,
-                token_ids=delta.token_ids if req.return_token_ids else None,
-                weight_versions=finished_weight_versions(req, gen, i) if delta.finish_reason is not None else None))
-        if with_usage:
-            usage = responses.usage(sum(len(p.token_ids) for p in prompts[::max(req.n or 1, 1)]),
-                                    sum(len(c.token_ids) for c in choices), details=False)
-            if server.settings.enable_prompt_tokens_details:
-                usage.prompt_tokens_details = responses.PromptTokenUsageInfo(
-                    cached_tokens=cached_tokens(choices[-1]))
-            yield sse_event(responses.completion_usage_chunk(head, usage,
-                                                             server.request_metrics(gen, usage.completion_tokens)))
-        server.log_stream_complete(head.id, choices)
-    except Exception as e:
-        yield sse_event(error_body(e))
-    finally:
-        await gen.close()
-    yield SSE_DONE
+    async for i, delta in server.deltas(gen, choices):
+        prompt, first = prompts[i], not started[i]
+        started[i] = True
+        if first and req.echo:
+            text, token_ids, positions = _completion_output(
+                req, prompt, delta.text, delta.token_ids, logprobs=delta.logprobs or [],
+                prompt_logprobs=choices[i].prompt_logprobs)
+        else:
+            text, token_ids, positions = delta.text, delta.token_ids, [*(delta.logprobs or [])]
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = responses.completion_logprobs(token_ids, positions, top_logprobs(req), fmt,
+                                                     offsets[i])
+            if logprobs.tokens:
+                offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+        so_far = (responses.usage(len(prompt.token_ids), len(choices[i].token_ids), details=False) if running
+                  else None)
+        if server.output_log is not None and delta.text and server.settings.enable_log_deltas:
+            server.output_log.log_outputs(head.id, delta.text, delta.token_ids, delta.finish_reason,
+                                          is_streaming=True, delta=True)
+        yield sse_event(responses.completion_chunk(
+            head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
+            stop_reason=delta.stop_reason, fingerprint=not with_usage, usage_info=so_far,
+            prompt_token_ids=prompt.token_ids if first and (req.echo or req.return_token_ids) else None,
+            token_ids=delta.token_ids if req.return_token_ids else None,
+            weight_versions=finished_weight_versions(req, gen, i) if delta.finish_reason is not None else None))
+    if with_usage:
+        usage = responses.usage(sum(len(p.token_ids) for p in prompts[::max(req.n or 1, 1)]),
+                                sum(len(c.token_ids) for c in choices), details=False)
+        if server.settings.enable_prompt_tokens_details:
+            usage.prompt_tokens_details = responses.PromptTokenUsageInfo(
+                cached_tokens=cached_tokens(choices[-1]))
+        yield sse_event(responses.completion_usage_chunk(head, usage,
+                                                         server.request_metrics(gen, usage.completion_tokens)))
+    server.log_stream_complete(head.id, choices)
 
 
 def _completion_output(req: CompletionRequest, prompt: _EchoedPrompt, text: str, token_ids: list[int], *,

@@ -40,7 +40,7 @@ from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
 from mmfront.serve.chat_bounds import check_chat_body
 from mmfront.serve.chat_parsing import ChatParsing, RequestParsing
 from mmfront.serve.errors import error_body
-from mmfront.serve.event_stream import DisconnectWatch, EventStreamResponse
+from mmfront.serve.event_stream import SSE_DONE, DisconnectWatch, EventStreamResponse, event_stream_response, sse_event
 from mmfront.serve.generation import Generation, Unanswered
 from mmfront.serve.iteration_stats import Recorder, StatsRecorder
 from mmfront.serve.middleware import LoadCount
@@ -336,8 +336,19 @@ class Server:
                 self.weight_versions.drop(gen.request_ids[index])
 
     async def drain(self, gen: Generation, choices: list[ChoiceOutput]) -> None:
-        async for _ in self.deltas(gen, choices):
-            pass
+        """Every choice to its end, for an answer that is not streamed; the generation is closed
+        however it ends."""
+        try:
+            async for _ in self.deltas(gen, choices):
+                pass
+        finally:
+            await gen.close()
+
+    def event_stream(self, gen: Generation, events: AsyncIterator[bytes],
+                     headers: dict[str, str] | None) -> EventStreamResponse:
+        """The SSE response of a generation's ``events``: an error ends them with vLLM's error
+        event, ``[DONE]`` closes them, and the generation is closed however the stream ends."""
+        return event_stream_response(_ended(gen, events), gen.close, headers, self.settings.sse_keep_alive_interval)
 
     def log_stream_complete(self, request_id: str, choices: list[ChoiceOutput]) -> None:
         """vLLM's log of each choice's whole text once its stream is complete."""
@@ -416,6 +427,18 @@ class Server:
         if self.settings.enable_force_include_usage:
             return True, True
         return protocol.include_usage(req), protocol.continuous_usage(req)
+
+
+async def _ended(gen: Generation, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:
+        yield sse_event(error_body(e))
+    finally:
+        await gen.close()
+        await events.aclose()  # type: ignore[attr-defined]
+    yield SSE_DONE
 
 
 def _model_vocab_size(info: BaseProcessingInfo, tokenizer_size: int) -> int:
