@@ -212,9 +212,10 @@ def _server_flags(config: Config) -> list[str]:
     return ["--max-model-len", str(config.max_model_len), "--limit-mm-per-prompt", '{"image": 4}']
 
 
-def _launch(side: str, python: Path, model: Path, config: Config,
-            logs: tuple[IO[bytes], IO[bytes]]) -> tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]:
-    """The stock engine and ``side``'s API server pointed at each other; the server's base URL."""
+def launch_side(side: str, python: Path, model: Path, config: Config, logs: tuple[IO[bytes], IO[bytes]], *,
+                pythonpath: str | None = None) -> tuple[str, subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """The stock engine and ``side``'s API server pointed at each other; the server's base URL.
+    ``pythonpath``: where ``mmfront serve`` imports from (this process's ``PYTHONPATH`` by default)."""
     rpc, port = get_open_ports_list(2)
     rust = side == "vLLM Rust"
     engine = subprocess.Popen(
@@ -223,7 +224,7 @@ def _launch(side: str, python: Path, model: Path, config: Config,
         cwd=PEER_DIR, stdout=logs[0], stderr=subprocess.STDOUT, env=_peer_env(rust), start_new_session=True)
     if side == "mmfront":
         program = [sys.executable, "-m", "mmfront.cli"]
-        env = {**_peer_env(False), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        env = {**_peer_env(False), "PYTHONPATH": os.environ.get("PYTHONPATH", "") if pythonpath is None else pythonpath}
     else:
         program = [str(python.parent / "vllm")]
         env = _peer_env(rust)
@@ -238,7 +239,7 @@ def _launch(side: str, python: Path, model: Path, config: Config,
     return f"http://127.0.0.1:{port}", server, engine
 
 
-def _wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess.Popen[bytes],
+def wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess.Popen[bytes],
                   logs: tuple[Path, Path]) -> float:
     """Waits until ``/health`` answers 200; the server's peak resident set meanwhile, in bytes."""
     deadline = time.monotonic() + STARTUP_S
@@ -258,7 +259,7 @@ def _wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess
     raise RuntimeError(f"the server was not healthy after {STARTUP_S:.0f} s: {[log_tail(log) for log in logs]}")
 
 
-def _warm_up(base: str) -> None:
+def warm_up(base: str) -> None:
     image = image_data_url(make_image(64, 48, seed=7), "JPEG")
     body = {"model": SERVED_NAME, "max_tokens": OUTPUT_TOKENS, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "What is in this picture?"}]}]}
@@ -305,10 +306,10 @@ def serve_side(side: str, python: Path, model: Path, config: Config, seed: int, 
     logs = tuple(folder / f"{tag}-{name}.log" for name in ("engine", "server", "bench"))
     rss, passes, failed = 0.0, [], ""
     with logs[0].open("wb") as elog, logs[1].open("wb") as slog, logs[2].open("wb") as blog:
-        base, server, engine = _launch(side, python, model, config, (elog, slog))
+        base, server, engine = launch_side(side, python, model, config, (elog, slog))
         try:
-            rss = _wait_healthy(base, server, engine, (logs[1], logs[0])) / 2**20
-            _warm_up(base)
+            rss = wait_healthy(base, server, engine, (logs[1], logs[0])) / 2**20
+            warm_up(base)
             passes = [_client_pass(python, model, config, base, seed, prompts, folder / f"{tag}-{n}.json", blog,
                                    server.pid) for n in range(2)]
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
@@ -406,11 +407,20 @@ def selected_configs() -> list[Config]:
     return [c for c in CONFIGS if not keys or c.key in keys]
 
 
-def run(report: Report, quick: bool) -> None:
+def stock_engine_python(report: Report, group: str) -> Path | None:
+    """The peer venv's python, where it and ``../shared/peer`` can start a stock engine; else
+    ``None``, the skip reported under ``group``."""
     python = vllm_peer_python()
     if python is None or not (PEER_DIR / "stock_engine.py").is_file():
-        print(f"  {GROUP}: {SKIP_REASON} (and ../shared/peer/stock_engine.py)", file=sys.stderr)
-        report.add(GROUP, "vLLM peer not found: skipped (no stock engine)", 0.0, "")
+        print(f"  {group}: {SKIP_REASON} (and ../shared/peer/stock_engine.py)", file=sys.stderr)
+        report.add(group, "vLLM peer not found: skipped (no stock engine)", 0.0, "")
+        return None
+    return python
+
+
+def run(report: Report, quick: bool) -> None:
+    python = stock_engine_python(report, GROUP)
+    if python is None:
         return
     rounds, prompts = (1, 32) if quick else (2, 64)
     with tempfile.TemporaryDirectory(prefix="mmfront-frontends-bench-") as name:

@@ -266,10 +266,10 @@ def test_return_tokens_as_token_ids(apps: Apps) -> None:
     flagged = apps.flagged_app.state.mmfront_server
     plain = apps.bare_app.state.mmfront_server
     request = CompletionRequest(prompt="x")
-    assert flagged._logprob_format(request).token(17, None) == "token_id:17"
-    assert plain._logprob_format(request).token(17, None) == apps.tokenizer.decode([17])
+    assert flagged.logprob_format(request).token(17, None) == "token_id:17"
+    assert plain.logprob_format(request).token(17, None) == apps.tokenizer.decode([17])
     as_text = CompletionRequest(prompt="x", return_tokens_as_token_ids=False)
-    assert flagged._logprob_format(as_text).token(17, None) == apps.tokenizer.decode([17])
+    assert flagged.logprob_format(as_text).token(17, None) == apps.tokenizer.decode([17])
 
 
 def test_request_log(apps: Apps, caplog: pytest.LogCaptureFixture) -> None:
@@ -323,9 +323,9 @@ def test_server_load(apps: Apps) -> None:
 
 
 def test_log_error_stack(apps: Apps, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.ERROR, logger="mmfront.serve.app"):
+    with caplog.at_level(logging.ERROR, logger="mmfront.serve.server"):
         assert post(f"{apps.flagged}/v1/completions", {"prompt": "x", "max_tokens": -1}).status_code == 400
         assert post(f"{apps.plain}/v1/completions", {"prompt": "x", "max_tokens": -1}).status_code == 400
-    logged = [r for r in caplog.records if r.name == "mmfront.serve.app"]
+    logged = [r for r in caplog.records if r.name == "mmfront.serve.server"]
     assert len(logged) == 1 and logged[0].exc_info is not None
     assert logged[0].getMessage() == "Error response to POST /v1/completions"

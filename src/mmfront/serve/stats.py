@@ -211,29 +211,29 @@ class ServerMetrics:
         child("vllm:num_requests_waiting_by_reason", engine, "capacity").set(s.num_waiting_reqs)
         child("vllm:num_requests_waiting_by_reason", engine, "deferred").set(s.num_skipped_waiting_reqs)
         child("vllm:kv_cache_usage_perc", engine).set(s.kv_cache_usage)
-        child("vllm:prefix_cache_queries", engine).inc(s.prefix_cache_stats.queries)
-        child("vllm:prefix_cache_hits", engine).inc(s.prefix_cache_stats.hits)
-        child("vllm:prompt_tokens_cached_by_source", engine, "device").inc(s.prefix_cache_stats.hits)
+        _count(child("vllm:prefix_cache_queries", engine), s.prefix_cache_stats.queries)
+        _count(child("vllm:prefix_cache_hits", engine), s.prefix_cache_stats.hits)
+        _count(child("vllm:prompt_tokens_cached_by_source", engine, "device"), s.prefix_cache_stats.hits)
         if s.connector_prefix_cache_stats is not None:
-            child("vllm:external_prefix_cache_queries", engine).inc(s.connector_prefix_cache_stats.queries)
-            child("vllm:external_prefix_cache_hits", engine).inc(s.connector_prefix_cache_stats.hits)
+            _count(child("vllm:external_prefix_cache_queries", engine), s.connector_prefix_cache_stats.queries)
+            _count(child("vllm:external_prefix_cache_hits", engine), s.connector_prefix_cache_stats.hits)
             for source, tokens in s.connector_prefix_cache_stats.hits_by_source.items():
-                child("vllm:prompt_tokens_cached_by_source", engine, source).inc(tokens)
+                _count(child("vllm:prompt_tokens_cached_by_source", engine, source), tokens)
         perf = s.perf_stats
         if perf is not None and (perf.num_flops_per_gpu or perf.num_read_bytes_per_gpu or perf.num_write_bytes_per_gpu):
-            child("vllm:estimated_flops_per_gpu_total", engine).inc(perf.num_flops_per_gpu)
-            child("vllm:estimated_read_bytes_per_gpu_total", engine).inc(perf.num_read_bytes_per_gpu)
-            child("vllm:estimated_write_bytes_per_gpu_total", engine).inc(perf.num_write_bytes_per_gpu)
+            _count(child("vllm:estimated_flops_per_gpu_total", engine), perf.num_flops_per_gpu)
+            _count(child("vllm:estimated_read_bytes_per_gpu_total", engine), perf.num_read_bytes_per_gpu)
+            _count(child("vllm:estimated_write_bytes_per_gpu_total", engine), perf.num_write_bytes_per_gpu)
 
     def _record_iteration(self, engine: int, it: IterationStats) -> None:
         child = self._child
         prompt = it.prompt_token_stats
-        child("vllm:num_preemptions", engine).inc(it.num_preempted_reqs)
-        child("vllm:prompt_tokens", engine).inc(prompt.total)
+        _count(child("vllm:num_preemptions", engine), it.num_preempted_reqs)
+        _count(child("vllm:prompt_tokens", engine), prompt.total)
         for source in PromptTokenStats.SOURCES:
-            child("vllm:prompt_tokens_by_source", engine, source).inc(prompt.by_source(source))
-        child("vllm:prompt_tokens_cached", engine).inc(prompt.cached_tokens)
-        child("vllm:generation_tokens", engine).inc(it.num_generation_tokens)
+            _count(child("vllm:prompt_tokens_by_source", engine, source), prompt.by_source(source))
+        _count(child("vllm:prompt_tokens_cached", engine), prompt.cached_tokens)
+        _count(child("vllm:generation_tokens", engine), it.num_generation_tokens)
         child("vllm:iteration_tokens_total", engine).observe(prompt.computed + it.num_generation_tokens)
         for tokens in it.max_num_generation_tokens_iter:
             child("vllm:request_max_num_generation_tokens", engine).observe(tokens)
@@ -263,6 +263,13 @@ class ServerMetrics:
         """The scrape: the frontend's cache and link counters brought up to date, then everything."""
         self._exporter.observe(self._preprocessor, self._client)
         return prometheus_client.generate_latest(self.registry), prometheus_client.CONTENT_TYPE_LATEST
+
+
+def _count(counter: Any, amount: float) -> None:
+    """``counter.inc(amount)``, skipped for 0 (the same series): a decode step adds nothing to
+    most of the ~15 counters it records, and each ``inc`` takes the series' lock."""
+    if amount:
+        counter.inc(amount)
 
 
 __all__ = ["FAMILIES", "LABEL_VALUES", "Family", "ServerMetrics", "request_tokens_buckets"]

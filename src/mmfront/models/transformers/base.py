@@ -197,6 +197,19 @@ class TransformersProcessingInfo(BaseProcessingInfo):
         attribute its model module names (Gemma 3's ``boi_token``, since transformers < 5.15
         names the soft token ``processor.image_token``), or, while vLLM's native class runs, the
         text its processor replaces (``NativeInputs.placeholders``)."""
+        key = (modality, id(self.hf_processor), id(self.native))
+        found = self._placeholders.get(key)
+        if found is None:
+            found = self._placeholders[key] = self._find_placeholder(modality)
+        return found
+
+    @cached_property
+    def _placeholders(self) -> dict[tuple[str, int, int], str]:
+        """:meth:`placeholder`'s answers, read once per processor and native class: every chat
+        request asks for each item's (the model specs' lookup walks every model module)."""
+        return {}
+
+    def _find_placeholder(self, modality: str) -> str:
         proc = self.hf_processor
         if self.native is not None and modality in self.native.placeholders:
             return "".join(str(getattr(proc, attr)) for attr in self.native.placeholders[modality])

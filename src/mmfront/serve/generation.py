@@ -1,0 +1,75 @@
+"""The engine streams of one HTTP request (its ``n`` choices, or its beam searches), read in
+arrival order: each stream by a task of its own into one queue, so outputs that arrive while a
+chunk is written wait there and the next chunk merges them (vLLM's output collector). Closing the
+generation cancels those tasks, and a cancelled stream aborts its request in the engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from enum import Enum
+from typing import Any
+
+from mmfront.serve.iteration_stats import RequestTimings
+from mmfront.serve.output import WholeOutput
+from mmfront.serve.weight_versions import WeightVersionSpan
+from mmfront.wire.structs import EngineCoreOutput
+
+
+class Unanswered(Enum):
+    CHOICE = "a beam search found fewer beams than it was asked for"
+
+
+QueueItem = EngineCoreOutput | WholeOutput | BaseException | Unanswered | None
+
+
+class Generation:
+    """The engine streams of one HTTP request, each read by its own task into one queue
+    (``request_ids``: each stream's request), or its beam searches (:meth:`searching`)."""
+
+    def __init__(self, streams: list[AsyncIterator[EngineCoreOutput]], request_ids: list[str]) -> None:
+        self.request_ids = request_ids
+        self.timings: dict[int, RequestTimings] = {}
+        """Each finished choice's timings, where kept (``--enable-per-request-metrics``)."""
+        self.weight_versions: dict[int, list[WeightVersionSpan] | None] = {}
+        """Each finished choice's weight-version spans (``return_weight_versions``)."""
+        self.queue: asyncio.Queue[tuple[int, QueueItem]] = asyncio.Queue()
+        self.tasks = [asyncio.create_task(self._pump(i, s)) for i, s in enumerate(streams)]
+
+    @classmethod
+    def searching(cls, searches: list[Coroutine[Any, Any, list[WholeOutput]]], width: int,
+                  request_ids: list[str]) -> Generation:
+        """One beam search per prompt, each answering choices ``width * p`` on at once when it ends."""
+        gen = cls([], request_ids)
+        gen.tasks = [asyncio.create_task(gen._search(p * width, width, search)) for p, search in enumerate(searches)]
+        return gen
+
+    async def _search(self, first: int, width: int, search: Coroutine[Any, Any, list[WholeOutput]]) -> None:
+        try:
+            found = await search
+        except Exception as e:
+            self.queue.put_nowait((first, e))
+            return
+        for k in range(width):
+            self.queue.put_nowait((first + k, found[k] if k < len(found) else Unanswered.CHOICE))
+
+    async def _pump(self, index: int, stream: AsyncIterator[EngineCoreOutput]) -> None:
+        try:
+            async for output in stream:
+                self.queue.put_nowait((index, output))
+        except Exception as e:
+            self.queue.put_nowait((index, e))
+            return
+        self.queue.put_nowait((index, None))
+
+    def stop(self, index: int) -> None:
+        """Stop reading choice ``index``: its engine request is aborted."""
+        self.tasks[index].cancel()
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+__all__ = ["Generation", "QueueItem", "Unanswered"]
