@@ -21,7 +21,7 @@ import httpx
 import pytest
 from test_http_parameters import engine_requests  # noqa: F401  the engine requests a test starts
 
-from mmfront.serve import protocol
+from mmfront.serve import request_decoding
 from serve.serve_harness import MODEL_NAME, Served, serve
 
 CHAT = "/v1/chat/completions"
@@ -76,7 +76,7 @@ def blocked_pool(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
     decoded, are recorded in order."""
     release = threading.Event()
     seen: list[str] = []
-    preprocess, decode = served.preprocessor.preprocess, protocol.decode_request
+    preprocess, decode = served.preprocessor.preprocess, request_decoding.decode_request
 
     def waiting(*args: Any, request_id: str, **kwargs: Any) -> Any:
         seen.append(f"prepare {request_id}")
@@ -89,7 +89,7 @@ def blocked_pool(served: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[tu
         return request
 
     monkeypatch.setattr(served.preprocessor, "preprocess", waiting)
-    monkeypatch.setattr(protocol, "decode_request", recording)
+    monkeypatch.setattr(request_decoding, "decode_request", recording)
     try:
         yield release, seen
     finally:

@@ -19,7 +19,9 @@ import httpx
 import pytest
 
 from mmfront.serve.errors import MAX_ERROR_MESSAGE_CHARS
-from mmfront.serve.protocol import MAX_COMPLETION_PROMPTS, MAX_JSON_DEPTH, MAX_REQUEST_ID_LENGTH, MAX_STOP_STRINGS
+from mmfront.serve.protocol import MAX_STOP_STRINGS
+from mmfront.serve.request_checks import MAX_COMPLETION_PROMPTS, MAX_REQUEST_ID_LENGTH
+from mmfront.serve.request_decoding import MAX_JSON_DEPTH
 from mmfront.wire.params import DEFAULT_MAX_N_SEQUENCES
 from serve.serve_harness import MODEL_NAME, Served, serve
 

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from mmfront.errors import ConfigError, ValidationError
-from mmfront.serve import protocol
+from mmfront.serve import protocol, request_decoding, sampling
 from mmfront.serve.chat_parsing import ChatParsing, RequestParsing
 from mmfront.serve.protocol import ChatCompletionRequest
 from mmfront.serve.settings import ServeSettings
@@ -42,7 +42,7 @@ class Tokenizer:
 
 def request(**fields: Any) -> ChatCompletionRequest:
     body = {"messages": [{"role": "user", "content": "hi"}], **fields}
-    return protocol.decode_request(json.dumps(body).encode(), ChatCompletionRequest)
+    return request_decoding.decode_request(json.dumps(body).encode(), ChatCompletionRequest)
 
 
 def parsing(*flags: tuple[str, Any], **fields: Any) -> RequestParsing:
@@ -144,7 +144,7 @@ def test_include_reasoning_false_drops_it_and_parallel_false_keeps_one_call() ->
 
 
 def structural_tag(p: RequestParsing, **fields: Any) -> Any:
-    params = p.adjust(protocol.sampling_params(request(**fields), None))
+    params = p.adjust(sampling.sampling_params(request(**fields), None))
     constraint = params.structured_outputs
     return None if constraint is None else json.loads(constraint.structural_tag or "null")
 
@@ -205,7 +205,7 @@ def test_auto_with_a_response_format_allows_the_calls_or_the_format() -> None:
 def test_without_strict_tool_calling_required_falls_back_to_json(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
     p = parsing(*AUTO, tools=TOOLS, tool_choice="required")
-    params = p.adjust(protocol.sampling_params(request(), None))
+    params = p.adjust(sampling.sampling_params(request(), None))
     assert params.structured_outputs is not None and params.structured_outputs.json is not None
     assert params.structured_outputs.structural_tag is None
 
@@ -238,7 +238,7 @@ def test_the_reasoning_effort_map_rewrites_the_effort_for_the_template() -> None
 
 def test_required_constrains_to_vllms_json_schema_and_reads_it() -> None:
     p = parsing(*PYTHONIC, tools=TOOLS, tool_choice="required")
-    params = p.adjust(protocol.sampling_params(request(), None))
+    params = p.adjust(sampling.sampling_params(request(), None))
     assert params.structured_outputs is not None and params.structured_outputs.json == {
         "type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
             {"properties": {"name": {"type": "string", "enum": ["get_weather"]},
@@ -254,7 +254,7 @@ def test_required_constrains_to_vllms_json_schema_and_reads_it() -> None:
 
 def test_a_named_tool_constrains_to_its_parameters() -> None:
     p = parsing(*PYTHONIC, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    params = p.adjust(protocol.sampling_params(request(), None))
+    params = p.adjust(sampling.sampling_params(request(), None))
     assert params.structured_outputs is not None
     assert params.structured_outputs.json == {"type": "object", "properties": {"city": {"type": "string"}}}
     message = p.whole('{"city": "Rome"}')
@@ -275,15 +275,15 @@ def test_mistral_required_and_named_send_vllms_json_array_and_read_it_as_content
     time = {"type": "object", "properties": {"name": {"type": "string", "enum": ["get_time"]},
                                              "arguments": {"type": "object"}}, "required": ["name", "arguments"]}
     required = parsing(*MISTRAL, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
-    params = required.adjust(protocol.sampling_params(request(), None))
+    params = required.adjust(sampling.sampling_params(request(), None))
     assert params.structured_outputs is not None and params.structured_outputs.json == {
         "type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [weather, time]}}
     named = parsing(*MISTRAL, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    params = named.adjust(protocol.sampling_params(request(response_format={"type": "json_object"}), None))
+    params = named.adjust(sampling.sampling_params(request(response_format={"type": "json_object"}), None))
     assert params.structured_outputs is not None and params.structured_outputs.json == {
         "type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "object", "anyOf": [weather]}}
     regex = parsing(*MISTRAL, tools=TOOLS, tool_choice="required", structured_outputs={"regex": "[a-z]+"})
-    params = regex.adjust(protocol.sampling_params(request(structured_outputs={"regex": "[a-z]+"}), None))
+    params = regex.adjust(sampling.sampling_params(request(structured_outputs={"regex": "[a-z]+"}), None))
     assert params.structured_outputs is not None and params.structured_outputs.regex == "[a-z]+"
     array = '[{"name": "get_weather", "arguments": {"city": "Paris"}}]'
     message = required.whole(array)
@@ -304,8 +304,8 @@ def test_mistral_streams_the_name_with_the_first_argument_then_holds_the_closing
 
 
 def test_hermes_keeps_special_tokens_for_its_markers() -> None:
-    assert not parsing(*AUTO, tools=TOOLS).adjust(protocol.sampling_params(request(), None)).skip_special_tokens
-    kept = parsing(*AUTO, tools=TOOLS, tool_choice="none").adjust(protocol.sampling_params(request(), None))
+    assert not parsing(*AUTO, tools=TOOLS).adjust(sampling.sampling_params(request(), None)).skip_special_tokens
+    kept = parsing(*AUTO, tools=TOOLS, tool_choice="none").adjust(sampling.sampling_params(request(), None))
     assert kept.skip_special_tokens
 
 
@@ -379,7 +379,7 @@ def test_an_empty_delta_of_the_tool_parser_is_kept_unless_reasoning_is_left_out(
 def test_a_request_without_parsers_is_left_as_it_is() -> None:
     p = parsing()
     assert not p.active and p.whole("<think>x</think>").content == "<think>x</think>"
-    plain = protocol.sampling_params(request(), None)
+    plain = sampling.sampling_params(request(), None)
     assert msgspec.structs.asdict(p.adjust(plain)) == msgspec.structs.asdict(plain)
 
 

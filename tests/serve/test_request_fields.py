@@ -58,7 +58,7 @@ REFUSED = frozenset({
     "media_io_kwargs", "thinking_token_budget", "chat_template", "mm_processor_kwargs",
 })
 """Refused with a 400 naming the field: mmfront does not implement it yet (``NOT_SUPPORTED`` in
-serve/protocol.py says why), or vLLM refuses it too without a server flag
+serve/request_checks.py says why), or vLLM refuses it too without a server flag
 (``media_io_kwargs`` and ``mm_processor_kwargs`` without ``--trust-request-mm-kwargs``, ``thinking_token_budget`` without a
 reasoning parser, ``chat_template`` without ``--trust-request-chat-template``)."""
 

@@ -17,7 +17,7 @@ import pytest
 from test_chat_parsing import Tokenizer
 
 from mmfront.errors import ValidationError
-from mmfront.serve import protocol
+from mmfront.serve import request_decoding, sampling
 from mmfront.serve.chat_parsing import ChatParsing
 from mmfront.serve.protocol import ChatCompletionRequest
 from mmfront.serve.settings import ServeSettings
@@ -76,10 +76,10 @@ def mmfront_constraint(parser: str, choice: str, variant: str) -> Any:
                              tool_strict_level=VARIANTS[variant][1])
     body = {"messages": [{"role": "user", "content": "x"}], **case_fields(choice, variant)}
     try:
-        request = protocol.decode_request(json.dumps(body).encode(), ChatCompletionRequest)
+        request = request_decoding.decode_request(json.dumps(body).encode(), ChatCompletionRequest)
     except ValidationError as e:
         return {"error": f"VLLMValidationError: {e.args[0]}"}
-    params = ChatParsing(settings, Tokenizer()).for_request(request).adjust(protocol.sampling_params(request, None))
+    params = ChatParsing(settings, Tokenizer()).for_request(request).adjust(sampling.sampling_params(request, None))
     found = params.structured_outputs
     return None if found is None else msgspec.structs.asdict(found)
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mmfront.errors import RequestBodyError, ValidationError
-from mmfront.serve import protocol, structured
+from mmfront.serve import request_decoding, sampling, structured
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
 from mmfront.wire.codec import MsgpackEncoder
@@ -180,40 +180,40 @@ def test_one_backend_is_used_without_fallback() -> None:
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
-    request: ChatCompletionRequest = protocol.decode_request(
+    request: ChatCompletionRequest = request_decoding.decode_request(
         json.dumps({"messages": MESSAGES, **fields}).encode(), ChatCompletionRequest)
     return request
 
 
 def completion(**fields: Any) -> CompletionRequest:
-    request: CompletionRequest = protocol.decode_request(json.dumps({"prompt": "hi", **fields}).encode(),
+    request: CompletionRequest = request_decoding.decode_request(json.dumps({"prompt": "hi", **fields}).encode(),
                                                          CompletionRequest)
     return request
 
 
 def test_response_format_becomes_the_constraint() -> None:
-    assert protocol.structured_outputs(chat(response_format={"type": "text"})) is None
-    assert protocol.structured_outputs(chat(response_format={"type": "json_object"})) == StructuredOutputsParams(
+    assert sampling.structured_outputs(chat(response_format={"type": "text"})) is None
+    assert sampling.structured_outputs(chat(response_format={"type": "json_object"})) == StructuredOutputsParams(
         json_object=True)
-    assert protocol.structured_outputs(chat(response_format={
+    assert sampling.structured_outputs(chat(response_format={
         "type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}})) == StructuredOutputsParams(
         json=SCHEMA)
     tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}
-    assert protocol.structured_outputs(chat(response_format=tag)) == StructuredOutputsParams(
+    assert sampling.structured_outputs(chat(response_format=tag)) == StructuredOutputsParams(
         structural_tag=json.dumps(tag))
     both = chat(structured_outputs={"json": {"type": "string"}, "disable_any_whitespace": True},
                 response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}})
-    assert protocol.structured_outputs(both) == StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
+    assert sampling.structured_outputs(both) == StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     with pytest.raises(ValidationError, match=r"^You can only use one kind of structured outputs constraint"):
-        protocol.structured_outputs(chat(structured_outputs={"regex": "a"}, response_format={"type": "json_object"}))
+        sampling.structured_outputs(chat(structured_outputs={"regex": "a"}, response_format={"type": "json_object"}))
 
 
 def test_the_constraint_reaches_the_sampling_params() -> None:
-    params = protocol.sampling_params(chat(structured_outputs={"regex": "[0-9]+"}), max_tokens=5)
+    params = sampling.sampling_params(chat(structured_outputs={"regex": "[0-9]+"}), max_tokens=5)
     assert params.structured_outputs == StructuredOutputsParams(regex="[0-9]+")
-    params = protocol.sampling_params(completion(structured_outputs={"choice": ["a", "b"]}), max_tokens=5)
+    params = sampling.sampling_params(completion(structured_outputs={"choice": ["a", "b"]}), max_tokens=5)
     assert params.structured_outputs == StructuredOutputsParams(choice=["a", "b"])
-    protocol.verify_params(params, protocol.Vocabulary(None, 1000, 999))
+    sampling.verify_params(params, sampling.Vocabulary(None, 1000, 999))
     assert (params.structured_outputs.choice, params.structured_outputs.grammar) == (None, 'root ::= "a" | "b"')
     assert (params.structured_outputs._backend, params.structured_outputs._backend_was_auto) == ("xgrammar", True)
 
@@ -241,12 +241,12 @@ def test_a_field_of_the_wrong_type_is_a_body_error(make: Any, param: str) -> Non
      "^Invalid response_format structural_tag specification.$"),
     (lambda: chat(structured_outputs={"structural_tag": "{}"}), "structured_outputs",
      "^Invalid structured_outputs structural_tag specification.$"),
-    (lambda: protocol.sampling_params(chat(structured_outputs={"regex": "a", "grammar": "b"}), 5), None,
+    (lambda: sampling.sampling_params(chat(structured_outputs={"regex": "a", "grammar": "b"}), 5), None,
      "^You can only use one kind of structured outputs constraint but multiple are specified: {'json': None, "
      "'regex': 'a', 'choice': None, 'grammar': 'b', 'json_object': None, 'disable_any_whitespace': False, "
      "'disable_additional_properties': False, 'whitespace_pattern': None, 'structural_tag': None, '_backend': None, "
      "'_backend_was_auto': False}$"),
-    (lambda: protocol.sampling_params(chat(structured_outputs={}), 5), None,
+    (lambda: sampling.sampling_params(chat(structured_outputs={}), 5), None,
      "^You must use one kind of structured outputs constraint but none are specified"),
 ])
 def test_vllms_request_checks(make: Any, param: str | None, message: str) -> None:

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.errors import ValidationError
-from mmfront.serve import chat_completions, completions, openapi, protocol, responses, tokenize
+from mmfront.serve import chat_completions, completions, openapi, request_decoding, responses, tokenize
 from mmfront.serve.middleware import LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.serve.responses import ENCODER
@@ -110,7 +110,7 @@ class _Routes:
 
     async def _invoke(self, request: Request, body: bytes) -> Response:
         for handler, kind in ((chat_completions.chat, ChatCompletionRequest), (completions.completions, CompletionRequest)):
-            if await self.server.off_loop(protocol.fits, body, kind):
+            if await self.server.off_loop(request_decoding.fits, body, kind):
                 return await handler(self.server, request, body)
         return error_response(ValidationError(
             "Cannot find suitable handler for request. Expected one of: ['ChatCompletionRequest', 'CompletionRequest']"))

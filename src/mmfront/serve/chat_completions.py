@@ -15,7 +15,7 @@ from starlette.responses import Response
 
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import RequestOptions
-from mmfront.serve import protocol, responses
+from mmfront.serve import protocol, request_decoding, responses
 from mmfront.serve.chat_parsing import ChoiceStream, ParsedDelta, RequestParsing
 from mmfront.serve.event_stream import sse_event
 from mmfront.serve.generation import Generation
@@ -122,7 +122,7 @@ def decode_chat(server: Server, body: bytes) -> ChatCompletionRequest:
     before they are built (a million messages are refused before a million structs exist, a
     60 MB text before it is decoded twice)."""
     server.check_chat_body(body)
-    return protocol.decode_request(body, ChatCompletionRequest)
+    return request_decoding.decode_request(body, ChatCompletionRequest)
 
 
 def response_role(server: Server, req: ChatCompletionRequest) -> str:

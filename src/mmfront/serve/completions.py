@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from mmfront.errors import ValidationError
 from mmfront.preprocess import RequestOptions
-from mmfront.serve import protocol, responses
+from mmfront.serve import protocol, request_decoding, responses
 from mmfront.serve.event_stream import sse_event
 from mmfront.serve.generation import Generation
 from mmfront.serve.output import ChoiceOutput, PositionLogprobs
@@ -39,7 +39,7 @@ class _EchoedPrompt:
 
 
 async def completions(server: Server, request: Request, body: bytes) -> Response:
-    req: CompletionRequest = await server.off_loop(protocol.decode_request, body, CompletionRequest)
+    req: CompletionRequest = await server.off_loop(request_decoding.decode_request, body, CompletionRequest)
     if req.stream and req.use_beam_search:  # vLLM's first check
         raise ValidationError("Streaming is not currently supported with beam search")
     server.check_model(req.model)

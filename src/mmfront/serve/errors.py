@@ -33,6 +33,9 @@ class ErrorResponse(msgspec.Struct):
 
 VLLM_VALIDATION_CODE = "validation_error"
 """The ``code`` vLLM's engine gives a request it refused as invalid (``RequestError``)."""
+BODY_PARAM = "body"
+"""The ``param`` of an error in the body's shape (JSON, a missing field, a wrong type), or its
+prefix (``body.messages``): a :class:`~mmfront.errors.RequestBodyError`, type ``Bad Request``."""
 
 
 MAX_ERROR_MESSAGE_CHARS = 1024
@@ -96,5 +99,5 @@ def engine_error(output: EngineCoreOutput) -> MMFrontError:
     return (RetryableRequestError if retryable else GenerationError)(f"The engine failed the request: {error.message}")
 
 
-__all__ = ["MAX_ERROR_MESSAGE_CHARS", "MAX_ERROR_PARAM_CHARS", "VLLM_VALIDATION_CODE", "ErrorInfo", "ErrorResponse",
-           "engine_error", "error_body", "error_info", "shortened"]
+__all__ = ["BODY_PARAM", "MAX_ERROR_MESSAGE_CHARS", "MAX_ERROR_PARAM_CHARS", "VLLM_VALIDATION_CODE", "ErrorInfo",
+           "ErrorResponse", "engine_error", "error_body", "error_info", "shortened"]

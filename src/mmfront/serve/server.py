@@ -35,11 +35,11 @@ from mmfront.preprocess import PromptInput, RequestOptions
 from mmfront.preprocess.context_length import get_max_tokens
 from mmfront.preprocess.truncation import resolve_truncation
 from mmfront.processing import BaseProcessingInfo
-from mmfront.serve import beam_search, protocol, responses
+from mmfront.serve import beam_search, protocol, request_checks, responses, sampling
 from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
 from mmfront.serve.chat_bounds import check_chat_body
 from mmfront.serve.chat_parsing import ChatParsing, RequestParsing
-from mmfront.serve.errors import error_body
+from mmfront.serve.errors import BODY_PARAM, error_body
 from mmfront.serve.event_stream import SSE_DONE, DisconnectWatch, EventStreamResponse, event_stream_response, sse_event
 from mmfront.serve.generation import Generation, Unanswered
 from mmfront.serve.iteration_stats import Recorder, StatsRecorder
@@ -82,7 +82,7 @@ class Server:
         self.tokenizer = self.preprocessor.tokenizer
         self.logprob_tokens = LogprobTokens(self.tokenizer)
         self.vocab_size = _model_vocab_size(self.preprocessor.pipeline.processor.info, len(self.tokenizer))
-        self.vocabulary = protocol.Vocabulary.of(self.tokenizer, self.vocab_size)
+        self.vocabulary = sampling.Vocabulary.of(self.tokenizer, self.vocab_size)
         self.end_of_sequence = beam_search.end_of_sequence_ids(
             self.preprocessor.pipeline.processor.info.get_generation_config_fields(), self.tokenizer.eos_token_id)
         """The tokens that finish a beam (``use_beam_search``)."""
@@ -132,7 +132,7 @@ class Server:
         media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":  # vLLM's check, before anything is read
             return error_response(RequestBodyError("Unsupported Media Type: Only 'application/json' is allowed",
-                                                   parameter=protocol.BODY_PARAM))
+                                                   parameter=BODY_PARAM))
         held = HeldBody(self.bodies)
         try:
             return await self._answer(request, held, handler)
@@ -185,13 +185,13 @@ class Server:
         """The request's ``SamplingParams``, checked as vLLM's API server checks them (logprob
         limits, token ids against the vocabulary, ``bad_words`` tokenized, a structured-outputs
         constraint compiled): work that grows with the request's fields, so it runs off the loop."""
-        params = protocol.sampling_params(req, max_tokens)
+        params = sampling.sampling_params(req, max_tokens)
         if parsing is not None:
             params = parsing.adjust(params)
-        protocol.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
-        protocol.verify_params(params, self.vocabulary)
+        sampling.check_logprobs(params, self.settings.max_logprobs, self.vocab_size)
+        sampling.verify_params(params, self.vocabulary)
         for inputs in prepared:
-            protocol.check_prompt_bounds(params, len(inputs["prompt_token_ids"]))
+            sampling.check_prompt_bounds(params, len(inputs["prompt_token_ids"]))
         return params
 
     async def off_loop(self, work: Callable[..., _T], *args: Any) -> _T:
@@ -237,7 +237,7 @@ class Server:
                                         params.max_tokens, stop_strings=bool(params.stop),
                                         keep_timings=self._attributable(len(request_ids)))
                 for i in range(n):
-                    child = protocol.child_params(params, i) if n > 1 else params
+                    child = sampling.child_params(params, i) if n > 1 else params
                     streams.append(await self.client.add_request(request_ids[p * n + i], inputs, child,
                                                                  options=options))
                     choices.append(ChoiceOutput(make_detokenizer(
@@ -266,7 +266,7 @@ class Server:
         if params.allowed_token_ids:  # vLLM's stock engines run its V1 model runner, which has no exact-id logprobs
             raise ValidationError("Beam allowlists require the V2 model runner")
         step = params.step_params()
-        protocol.check_logprobs(step, self.settings.max_logprobs, self.vocab_size)
+        sampling.check_logprobs(step, self.settings.max_logprobs, self.vocab_size)
         search = beam_search.BeamSearch(self.client, self.tokenizer, self.end_of_sequence, self.stats)
         width = params.beam_width
         searches = [search.run(response_id if len(prepared) == 1 else f"{response_id}_{p}", inputs, options, params)
@@ -483,9 +483,9 @@ def cached_tokens(choice: ChoiceOutput) -> int:
 
 def base_id(request: Request, body_id: str | None) -> str:
     """vLLM's request id: the ``X-Request-Id`` header, else the body's ``request_id``, else random;
-    a header id is bounded as the body's is (:func:`~mmfront.serve.protocol.check_request_id`)."""
+    a header id is bounded as the body's is (:func:`~mmfront.serve.request_checks.check_request_id`)."""
     given = request.headers.get("x-request-id")
-    return protocol.check_request_id(given, "X-Request-Id") if given else body_id or secrets.token_hex(8)
+    return request_checks.check_request_id(given, "X-Request-Id") if given else body_id or secrets.token_hex(8)
 
 
 def id_header(request: Request) -> dict[str, str] | None:

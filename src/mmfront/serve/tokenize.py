@@ -16,7 +16,7 @@ import msgspec
 from mmfront.errors import ValidationError
 from mmfront.preprocess import InputPreprocessor, RequestOptions
 from mmfront.preprocess.truncation import DEFAULT_TRUNCATION_SIDE
-from mmfront.serve.protocol import decode_body
+from mmfront.serve.request_decoding import decode_body
 
 
 class TokenizeCompletionRequest(msgspec.Struct, kw_only=True):
