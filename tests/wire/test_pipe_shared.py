@@ -80,7 +80,7 @@ def test_many_messages_open_no_descriptor_or_mapping_and_a_larger_one_replaces_t
     assert mappings == 2  # the sender's and the receiver's view of one buffer
     for size in (1000, 3 << 20, 10, KEEP_BYTES + 1, 100, 1 << 16):  # grows, outgrows the kept size, shrinks back
         payload = bytes([size % 251]) * size
-        for _ in range(20):
+        for _ in range(3 if size > KEEP_BYTES else 20):  # past the first, a 64 MB copy shows nothing new
             send_frames(left, [b"h", payload], out=out)
             got = recv_frames(right, into=into)
             assert got is not None and bytes(got[1]) == payload
