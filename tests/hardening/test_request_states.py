@@ -89,9 +89,9 @@ def output(request_id: str, tokens: list[int], finished: bool = True, engine_ind
 # --- the client ---------------------------------------------------------------------------------
 
 
-def test_an_admitted_for_a_request_still_being_prepared_does_not_drop_it() -> None:
-    wire = Wire()
-    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+def hold_preparation(client: EngineClient) -> tuple[threading.Event, threading.Event]:
+    """Make ``client``'s preparations wait: the first event is set when one starts, and it goes
+    on once the second is set."""
     preparing, go = threading.Event(), threading.Event()
     prepare = client.processor.prepare
 
@@ -101,6 +101,13 @@ def test_an_admitted_for_a_request_still_being_prepared_does_not_drop_it() -> No
         return prepare(*args, **kwargs)
 
     client.processor.prepare = slow_prepare  # type: ignore[method-assign]
+    return preparing, go
+
+
+def test_an_admitted_for_a_request_still_being_prepared_does_not_drop_it() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+    preparing, go = hold_preparation(client)
     adding = threading.Thread(target=client.add_request, args=("x", [1, 2, 3], SamplingParams(max_tokens=1)))
     adding.start()
     assert preparing.wait(10)
@@ -166,7 +173,7 @@ def test_a_processed_prompt_that_fails_its_checks_in_the_lane_frees_its_id_and_s
     processed = client.processor.preprocessor.preprocess([1, 2, 3], request_id="bad")
     bad = {**processed, "prompt_token_ids": [1, 1_000_000]}
     with pytest.raises(ValidationError) as caught:
-        asyncio.run(client.add_request_async("bad", bad, SamplingParams(max_tokens=1)))  # type: ignore[arg-type]
+        asyncio.run(client.add_request_async("bad", bad, SamplingParams(max_tokens=1)))
     assert str(caught.value) == "Token id 1000000 is out of vocabulary (vocabulary size 528)."
     assert wire.sent == [] and client.in_flight == [] and client.rank_of("bad") is None
     assert [rank.outstanding for rank in client.ranks] == [0]
@@ -200,15 +207,7 @@ def test_a_processed_prompt_cancelled_while_its_lane_job_prepares_it_is_sent_the
     wire = Wire()
     client = EngineClient(toy_processor(), wire, stream_outputs=True)
     processed = client.processor.preprocessor.preprocess([1, 2, 3], request_id="r")
-    preparing, go = threading.Event(), threading.Event()
-    prepare = client.processor.prepare
-
-    def slow_prepare(*args: Any, **kwargs: Any) -> Any:
-        preparing.set()
-        go.wait(10)
-        return prepare(*args, **kwargs)
-
-    client.processor.prepare = slow_prepare  # type: ignore[method-assign]
+    preparing, go = hold_preparation(client)
 
     async def main() -> None:
         task = asyncio.ensure_future(client.add_request_async("r", processed, SamplingParams(max_tokens=1)))
