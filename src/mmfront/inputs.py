@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 from itertools import accumulate, pairwise
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, TypedDict, TypeGuard, Union
 
 import torch
 
@@ -605,6 +605,12 @@ def mm_inputs(
     return out
 
 
+def is_processed(prompt: object) -> TypeGuard[MultiModalInputs]:
+    """``prompt`` is already processed (``MultiModalInputs``, as ``preprocess`` returns them):
+    preparing it only checks it, no processor runs."""
+    return isinstance(prompt, Mapping) and prompt.get("type") == "multimodal"
+
+
 __all__ = [
     "BaseMultiModalField",
     "BatchedTensorInputs",
@@ -620,6 +626,7 @@ __all__ = [
     "NestedTensors",
     "PlaceholderRange",
     "group_and_batch_mm_items",
+    "is_processed",
     "mm_inputs",
     "nested_tensors_equal",
     "nested_tensors_nbytes",

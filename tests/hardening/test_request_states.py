@@ -89,9 +89,9 @@ def output(request_id: str, tokens: list[int], finished: bool = True, engine_ind
 # --- the client ---------------------------------------------------------------------------------
 
 
-def test_an_admitted_for_a_request_still_being_prepared_does_not_drop_it() -> None:
-    wire = Wire()
-    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+def hold_preparation(client: EngineClient) -> tuple[threading.Event, threading.Event]:
+    """Make ``client``'s preparations wait: the first event is set when one starts, and it goes
+    on once the second is set."""
     preparing, go = threading.Event(), threading.Event()
     prepare = client.processor.prepare
 
@@ -101,6 +101,13 @@ def test_an_admitted_for_a_request_still_being_prepared_does_not_drop_it() -> No
         return prepare(*args, **kwargs)
 
     client.processor.prepare = slow_prepare  # type: ignore[method-assign]
+    return preparing, go
+
+
+def test_an_admitted_for_a_request_still_being_prepared_does_not_drop_it() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+    preparing, go = hold_preparation(client)
     adding = threading.Thread(target=client.add_request, args=("x", [1, 2, 3], SamplingParams(max_tokens=1)))
     adding.start()
     assert preparing.wait(10)
@@ -141,6 +148,82 @@ def test_a_cancelled_add_request_waiting_for_the_lane_frees_its_id() -> None:
     kinds = [kind for kind, _ in sent]
     assert kinds in ([REQUEST], [REQUEST, ABORT, REQUEST])
 
+
+def test_a_processed_prompt_is_checked_in_the_lane_job_that_sends_it_and_a_token_prompt_on_the_pool() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+    threads: list[str] = []
+    prepare = client.processor.prepare
+
+    def recording_prepare(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return prepare(*args, **kwargs)
+
+    client.processor.prepare = recording_prepare  # type: ignore[method-assign]
+    processed = client.processor.preprocessor.preprocess([1, 2, 3], request_id="p")
+    asyncio.run(client.add_request_async("p", processed, SamplingParams(max_tokens=1)))
+    asyncio.run(client.add_request_async("t", [1, 2, 3], SamplingParams(max_tokens=1)))
+    assert [name.rsplit("_", 1)[0] for name in threads] == ["mmfront-commit-lane", "mmfront-prepare"]
+    assert wire.requests() == ["p", "t"]
+
+
+def test_a_processed_prompt_that_fails_its_checks_in_the_lane_frees_its_id_and_sends_nothing() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+    processed = client.processor.preprocessor.preprocess([1, 2, 3], request_id="bad")
+    bad = {**processed, "prompt_token_ids": [1, 1_000_000]}
+    with pytest.raises(ValidationError) as caught:
+        asyncio.run(client.add_request_async("bad", bad, SamplingParams(max_tokens=1)))
+    assert str(caught.value) == "Token id 1000000 is out of vocabulary (vocabulary size 528)."
+    assert wire.sent == [] and client.in_flight == [] and client.rank_of("bad") is None
+    assert [rank.outstanding for rank in client.ranks] == [0]
+    asyncio.run(client.add_request_async("bad", processed, SamplingParams(max_tokens=1)))  # the id is free again
+    assert wire.requests() == ["bad"] and client.in_flight == ["bad"]
+
+
+def test_a_processed_prompt_cancelled_before_its_lane_job_starts_is_never_sent_and_frees_its_id() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+    processed = client.processor.preprocessor.preprocess([1, 2, 3], request_id="q")
+    busy = threading.Event()
+    client._lane_executor.submit(busy.wait, 10)  # the lane is busy: the job waits in its queue
+
+    async def main() -> None:
+        task = asyncio.ensure_future(client.add_request_async("q", processed, SamplingParams(max_tokens=1)))
+        await asyncio.sleep(0.05)
+        assert client.in_flight == ["q"]  # reserved
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    busy.set()
+    client._lane_executor.submit(lambda: None).result(10)  # the lane drained
+    assert wire.sent == [] and client.in_flight == [] and client.rank_of("q") is None
+    assert [rank.outstanding for rank in client.ranks] == [0]
+
+
+def test_a_processed_prompt_cancelled_while_its_lane_job_prepares_it_is_sent_then_aborted() -> None:
+    wire = Wire()
+    client = EngineClient(toy_processor(), wire, stream_outputs=True)
+    processed = client.processor.preprocessor.preprocess([1, 2, 3], request_id="r")
+    preparing, go = hold_preparation(client)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(client.add_request_async("r", processed, SamplingParams(max_tokens=1)))
+        while not preparing.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    go.set()
+    client._lane_executor.submit(lambda: None).result(10)  # the lane drained: the send, then the abort
+    sent = [(bytes(f[0]), decode_message(f, Direction.TO_ENGINE).body) for f in wire.sent]
+    assert [kind for kind, _ in sent] == [REQUEST, ABORT]
+    assert sent[0][1].request_id == "r" and sent[0][1].prompt_token_ids == [1, 2, 3] and sent[1][1] == ["r"]
+    assert client.in_flight == [] and client.running == [] and client.rank_of("r") is None
 
 class StreamingEngine:
     """An mmfront engine over a pipe that streams one token per step, the token being the number

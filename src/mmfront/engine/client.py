@@ -24,8 +24,10 @@ Concurrency: :meth:`EngineClient.add_request` may be called from any number of t
 :meth:`EngineClient.add_request_async` from any number of tasks. Media loading, hashing and HF
 processing run on the caller's thread (a worker thread for the async form); the commit to the
 P0 cache, the stamp, the encoding and the send run under one lock, the *commit lane*, so the
-order in which the mirror changes is the order of the requests on the wire. Replies from P1 are
-handled in the same lane.
+order in which the mirror changes is the order of the requests on the wire (a prompt already
+processed is checked in the lane job that sends it: see :meth:`EngineClient.add_request_async`).
+Replies from P1 are handled in the same lane. Thread-safe: every public method; the ``_on_*``,
+``_submit`` and ``_send*`` methods run in the lane only.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from mmfront.engine.client_events import (
@@ -51,7 +54,7 @@ from mmfront.engine.handshake import EngineInfo
 from mmfront.engine.reference_limits import check_reference_params
 from mmfront.engine.transports import BaseTransport
 from mmfront.errors import ConfigError, EngineDeadError, MMFrontError, TransportError, ValidationError
-from mmfront.inputs import MultiModalInputs
+from mmfront.inputs import MultiModalInputs, is_processed
 from mmfront.preprocess import InputProcessor, PreparedRequest, PromptInput, RequestOptions
 from mmfront.preprocess.context_length import check_context_length
 from mmfront.timing import stage
@@ -170,18 +173,27 @@ class EngineClient:
         options: RequestOptions | None = None, **kwargs: Any,
     ) -> None:
         """:meth:`add_request` for asyncio: preparation and the commit lane run on worker
-        threads, so the event loop never waits for media, the HF processor or the lane."""
+        threads, so the event loop never waits for media, the HF processor or the lane.
+
+        A prompt already processed (``MultiModalInputs``, as ``mmfront serve`` passes them after
+        its own preparation job) needs no processor: its checks and the copy of its parameters
+        (tens of microseconds, plus a pass over its token ids, as its encoding makes in the same
+        job) run in the lane job that sends it, one thread hand-off instead of two. Any other
+        prompt is prepared on the preparation pool first."""
         loop = asyncio.get_running_loop()
         rank = self._reserve(request_id)
+        prepare = partial(rank.processor.prepare, request_id, prompt, params, options=options, **kwargs)
+        if is_processed(prompt):
+            send = partial(self._prepare_and_send, request_id, prepare)
+        else:
+            try:
+                prepared = await loop.run_in_executor(self.processor.pipeline.executor, prepare)
+            except BaseException:
+                self._release(request_id)
+                raise
+            send = partial(self._send_new, prepared)
         try:
-            prepared = await loop.run_in_executor(
-                self.processor.pipeline.executor,
-                lambda: rank.processor.prepare(request_id, prompt, params, options=options, **kwargs))
-        except BaseException:
-            self._release(request_id)
-            raise
-        try:
-            await loop.run_in_executor(self._lane_executor, self._send_new, prepared)
+            await loop.run_in_executor(self._lane_executor, send)
         except asyncio.CancelledError:
             # The send may still run (it had started): queued behind it in the lane, this abort
             # either finds the request sent and stops it, or finds it unsent and frees its id.
@@ -398,6 +410,19 @@ class EngineClient:
             self.transport.send(envelope)
         else:
             self.transport.send_to(rank.index, envelope)
+
+    def _prepare_and_send(self, request_id: str, prepare: Callable[[], PreparedRequest]) -> None:
+        """Prepare (cheaply: a processed prompt) and send ``request_id`` in one lane job; a
+        failure frees its id."""
+        with self._lane:
+            if request_id not in self._rank_of:
+                return  # aborted while it waited for the lane
+            try:
+                prepared = prepare()
+            except BaseException:
+                self._release(request_id)
+                raise
+            self._send_new(prepared)
 
     def _send_new(self, prepared: PreparedRequest) -> None:
         with self._lane:

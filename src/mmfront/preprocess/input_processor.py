@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mmfront.cache.base import NULL_SENDER_MIRROR, BaseMultiModalProcessorCache, SenderMirror
 from mmfront.errors import InputTypeError, ValidationError
-from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs, placeholders_in_prompt_order
+from mmfront.inputs import MultiModalFeatureSpec, MultiModalInputs, is_processed, placeholders_in_prompt_order
 from mmfront.preprocess.context_length import check_context_length
 from mmfront.preprocess.options import PromptInput, RequestOptions
 from mmfront.preprocess.preprocessor import InputPreprocessor
@@ -63,8 +63,8 @@ class InputProcessor:
     ) -> PreparedRequest:
         """Process and check one request without committing it (thread-safe)."""
         opts = RequestOptions.of(options, kwargs)
-        if isinstance(prompt, Mapping) and prompt.get("type") == "multimodal":
-            inputs: MultiModalInputs = prompt  # type: ignore[assignment]
+        if is_processed(prompt):
+            inputs: MultiModalInputs = prompt
         else:
             inputs = self.pipeline.prepare(prompt, opts, request_id, self.cache)
         self._validate(inputs, params)
