@@ -43,7 +43,7 @@ from mmfront.fixtures.models.gemma3 import (
 from mmfront.fixtures.models.glmasr import make_glmasr_processor, make_glmasr_tokenizer
 from mmfront.fixtures.models.idefics3 import make_idefics3_processor, make_idefics3_tokenizer
 from mmfront.fixtures.models.qwen2_audio import make_qwen2_audio_processor, make_qwen2_audio_tokenizer
-from mmfront.testing import models
+from mmfront.testing import models, peer
 from mmfront.testing.media import image_data_url, make_audio, make_image, make_raw_image, wav_bytes
 from mmfront.testing.models import (
     FIXTURE_VERSION,
@@ -607,3 +607,28 @@ def test_wav_bytes_of_no_frames_is_an_empty_wav() -> None:
 def test_wav_bytes_round_trips_within_one_step(samples: np.ndarray) -> None:
     _, _, _, frames = _read_wav(wav_bytes(samples, 16000))
     assert np.max(np.abs(frames / 32767.0 - samples)) <= 0.5 / 32767 + 1e-7
+
+
+def test_the_peer_venv_is_found_wherever_the_setup_script_built_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vllm_peer_setup.sh`` without ``VENV`` builds ``.venv-vllm`` in the folder it runs from (the
+    checkout, or ``../shared/peer``): each place is looked at in order; the variable, when set, alone."""
+    places = [tmp_path / "tmp" / "bin" / "python", tmp_path / "checkout" / ".venv-vllm" / "bin" / "python",
+              tmp_path / "shared" / "peer" / ".venv-vllm" / "bin" / "python"]
+    monkeypatch.setattr(peer, "SEARCHED_PYTHONS", tuple(places))
+    monkeypatch.delenv(peer.ENV_VAR, raising=False)
+    assert peer.vllm_peer_python() is None
+    for found in reversed(places):
+        found.parent.mkdir(parents=True)
+        found.touch()
+        assert peer.vllm_peer_python() == found
+    monkeypatch.setenv(peer.ENV_VAR, str(tmp_path / "elsewhere" / "python"))
+    assert peer.vllm_peer_python() is None
+    monkeypatch.setenv(peer.ENV_VAR, str(places[2]))
+    assert peer.vllm_peer_python() == places[2]
+
+
+def test_the_peer_search_starts_at_the_documented_place_then_the_checkout() -> None:
+    checkout = Path(__file__).resolve().parents[1]
+    assert (
+        peer.DEFAULT_PYTHON, checkout / ".venv-vllm" / "bin" / "python",
+        checkout.parent / "shared" / "peer" / ".venv-vllm" / "bin" / "python") == peer.SEARCHED_PYTHONS
