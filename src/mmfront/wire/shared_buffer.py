@@ -25,6 +25,8 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -38,6 +40,11 @@ KEEP_BYTES = 64 << 20
 the size the next message needs."""
 MAX_BYTES = 1 << 32
 """The largest buffer a receiver maps: what one message's frames may hold in all."""
+WARM_MIN_BYTES = 1 << 20
+"""Frames from this size up are copied into :class:`WarmFrames`' blocks (glibc's heap keeps smaller
+allocations resident by itself)."""
+WARM_KEEP_BYTES = 64 << 20
+"""The most idle frame memory one receiver keeps (what a burst leaves resident)."""
 _GRAIN = 1 << 20
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -99,11 +106,64 @@ class OutBuffer:
             self._fd = -1
 
 
+class WarmFrames:
+    """Memory for the frames a receiver copies out, kept resident between messages.
+
+    Why: ``mmfront serve`` fixes glibc's mmap threshold at 1 MiB (freed request bodies go back to
+    the OS), so a large frame copied into fresh memory page-faulted every page in, message after
+    message: a Qwen2.5-VL 1024x768 miss's 4.7 MB of patch rows cost ~650 faults and 2.9-3.6 ms of
+    the lane feeder's CPU, where the same copy into resident memory takes ~0.3-0.8 ms
+    (docs/benchmarks.md, "Warm memory for a lane's replies").
+
+    A frame of :data:`WARM_MIN_BYTES` or more is a view of a block of this pool; the block comes
+    back when the frame's array is gone. Every view of a frame holds that array: numpy stops a
+    view's chain of bases at an array whose base is not an array (here a memoryview of the block),
+    a memoryview holds the array it exports, and torch holds the buffer it views, so a block is
+    never handed out again while any of them lives. At most :data:`WARM_KEEP_BYTES` of idle
+    blocks are kept; the rest are freed. Thread-safe: a block comes back in whichever thread
+    drops a frame's last reference (the engine send's, the event loop's)."""
+
+    def __init__(self, keep_bytes: int = 0) -> None:
+        self._keep = keep_bytes or WARM_KEEP_BYTES
+        self._idle: list[np.ndarray] = []
+        self._idle_bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> np.ndarray:
+        """A writable uint8 array of ``size`` bytes, from an idle block where one fits (at most
+        twice its size, so a small frame does not pin a large block)."""
+        if size < WARM_MIN_BYTES:
+            return np.empty(size, np.uint8)
+        block = None
+        with self._lock:
+            fits = [n for n, idle in enumerate(self._idle) if size <= idle.nbytes <= 2 * size]
+            if fits:
+                block = self._idle.pop(min(fits, key=lambda n: self._idle[n].nbytes))
+                self._idle_bytes -= block.nbytes
+        if block is None:
+            block = np.empty(-(-size // _GRAIN) * _GRAIN, np.uint8)
+        frame = np.frombuffer(block.data[:size], np.uint8)
+        weakref.finalize(frame, self._give_back, block)
+        return frame
+
+    def _give_back(self, block: np.ndarray) -> None:
+        with self._lock:
+            if self._idle_bytes + block.nbytes <= self._keep:
+                self._idle.append(block)
+                self._idle_bytes += block.nbytes
+
+    @property
+    def idle_bytes(self) -> int:
+        return self._idle_bytes
+
+
 class InBuffer:
-    """A receiver's read-only mapping of the peer's :class:`OutBuffer`."""
+    """A receiver's read-only mapping of the peer's :class:`OutBuffer`, and the warm memory
+    (:class:`WarmFrames`) its frames are copied into."""
 
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
+        self.frames = WarmFrames()
 
     def adopt(self, fd: int) -> None:
         """Maps the buffer ``fd`` (which stays the caller's to close) in place of the previous one;
@@ -132,7 +192,7 @@ class InBuffer:
                               f"{0 if self._map is None else len(self._map)}.")
         frames = []
         for size, offset in zip(sizes, offsets):
-            frame = np.empty(size, np.uint8)
+            frame = self.frames.take(size)
             frame[:] = np.frombuffer(self._map, np.uint8, size, offset)
             frames.append(frame.data)
         return frames
@@ -144,4 +204,4 @@ class InBuffer:
             self._map = None
 
 
-__all__ = ["KEEP_BYTES", "MAX_BYTES", "InBuffer", "OutBuffer"]
+__all__ = ["KEEP_BYTES", "MAX_BYTES", "WARM_KEEP_BYTES", "WARM_MIN_BYTES", "InBuffer", "OutBuffer", "WarmFrames"]
