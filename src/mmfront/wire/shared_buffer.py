@@ -130,18 +130,20 @@ class WarmFrames:
         self._lock = threading.Lock()
 
     def take(self, size: int) -> np.ndarray:
-        """A writable uint8 array of ``size`` bytes, from an idle block where one fits (at most
-        twice its size, so a small frame does not pin a large block)."""
+        """A writable uint8 array of ``size`` bytes, from an idle block where one fits: at most a
+        quarter larger than ``size`` rounded up to whole MiB, so a frame a cache keeps holds
+        little more memory than it counts."""
         if size < WARM_MIN_BYTES:
             return np.empty(size, np.uint8)
+        need = -(-size // _GRAIN) * _GRAIN
         block = None
         with self._lock:
-            fits = [n for n, idle in enumerate(self._idle) if size <= idle.nbytes <= 2 * size]
+            fits = [n for n, idle in enumerate(self._idle) if need <= idle.nbytes <= need + need // 4]
             if fits:
                 block = self._idle.pop(min(fits, key=lambda n: self._idle[n].nbytes))
                 self._idle_bytes -= block.nbytes
         if block is None:
-            block = np.empty(-(-size // _GRAIN) * _GRAIN, np.uint8)
+            block = np.empty(need, np.uint8)
         frame = np.frombuffer(block.data[:size], np.uint8)
         weakref.finalize(frame, self._give_back, block)
         return frame
