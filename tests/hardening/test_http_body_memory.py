@@ -1,4 +1,4 @@
-"""Freed request bodies go back to the OS (``mmfront.serve.bodies.return_large_buffers_to_the_os``,
+"""Freed request bodies go back to the OS (``mmfront.engine.allocator.unmap_large_buffers``,
 called as ``mmfront serve`` starts): without it, glibc raises its mmap threshold after the first
 large free and keeps later bodies in per-thread heaps that small survivors pin (this script: +124
 MiB kept after 480 MiB of 3 MiB bodies on four threads; the HTTP soak's server +49 MiB after 90 s of
@@ -18,17 +18,18 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from mmfront.serve.bodies import BodyBudget, HeldBody, read_body, return_large_buffers_to_the_os
+from mmfront.engine.allocator import unmap_large_buffers
+from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
 
 BODIES_ON_THREADS = textwrap.dedent("""
     import threading
-    from mmfront.serve.bodies import return_large_buffers_to_the_os
+    from mmfront.engine.allocator import unmap_large_buffers
 
     def rss_mib():
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * 4096 >> 20
 
-    assert return_large_buffers_to_the_os()
+    assert unmap_large_buffers()
     survivors = []
     before = rss_mib()
 
@@ -50,7 +51,7 @@ BODIES_ON_THREADS = textwrap.dedent("""
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_freed_bodies_leave_the_process() -> None:
-    assert return_large_buffers_to_the_os()
+    assert unmap_large_buffers()
     done = subprocess.run([sys.executable, "-c", BODIES_ON_THREADS], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, check=True)
     kept_mib = int(done.stdout.strip())

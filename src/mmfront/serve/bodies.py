@@ -6,38 +6,19 @@ byte is read, and on a chunked body as it arrives."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import mmap
 from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from mmfront.engine.allocator import LARGE_BUFFER_BYTES
 from mmfront.errors import BodyTooLargeError, ResourceError
 
 logger = logging.getLogger(__name__)
 
-MMAP_THRESHOLD_BYTES = 1 << 20
-"""Allocations from this size up get pages of their own, given back to the OS when freed."""
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def return_large_buffers_to_the_os(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Fix glibc's mmap threshold at ``threshold``: once a large block is freed, glibc raises its
-    threshold (up to 32 MiB) and serves later large blocks (bodies, their decoded text, a refused
-    request's structs) from heaps it keeps, so a burst of big bodies left the server ~50 MiB above
-    its resting size for good (the HTTP soak: +49 MiB in 90 s of attacks; +4.5 MiB fixed). Whether
-    it was set: not on a C library without ``mallopt``."""
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    done = bool(mallopt(_M_MMAP_THRESHOLD, threshold))
-    if not done:
-        logger.debug("mallopt(M_MMAP_THRESHOLD) was refused; freed request bodies may stay in the heap.")
-    return done
+MMAP_THRESHOLD_BYTES = LARGE_BUFFER_BYTES
+"""A declared body from this size up is read into a mapping of its own (see :func:`read_body`)."""
 
 
 @dataclass
@@ -106,4 +87,4 @@ async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray |
     return chunked
 
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "BodyBudget", "HeldBody", "read_body", "return_large_buffers_to_the_os"]
+__all__ = ["MMAP_THRESHOLD_BYTES", "BodyBudget", "HeldBody", "read_body"]

@@ -631,10 +631,10 @@ def uvicorn_config(app: Any, settings: ServeSettings) -> Any:
     large buffers (request bodies) given back to the OS when freed."""
     import uvicorn
 
-    from mmfront.serve.bodies import return_large_buffers_to_the_os
+    from mmfront.engine.allocator import unmap_large_buffers
     from mmfront.serve.http_protocol import LimitedHttpToolsProtocol, raise_fd_soft_limit
 
-    return_large_buffers_to_the_os()
+    unmap_large_buffers()
 
     if settings.disable_access_log_for_endpoints:
         quiet = frozenset(p.strip() for p in settings.disable_access_log_for_endpoints.split(",") if p.strip())
