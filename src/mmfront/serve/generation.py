@@ -67,9 +67,15 @@ class Generation:
         self.tasks[index].cancel()
 
     async def close(self) -> None:
-        for task in self.tasks:
+        """Cancel the tasks still reading and wait for them (their streams abort their requests).
+        Tasks already over are not waited on: a stream read to its end (every finished response,
+        which closes its generation twice) has nothing to wait for, and a gather would cost a
+        future and a turn of the event loop."""
+        running = [task for task in self.tasks if not task.done()]
+        for task in running:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
 
 
 __all__ = ["Generation", "QueueItem", "Unanswered"]
