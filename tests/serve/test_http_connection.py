@@ -12,7 +12,7 @@ from typing import Any
 from starlette.applications import Starlette
 from uvicorn.server import ServerState
 
-from mmfront.serve.coalesced_writes import CoalescedWrites
+from mmfront.serve.coalesced_writes import HELD_BYTES, CoalescedWrites
 from mmfront.serve.launcher import uvicorn_config
 from mmfront.serve.settings import ServeSettings
 
@@ -81,6 +81,19 @@ def test_writes_of_one_turn_go_out_as_one_in_order() -> None:
     assert after_three == [b"HTTP/1.1 200 OK\r\n\r\n2f\r\ndata: role\r\n", b"ab", b"c"]
 
 
+def test_a_buffer_the_caller_changes_after_writing_goes_out_as_written() -> None:
+    async def run() -> list[bytes]:
+        inner = RecordingTransport()
+        writes = CoalescedWrites(inner, asyncio.get_running_loop())
+        buffer = bytearray(b"first")
+        writes.write(buffer)
+        buffer[:] = b"later"
+        await a_turn()
+        return inner.writes
+
+    assert asyncio.run(run()) == [b"first"]
+
+
 def test_closing_writes_what_is_held_first_and_aborting_drops_it() -> None:
     async def run() -> tuple[RecordingTransport, RecordingTransport, RecordingTransport]:
         loop = asyncio.get_running_loop()
@@ -108,6 +121,21 @@ def test_what_is_held_when_the_client_has_left_is_dropped() -> None:
         return inner
 
     assert asyncio.run(run()).writes == []
+
+
+def test_a_burst_past_the_held_bytes_is_written_at_once() -> None:
+    """So the transport's flow control sees a large burst as it comes and can pause the app."""
+    async def run() -> tuple[list[int], list[int]]:
+        inner = RecordingTransport()
+        writes = CoalescedWrites(inner, asyncio.get_running_loop())
+        writes.write(b"a" * (HELD_BYTES - 1))
+        before = [len(w) for w in inner.writes]
+        writes.write(b"bb")
+        writes.write(b"c")
+        await a_turn()
+        return before, [len(w) for w in inner.writes]
+
+    assert asyncio.run(run()) == ([], [HELD_BYTES + 1, 1])
 
 
 def test_the_write_buffer_counts_what_is_held() -> None:

@@ -15,25 +15,37 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
+HELD_BYTES = 1 << 16
+"""What a turn may hold before it is written at once: a burst larger than this gains nothing from
+one call, and the transport's flow control (which pauses the app's writes past its high-water
+mark) sees it as it comes."""
+
 
 class CoalescedWrites(asyncio.Transport):
-    """``transport`` whose writes are held until the end of the current turn of ``loop``, then
-    written as one. Closing it (or ending its writes) writes what is held first; aborting it
-    drops it, as an abort drops the transport's own buffer; what is held when the connection
-    is already closing (the client left) is dropped, as the transport would refuse it."""
+    """``transport`` whose writes are held until the end of the current turn of ``loop`` (or until
+    :data:`HELD_BYTES` are held), then written as one. Closing it (or ending its writes) writes
+    what is held first; aborting it drops it, as an abort drops the transport's own buffer; what
+    is held when the connection is already closing (the client left) is dropped, as the
+    transport would refuse it."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
         self.transport = transport
         self.loop = loop
-        self.held: list[bytes | bytearray | memoryview] = []
+        self.held: list[bytes] = []
+        self.held_bytes = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
+        if not isinstance(data, bytes):  # a caller may reuse its buffer once write returns, as a transport copies it
+            data = bytes(data)
         if not self.held:
             self.loop.call_soon(self.flush)
         self.held.append(data)
+        self.held_bytes += len(data)
+        if self.held_bytes >= HELD_BYTES:
+            self.flush()
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
         for data in list_of_data:
@@ -41,7 +53,7 @@ class CoalescedWrites(asyncio.Transport):
 
     def flush(self) -> None:
         """Write what is held now, as one write."""
-        held, self.held = self.held, []
+        held, self.held, self.held_bytes = self.held, [], 0
         if held and not self.transport.is_closing():
             self.transport.write(held[0] if len(held) == 1 else b"".join(held))
 
@@ -57,7 +69,7 @@ class CoalescedWrites(asyncio.Transport):
         self.transport.close()
 
     def abort(self) -> None:
-        self.held = []
+        self.held, self.held_bytes = [], 0
         self.transport.abort()
 
     def is_closing(self) -> bool:
@@ -85,10 +97,10 @@ class CoalescedWrites(asyncio.Transport):
         self.transport.set_write_buffer_limits(high, low)
 
     def get_write_buffer_size(self) -> int:
-        return self.transport.get_write_buffer_size() + sum(len(data) for data in self.held)
+        return self.transport.get_write_buffer_size() + self.held_bytes
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return self.transport.get_write_buffer_limits()
 
 
-__all__ = ["CoalescedWrites"]
+__all__ = ["HELD_BYTES", "CoalescedWrites"]
