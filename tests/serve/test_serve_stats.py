@@ -149,6 +149,19 @@ def test_one_request_gives_vllms_numbers(metrics: ServerMetrics, clock: Clock) -
     assert value(metrics, "vllm:inter_token_latency_seconds_bucket", le="0.3") == 2
 
 
+def test_the_queue_gauges_follow_every_step_when_steps_repeat_them(metrics: ServerMetrics, clock: Clock) -> None:
+    """A step whose running, waiting and KV-cache figures repeat the last step's sets nothing (issue
+    34: a decode step mostly repeats them); the gauges still read each step's figures."""
+    recorder = StatsRecorder([metrics.record])
+    seen = []
+    for running, waiting, usage in [(2, 1, 0.5), (2, 1, 0.5), (1, 0, 0.25), (2, 1, 0.5), (2, 1, 0.5)]:
+        step(recorder, clock, 100.0, 50.0, [], scheduler(running, waiting, usage))
+        seen.append((value(metrics, "vllm:num_requests_running"), value(metrics, "vllm:num_requests_waiting"),
+                     value(metrics, "vllm:num_requests_waiting_by_reason", reason="capacity"),
+                     value(metrics, "vllm:kv_cache_usage_perc")))
+    assert seen == [(2, 1, 1, 0.5), (2, 1, 1, 0.5), (1, 0, 0, 0.25), (2, 1, 1, 0.5), (2, 1, 1, 0.5)]
+
+
 def test_n_choices_a_stop_string_and_a_dropped_request(metrics: ServerMetrics, clock: Clock) -> None:
     recorder = StatsRecorder([metrics.record])
     recorder.add_requests(["0_b", "1_b"], 5, 4)

@@ -11,6 +11,10 @@ a bounded amount of time, memory and descriptors.
 - Past ``max_connections`` open connections a new one is answered 503 and closed at once, so the
   descriptor limit is never what turns normal clients away.
 
+What the connection writes in one turn of the event loop goes out as one write
+(:class:`~mmfront.serve.coalesced_writes.CoalescedWrites`), and a request body's pieces reach the
+app without uvicorn's copies of them (:meth:`LimitedHttpToolsProtocol.on_body`).
+
 Refusals are plain text, as uvicorn's own 400 for an unparsable request. The connection is then
 half-closed and what the client still sends is read and dropped for :data:`LINGER_S` (a lingering
 close, as nginx's): closing at once with unread bytes would reset the connection, and the client
@@ -27,7 +31,9 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HIGH_WATER_LIMIT, HttpToolsProtocol
+
+from mmfront.serve.coalesced_writes import CoalescedWrites
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +83,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.read_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(CoalescedWrites(transport, self.loop))
         if len(self.connections) > self.limits.max_connections:
             self.logger.warning("Refused a connection: %d are open (--max-connections).", len(self.connections) - 1)
             self.refuse(503, "The server has too many open connections; retry later.", linger=False)
@@ -136,6 +142,24 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.in_body = True
         self.arm(self.limits.body_read_timeout_s)
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        """uvicorn's, without its two copies of each piece: uvicorn appends a piece to the
+        request's ``bytearray``, and the app's ``receive`` copies that into ``bytes`` (on the
+        event loop; ~1.3 MB per data URL of 630 KB). A piece that finds nothing waiting is held
+        as it is, and ``receive`` hands it on as it is (``bytes`` of a ``bytes`` is the same
+        object); pieces that pile up before the app reads are joined, in order, as uvicorn
+        joins them."""
+        cycle = self.cycle
+        if cycle.body or cycle.response_complete or (self.parser.should_upgrade() and self._should_upgrade()):
+            if isinstance(cycle.body, bytes):  # a piece held as it is, then another before the app read it
+                cycle.body = bytearray(cycle.body)
+            super().on_body(body)
+            return
+        cycle.body = body  # type: ignore[assignment]  # read by receive() as bytes(cycle.body) only
+        if len(body) > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
 
     def on_message_complete(self) -> None:
         self.in_body = False

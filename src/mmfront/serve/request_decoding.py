@@ -55,8 +55,13 @@ def _check_nesting(request: ChatCompletionRequest | CompletionRequest) -> None:
     """Refuse a request whose decoded fields nest deeper than :data:`MAX_JSON_DEPTH` (the body is
     level 1): the free-form ones (kwargs, schemas, messages) reach code that copies, hashes or
     renders them with recursion. A field vLLM does not know is skipped by the decoder, and nesting
-    past the stack's reach is refused there (:func:`decode_body`)."""
-    for name in request.__struct_fields__:
+    past the stack's reach is refused there (:func:`decode_body`). The fields are walked together
+    (one walk, where one per field took ~70 for a chat request), and one by one only to name the
+    field of a request refused."""
+    fields = request.__struct_fields__
+    if not _nesting_past([getattr(request, name) for name in fields], 1, MAX_JSON_DEPTH):
+        return
+    for name in fields:
         if _nesting_past(getattr(request, name), 2, MAX_JSON_DEPTH):
             raise RequestBodyError(f"JSON decode error: `{name}` nests arrays and objects deeper than "
                                    f"{MAX_JSON_DEPTH} levels.", parameter=f"{BODY_PARAM}.{name}")

@@ -287,9 +287,7 @@ class Server:
         started: set[int] = set()
         try:
             while open_choices:
-                batch = [await gen.queue.get()]
-                while not gen.queue.empty():
-                    batch.append(gen.queue.get_nowait())
+                batch = await gen.arrived()
                 merged: dict[int, Delta] = {}
                 for index, item in batch:
                     if index not in open_choices:

@@ -168,6 +168,9 @@ class ServerMetrics:
         self.model_name = model_name
         self._metrics: dict[str, Any] = {}
         self._children: dict[tuple[str, int, tuple[str, ...]], Any] = {}
+        self._queue_gauges: dict[int, tuple[float, ...]] = {}
+        """Each engine's last running, waiting and KV-cache gauges, as set (only
+        :meth:`_record_scheduler` sets those series)."""
         for family in FAMILIES if engine_stats else ():
             labels = ("model_name", "engine", *family.extra) if family.per_engine else ("model_name", *family.extra)
             if family.kind == "histogram":
@@ -206,11 +209,14 @@ class ServerMetrics:
 
     def _record_scheduler(self, engine: int, s: SchedulerStats) -> None:
         child = self._child
-        child("vllm:num_requests_running", engine).set(s.num_running_reqs)
-        child("vllm:num_requests_waiting", engine).set(s.num_waiting_reqs + s.num_skipped_waiting_reqs)
-        child("vllm:num_requests_waiting_by_reason", engine, "capacity").set(s.num_waiting_reqs)
-        child("vllm:num_requests_waiting_by_reason", engine, "deferred").set(s.num_skipped_waiting_reqs)
-        child("vllm:kv_cache_usage_perc", engine).set(s.kv_cache_usage)
+        gauges = (s.num_running_reqs, s.num_waiting_reqs, s.num_skipped_waiting_reqs, s.kv_cache_usage)
+        if self._queue_gauges.get(engine) != gauges:  # a decode step mostly repeats them (each set takes a lock)
+            self._queue_gauges[engine] = gauges
+            child("vllm:num_requests_running", engine).set(s.num_running_reqs)
+            child("vllm:num_requests_waiting", engine).set(s.num_waiting_reqs + s.num_skipped_waiting_reqs)
+            child("vllm:num_requests_waiting_by_reason", engine, "capacity").set(s.num_waiting_reqs)
+            child("vllm:num_requests_waiting_by_reason", engine, "deferred").set(s.num_skipped_waiting_reqs)
+            child("vllm:kv_cache_usage_perc", engine).set(s.kv_cache_usage)
         _count(child("vllm:prefix_cache_queries", engine), s.prefix_cache_stats.queries)
         _count(child("vllm:prefix_cache_hits", engine), s.prefix_cache_stats.hits)
         _count(child("vllm:prompt_tokens_cached_by_source", engine, "device"), s.prefix_cache_stats.hits)
@@ -229,10 +235,11 @@ class ServerMetrics:
         child = self._child
         prompt = it.prompt_token_stats
         _count(child("vllm:num_preemptions", engine), it.num_preempted_reqs)
-        _count(child("vllm:prompt_tokens", engine), prompt.total)
-        for source in PromptTokenStats.SOURCES:
-            _count(child("vllm:prompt_tokens_by_source", engine, source), prompt.by_source(source))
-        _count(child("vllm:prompt_tokens_cached", engine), prompt.cached_tokens)
+        if prompt.total or prompt.computed or prompt.cached_tokens or prompt.local_cache_hit or prompt.external_kv_transfer:
+            _count(child("vllm:prompt_tokens", engine), prompt.total)  # a decode step has no prompt tokens to count
+            for source in PromptTokenStats.SOURCES:
+                _count(child("vllm:prompt_tokens_by_source", engine, source), prompt.by_source(source))
+            _count(child("vllm:prompt_tokens_cached", engine), prompt.cached_tokens)
         _count(child("vllm:generation_tokens", engine), it.num_generation_tokens)
         child("vllm:iteration_tokens_total", engine).observe(prompt.computed + it.num_generation_tokens)
         for tokens in it.max_num_generation_tokens_iter:
