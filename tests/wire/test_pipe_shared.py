@@ -10,7 +10,6 @@ import os
 import socket
 import struct
 import warnings
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 import pytest
@@ -21,15 +20,6 @@ from mmfront.wire.pipe import recv_frames, send_frames
 from mmfront.wire.shared_buffer import KEEP_BYTES, InBuffer, OutBuffer
 
 SHARED = 1 << 63
-
-
-@pytest.fixture
-def ends() -> Iterator[tuple[Connection, Connection]]:
-    a, b = socket.socketpair()
-    left, right = Connection(a.detach()), Connection(b.detach())
-    yield left, right
-    left.close()
-    right.close()
 
 
 def _open_fds() -> int:

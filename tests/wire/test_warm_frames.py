@@ -8,9 +8,7 @@ from __future__ import annotations
 import gc
 import itertools
 import resource
-import socket
 import threading
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -143,15 +141,6 @@ def test_threads_dropping_frames_while_another_takes_them_keep_every_frame_intac
         thread.join(timeout=30)
     assert not failures
     assert pool.idle_bytes <= 16 * MIB
-
-
-@pytest.fixture
-def ends() -> Iterator[tuple[Connection, Connection]]:
-    a, b = socket.socketpair()
-    left, right = Connection(a.detach()), Connection(b.detach())
-    yield left, right
-    left.close()
-    right.close()
 
 
 def test_a_warm_receiver_copies_a_large_frame_out_without_faulting_memory_in(
