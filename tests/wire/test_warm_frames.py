@@ -89,7 +89,7 @@ def test_small_frames_are_plain_arrays_and_idle_blocks_are_capped() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 6), st.integers(0, 7)), min_size=1, max_size=40))
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 4), st.integers(0, 7)), min_size=1, max_size=24))
 def test_no_two_live_frames_share_memory_whatever_the_order_of_takes_and_drops(
         steps: list[tuple[bool, int, int]]) -> None:
     pool = WarmFrames(keep_bytes=12 * MIB)
@@ -119,6 +119,7 @@ def test_threads_dropping_frames_while_another_takes_them_keep_every_frame_intac
                 while not handed and not done.is_set():
                     lock.wait(0.01)
                 item = handed.pop(0) if handed else None
+                lock.notify_all()
             if item is not None:
                 frame, value = item
                 if not (int(frame[0]) == value and int(frame[len(frame) // 2]) == value and int(frame[-1]) == value):
@@ -132,8 +133,10 @@ def test_threads_dropping_frames_while_another_takes_them_keep_every_frame_intac
             frame = pool.take((1 + n % 3) * MIB)
             frame[:] = n % 251
             with lock:
+                while len(handed) >= 8:  # a bounded hand-off: at most 8 frames wait for a dropper
+                    lock.wait(0.01)
                 handed.append((frame, n % 251))
-                lock.notify()
+                lock.notify_all()
             del frame
     finally:
         done.set()
