@@ -6,7 +6,6 @@ byte is read, and on a chunked body as it arrives."""
 
 from __future__ import annotations
 
-import logging
 import mmap
 from dataclasses import dataclass
 
@@ -14,11 +13,6 @@ from starlette.requests import Request
 
 from mmfront.engine.allocator import LARGE_BUFFER_BYTES
 from mmfront.errors import BodyTooLargeError, ResourceError
-
-logger = logging.getLogger(__name__)
-
-MMAP_THRESHOLD_BYTES = LARGE_BUFFER_BYTES
-"""A declared body from this size up is read into a mapping of its own (see :func:`read_body`)."""
 
 
 @dataclass
@@ -58,7 +52,7 @@ class HeldBody:
 
 async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray | mmap.mmap:
     """The body in one buffer, refused as soon as it passes ``limit`` (413) or the budget (503).
-    A declared body of :data:`MMAP_THRESHOLD_BYTES` or more is read into an anonymous mapping,
+    A declared body of :data:`~mmfront.engine.allocator.LARGE_BUFFER_BYTES` or more is read into an anonymous mapping,
     whose pages the kernel zeroes as the bytes arrive: ``bytearray(size)`` zeroes all of them
     at once, on the event loop (a 60 MB body held it ~15-25 ms before a byte was read, and four
     arriving together four times that), and makes the server's memory grow by the declared size
@@ -70,7 +64,7 @@ async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray |
             raise BodyTooLargeError(f"The request body ({size} bytes) is larger than the server's limit of {limit} "
                                     "bytes.")
         held.grow(size)
-        body: bytearray | mmap.mmap = mmap.mmap(-1, size) if size >= MMAP_THRESHOLD_BYTES else bytearray(size)
+        body: bytearray | mmap.mmap = mmap.mmap(-1, size) if size >= LARGE_BUFFER_BYTES else bytearray(size)
         view = memoryview(body)
         filled = 0
         async for part in request.stream():
@@ -87,4 +81,4 @@ async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray |
     return chunked
 
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "BodyBudget", "HeldBody", "read_body"]
+__all__ = ["BodyBudget", "HeldBody", "read_body"]

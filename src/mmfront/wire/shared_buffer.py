@@ -123,8 +123,8 @@ class WarmFrames:
     blocks are kept; the rest are freed. Thread-safe: a block comes back in whichever thread
     drops a frame's last reference (the engine send's, the event loop's)."""
 
-    def __init__(self, keep_bytes: int = 0) -> None:
-        self._keep = keep_bytes or WARM_KEEP_BYTES
+    def __init__(self, keep_bytes: int = WARM_KEEP_BYTES) -> None:
+        self._keep = keep_bytes
         self._idle: list[np.ndarray] = []
         self._idle_bytes = 0
         self._lock = threading.Lock()
