@@ -24,6 +24,7 @@ torch where it is not. Three jobs, all bit-exact with the slow path they replace
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import threading
 import warnings
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from mmfront.errors import HashingTypeError
+from mmfront.wire.shared_buffer import reply_memory
 
 __all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "patch_rows", "pixel_rows", "resized",
            "to_hwc_uint8"]
@@ -255,7 +257,7 @@ def pixel_rows(regions: Sequence[torch.Tensor], out_hw: tuple[int, int], setting
     whose pixels lie channels-last (an image's HWC pixels that need no resize; torch's antialiased
     resize gives planar rows) is read where it lies, without a planar copy first. Without the
     extension, torch does those steps, a row at a time."""
-    pixel_values = torch.empty((len(regions), 3, *out_hw), dtype=dtype)
+    pixel_values = _reply_tensor((len(regions), 3, *out_hw), dtype)
     bits = _TABLE_BITS.get(dtype.itemsize)
     lut_planes, lut_interleaved = _lut_planes, _lut_interleaved
     if lut_planes is not None and bits is not None and dtype.is_floating_point:
@@ -292,11 +294,20 @@ def patch_rows(images: torch.Tensor, patch: int, merge: int, temporal: int) -> t
         return None
     channels_last = not images.is_contiguous() and images.is_contiguous(memory_format=torch.channels_last)
     source = images.permute(0, 2, 3, 1) if channels_last else images.contiguous()
-    rows = torch.empty((batch, (height // patch) * (width // patch), channels * temporal * patch * patch),
-                       dtype=images.dtype)
+    rows = _reply_tensor((batch, (height // patch) * (width // patch), channels * temporal * patch * patch),
+                         images.dtype)
     _patchify(_bytes_view(source), _bytes_view(rows), batch, channels, height, width, images.element_size(), patch,
               merge, temporal, channels_last)
     return rows
+
+
+def _reply_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised tensor for model-ready rows, in the memory of the reply they go out in
+    where this process is a processing lane (:func:`mmfront.wire.shared_buffer.reply_memory`)."""
+    count = math.prod(shape)
+    if not count:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(reply_memory(count * dtype.itemsize)).view(dtype).view(shape)
 
 
 def _bytes_view(tensor: torch.Tensor) -> np.ndarray:

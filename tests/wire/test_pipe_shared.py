@@ -99,7 +99,7 @@ def test_plain_messages_still_pass_and_a_receiver_without_a_buffer_refuses_share
 @pytest.mark.parametrize("case", ["no fd", "unsealed", "too short", "not a memfd"])
 def test_a_forged_shared_buffer_is_refused(ends: tuple[Connection, Connection], case: str, tmp_path: object) -> None:
     left, right = ends
-    header = struct.pack("<IQ", 1, 4096 | SHARED)
+    header = struct.pack("<IQQ", 1, 4096 | SHARED, 0)
     fd = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
     if case == "not a memfd":
         os.close(fd)
@@ -116,8 +116,8 @@ def test_a_forged_shared_buffer_is_refused(ends: tuple[Connection, Connection], 
         os.close(fd)
     into = InBuffer()
     before = _open_fds()
-    match = {"no fd": "announced 4096 bytes of shared frames; its shared buffer holds 0",
-             "too short": "announced 4096 bytes of shared frames; its shared buffer holds 1024"}.get(
+    match = {"no fd": "announced shared frames up to byte 4096; its shared buffer holds 0",
+             "too short": "announced shared frames up to byte 4096; its shared buffer holds 1024"}.get(
         case, "not a sealed memfd of 1 to")
     with pytest.raises(DecodeError, match=match):
         recv_frames(right, into=into)
@@ -130,6 +130,6 @@ def test_a_forged_shared_buffer_is_refused(ends: tuple[Connection, Connection], 
 
 def test_a_header_too_long_to_be_one_is_refused(ends: tuple[Connection, Connection]) -> None:
     left, right = ends
-    os.write(left.fileno(), struct.pack("!i", 4 + 8 * (1 << 16) + 1))  # refused before its body is read
-    with pytest.raises(DecodeError, match="cannot be 524293 bytes"):
+    os.write(left.fileno(), struct.pack("!i", 4 + 16 * (1 << 16) + 1))  # refused before its body is read
+    with pytest.raises(DecodeError, match="cannot be 1048581 bytes"):
         recv_frames(right, into=InBuffer())

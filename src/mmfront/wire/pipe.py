@@ -15,7 +15,7 @@ Between two processes of one machine on a Unix socket that talk in strict reques
 processing lanes), the frames can travel in the sender's shared buffer instead (``out``/``into``,
 :mod:`mmfront.wire.shared_buffer`): the message is then its header alone, the buffer's memfd
 passed with it when it is new, and the receiver copies the frames out. Their lengths carry
-:data:`_SHARED` in the header.
+:data:`_SHARED` in the header, and their offsets in the buffer follow the lengths.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from mmfront.wire.shared_buffer import InBuffer, OutBuffer
 
 MAX_FRAMES = 1 << 16
 """Most frames one message may announce."""
-_MAX_HEADER = 4 + 8 * MAX_FRAMES
+_MAX_HEADER = 4 + 16 * MAX_FRAMES
+"""A frame count, each frame's length and, for a shared one, its offset."""
 _DISCARD_CHUNK = 1 << 20
 """How much of a frame that does not match its header is read (and dropped) at a time."""
 _SHARED = 1 << 63
@@ -47,9 +48,10 @@ def send_frames(conn: Connection, frames: Sequence[Frame], *, out: OutBuffer | N
     previous message sent through ``out``: this one overwrites it)."""
     views = [frame_view(f, i) for i, f in enumerate(frames)]
     shared = [out is not None and v.nbytes > 0 for v in views]
-    header = struct.pack(f"<I{len(views)}Q", len(views), *(v.nbytes | (_SHARED if s else 0) for v, s in zip(views, shared)))
     try:
-        fd = None if out is None else out.place([v for v, s in zip(views, shared) if s])
+        offsets, fd = ([], None) if out is None else out.place([v for v, s in zip(views, shared) if s])
+        header = struct.pack(f"<I{len(views)}Q{len(offsets)}Q", len(views),
+                             *(v.nbytes | (_SHARED if s else 0) for v, s in zip(views, shared)), *offsets)
         if fd is not None:
             _send_with_fd(conn, header, fd)
         else:
@@ -79,9 +81,13 @@ def recv_frames(conn: Connection, timeout: float | None = None, *, into: InBuffe
             if len(header) < 4:
                 raise DecodeError(f"A message header has at least 4 bytes, got {len(header)}.")
             (count,) = struct.unpack_from("<I", header)
-            if count > MAX_FRAMES or len(header) != 4 + 8 * count:
+            if count > MAX_FRAMES or len(header) < 4 + 8 * count:
                 raise DecodeError(f"Malformed message header ({len(header)} bytes for {count} frames).")
             sizes = struct.unpack_from(f"<{count}Q", header, 4)
+            shared = sum(1 for s in sizes if s & _SHARED)
+            if len(header) != 4 + 8 * (count + shared):
+                raise DecodeError(f"Malformed message header ({len(header)} bytes for {count} frames, {shared} shared).")
+            offsets = struct.unpack_from(f"<{shared}Q", header, 4 + 8 * count)
             if fd is not None:
                 assert into is not None
                 into.adopt(fd)
@@ -91,7 +97,7 @@ def recv_frames(conn: Connection, timeout: float | None = None, *, into: InBuffe
         shared_sizes = [s & ~_SHARED for s in sizes if s & _SHARED]
         if shared_sizes and into is None:
             raise DecodeError("A message announced shared frames but came without their memory.")
-        mapped = iter(into.copy_out(shared_sizes) if into is not None and shared_sizes else [])
+        mapped = iter(into.copy_out(shared_sizes, offsets) if into is not None and shared_sizes else [])
         frames: list[Frame] = []
         for size in sizes:
             if size & _SHARED:

@@ -25,7 +25,7 @@ from mmfront.processing.executors.jobs import LaneFailure, LaneReply, LaneRunner
 from mmfront.processing.executors.lanes import BaseLaneExecutor
 from mmfront.wire import Frame, MsgpackDecoder, MsgpackEncoder
 from mmfront.wire.pipe import recv_frames, send_frames
-from mmfront.wire.shared_buffer import InBuffer, OutBuffer
+from mmfront.wire.shared_buffer import InBuffer, OutBuffer, send_replies_through
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def worker_main(fd: int) -> None:
         return
     send_frames(conn, encoder.encode(LaneReply()))
     jobs, replies = InBuffer(), OutBuffer()  # jobs and replies travel in shared buffers, see mmfront.wire.pipe
+    send_replies_through(replies)  # large outputs (patch rows) are made in the reply's buffer: no copy at the send
     while True:
         try:
             frames = recv_frames(conn, into=jobs)
