@@ -1,4 +1,4 @@
-"""Freed request bodies go back to the OS (``mmfront.engine.allocator.unmap_large_buffers``,
+"""Freed request bodies go back to the OS (``mmfront.wire.allocator.unmap_large_buffers``,
 called as ``mmfront serve`` starts): without it, glibc raises its mmap threshold after the first
 large free and keeps later bodies in per-thread heaps that small survivors pin (this script: +124
 MiB kept after 480 MiB of 3 MiB bodies on four threads; the HTTP soak's server +49 MiB after 90 s of
@@ -18,12 +18,12 @@ import pytest
 from starlette.requests import Request
 from starlette.types import Message
 
-from mmfront.engine.allocator import unmap_large_buffers
 from mmfront.serve.bodies import BodyBudget, HeldBody, read_body
+from mmfront.wire.allocator import unmap_large_buffers
 
 BODIES_ON_THREADS = textwrap.dedent("""
     import threading
-    from mmfront.engine.allocator import unmap_large_buffers
+    from mmfront.wire.allocator import unmap_large_buffers
 
     def rss_mib():
         with open("/proc/self/statm") as statm:

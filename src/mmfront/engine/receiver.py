@@ -24,10 +24,10 @@ from typing import Any
 from mmfront.cache.base import BaseMultiModalReceiverCache, MirrorEvent, NullReceiverMirror
 from mmfront.cache.factory import engine_receiver_cache_from_config
 from mmfront.config import DEFAULT_LIMIT_PER_PROMPT, MODALITIES, MultiModalConfig
-from mmfront.engine.allocator import unmap_large_buffers
 from mmfront.engine.transports import BaseTransport, PipeTransport
 from mmfront.errors import ConfigError, DecodeError, ResourceError, TransportError, UnknownUtilityError
 from mmfront.wire import EngineCoreRequest, Frame, MsgpackEncoder
+from mmfront.wire.allocator import unmap_large_buffers
 from mmfront.wire.messages import (
     ABORT,
     ADMITTED,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from mmfront.engine.allocator import LARGE_BUFFER_BYTES
 from mmfront.errors import BodyTooLargeError, ResourceError
+from mmfront.wire.allocator import LARGE_BUFFER_BYTES
 
 
 @dataclass
@@ -52,7 +52,7 @@ class HeldBody:
 
 async def read_body(request: Request, limit: int, held: HeldBody) -> bytearray | mmap.mmap:
     """The body in one buffer, refused as soon as it passes ``limit`` (413) or the budget (503).
-    A declared body of :data:`~mmfront.engine.allocator.LARGE_BUFFER_BYTES` or more is read into an anonymous mapping,
+    A declared body of :data:`~mmfront.wire.allocator.LARGE_BUFFER_BYTES` or more is read into an anonymous mapping,
     whose pages the kernel zeroes as the bytes arrive: ``bytearray(size)`` zeroes all of them
     at once, on the event loop (a 60 MB body held it ~15-25 ms before a byte was read, and four
     arriving together four times that), and makes the server's memory grow by the declared size

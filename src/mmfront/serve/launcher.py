@@ -631,8 +631,8 @@ def uvicorn_config(app: Any, settings: ServeSettings) -> Any:
     large buffers (request bodies) given back to the OS when freed."""
     import uvicorn
 
-    from mmfront.engine.allocator import unmap_large_buffers
     from mmfront.serve.http_protocol import LimitedHttpToolsProtocol, raise_fd_soft_limit
+    from mmfront.wire.allocator import unmap_large_buffers
 
     unmap_large_buffers()
 

@@ -40,6 +40,7 @@ from typing import NoReturn
 import numpy as np
 
 from mmfront.errors import DecodeError, resource_error
+from mmfront.wire.allocator import LARGE_BUFFER_BYTES
 from mmfront.wire.memfd import ALIGN, layout
 
 KEEP_BYTES = 64 << 20
@@ -47,9 +48,10 @@ KEEP_BYTES = 64 << 20
 the size the next message needs."""
 MAX_BYTES = 1 << 32
 """The largest buffer a receiver maps: what one message's frames may hold in all."""
-WARM_MIN_BYTES = 1 << 20
-"""Frames from this size up are copied into :class:`WarmFrames`' blocks (glibc's heap keeps smaller
-allocations resident by itself)."""
+WARM_MIN_BYTES = LARGE_BUFFER_BYTES
+"""Frames from this size up are copied into :class:`WarmFrames`' blocks: the size from which
+``mmfront serve`` has glibc map each allocation on its own (:mod:`mmfront.wire.allocator`); its
+heap keeps smaller allocations resident by itself."""
 WARM_KEEP_BYTES = 64 << 20
 """The most idle frame memory one receiver keeps (what a burst leaves resident)."""
 _GRAIN = 1 << 20

@@ -1,5 +1,6 @@
 """Large buffers go back to the operating system once freed: the one home of the process-wide
-malloc setting that both sides of the link make at start.
+malloc setting that both sides of the link make at start (here, beside the frames, because the
+receivers' warm frame memory is sized by it too).
 
 glibc serves a large buffer with ``mmap`` and unmaps it when freed, until the first such free:
 it then raises its mmap threshold to that size (up to 32 MiB), later buffers come from per-thread
