@@ -71,10 +71,15 @@ def test_a_lane_sends_the_engine_layout_of_the_processor_it_serves(tmp_path: Pat
     assert sped_up <= set(vars(rebuilt.info.hf_processor.image_processor))
     ids = processor.info.tokenizer.encode(" and ".join([processor.get_placeholder_str("image", 0)] * 2))
     data = {"image": [natural_image(64, 48, tag=1), natural_image(40, 72, tag=2)]}
+    one_ids = processor.info.tokenizer.encode(processor.get_placeholder_str("image", 0))
+    one = {"image": [natural_image(56, 56, tag=3)]}
     with LocalProcessExecutor(spec, 1) as lanes:
         got = processor.apply(ids, data, executor=lanes)["mm_kwargs"]
+        # the lane makes its next reply's rows where this reply's were: what the caller got stays
+        got_one = processor.apply(one_ids, one, executor=lanes)["mm_kwargs"]
     want = processor.apply(ids, data)["mm_kwargs"]
     assert _bytes(got) == _bytes(want)
+    assert _bytes(got_one) == _bytes(processor.apply(one_ids, one)["mm_kwargs"])
     for item in got["image"]:
         assert item is not None
         assert sorted(item) == ["image_grid_thw", "pixel_values"]
