@@ -70,3 +70,85 @@ def test_kwargs_that_cannot_be_frozen_are_merged_on_every_call(hf: Any, merges: 
     for _ in range(2):
         assert merged({"images_kwargs": {"image_mean": mean}})["images_kwargs"]["image_mean"] == mean
     assert len(merges) == 2
+
+
+# --- an image processor's kwargs prepared once per set (KwargsPreparedOnce, Qwen2-VL's speedup) ----
+
+
+@pytest.fixture(scope="module")
+def sped_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The qwen2_5_vl fixture's image processor as ``create_processor`` leaves it (its speedups on)."""
+    from mmfront.models.registry import create_processor
+    processor = create_processor(build_model_folder("qwen2_5_vl", tmp_path_factory.mktemp("qwen2_5_vl_fast")))
+    return processor.info.hf_processor.image_processor
+
+
+def _image(seed: int, height: int, width: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (3, height, width), generator=generator, dtype=torch.uint8)
+
+
+_KWARG_SETS = [
+    {"do_normalize": False, "do_rescale": False, "return_tensors": "pt"},
+    {"do_normalize": False, "do_rescale": False, "return_tensors": "pt", "min_pixels": 256, "max_pixels": 1024},
+    {"return_tensors": "pt"},  # normalised on the CPU
+    {"return_tensors": "pt", "size": {"shortest_edge": 64, "longest_edge": 2048}},
+]
+
+
+def _hf_own(image_processor: Any, images: list[torch.Tensor], kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return dict(type(image_processor).preprocess(image_processor, images, **kwargs))
+
+
+def _same(got: Any, want: dict[str, torch.Tensor]) -> bool:
+    return sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@NEEDS_TORCHVISION
+def test_kwargs_prepared_once_give_hfs_outputs_and_prepare_each_set_once(sped_up: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "preprocess" in vars(sped_up)
+    checks: list[dict[str, Any]] = []
+    validate = sped_up._validate_preprocess_kwargs
+    monkeypatch.setattr(sped_up, "_validate_preprocess_kwargs", lambda **kw: (checks.append(kw), validate(**kw))[1])
+    prepared = []
+    for round_ in range(3):
+        ours = 0
+        for n, kwargs in enumerate(_KWARG_SETS):
+            images = [_image(10 * n + round_, 40 + 8 * round_, 56), _image(99, 24, 72)]
+            before = len(checks)
+            got = sped_up(images=images, **kwargs)
+            ours += len(checks) - before
+            assert _same(got, _hf_own(sped_up, images, kwargs)), (round_, n)
+        prepared.append(ours)
+    # each set prepared on its first call only (a set the processor's construction called with was already)
+    assert 1 <= prepared[0] <= len(_KWARG_SETS) and prepared[1:] == [0, 0]
+
+
+@NEEDS_TORCHVISION
+def test_kwargs_that_cannot_be_keyed_go_through_preprocess_whole(sped_up: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    checks: list[int] = []
+    validate = sped_up._validate_preprocess_kwargs
+    monkeypatch.setattr(sped_up, "_validate_preprocess_kwargs", lambda **kw: (checks.append(1), validate(**kw))[1])
+    from transformers.image_utils import ChannelDimension
+
+    kwargs = {"return_tensors": "pt", "image_mean": [0.5, 0.5, 0.5]}
+    with_object = {"return_tensors": "pt", "input_data_format": ChannelDimension.FIRST}  # an enum: no frozen form
+    images = [_image(7, 32, 32)]
+    for _ in range(2):
+        sped_up(images=images, **kwargs)
+        sped_up(images=images, **with_object)
+    assert len(checks) == 1 + 2  # the keyable set once, the other on both calls
+    assert _same(sped_up(images=images, **with_object), _hf_own(sped_up, images, with_object))
+
+
+@NEEDS_TORCHVISION
+def test_kwargs_prepared_once_from_many_threads_give_each_call_its_own_outputs(sped_up: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls = [(_KWARG_SETS[n % len(_KWARG_SETS)], [_image(n, 32 + 8 * (n % 3), 48)]) for n in range(24)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda call: sped_up(images=call[1], **call[0]), calls))
+    for (kwargs, images), out in zip(calls, got):
+        assert _same(out, _hf_own(sped_up, images, kwargs))

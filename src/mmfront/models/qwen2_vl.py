@@ -37,6 +37,7 @@ from mmfront.inputs import MultiModalFieldConfig
 from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec
 from mmfront.pixels import patch_rows, to_hwc_uint8
+from mmfront.processing.hf import KwargsPreparedOnce
 from mmfront.processing.native import NativeInputs
 
 __all__ = ["QWEN2_VL", "QWEN2_VL_NATIVE", "qwen2_vl_fields", "qwen2_vl_image_expansions", "qwen2_vl_pixel_limits", "qwen2_vl_speedups"]
@@ -99,12 +100,17 @@ def _process_image(hf_process_image: Callable[..., torch.Tensor], image: Any, *a
 def qwen2_vl_speedups(hf_processor: Any) -> None:
     """Gives the processor's image processor :func:`mmfront.pixels.patch_rows` for its
     ``patchify`` and the view of an RGB image for its ``process_image`` (transformers releases
-    whose Qwen2-VL image processor inlines a step keep theirs)."""
+    whose Qwen2-VL image processor inlines a step keep theirs), and its kwargs prepared once per
+    distinct set (:class:`~mmfront.processing.hf.KwargsPreparedOnce`: its ``preprocess`` is HF's
+    base one, reached through a pass-through override, in every supported release)."""
     image_processor = getattr(hf_processor, "image_processor", None)
     for name, fast in (("patchify", _patchify), ("process_image", _process_image)):
         hf_step = getattr(image_processor, name, None)
         if hf_step is not None and name not in vars(image_processor):
             setattr(image_processor, name, partial(fast, hf_step))
+    if (hasattr(image_processor, "_preprocess_image_like_inputs") and image_processor is not None
+            and "preprocess" not in vars(image_processor)):
+        image_processor.preprocess = KwargsPreparedOnce(image_processor, image_processor.preprocess)
 
 
 _READS_PIXEL_LIMITS = Version(transformers.__version__) >= Version("5.15")

@@ -13,6 +13,7 @@ import copy
 import importlib
 import json
 import math
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -249,6 +250,62 @@ class MergedHfKwargs:
             type(proc).valid_processor_kwargs,
             tokenizer_init_kwargs=tokenizer.init_kwargs if tokenizer is not None else {}, **kwargs)
         return merged
+
+
+class KwargsPreparedOnce:
+    """An image processor's ``preprocess`` with its preparation of a call's kwargs done once per
+    distinct set of them: ``preprocess`` validates the kwargs (``huggingface_hub``'s strict
+    dataclasses), fills the defaults from the processor's attributes and standardises and
+    validates them before it hands them to ``_preprocess_image_like_inputs``, 0.62 ms of a
+    4.25 ms Qwen2.5-VL 1024x768 call in transformers 5.24, and the same for every call of a
+    deployment's kwargs. The first call of a set runs ``preprocess`` whole and keeps what it
+    handed that step; later calls hand a copy of it to the step directly.
+
+    Only for an image processor whose ``preprocess`` does nothing else (a model module opts in;
+    its tests prove the bytes equal to HF's own call). A call with positional arguments or a
+    kwarg :func:`freeze_kwargs` cannot key goes through ``preprocess`` whole. Thread-safe: a
+    set's first call is made under a lock, and its kwargs are kept only from the calling thread."""
+
+    def __init__(self, image_processor: Any, hf_preprocess: Any, *, maxsize: int = 64) -> None:
+        self._image_processor = image_processor
+        self._hf_preprocess = hf_preprocess
+        self._maxsize = maxsize
+        self._kept: dict[FrozenKwargs, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, images: Any, *args: Any, **kwargs: Any) -> Any:
+        frozen = None if args else freeze_kwargs(kwargs)
+        if frozen is None:
+            return self._hf_preprocess(images, *args, **kwargs)
+        prepared = self._kept.get(frozen)
+        if prepared is None:
+            return self._first_call(frozen, images, kwargs)
+        return self._image_processor._preprocess_image_like_inputs(images, **prepared)
+
+    def _first_call(self, frozen: FrozenKwargs, images: Any, kwargs: dict[str, Any]) -> Any:
+        step = self._image_processor._preprocess_image_like_inputs
+        caller = threading.get_ident()
+        seen: list[dict[str, Any]] = []
+
+        def keep(images: Any, *args: Any, **prepared: Any) -> Any:
+            if threading.get_ident() == caller and not args:
+                seen.append(dict(prepared))
+            return step(images, *args, **prepared)
+
+        own = vars(self._image_processor)
+        with self._lock:
+            had = own.get("_preprocess_image_like_inputs")
+            own["_preprocess_image_like_inputs"] = keep
+            try:
+                out = self._hf_preprocess(images, **kwargs)
+            finally:
+                if had is None:
+                    del own["_preprocess_image_like_inputs"]
+                else:
+                    own["_preprocess_image_like_inputs"] = had
+            if len(seen) == 1 and len(self._kept) < self._maxsize:
+                self._kept[frozen] = seen[0]
+        return out
 
 
 @cache
