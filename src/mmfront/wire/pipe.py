@@ -118,7 +118,8 @@ def _send_with_fd(conn: Connection, header: bytes, fd: int) -> None:
     data = memoryview(struct.pack("!i", len(header)) + header)
     with socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sent = socket.send_fds(sock, [data], [fd])
-        sock.sendall(data[sent:])
+        if sent < len(data):  # an empty send to a peer that has read it all and closed is EPIPE
+            sock.sendall(data[sent:])
 
 
 def _recv_header_and_fd(conn: Connection) -> tuple[bytes, int | None]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from lane_inputs import items, png, prompt, wire
+from lane_inputs import items, parent_of, png, prompt, wait_ended, wait_started, wire
 
 from mmfront import MultiModalConfig
 from mmfront.errors import LaneError, MediaDecodeError
@@ -65,30 +65,12 @@ def test_an_item_failing_on_a_lane_raises_what_in_place_raises(
     assert errors[1][1] == "multi_modal_data"
 
 
-def _wait_dead(pid: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"process {pid} still runs")
-
-
-def _wait_started(lanes: LocalProcessExecutor) -> list[int]:
-    deadline = time.monotonic() + 240
-    while None in lanes.pids():
-        assert time.monotonic() < deadline, "the lanes did not start"
-        time.sleep(0.1)
-    return [pid for pid in lanes.pids() if pid is not None]
-
-
 def test_a_killed_lane_fails_its_item_with_lane_error_and_restarts(gemma3_dir: Path, in_place: InputPreprocessor) -> None:
     with InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processing_lanes=1, mm_processor_cache_gb=0)) as pre:
         lanes = pre.item_executor
         assert isinstance(lanes, LocalProcessExecutor)
-        (pid,) = _wait_started(lanes)
+        (pid,) = wait_started(lanes)
+        parent = lanes.parent_pid()
         ids = prompt(pre, 1)
         os.kill(pid, signal.SIGSTOP)  # the lane takes the item but cannot answer it: it holds it
         handed = threading.Event()
@@ -117,18 +99,21 @@ def test_a_killed_lane_fails_its_item_with_lane_error_and_restarts(gemma3_dir: P
         assert wire(got) == wire(in_place.preprocess(ids, {"image": [natural_image(48, 40, tag=13)]}))
         (new_pid,) = lanes.pids()
         assert new_pid not in (None, pid)
+        assert new_pid is not None and parent_of(new_pid) == parent == lanes.parent_pid()  # forked again
 
 
 def test_closing_leaves_no_process_and_later_misses_run_in_place(gemma3_dir: Path, in_place: InputPreprocessor) -> None:
     pre = InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processing_lanes=1, mm_processor_cache_gb=0))
     lanes = pre.item_executor
     assert isinstance(lanes, LocalProcessExecutor)
-    pids = _wait_started(lanes)
+    pids = wait_started(lanes)
+    parent = lanes.parent_pid()
+    assert parent is not None
     pre.close()
     pre.close()  # idempotent
-    for pid in pids:
-        _wait_dead(pid)
-    assert lanes.pids() == [None]
+    for pid in [*pids, parent]:
+        wait_ended(pid)
+    assert (lanes.pids(), lanes.parent_pid()) == ([None], None)
     with pytest.raises(LaneError, match="closed"):
         lanes.submit_job([b""])
     assert isinstance(pre.item_executor, InPlaceExecutor)

@@ -2,8 +2,8 @@
 
 The processor hands its executor an :class:`ItemJob` (the items and the HF kwargs) and gets their
 kwargs items back, byte-identical whichever executor runs it: :class:`InPlaceExecutor` (the calling
-process), :class:`LocalProcessExecutor` (spawned processes, the lanes) or :class:`RayExecutor`
-(Ray actors). ``InputPreprocessor`` picks one from ``MultiModalConfig.mm_processing_lanes`` and
+process), :class:`LocalProcessExecutor` (local processes forked from one that built the processor,
+the lanes) or :class:`RayExecutor` (Ray actors). ``InputPreprocessor`` picks one from ``MultiModalConfig.mm_processing_lanes`` and
 ``mm_lane_executor`` (:func:`executor_from_config`); see docs/processing.md, "Lanes".
 """
 

@@ -1,0 +1,139 @@
+"""The lane parent: every lane is forked from one interpreter that built the processor once. A
+forked lane answers a job with the bytes a freshly started interpreter answers; a dead lane or a
+dead parent is replaced; the parent runs one thread whenever it forks; and nothing outlives the
+executor, closed or killed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from lane_inputs import parent_of, threads_of, wait_ended, wait_started
+
+from mmfront.errors import LaneError
+from mmfront.models.registry import create_processor
+from mmfront.processing.executors import ItemJob, LaneSpec, LocalProcessExecutor
+from mmfront.processing.executors.jobs import LaneReply, encode_job
+from mmfront.testing.media import natural_image
+from mmfront.wire import MsgpackDecoder, MsgpackEncoder
+
+_FRESH = """
+import sys
+import msgspec
+from mmfront.processing.executors.jobs import LaneRunner, LaneSpec
+spec, frames = msgspec.msgpack.decode(open(sys.argv[1], "rb").read())
+reply = LaneRunner(msgspec.msgpack.decode(spec, type=LaneSpec)).run(frames)
+open(sys.argv[2], "wb").write(msgspec.msgpack.encode([bytes(f) for f in reply]))
+"""
+"""A lane's body in a freshly started interpreter: the spec and one job's frames in, the reply's
+frames out."""
+
+
+def _job(gemma3_dir: Path, tag: int) -> list[Any]:
+    processor = create_processor(gemma3_dir)
+    frames = encode_job(ItemJob(processor.info.parse_mm_data({"image": [natural_image(48, 40, tag=tag)]}), {}),
+                        MsgpackEncoder())
+    assert frames is not None
+    return frames
+
+
+def _items_bytes(reply_frames: list[Any]) -> list[bytes]:
+    reply: LaneReply = MsgpackDecoder(LaneReply).decode(reply_frames)
+    assert reply.failure is None and reply.items is not None
+    return [bytes(f) for f in MsgpackEncoder().encode(reply.items)]
+
+
+def _spec(gemma3_dir: Path) -> LaneSpec:
+    spec = LaneSpec.of(create_processor(gemma3_dir))
+    assert spec is not None
+    return spec
+
+
+def test_a_forked_lane_answers_the_bytes_a_fresh_interpreter_answers(gemma3_dir: Path, tmp_path: Path) -> None:
+    spec = _spec(gemma3_dir)
+    frames = _job(gemma3_dir, 21)
+    (tmp_path / "job").write_bytes(msgspec.msgpack.encode([msgspec.msgpack.encode(spec), [bytes(f) for f in frames]]))
+    subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path / "job"), str(tmp_path / "reply")],
+                   check=True, timeout=280, stdin=subprocess.DEVNULL)
+    fresh = _items_bytes([bytearray(f) for f in msgspec.msgpack.decode((tmp_path / "reply").read_bytes())])
+    with LocalProcessExecutor(spec, 1) as lanes:
+        (first,) = wait_started(lanes)
+        parent = lanes.parent_pid()
+        assert parent_of(first) == parent
+        got = [bytes(f) for f in MsgpackEncoder().encode(lanes.submit_job(frames).result(240))]
+        os.kill(first, signal.SIGKILL)  # idle: its replacement is forked from the same parent
+        wait_ended(first)
+        again = [bytes(f) for f in MsgpackEncoder().encode(lanes.submit_job(frames).result(240))]
+        (second,) = lanes.pids()
+        assert second not in (None, first) and second is not None
+        assert parent_of(second) == parent == lanes.parent_pid()
+    assert got == again == fresh
+
+
+def test_a_dead_parent_leaves_its_lanes_serving_and_the_next_lane_starts_a_new_one(
+        gemma3_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    frames = _job(gemma3_dir, 22)
+    with LocalProcessExecutor(_spec(gemma3_dir), 1) as lanes:
+        (lane,) = wait_started(lanes)
+        want = lanes.submit_job(frames).result(240)
+        parent = lanes.parent_pid()
+        assert parent is not None and parent_of(lane) == parent
+        os.kill(parent, signal.SIGKILL)
+        wait_ended(parent)
+        assert lanes.submit_job(frames).result(240) == want  # the idle lane did not need its parent
+        assert lanes.pids() == [lane]
+        os.kill(lane, signal.SIGKILL)  # its replacement needs a parent: a new one
+        wait_ended(lane)
+        with caplog.at_level(logging.WARNING, logger="mmfront.processing.executors.local"):
+            assert lanes.submit_job(frames).result(240) == want
+        (new_lane,) = lanes.pids()
+        new_parent = lanes.parent_pid()
+        assert new_lane is not None and new_parent not in (None, parent) and parent_of(new_lane) == new_parent
+        assert f"The processing lanes' parent (pid {parent}) is gone" in caplog.text
+
+
+def test_the_parent_runs_one_thread_and_refuses_to_fork_with_more(gemma3_dir: Path) -> None:
+    """A fork inherits every lock but only the forking thread: the parent forks only while it runs
+    one thread (it counts them before each fork), and starts with one (the fixture's build)."""
+    with LocalProcessExecutor(_spec(gemma3_dir), 2) as lanes:
+        wait_started(lanes)
+        parent = lanes.parent_pid()
+        assert parent is not None and threads_of(parent) == 1
+    threaded = msgspec.structs.replace(_spec(gemma3_dir), built_by="lane_inputs:build_with_a_thread")
+    with LocalProcessExecutor(threaded, 1) as lanes, pytest.raises(
+            LaneError, match=r"Could not start processing lane mmfront-lane-0: the lane parent runs 2 threads"):
+        lanes.submit_job(_job(gemma3_dir, 23)).result(240)
+
+
+_SERVER = """
+import sys, time
+from mmfront.models.registry import create_processor
+from mmfront.processing.executors import LaneSpec, LocalProcessExecutor
+lanes = LocalProcessExecutor(LaneSpec.of(create_processor(sys.argv[1])), 2)
+while None in lanes.pids():
+    time.sleep(0.05)
+print(lanes.parent_pid(), *lanes.pids(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_caller_leaves_no_lane_or_parent_behind(gemma3_dir: Path) -> None:
+    caller = subprocess.Popen([sys.executable, "-c", _SERVER, str(gemma3_dir)], stdout=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    try:
+        assert caller.stdout is not None
+        parent, *lanes = (int(pid) for pid in caller.stdout.readline().split())
+        assert len(lanes) == 2 and all(parent_of(lane) == parent for lane in lanes)
+        assert parent_of(parent) == caller.pid
+    finally:
+        caller.kill()
+        caller.wait()
+    for pid in (parent, *lanes):
+        wait_ended(pid)
