@@ -87,22 +87,22 @@ class _Parent:
             raise LaneError(f"A processing lane could not build the processor: {reply.failure.message}")
 
     def fork(self, name: str, exit_code: Callable[[int], int | None]) -> _Worker:
-        """A new lane; raises :class:`_ParentGone` when the parent is gone, ``LaneError`` when it
-        could not fork."""
+        """A new lane; raises ``TransportError`` when the parent is gone (or stuck: a new one
+        replaces it), ``LaneError`` when it could not fork."""
         fds: list[int] = []
         try:
             send_frames(self.conn, self._encoder.encode(LaneRequest()))
-            if not self._answered(time.monotonic() + _START_S):  # it is stuck: a new one replaces it
-                raise EOFError(f"it did not fork lane {name} within {_START_S:g} s")
+            if not self._answered(time.monotonic() + _START_S):
+                raise TransportError(f"The lane parent did not fork lane {name} within {_START_S:g} s.")
             with socket.fromfd(self.conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 marker, fds, _flags, _addr = socket.recv_fds(sock, 1, 2)
             if not marker:
-                raise EOFError
+                raise TransportError("The lane parent closed its socket.")
             given: LaneGiven = self._decoder.decode(recv_frames(self.conn) or [b""])
         except (EOFError, OSError, TransportError, DecodeError) as exc:
             for fd in fds:
                 os.close(fd)
-            raise _ParentGone(self._gone(exc)) from exc
+            raise TransportError(self._gone(exc)) from exc
         if given.failure is not None or given.pid is None or len(fds) != 2:
             for fd in fds:
                 os.close(fd)
@@ -121,14 +121,15 @@ class _Parent:
         return None if frames is None else self._decoder.decode(frames).code
 
     def _recv(self, deadline: float) -> list[Frame] | None:
-        """The parent's next message, ``None`` past ``deadline``; ``EOFError`` when it is gone."""
+        """The parent's next message, ``None`` past ``deadline``; ``TransportError`` when it is gone."""
         return recv_frames(self.conn) if self._answered(deadline) else None
 
     def _answered(self, deadline: float) -> bool:
-        """Whether the parent's socket is readable (an answer, or its end closing) by ``deadline``."""
+        """Whether the parent's socket is readable (an answer, or its end closing) by ``deadline``;
+        ``TransportError`` once its process has exited."""
         while not self.conn.poll(_POLL_S):
             if self.process.poll() is not None:
-                raise EOFError
+                raise TransportError(f"The lane parent exited with code {self.process.returncode}.")
             if time.monotonic() > deadline:
                 return False
         return True
@@ -147,10 +148,6 @@ class _Parent:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-
-
-class _ParentGone(Exception):
-    """The lane parent died: the executor starts a new one."""
 
 
 class _Worker:
@@ -256,14 +253,14 @@ class LocalProcessExecutor(BaseLaneExecutor):
                     self._parent = _Parent(self._spec_frames, name)
                 try:
                     worker = self._parent.fork(name, self._exit_code)
-                except _ParentGone as gone:
+                except TransportError as gone:
                     logger.warning("The processing lanes' parent (pid %d) is gone (%s); starting a new one.",
                                    self._parent.process.pid, gone)
                     self._parent.stop()
                     self._parent = None
                     self._parent = _Parent(self._spec_frames, name)
                     worker = self._parent.fork(name, self._exit_code)
-            except _ParentGone as exc:
+            except TransportError as exc:
                 raise LaneError(f"Processing lane {name} failed to start: {exc}") from exc
             except OSError as exc:  # no process could be started (limits, memory)
                 raise LaneError(f"Could not start processing lane {index}: {exc}") from exc
