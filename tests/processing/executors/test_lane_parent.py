@@ -23,6 +23,7 @@ from mmfront.processing.executors import ItemJob, LaneSpec, LocalProcessExecutor
 from mmfront.processing.executors.jobs import LaneReply, encode_job
 from mmfront.testing.media import natural_image
 from mmfront.wire import MsgpackDecoder, MsgpackEncoder
+from preloaded import popen, run
 
 _FRESH = """
 import sys
@@ -32,8 +33,9 @@ spec, frames = msgspec.msgpack.decode(open(sys.argv[1], "rb").read())
 reply = LaneRunner(msgspec.msgpack.decode(spec, type=LaneSpec)).run(frames)
 open(sys.argv[2], "wb").write(msgspec.msgpack.encode([bytes(f) for f in reply]))
 """
-"""A lane's body in a freshly started interpreter: the spec and one job's frames in, the reply's
-frames out."""
+"""A lane's body building its own processor where it runs, as a lane started fresh did before the
+lanes were forked (run from the suite's preloaded interpreter, which has imported torch and
+transformers but built nothing): the spec and one job's frames in, the reply's frames out."""
 
 
 def _job(gemma3_dir: Path, tag: int) -> list[Any]:
@@ -60,13 +62,13 @@ def test_a_forked_lane_answers_the_bytes_a_fresh_interpreter_answers(gemma3_dir:
     spec = _spec(gemma3_dir)
     frames = _job(gemma3_dir, 21)
     (tmp_path / "job").write_bytes(msgspec.msgpack.encode([msgspec.msgpack.encode(spec), [bytes(f) for f in frames]]))
-    subprocess.run([sys.executable, "-c", _FRESH, str(tmp_path / "job"), str(tmp_path / "reply")],
-                   check=True, timeout=280, stdin=subprocess.DEVNULL)
+    run([sys.executable, "-c", _FRESH, str(tmp_path / "job"), str(tmp_path / "reply")], check=True, timeout=280)
     fresh = _items_bytes([bytearray(f) for f in msgspec.msgpack.decode((tmp_path / "reply").read_bytes())])
     with LocalProcessExecutor(spec, 1) as lanes:
         (first,) = wait_started(lanes)
         parent = lanes.parent_pid()
-        assert parent_of(first) == parent
+        assert parent is not None and parent_of(first) == parent
+        assert threads_of(parent) == 1  # it forks only so (below), and the fixture's build leaves it so
         got = [bytes(f) for f in MsgpackEncoder().encode(lanes.submit_job(frames).result(240))]
         os.kill(first, signal.SIGKILL)  # idle: its replacement is forked from the same parent
         wait_ended(first)
@@ -99,13 +101,9 @@ def test_a_dead_parent_leaves_its_lanes_serving_and_the_next_lane_starts_a_new_o
         assert f"The processing lanes' parent (pid {parent}) is gone" in caplog.text
 
 
-def test_the_parent_runs_one_thread_and_refuses_to_fork_with_more(gemma3_dir: Path) -> None:
-    """A fork inherits every lock but only the forking thread: the parent forks only while it runs
-    one thread (it counts them before each fork), and starts with one (the fixture's build)."""
-    with LocalProcessExecutor(_spec(gemma3_dir), 2) as lanes:
-        wait_started(lanes)
-        parent = lanes.parent_pid()
-        assert parent is not None and threads_of(parent) == 1
+def test_a_parent_that_runs_another_thread_refuses_to_fork(gemma3_dir: Path) -> None:
+    """A fork inherits every lock but only the forking thread: the parent counts its threads before
+    each fork."""
     threaded = msgspec.structs.replace(_spec(gemma3_dir), built_by="lane_inputs:build_with_a_thread")
     with LocalProcessExecutor(threaded, 1) as lanes, pytest.raises(
             LaneError, match=r"Could not start processing lane mmfront-lane-0: the lane parent runs 2 threads"):
@@ -125,8 +123,7 @@ time.sleep(600)
 
 
 def test_a_killed_caller_leaves_no_lane_or_parent_behind(gemma3_dir: Path) -> None:
-    caller = subprocess.Popen([sys.executable, "-c", _SERVER, str(gemma3_dir)], stdout=subprocess.PIPE, text=True,
-                              stdin=subprocess.DEVNULL)
+    caller = popen([sys.executable, "-c", _SERVER, str(gemma3_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert caller.stdout is not None
         parent, *lanes = (int(pid) for pid in caller.stdout.readline().split())
