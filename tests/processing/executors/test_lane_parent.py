@@ -58,7 +58,15 @@ def _spec(gemma3_dir: Path) -> LaneSpec:
     return spec
 
 
-def test_a_forked_lane_answers_the_bytes_a_fresh_interpreter_answers(gemma3_dir: Path, tmp_path: Path) -> None:
+def _bytes_of(lanes: LocalProcessExecutor, frames: list[Any]) -> list[bytes]:
+    return [bytes(f) for f in MsgpackEncoder().encode(lanes.submit_job(frames).result(240))]
+
+
+def test_forked_lanes_answer_the_fresh_bytes_and_a_dead_parent_is_replaced(
+        gemma3_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A lane and its replacement, forked from one parent, answer a job with the bytes of a lane
+    that built its own processor; a dead parent leaves its idle lane serving, and the next lane to
+    start starts a new parent."""
     spec = _spec(gemma3_dir)
     frames = _job(gemma3_dir, 21)
     (tmp_path / "job").write_bytes(msgspec.msgpack.encode([msgspec.msgpack.encode(spec), [bytes(f) for f in frames]]))
@@ -69,35 +77,25 @@ def test_a_forked_lane_answers_the_bytes_a_fresh_interpreter_answers(gemma3_dir:
         parent = lanes.parent_pid()
         assert parent is not None and parent_of(first) == parent
         assert threads_of(parent) == 1  # it forks only so (below), and the fixture's build leaves it so
-        got = [bytes(f) for f in MsgpackEncoder().encode(lanes.submit_job(frames).result(240))]
+        assert _bytes_of(lanes, frames) == fresh
         os.kill(first, signal.SIGKILL)  # idle: its replacement is forked from the same parent
         wait_ended(first)
-        again = [bytes(f) for f in MsgpackEncoder().encode(lanes.submit_job(frames).result(240))]
+        assert _bytes_of(lanes, frames) == fresh
         (second,) = lanes.pids()
         assert second not in (None, first) and second is not None
         assert parent_of(second) == parent == lanes.parent_pid()
-    assert got == again == fresh
 
-
-def test_a_dead_parent_leaves_its_lanes_serving_and_the_next_lane_starts_a_new_one(
-        gemma3_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
-    frames = _job(gemma3_dir, 22)
-    with LocalProcessExecutor(_spec(gemma3_dir), 1) as lanes:
-        (lane,) = wait_started(lanes)
-        want = lanes.submit_job(frames).result(240)
-        parent = lanes.parent_pid()
-        assert parent is not None and parent_of(lane) == parent
         os.kill(parent, signal.SIGKILL)
         wait_ended(parent)
-        assert lanes.submit_job(frames).result(240) == want  # the idle lane did not need its parent
-        assert lanes.pids() == [lane]
-        os.kill(lane, signal.SIGKILL)  # its replacement needs a parent: a new one
-        wait_ended(lane)
+        assert _bytes_of(lanes, frames) == fresh  # the idle lane did not need its parent
+        assert lanes.pids() == [second]
+        os.kill(second, signal.SIGKILL)  # its replacement needs a parent: a new one
+        wait_ended(second)
         with caplog.at_level(logging.WARNING, logger="mmfront.processing.executors.local"):
-            assert lanes.submit_job(frames).result(240) == want
-        (new_lane,) = lanes.pids()
+            assert _bytes_of(lanes, frames) == fresh
+        (third,) = lanes.pids()
         new_parent = lanes.parent_pid()
-        assert new_lane is not None and new_parent not in (None, parent) and parent_of(new_lane) == new_parent
+        assert third is not None and new_parent not in (None, parent) and parent_of(third) == new_parent
         assert f"The processing lanes' parent (pid {parent}) is gone" in caplog.text
 
 
