@@ -5,10 +5,7 @@ placeholders)."""
 from __future__ import annotations
 
 import io
-import os
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -18,7 +15,6 @@ from mmfront.inputs import MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector
 from mmfront.models.registry import create_processor
 from mmfront.preprocess import InputPreprocessor
-from mmfront.processing.executors import LocalProcessExecutor
 from mmfront.testing.media import natural_image
 from mmfront.wire import MsgpackEncoder
 
@@ -51,36 +47,3 @@ def build_with_a_thread(model_dir: str, config: MultiModalConfig, *, model_id: s
     """A lane spec's ``built_by`` whose build leaves a thread running in the lane parent."""
     threading.Thread(target=threading.Event().wait, daemon=True).start()
     return create_processor(model_dir, config, model_id=model_id)
-
-
-def wait_started(lanes: LocalProcessExecutor) -> list[int]:
-    """The lanes' pids, once every lane is up."""
-    deadline = time.monotonic() + 240
-    while None in lanes.pids():
-        assert time.monotonic() < deadline, "the lanes did not start"
-        time.sleep(0.1)
-    return [pid for pid in lanes.pids() if pid is not None]
-
-
-def ended(pid: int) -> bool:
-    """Whether process ``pid`` has ended: gone, or a zombie whose parent has not reaped it yet."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
-
-
-def wait_ended(pid: int) -> None:
-    deadline = time.monotonic() + 30
-    while not ended(pid):
-        assert time.monotonic() < deadline, f"process {pid} still runs"
-        time.sleep(0.02)
-
-
-def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def threads_of(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/task"))

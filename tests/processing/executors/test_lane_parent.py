@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from lane_inputs import parent_of, threads_of, wait_ended, wait_started
 
+from lane_processes import parent_of, threads_of, wait_ended, wait_started
 from mmfront.errors import LaneError
 from mmfront.models.registry import create_processor
 from mmfront.processing.executors import ItemJob, LaneSpec, LocalProcessExecutor

@@ -16,8 +16,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from lane_inputs import items, parent_of, png, prompt, wait_ended, wait_started, wire
+from lane_inputs import items, png, prompt, wire
 
+from lane_processes import parent_of, wait_ended, wait_started
 from mmfront import MultiModalConfig
 from mmfront.errors import LaneError, MediaDecodeError
 from mmfront.media import DecodeBudget
