@@ -25,7 +25,7 @@ def ended(pid: int) -> bool:
     try:
         status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
                       if ":" in line)
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, before the open or between it and the read
         return True
     return status["State"].split()[0] in ("Z", "X") and int(status["Threads"]) <= 1
 

@@ -112,15 +112,18 @@ class _Forks:
                         self._reap(fd)
                     continue
                 try:
-                    frames = recv_frames(self.conn)
-                except (EOFError, TransportError):  # the executor closed (or died): the lanes end with their sockets
+                    self._answer_one()
+                except (EOFError, OSError, TransportError):  # the executor closed (or died): the lanes end with their sockets
                     return
-                assert frames is not None
-                request: LaneRequest = self.decoder.decode(frames)
-                if request.exit_of is None:
-                    self._fork()
-                else:
-                    send_frames(self.conn, self.encoder.encode(LaneGiven(code=self._code(request.exit_of))))
+
+    def _answer_one(self) -> None:
+        frames = recv_frames(self.conn)
+        assert frames is not None
+        request: LaneRequest = self.decoder.decode(frames)
+        if request.exit_of is None:
+            self._fork()
+        else:
+            send_frames(self.conn, self.encoder.encode(LaneGiven(code=self._code(request.exit_of))))
 
     def _reap(self, pidfd: int) -> None:
         """Reap the lane of ``pidfd`` if it has exited (an event may be stale: its number reused)."""
