@@ -19,7 +19,9 @@ API server's CPU per request: user + system CPU time of the server's whole proce
 process group: ``vllm serve``'s supervisor and ``vllm-rs``, ``mmfront serve``'s processing
 lanes), read from ``/proc`` before and after the pass, over the pass's requests. The engine runs
 in another process group and is not counted. Also the server's peak resident set while it starts
-(sampled every ``SAMPLE_S``); a server above ``RSS_CAP`` is stopped and reported as not started,
+(sampled every ``SAMPLE_S``), and its peak proportional set (shared pages counted once: ``mmfront
+serve``'s lane is forked from a lane parent and shares its pages, which the resident sets of the
+two count twice); a server above ``RSS_CAP`` is stopped and reported as not started,
 so one side's start-up bug cannot take the shared machine down.
 
 Configurations (``CONFIGS``): Qwen2.5-VL on an offline folder built by
@@ -171,13 +173,19 @@ class Served(NamedTuple):
 
     side: str
     startup_rss_mib: float
+    startup_pss_mib: float
     passes: list[Pass]
     failed: str
 
 
 def _group_members(pgid: int) -> list[list[str]]:
     """The ``/proc/PID/stat`` fields after the command name, for every process of the group."""
-    members = []
+    return list(_group_stats(pgid).values())
+
+
+def _group_stats(pgid: int) -> dict[str, list[str]]:
+    """Every process of the group: its ``/proc`` folder and its stat fields after the command name."""
+    members = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -185,7 +193,7 @@ def _group_members(pgid: int) -> list[list[str]]:
             text = Path(entry.path, "stat").read_text()
             fields = text[text.rindex(")") + 2:].split()
             if int(fields[2]) == pgid:  # field 5, pgrp
-                members.append(fields)
+                members[entry.path] = fields
     return members
 
 
@@ -196,8 +204,21 @@ def group_cpu_s(pgid: int) -> float:
 
 
 def group_rss_bytes(pgid: int) -> int:
-    """Resident set of the process group (field 24, in pages)."""
+    """Resident set of the process group (field 24, in pages): a page two of its processes share
+    (a forked lane and the lane parent it was forked from) counts twice."""
     return sum(int(fields[21]) for fields in _group_members(pgid)) * os.sysconf("SC_PAGE_SIZE")
+
+
+def group_pss_bytes(pgid: int) -> int:
+    """Proportional set of the process group (``Pss`` of ``/proc/PID/smaps_rollup``): each resident
+    page divided among the processes that map it, so the group's shared pages count once and its
+    share of pages mapped outside it (libraries the engine maps too) in part."""
+    total = 0
+    for folder in _group_stats(pgid):
+        with contextlib.suppress(OSError):
+            rollup = Path(folder, "smaps_rollup").read_text()
+            total += next((int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")), 0)
+    return total * 1024
 
 
 def _peer_env(rust: bool) -> dict[str, str]:
@@ -240,21 +261,23 @@ def launch_side(side: str, python: Path, model: Path, config: Config, logs: tupl
 
 
 def wait_healthy(base: str, server: subprocess.Popen[bytes], engine: subprocess.Popen[bytes],
-                  logs: tuple[Path, Path]) -> float:
-    """Waits until ``/health`` answers 200; the server's peak resident set meanwhile, in bytes."""
+                  logs: tuple[Path, Path]) -> tuple[int, int]:
+    """Waits until ``/health`` answers 200; the server's peak resident and proportional sets
+    meanwhile (:func:`group_rss_bytes`, :func:`group_pss_bytes`), in bytes."""
     deadline = time.monotonic() + STARTUP_S
-    peak = 0
+    peak = peak_pss = 0
     while time.monotonic() < deadline:
         if server.poll() is not None or engine.poll() is not None:
             raise RuntimeError(f"a process exited before the server was ready: {[log_tail(log) for log in logs]}")
         peak = max(peak, group_rss_bytes(server.pid))
+        peak_pss = max(peak_pss, group_pss_bytes(server.pid))
         if peak > RSS_CAP:
             raise RuntimeError(f"the server's processes held {peak / 2**30:.1f} GiB while starting "
                                f"(over the bench's cap of {RSS_CAP / 2**30:.0f} GiB)")
         with contextlib.suppress(OSError, urllib.error.URLError), \
                 urllib.request.urlopen(base + "/health", timeout=2) as reply:
             if reply.status == 200:
-                return peak
+                return peak, peak_pss
         time.sleep(SAMPLE_S)
     raise RuntimeError(f"the server was not healthy after {STARTUP_S:.0f} s: {[log_tail(log) for log in logs]}")
 
@@ -304,11 +327,12 @@ def serve_side(side: str, python: Path, model: Path, config: Config, seed: int, 
     start or fails a pass is returned with the reason (the other sides still run)."""
     tag = f"{config.key}-{side.replace(' ', '-')}-{seed}"
     logs = tuple(folder / f"{tag}-{name}.log" for name in ("engine", "server", "bench"))
-    rss, passes, failed = 0.0, [], ""
+    rss = pss = 0.0
+    passes, failed = [], ""
     with logs[0].open("wb") as elog, logs[1].open("wb") as slog, logs[2].open("wb") as blog:
         base, server, engine = launch_side(side, python, model, config, (elog, slog))
         try:
-            rss = wait_healthy(base, server, engine, (logs[1], logs[0])) / 2**20
+            rss, pss = (peak / 2**20 for peak in wait_healthy(base, server, engine, (logs[1], logs[0])))
             warm_up(base)
             passes = [_client_pass(python, model, config, base, seed, prompts, folder / f"{tag}-{n}.json", blog,
                                    server.pid) for n in range(2)]
@@ -320,7 +344,7 @@ def serve_side(side: str, python: Path, model: Path, config: Config, seed: int, 
     said = failed or "; ".join(f"{p.requests_per_s:.1f}/s, TTFT {p.median_ttft_ms:.0f} ms, CPU {p.cpu_ms_per_request:.1f} ms"
                                for p in passes)
     print(f"  {GROUP}: {config.name}, {side}, seed {seed}: {said}", file=sys.stderr, flush=True)
-    return Served(side, rss, passes, failed)
+    return Served(side, rss, pss, passes, failed)
 
 
 def measure(python: Path, config: Config, sides: Sequence[str], *, rounds: int, prompts: int,
@@ -375,6 +399,8 @@ def report_config(report: Report, config: Config, results: list[dict[str, Served
         if not good:
             continue
         report.add(GROUP, f"{name}: {side}: start-up peak RSS", statistics.median(s.startup_rss_mib for s in good),
+                   "MiB")
+        report.add(GROUP, f"{name}: {side}: start-up peak PSS", statistics.median(s.startup_pss_mib for s in good),
                    "MiB")
         for n, what in enumerate(PASSES):
             for label, attribute, unit in MEASURES:
