@@ -263,7 +263,8 @@ class KwargsPreparedOnce:
 
     Only for an image processor whose ``preprocess`` does nothing else (a model module opts in;
     its tests prove the bytes equal to HF's own call). A call with positional arguments or a
-    kwarg :func:`freeze_kwargs` cannot key goes through ``preprocess`` whole. Thread-safe: a
+    kwarg :func:`freeze_kwargs` cannot key goes through ``preprocess`` whole, as does every set past
+    the first ``maxsize`` kept (a deployment sees a few: its own and its requests'). Thread-safe: a
     set's first call is made under a lock, and its kwargs are kept only from the calling thread."""
 
     def __init__(self, image_processor: Any, hf_preprocess: Any, *, maxsize: int = 64) -> None:
