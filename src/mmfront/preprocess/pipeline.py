@@ -31,7 +31,6 @@ from mmfront.models.registry import create_processor
 from mmfront.preprocess.options import PromptInput, RequestOptions, from_prompt_dict, is_chat, refuse_chat_options
 from mmfront.preprocess.truncation import added_special_tokens, truncate_prompt
 from mmfront.processing.commit import PreparedInputs, commit, pending_commit
-from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.executors import InPlaceExecutor, ItemExecutor, executor_from_config
 from mmfront.processing.hf import unknown_hf_kwargs
 from mmfront.processing.processor import BaseMultiModalProcessor, MultiModalUUIDs
@@ -193,17 +192,13 @@ class ModelPipeline:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def warmup(self) -> None:
-        """Run one largest dummy item per supported modality, as vLLM's renderer does at start-up,
-        so the first real request finds the HF processor and torch warm. It goes through the
-        processor-only cache (never the P0/P1 mirror), which is cleared afterwards."""
+        """Run one largest dummy item per supported modality through the HF processor, as vLLM's
+        renderer does at start-up, so the first real request finds the HF processor and torch
+        warm: where misses are processed (a lane warms itself and keeps the outputs to itself), and
+        through no cache, so the P0/P1 mirror is untouched."""
         counts = {m: 1 for m, limit in self.processor.info.allowed_mm_limits.items() if limit > 0}
-        if not counts:
-            return
-        ids, data = BaseDummyInputsBuilder(self.processor).get_dummy_processor_inputs(
-            counts, self.config.limit_mm_per_prompt)
-        self.processor.apply(ids, data, cache=self.tokenize_only_cache, executor=self.item_executor)
-        if self.tokenize_only_cache is not None:
-            self.tokenize_only_cache.clear_cache()
+        if counts:
+            self.item_executor.warm_up(counts, self.processor)
 
     def clear_cache(self) -> None:
         """Reset the P0 caches (vLLM's ``reset_mm_cache``); P1 must be reset alongside it (the

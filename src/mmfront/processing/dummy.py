@@ -9,23 +9,38 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
 
 from mmfront.config import ModalityLimit
 
-if TYPE_CHECKING:
-    from mmfront.processing.processor import BaseMultiModalProcessor
-
 logger = logging.getLogger(__name__)
+
+
+class _Encodes(Protocol):
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...
+
+
+class DummySource(Protocol):
+    """What the builder asks of a processor (``BaseMultiModalProcessor`` is one). Structural, so
+    the processor, which warms itself up with the builder's items, is not imported here."""
+
+    @property
+    def info(self) -> _Encodes: ...
+
+    def get_placeholder_str(self, modality: str, index: int) -> str: ...
+
+    def get_dummy_image_size(self) -> tuple[int, int]: ...
+
+    def get_dummy_audio_length(self) -> int: ...
 
 
 class BaseDummyInputsBuilder:
     """Dummy text and items for a processor; override the size hooks on the processor."""
 
-    def __init__(self, processor: BaseMultiModalProcessor) -> None:
+    def __init__(self, processor: DummySource) -> None:
         self.processor = processor
 
     def get_dummy_text(self, mm_counts: Mapping[str, int]) -> str:

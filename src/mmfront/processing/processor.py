@@ -45,6 +45,7 @@ from mmfront.processing.commit import (
     PreparedInputs,
     commit,
 )
+from mmfront.processing.dummy import BaseDummyInputsBuilder
 from mmfront.processing.executors.base import ItemExecutor, ItemJob
 from mmfront.processing.executors.inplace import InPlaceExecutor
 from mmfront.processing.hf import (
@@ -534,9 +535,7 @@ class BaseMultiModalProcessor(ABC):
         """Process the selected items in one job; record their updates; return items by hash.
 
         The HF kwargs are resolved here, on the miss path only: a hit never needs them."""
-        native_defaults = self.info.native.hf_defaults if self.info.native is not None else None
-        hf_kwargs = resolve_hf_kwargs(self.info.hf_processor, native_defaults, self.info.config.mm_processor_kwargs,
-                                      hf_processor_mm_kwargs, DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
+        hf_kwargs = self._hf_kwargs(hf_processor_mm_kwargs)
         kw_items, resolved = self.process_subset(mm_items.subset(selection), hf_kwargs, executor)
         out: dict[str, MultiModalKwargsItem] = {}
         for modality, idxs in selection.items():
@@ -547,6 +546,21 @@ class BaseMultiModalProcessor(ABC):
                 out[mm_hash] = item
                 updates_by_hash[mm_hash] = resolved[modality][j]
         return out
+
+    def _hf_kwargs(self, hf_processor_mm_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The HF call's kwargs: the model's native defaults, then the config's, then the request's."""
+        native_defaults = self.info.native.hf_defaults if self.info.native is not None else None
+        return resolve_hf_kwargs(self.info.hf_processor, native_defaults, self.info.config.mm_processor_kwargs,
+                                 hf_processor_mm_kwargs, DEVICE_NORMALIZE_KWARGS if self.info.device_normalize else None)
+
+    def warm_up(self, counts: Mapping[str, int]) -> None:
+        """HF-process ``counts`` of the model's largest dummy items in one call, as vLLM's renderer
+        does at start-up, so the first request finds the HF processor and torch warm. The outputs
+        are dropped where they are made: run in a lane, the dummy's outputs (a Qwen2.5-VL standard
+        limits image: 77 MB of patch rows) never travel to the server, whose start-up memory they
+        would grow (issue 34)."""
+        data = BaseDummyInputsBuilder(self).get_dummy_mm_data(counts, self.info.config.limit_mm_per_prompt)
+        self.process_hf_items(self.info.parse_mm_data(data), self._hf_kwargs({}))
 
     def process_subset(
         self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any], executor: ItemExecutor | None = None,

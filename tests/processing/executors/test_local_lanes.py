@@ -20,11 +20,12 @@ from lane_inputs import items, png, prompt, wire
 
 from lane_processes import parent_of, wait_ended, wait_started
 from mmfront import MultiModalConfig
-from mmfront.errors import LaneError, MediaDecodeError
+from mmfront.errors import LaneError, MediaDecodeError, ValidationError
 from mmfront.media import DecodeBudget
 from mmfront.models.registry import create_processor
 from mmfront.preprocess import InputPreprocessor
 from mmfront.processing.executors import InPlaceExecutor, ItemJob, LaneSpec, LocalProcessExecutor
+from mmfront.processing.executors.jobs import LaneReply
 from mmfront.testing.media import natural_image
 
 
@@ -64,6 +65,38 @@ def test_an_item_failing_on_a_lane_raises_what_in_place_raises(
         errors.append((type(info.value), info.value.parameter, str(info.value)))
     assert errors[0] == errors[1]
     assert errors[1][1] == "multi_modal_data"
+
+
+def test_a_warm_up_runs_on_a_lane_and_comes_back_empty(on_lanes: InputPreprocessor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane processes the dummy and keeps its outputs: the server gets an empty reply."""
+    lanes = on_lanes.item_executor
+    assert isinstance(lanes, LocalProcessExecutor)
+    sent: list[list[Any]] = []
+    replies: list[LaneReply] = []
+    submit = lanes._submit
+
+    def spy(frames: list[Any]) -> Any:
+        sent.append(frames)
+        future = submit(frames)
+        future.add_done_callback(lambda done: replies.append(msgspec.msgpack.decode(done.result()[0], type=LaneReply)))
+        return future
+
+    monkeypatch.setattr(lanes, "_submit", spy)
+    on_lanes.warmup()
+    assert [msgspec.msgpack.decode(frames[0]) for frames in sent] == [{"items": {}, "hf_kwargs": {}, "warm_up": {"image": 1}}]
+    assert replies == [LaneReply()]
+    assert [len(frames) for frames in sent] == [1]
+
+
+def test_a_warm_up_failing_on_a_lane_raises_what_in_place_raises(
+    in_place: InputPreprocessor, on_lanes: InputPreprocessor,
+) -> None:
+    errors = []
+    for pre in (in_place, on_lanes):
+        with pytest.raises(ValidationError) as info:
+            pre.item_executor.warm_up({"audio": 1}, pre.processor)  # Gemma 3 takes no audio
+        errors.append((type(info.value), info.value.parameter, str(info.value)))
+    assert errors[0] == errors[1]
 
 
 def test_a_killed_lane_fails_its_item_with_lane_error_and_restarts(gemma3_dir: Path, in_place: InputPreprocessor) -> None:

@@ -70,6 +70,9 @@ class ItemProcessor(Protocol):
     def process_hf_items(self, mm_items: MultiModalDataItems, hf_kwargs: Mapping[str, Any]) -> MultiModalKwargsItems:
         """The HF call over ``mm_items`` and its split into per-item kwargs."""
 
+    def warm_up(self, counts: Mapping[str, int]) -> None:
+        """HF-process ``counts`` of the largest dummy items, dropping the outputs."""
+
 
 class ItemExecutor(ABC):
     """Runs item jobs; thread-safe, since many requests are prepared at once.
@@ -83,6 +86,12 @@ class ItemExecutor(ABC):
     def run(self, job: ItemJob, processor: ItemProcessor) -> MultiModalKwargsItems:
         """``job``'s kwargs items, one per item in modality order, exactly as
         ``processor.process_hf_items`` gives them in place; raises what processing them raises."""
+
+    def warm_up(self, counts: Mapping[str, int], processor: ItemProcessor) -> None:
+        """Warm the processor that runs this executor's jobs with ``counts`` of the largest dummy
+        items (``processor.warm_up`` where the jobs run): at start-up, so the first request does not
+        pay for it. In place by default; an executor whose jobs run elsewhere warms them there."""
+        processor.warm_up(counts)
 
     @abstractmethod
     def close(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,9 @@ _Media = _EncodedImage | _RawImage | _Array | _Tensor
 class _Job(msgspec.Struct):
     items: dict[str, list[_Media]]
     hf_kwargs: dict[str, Any]
+    warm_up: dict[str, int] | None = None
+    """Counts of dummy items to warm the lane's processor with (``items`` empty): answered with an
+    empty reply, the outputs dropped in the lane."""
 
 
 class LaneFailure(msgspec.Struct):
@@ -220,6 +224,12 @@ def encode_job(job: ItemJob, encoder: MsgpackEncoder) -> list[Frame] | None:
         return None
 
 
+def encode_warm_up(counts: Mapping[str, int], encoder: MsgpackEncoder) -> list[Frame]:
+    """The frames of a warm-up job: :meth:`LaneRunner.run` warms its processor with ``counts`` of
+    the largest dummy items and answers an empty :class:`LaneReply`."""
+    return encoder.encode(_Job({}, {}, warm_up=dict(counts)))
+
+
 class LaneRunner:
     """One lane's processor and codec: job frames in, reply frames out."""
 
@@ -232,6 +242,9 @@ class LaneRunner:
     def run(self, frames: list[Frame]) -> list[Frame]:
         try:
             job: _Job = self.decoder.decode(frames)
+            if job.warm_up is not None:
+                self.processor.warm_up(job.warm_up)
+                return self.encoder.encode(LaneReply())
             items = MultiModalDataItems()
             for modality, media in job.items.items():
                 container = ImageProcessorItems if modality == "image" else AudioProcessorItems
@@ -243,4 +256,4 @@ class LaneRunner:
         return self.encoder.encode(reply)
 
 
-__all__ = ["LaneFailure", "LaneReply", "LaneRunner", "LaneSpec", "encode_job"]
+__all__ = ["LaneFailure", "LaneReply", "LaneRunner", "LaneSpec", "encode_job", "encode_warm_up"]

@@ -4,13 +4,14 @@ processor's items are independent, and its reply comes back as items or the lane
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Mapping
 from concurrent.futures import Future
 
 from mmfront.errors import ConfigError, LaneError
 from mmfront.inputs import MultiModalKwargsItems
 from mmfront.processing.executors.base import ItemExecutor, ItemJob, ItemProcessor
 from mmfront.processing.executors.inplace import InPlaceExecutor
-from mmfront.processing.executors.jobs import LaneReply, LaneSpec, encode_job
+from mmfront.processing.executors.jobs import LaneReply, LaneSpec, encode_job, encode_warm_up
 from mmfront.wire import Frame, MsgpackDecoder, MsgpackEncoder
 
 _IN_PLACE = InPlaceExecutor()
@@ -40,6 +41,15 @@ class BaseLaneExecutor(ItemExecutor):
         futures = [self.submit_job(f) for f in frames if f is not None]
         results = [future.result() for future in futures]
         return results[0] if len(results) == 1 else MultiModalKwargsItems.merge(results)
+
+    def warm_up(self, counts: Mapping[str, int], processor: ItemProcessor) -> None:
+        """Warm the next free lane: it processes the dummy items and drops their outputs, so the
+        server never holds them (nothing once the executor is closed: jobs then run in place)."""
+        if self.closed:
+            return
+        reply: LaneReply = self._decoder.decode(self._submit(encode_warm_up(counts, self._encoder)).result())
+        if reply.failure is not None:
+            reply.failure.reraise()
 
     def encode_job(self, job: ItemJob) -> list[Frame] | None:
         """The frames of one job; ``None`` when it has no wire form."""
