@@ -51,3 +51,19 @@ def test_warmup_leaves_every_cache_empty(gemma3_dir: Path) -> None:
     pre.warmup()
     assert pre.cache is not None and pre.cache.make_stats().total == 0
     assert pre.tokenize_only_cache is not None and pre.tokenize_only_cache.make_stats().total == 0
+
+
+def test_warmup_processes_the_largest_dummy_under_the_limits_options(gemma3_dir: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """In place, the warm-up is one HF call on one dummy per modality, its size shrunk by the
+    ``limit_mm_per_prompt`` options as vLLM's profiling shrinks it, with the config's kwargs."""
+    config = MultiModalConfig(mm_processing_lanes=0, limit_mm_per_prompt={"image": {"count": 1, "width": 24}},
+                              mm_processor_kwargs={"do_pan_and_scan": False})
+    pre = InputPreprocessor(gemma3_dir, config)
+    calls: list[tuple[list[tuple[int, int]], dict]] = []
+    process = pre.processor.process_hf_items
+    monkeypatch.setattr(pre.processor, "process_hf_items", lambda items, kwargs: calls.append(
+        ([im.size for im in items["image"].get_all()], kwargs)) or process(items, kwargs))
+    pre.warmup()
+    assert [sizes for sizes, _ in calls] == [[(24, 32)]]
+    assert calls[0][1]["images_kwargs"]["do_pan_and_scan"] is False
