@@ -27,6 +27,8 @@ from mmfront.preprocess import InputPreprocessor
 from mmfront.processing.executors import InPlaceExecutor, ItemJob, LaneSpec, LocalProcessExecutor
 from mmfront.testing.media import natural_image
 
+pytestmark = pytest.mark.usefixtures("preloaded_lane_parents")  # not a test of the parent's start
+
 
 @pytest.mark.parametrize("kind", ["pil", "png"])
 @pytest.mark.parametrize("tags", [[1], [1, 2], [1, 2, 3], [4, 5, 4]], ids=["1", "2", "3", "repeated"])
