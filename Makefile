@@ -85,7 +85,7 @@ demo: $(BASE_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --num-workers 2
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests/test_architecture.py
 
