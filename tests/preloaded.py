@@ -13,7 +13,9 @@ environment, working directory, session and streams it was given.
 What it does not give is a fresh interpreter, so these start real ones: tests of what importing
 does (``import mmfront`` stays light, the torchvision and torchaudio shims, a script without a
 ``__main__`` guard), of a process's life and death (parent-death signals, a writer's SIGTERM),
-and of what the product itself starts (``mmfront serve`` and its engines, the processing lanes).
+and of what the product itself starts (``mmfront serve`` and its engines, the lane parent's own
+start). The lane tests that are not about the parent start it from here
+(``lane_processes.preloaded_lane_parents``).
 A request's peak memory measured in a fork equals the fresh interpreter's within 1% (66.5 against
 67.0 MB for the largest image, 256.3 against 257.8 MB for a long WAV), so those tests fork.
 """
