@@ -9,12 +9,17 @@ processors are shared by the whole session: do not mutate them; build your own w
 ``@pytest.mark.hf_version(">=5.15", reason="...")`` runs a test only when the installed
 transformers matches the PEP 440 specifier, and otherwise skips it with the reason and the
 installed version. The ``hf_version`` fixture is the installed version itself.
+
+``preloaded_lane_parents`` (module-scoped, for ``pytestmark = pytest.mark.usefixtures(...)``) starts
+the processing lanes' parents of a module from the suite's preloaded interpreter
+(``lane_processes.preloaded_lane_parents``).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +56,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         spec = SpecifierSet(mark.args[0])
         if not spec.contains(HF_VERSION, prereleases=True):
             pytest.skip(f"needs transformers{spec}, installed {HF_VERSION}: {reason}")
+
+
+@pytest.fixture(scope="module")
+def preloaded_lane_parents() -> Iterator[None]:
+    from lane_processes import preloaded_lane_parents
+
+    with preloaded_lane_parents():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,9 @@ environment, working directory, session and streams it was given.
 What it does not give is a fresh interpreter, so these start real ones: tests of what importing
 does (``import mmfront`` stays light, the torchvision and torchaudio shims, a script without a
 ``__main__`` guard), of a process's life and death (parent-death signals, a writer's SIGTERM),
-and of what the product itself starts (``mmfront serve`` and its engines, the processing lanes).
+and of what the product itself starts (``mmfront serve`` and its engines, the lane parent's own
+start). The lane tests that are not about the parent start it from here
+(``lane_processes.preloaded_lane_parents``).
 A request's peak memory measured in a fork equals the fresh interpreter's within 1% (66.5 against
 67.0 MB for the largest image, 256.3 against 257.8 MB for a long WAV), so those tests fork.
 """
@@ -52,9 +54,10 @@ def _redirect(fd: int, target: Connection | None) -> None:
 
 
 def _run(argv: list[str], env: dict[str, str], cwd: str, new_session: bool,
-         stdout: Connection | None, stderr: Connection | None, stderr_to_stdout: bool) -> None:
-    """The child: the environment and streams it was given, then the command as ``python`` runs
-    it, then the interpreter's exit handlers (a forked child would skip them)."""
+         stdout: Connection | None, stderr: Connection | None, stderr_to_stdout: bool,
+         passed: dict[int, Connection]) -> None:
+    """The child: the environment, streams and descriptors it was given, then the command as
+    ``python`` runs it, then the interpreter's exit handlers (a forked child would skip them)."""
     if new_session:
         os.setsid()
     os.chdir(cwd)
@@ -64,6 +67,14 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, new_session: bool,
     _redirect(2, stderr)
     if stderr_to_stdout:
         os.dup2(1, 2)
+    received = {conn.fileno() for conn in passed.values()}
+    for number, conn in passed.items():  # at the caller's numbers, as ``pass_fds`` keeps them
+        if number != conn.fileno():
+            taken = number in received or os.path.exists(f"/proc/self/fd/{number}")
+            assert not taken, f"descriptor {number} to pass is in use in the preloaded child"
+            os.dup2(conn.fileno(), number)
+            conn.close()
+        os.set_inheritable(number, True)
     sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", closefd=False), line_buffering=True)
     sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", closefd=False), line_buffering=True)
     if env.get("OMP_NUM_THREADS", "").isdigit():  # OpenMP read it when the preloaded torch loaded
@@ -172,9 +183,10 @@ def _stream(spec: Any, text: bool) -> tuple[Connection | None, IO[Any] | None]:
 
 def popen(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = None,
           stdout: Any = None, stderr: Any = None, text: bool = False, start_new_session: bool = False,
-          stdin: Any = None) -> Preloaded:
+          stdin: Any = None, pass_fds: Sequence[int] = ()) -> Preloaded:
     """``subprocess.Popen(args, ...)`` for ``[sys.executable, "-m" | "-c" | script, ...]``, run
-    from the preloaded interpreter (see the module's docstring). The child's stdin is /dev/null."""
+    from the preloaded interpreter (see the module's docstring). The child's stdin is /dev/null;
+    ``pass_fds`` are open in it at the same numbers, inheritable."""
     argv = [str(a) for a in args]
     if argv[0] != sys.executable or len(argv) < (3 if argv[1:2] in (["-m"], ["-c"]) else 2) \
             or stdin not in (None, subprocess.DEVNULL):
@@ -182,14 +194,15 @@ def popen(args: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: str
     out, out_read = _stream(stdout, text)
     to_stdout = stderr == subprocess.STDOUT
     err, err_read = (None, None) if to_stdout else _stream(stderr, text)
+    passed = {fd: Connection(os.dup(fd)) for fd in pass_fds}
     process = CONTEXT.Process(
         target=_run, args=(argv, dict(os.environ if env is None else env), os.getcwd() if cwd is None else str(cwd),
-                           start_new_session, out, err, to_stdout),
+                           start_new_session, out, err, to_stdout, passed),
         daemon=True)  # never outlives the test session
     try:
         process.start()
     finally:
-        for conn in (out, err):
+        for conn in (out, err, *passed.values()):
             if conn is not None:
                 conn.close()
     return Preloaded(argv, process, out_read, err_read)

@@ -273,6 +273,7 @@ def test_block_is_clean(block: Block) -> None:
     assert lint(block) == []
 
 
+@pytest.mark.usefixtures("preloaded_lane_parents")  # a block's lanes: what they send, not their parent's start
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.id)
 def test_block_runs(block: Block, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                     monkeypatch: pytest.MonkeyPatch) -> None:

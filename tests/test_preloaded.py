@@ -4,6 +4,8 @@ handlers, and ``subprocess.Popen``'s face for waiting and signals."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import signal
 import subprocess
 import sys
@@ -75,3 +77,20 @@ def test_omp_num_threads_given_to_a_command_is_its_torch_threads() -> None:
     code = "import torch; print(torch.get_num_threads())"
     done = preloaded.run([sys.executable, "-c", code], env={"OMP_NUM_THREADS": "1"}, timeout=60)
     assert done.stdout == "1\n", done.stderr
+
+
+
+def test_pass_fds_are_open_in_the_command_at_their_numbers_and_inheritable() -> None:
+    read, write = os.pipe()
+    number = fcntl.fcntl(write, fcntl.F_DUPFD_CLOEXEC, 700)  # one the preloaded child has not opened itself
+    os.close(write)
+    code = f"import os; os.write({number}, b'through'); print(os.get_inheritable({number}))"
+    try:
+        passed = preloaded.popen([sys.executable, "-c", code], pass_fds=(number,), stdout=subprocess.PIPE, text=True)
+        out, _ = passed.communicate(timeout=60)
+        absent = preloaded.run([sys.executable, "-c", code], timeout=60)
+    finally:
+        os.close(number)
+    with os.fdopen(read, "rb") as through:
+        assert (passed.returncode, out, through.read()) == (0, "True\n", b"through")
+    assert absent.returncode == 1 and absent.stderr.rstrip().endswith("OSError: [Errno 9] Bad file descriptor")

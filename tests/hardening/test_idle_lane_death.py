@@ -18,6 +18,8 @@ from mmfront.preprocess import InputPreprocessor
 from mmfront.processing.executors import ItemJob, LocalProcessExecutor
 from mmfront.testing.media import natural_image
 
+pytestmark = pytest.mark.usefixtures("preloaded_lane_parents")  # not a test of the parent's start
+
 
 def test_a_lane_killed_while_idle_is_replaced_before_the_next_item(gemma3_dir: Path) -> None:
     config = MultiModalConfig(mm_processing_lanes=1, mm_processor_cache_gb=0)

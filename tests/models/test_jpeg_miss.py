@@ -119,6 +119,7 @@ def test_gemma3_native_path_reads_the_pixels_without_a_pil_image(gemma3_dir: Pat
         assert pixels is not None and np.array_equal(pixels, np.asarray(image.convert("RGB")))
 
 
+@pytest.mark.usefixtures("preloaded_lane_parents")
 def test_a_lane_decodes_into_pixels_and_sends_what_in_place_sends(gemma3_dir: Path) -> None:
     config = MultiModalConfig()
     proc: Any = create_processor(gemma3_dir, config)

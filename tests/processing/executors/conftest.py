@@ -15,6 +15,6 @@ def in_place(gemma3_dir: Path) -> InputPreprocessor:
 
 
 @pytest.fixture(scope="module")
-def on_lanes(gemma3_dir: Path) -> Iterator[InputPreprocessor]:
+def on_lanes(gemma3_dir: Path, preloaded_lane_parents: None) -> Iterator[InputPreprocessor]:
     with InputPreprocessor(gemma3_dir, MultiModalConfig(mm_processing_lanes=2, mm_processor_cache_gb=0)) as pre:
         yield pre

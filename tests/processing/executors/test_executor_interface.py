@@ -27,6 +27,8 @@ from mmfront.testing.media import natural_image
 from mmfront.testing.models import build_model_folder
 from mmfront.wire import MsgpackEncoder
 
+pytestmark = pytest.mark.usefixtures("preloaded_lane_parents")  # not a test of the parent's start
+
 
 class _OwnImageItems(ImageProcessorItems):
     """An item container with no wire form: its job is processed in place."""

@@ -28,6 +28,8 @@ from mmfront.processing.executors import InPlaceExecutor, ItemJob, LaneSpec, Loc
 from mmfront.processing.executors.jobs import LaneReply
 from mmfront.testing.media import natural_image
 
+pytestmark = pytest.mark.usefixtures("preloaded_lane_parents")  # not a test of the parent's start
+
 
 @pytest.mark.parametrize("kind", ["pil", "png"])
 @pytest.mark.parametrize("tags", [[1], [1, 2], [1, 2, 3], [4, 5, 4]], ids=["1", "2", "3", "repeated"])
