@@ -58,6 +58,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"needs transformers{spec}, installed {HF_VERSION}: {reason}")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules with a ``slow`` test first, then the others, each group by descending test count.
+
+    ``make test`` runs ``--dist loadscope --no-loadscope-reorder``, so the two workers take modules
+    in this order. xdist's own order (descending test count) dealt the slow modules of one test
+    last, and the last of them kept one worker running after the other had finished
+    (``tests/serve/test_bench_soak_http.py``: ~34 s). A test's own order within its module stays."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(modules.values(), key=lambda tests: (not any(t.get_closest_marker("slow") for t in tests), -len(tests)))
+    items[:] = [item for tests in order for item in tests]
+
+
 @pytest.fixture(scope="module")
 def preloaded_lane_parents() -> Iterator[None]:
     from lane_processes import preloaded_lane_parents
