@@ -26,10 +26,13 @@ TORCHAUDIO_PIN ?= torchaudio==2.11.1
 VENV ?= .venv
 LEGACY_VENV ?= .venv-legacy
 LEGACY_TRANSFORMERS ?= 5.14.1
-# pip byte-compiles what it installs: keep it (no --no-compile), since where PYTHONDONTWRITEBYTECODE
-# is set (as on this project's machines) no process would ever write them, and each of the suite's
-# hundreds of processes would compile torch's and transformers' modules again (measured: the two
-# suites took 20.7 min instead of 11.6).
+# pip byte-compiles what it installs, every module of every package: 61 s for .venv's site-packages
+# (torch 8.7 s, transformers 9.9 s, Ray 5.1 s), most of it modules no test imports. `make demo`'s
+# install keeps it: where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) no process
+# would write them, and each would compile torch's and transformers' modules again (measured: the
+# two suites took 20.7 min instead of 11.6 when nothing could write them). `make test`'s installs
+# skip it (--no-compile): its targets let processes write bytecode (below), so what the suite
+# imports is compiled once, by its first importer (the pytest workers' collection), and kept.
 PIP_FLAGS := --disable-pip-version-check
 # find_spec, not import: beside CPU torch, PyPI's torchvision imports only once mmfront is imported
 HAS_MODULE := import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)
@@ -56,10 +59,10 @@ BASE_EXTRAS := demo,video
 TEST_EXTRAS := $(BASE_EXTRAS),test,ray
 define INSTALL
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) "$(TORCH_PIN)"
-	$(PY) -m pip install $(PIP_FLAGS) -e ".[$(1)]"
-	$(PY) -c "$(HAS_MODULE)" torchvision || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHVISION_PIN)"
-	$(PY) -c "$(HAS_MODULE)" torchaudio || $(PY) -m pip install $(PIP_FLAGS) --no-deps "$(TORCHAUDIO_PIN)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install $(PIP_FLAGS) $(2) "$(TORCH_PIN)"
+	$(PY) -m pip install $(PIP_FLAGS) $(2) -e ".[$(1)]"
+	$(PY) -c "$(HAS_MODULE)" torchvision || $(PY) -m pip install $(PIP_FLAGS) $(2) --no-deps "$(TORCHVISION_PIN)"
+	$(PY) -c "$(HAS_MODULE)" torchaudio || $(PY) -m pip install $(PIP_FLAGS) $(2) --no-deps "$(TORCHAUDIO_PIN)"
 endef
 
 $(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
@@ -67,7 +70,7 @@ $(BASE_STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
 	touch $(BASE_STAMP)
 
 $(STAMP): pyproject.toml setup.py src/mmfront/_pixels.c
-	$(call INSTALL,$(TEST_EXTRAS))
+	$(call INSTALL,$(TEST_EXTRAS),--no-compile)
 	touch $(BASE_STAMP) $(STAMP)
 
 # Run by .venv-legacy's python with .venv's site-packages as argument: the .pth file of the overlay.
@@ -77,7 +80,7 @@ $(LEGACY_STAMP): $(STAMP)
 	rm -rf $(LEGACY_VENV)
 	$(PYTHON) -m venv $(LEGACY_VENV)
 	$(LEGACY_PY) -c "$$OVERLAY" "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-	$(LEGACY_PY) -m pip install $(PIP_FLAGS) "transformers==$(LEGACY_TRANSFORMERS)"
+	$(LEGACY_PY) -m pip install $(PIP_FLAGS) --no-compile "transformers==$(LEGACY_TRANSFORMERS)"
 	touch $(LEGACY_STAMP)
 
 demo: $(BASE_STAMP)
@@ -98,7 +101,7 @@ PYTEST_ARGS ?= -n 2 --dist loadscope --no-loadscope-reorder
 # processes would compile mmfront's modules again, and each pytest worker would rewrite the asserts
 # of all ~250 test modules (6 s of CPU each, measured): the suites write their caches, which the
 # second suite then reads. __pycache__ is ignored by git.
-pytest pytest-legacy: export PYTHONDONTWRITEBYTECODE :=
+lint pytest pytest-legacy: export PYTHONDONTWRITEBYTECODE :=
 
 pytest: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
