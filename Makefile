@@ -99,8 +99,9 @@ PYTEST_ARGS ?= -n 2 --dist loadscope --no-loadscope-reorder
 
 # Where PYTHONDONTWRITEBYTECODE is set (as on this project's machines), every one of the suite's
 # processes would compile mmfront's modules again, and each pytest worker would rewrite the asserts
-# of all ~250 test modules (6 s of CPU each, measured): the suites write their caches, which the
-# second suite then reads. __pycache__ is ignored by git.
+# of all ~250 test modules (6 s of CPU each, measured): lint and the suites write their caches,
+# which later steps read, and the bytecode of what they import, which `make test`'s installs leave
+# uncompiled (above). __pycache__ is ignored by git.
 lint pytest pytest-legacy: export PYTHONDONTWRITEBYTECODE :=
 
 pytest: $(STAMP)
