@@ -515,6 +515,23 @@ def test_channels_last_rgb_patch_rows_split_planes_as_hf_lays_them_out(batch: in
     assert torch.equal(got, _hf_patchify(images.contiguous(), patch, merge, temporal))
 
 
+@needs_extension
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 2), patch=st.sampled_from([1, 2, 3, 8, 14, 16]), merge=st.integers(1, 3),
+       temporal=st.integers(1, 3), rows=st.integers(1, 4), columns=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_rgb_planes_patch_rows_are_read_where_they_lie(batch: int, patch: int, merge: int, temporal: int, rows: int,
+                                                       columns: int, seed: int) -> None:
+    """The 1-byte planes path (what :func:`mmfront.bicubic.resize_planes` hands the patch rows):
+    one copy per patch row straight from each plane, at patch sizes with and without a fixed-size
+    copy."""
+    height, width = rows * patch * merge, columns * patch * merge
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (batch, 3, height, width), generator=generator, dtype=torch.uint8)
+    got = pixels.patch_rows(images, patch, merge, temporal)
+    assert got is not None
+    assert torch.equal(got, _hf_patchify(images, patch, merge, temporal))
+
+
 def test_patch_rows_leave_what_they_cannot_lay_out_to_hf(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pixels.patch_rows(torch.zeros((1, 3, 30, 28), dtype=torch.uint8), 14, 2, 2) is None  # 30 px: no whole window
     assert pixels.patch_rows(torch.zeros((0, 3, 28, 28), dtype=torch.uint8), 14, 2, 2) is None

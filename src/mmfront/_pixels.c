@@ -140,68 +140,7 @@ best_pack3(void)
 
 #endif
 
-/* --- kernels: 3-byte pixels split into 3 planes (a channels-last row, for the patch rows) ------- */
-
-typedef void (*split_fn)(uint8_t *r, uint8_t *g, uint8_t *b, const uint8_t *src, size_t pixels);
-
-static void
-split3_portable(uint8_t *r, uint8_t *g, uint8_t *b, const uint8_t *src, size_t pixels)
-{
-    for (size_t i = 0; i < pixels; i++) {
-        r[i] = src[3 * i];
-        g[i] = src[3 * i + 1];
-        b[i] = src[3 * i + 2];
-    }
-}
-
-#ifdef MMFRONT_X86_SIMD
-
-/* 16 pixels (three 16-byte loads) per step: each plane's 16 bytes gathered from the three loads
-   by one byte shuffle each and merged with OR (a -1 index yields 0). */
-__attribute__((target("ssse3"))) static void
-split3_ssse3(uint8_t *r, uint8_t *g, uint8_t *b, const uint8_t *src, size_t pixels)
-{
-    const __m128i r0 = _mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m128i r1 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1);
-    const __m128i r2 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13);
-    const __m128i g0 = _mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m128i g1 = _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1);
-    const __m128i g2 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14);
-    const __m128i b0 = _mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    const __m128i b1 = _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1);
-    const __m128i b2 = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15);
-    size_t i = 0;
-    for (; i + 16 <= pixels; i += 16) {
-        const uint8_t *at = src + 3 * i;
-        __m128i v0 = _mm_loadu_si128((const __m128i *)at);
-        __m128i v1 = _mm_loadu_si128((const __m128i *)(at + 16));
-        __m128i v2 = _mm_loadu_si128((const __m128i *)(at + 32));
-        _mm_storeu_si128((__m128i *)(r + i), _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, r0), _mm_shuffle_epi8(v1, r1)),
-                                                          _mm_shuffle_epi8(v2, r2)));
-        _mm_storeu_si128((__m128i *)(g + i), _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, g0), _mm_shuffle_epi8(v1, g1)),
-                                                          _mm_shuffle_epi8(v2, g2)));
-        _mm_storeu_si128((__m128i *)(b + i), _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, b0), _mm_shuffle_epi8(v1, b1)),
-                                                          _mm_shuffle_epi8(v2, b2)));
-    }
-    split3_portable(r + i, g + i, b + i, src + 3 * i, pixels - i);
-}
-
-static split_fn
-best_split3(void)
-{
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("ssse3") ? split3_ssse3 : split3_portable;
-}
-
-#else
-
-static split_fn
-best_split3(void)
-{
-    return split3_portable;
-}
-
-#endif
+#include "_split3.h"
 
 /* The split in use, chosen once at import. */
 static split_fn split3 = split3_portable;
@@ -590,48 +529,77 @@ copy_line(uint8_t *dst, const uint8_t *src, size_t patch)
     }
 }
 
+/* The patch rows of one band of patch x merge image rows, from its three planes (`line` bytes
+   from one row of a plane to the next): every patch row of a plane is one fixed-size copy to each
+   of its temporal places. Returns dst past the band's rows. */
+static uint8_t *
+patch_band(uint8_t *dst, const uint8_t *const *planes, size_t line, size_t width, size_t patch, size_t merge,
+           size_t temporal)
+{
+    size_t unit = patch * merge;
+    size_t block = patch * patch;
+    for (size_t x0 = 0; x0 < width; x0 += unit) {
+        for (size_t my = 0; my < merge; my++) {
+            for (size_t mx = 0; mx < merge; mx++) {
+                for (size_t c = 0; c < 3; c++) {
+                    const uint8_t *from = planes[c] + my * patch * line + x0 + mx * patch;
+                    for (size_t py = 0; py < patch; py++) {
+                        for (size_t t = 0; t < temporal; t++) {
+                            copy_line(dst + t * block + py * patch, from + py * line, patch);
+                        }
+                    }
+                    dst += temporal * block;
+                }
+            }
+        }
+    }
+    return dst;
+}
+
 /* The patch rows of channels-last 3-byte pixels: each band of patch x merge image rows is split
-   into three planes once (16 pixels a step), then every patch row of a plane is copied to each
-   of its temporal places. Reading each channel's bytes 3 apart, a byte at a time, and copying
-   the temporal blocks after took 1.64 ms for a 1036x756 image's rows (patch 14, merge 2,
-   temporal 2; 4.7 MB out); this takes 0.62 ms, where a plain copy of the rows takes 0.24.
-   -1 when the band's scratch memory cannot be had (the caller takes the generic loop). */
+   into three planes once (16 pixels a step), then laid out by patch_band. Reading each channel's
+   bytes 3 apart, a byte at a time, and copying the temporal blocks after took 1.64 ms for a
+   1036x756 image's rows (patch 14, merge 2, temporal 2; 4.7 MB out); this takes 0.62 ms, where a
+   plain copy of the rows takes 0.24. -1 when the band's scratch memory cannot be had (the caller
+   takes the generic loop). */
 static int
 patchify_rgb8(uint8_t *dst, const uint8_t *src, size_t batch, size_t height, size_t width, size_t patch,
               size_t merge, size_t temporal)
 {
     size_t unit = patch * merge;
-    size_t block = patch * patch;
-    uint8_t *planes = malloc(3 * unit * width);
-    if (planes == NULL) {
+    uint8_t *scratch = malloc(3 * unit * width);
+    if (scratch == NULL) {
         return -1;
     }
+    const uint8_t *planes[3] = {scratch, scratch + unit * width, scratch + 2 * unit * width};
     for (size_t b = 0; b < batch; b++) {
         const uint8_t *image = src + b * height * width * 3;
         for (size_t y0 = 0; y0 < height; y0 += unit) {
             for (size_t y = 0; y < unit; y++) {
-                split3(planes + y * width, planes + (unit + y) * width, planes + (2 * unit + y) * width,
+                split3(scratch + y * width, scratch + (unit + y) * width, scratch + (2 * unit + y) * width,
                        image + (y0 + y) * width * 3, width);
             }
-            for (size_t x0 = 0; x0 < width; x0 += unit) {
-                for (size_t my = 0; my < merge; my++) {
-                    for (size_t mx = 0; mx < merge; mx++) {
-                        for (size_t c = 0; c < 3; c++) {
-                            const uint8_t *from = planes + (c * unit + my * patch) * width + x0 + mx * patch;
-                            for (size_t py = 0; py < patch; py++) {
-                                for (size_t t = 0; t < temporal; t++) {
-                                    copy_line(dst + t * block + py * patch, from + py * width, patch);
-                                }
-                            }
-                            dst += temporal * block;
-                        }
-                    }
-                }
-            }
+            dst = patch_band(dst, planes, width, width, patch, merge, temporal);
         }
     }
-    free(planes);
+    free(scratch);
     return 0;
+}
+
+/* The same from 1-byte RGB planes (a resize into planes, mmfront._bicubic), read where they lie. */
+static void
+patchify_planes8(uint8_t *dst, const uint8_t *src, size_t batch, size_t height, size_t width, size_t patch,
+                 size_t merge, size_t temporal)
+{
+    size_t unit = patch * merge;
+    size_t plane = height * width;
+    for (size_t b = 0; b < batch; b++) {
+        const uint8_t *image = src + b * 3 * plane;
+        for (size_t y0 = 0; y0 < height; y0 += unit) {
+            const uint8_t *planes[3] = {image + y0 * width, image + plane + y0 * width, image + 2 * plane + y0 * width};
+            dst = patch_band(dst, planes, width, width, patch, merge, temporal);
+        }
+    }
 }
 
 static PyObject *
@@ -693,8 +661,12 @@ patchify(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         size_t plane = channels_last ? item : height * row_bytes;
         size_t image_bytes = channels * height * width * item;
         Py_BEGIN_ALLOW_THREADS
-        int done = channels_last && channels == 3 && item == 1
-                   && patchify_rgb8(dst, src, batch, height, width, patch, merge, temporal) == 0;
+        int done = channels == 3 && item == 1;
+        if (done && channels_last) {
+            done = patchify_rgb8(dst, src, batch, height, width, patch, merge, temporal) == 0;
+        } else if (done) {
+            patchify_planes8(dst, src, batch, height, width, patch, merge, temporal);
+        }
         for (size_t b = 0; !done && b < batch; b++) {
             const uint8_t *image = src + b * image_bytes;
             for (size_t y0 = 0; y0 < height; y0 += unit) {

@@ -99,13 +99,15 @@ def test_weights_config_is_the_real_architecture_at_tiny_sizes(hf: Any) -> None:
 @pytest.mark.parametrize("size", [(1000, 750), (1024, 768)], ids=["resized", "as-is"])
 def test_mmfronts_steps_give_hfs_bytes(processor: Any, hf: Any, size: tuple[int, int]) -> None:
     """The processor's image processor runs mmfront's steps (``ModelSpec.hf_speedups``: the RGB
-    view, and :func:`mmfront.pixels.patch_rows` where the extension is built), and a real-size
+    view, and :func:`mmfront.bicubic.resize_planes` and :func:`mmfront.pixels.patch_rows` where
+    the extension is built), and a real-size
     image's rows are HF's own processor's, byte for byte, resized or not (the parity suite
     proves the same against vLLM)."""
     from mmfront import pixels
 
     image_processor = processor.info.hf_processor.image_processor
     assert "process_image" in vars(image_processor) and "process_image" not in vars(hf.image_processor)
+    assert "resize" in vars(image_processor) and "resize" not in vars(hf.image_processor)
     hf_patchify = hasattr(type(image_processor), "patchify")  # transformers < 5.15 inlines it
     if hf_patchify and pixels.patch_rows(torch.zeros((1, 3, 28, 28), dtype=torch.uint8), 14, 2, 1) is not None:
         assert "patchify" in vars(image_processor)
@@ -116,3 +118,49 @@ def test_mmfronts_steps_give_hfs_bytes(processor: Any, hf: Any, size: tuple[int,
     want = hf.image_processor(images=[image], **kwargs)
     assert ours["image_grid_thw"].tolist() == want["image_grid_thw"].tolist()
     assert ours["pixel_values"].dtype == torch.uint8 and torch.equal(ours["pixel_values"], want["pixel_values"])
+
+
+def test_the_resize_takes_both_of_hfs_call_forms_and_leaves_the_rest_to_hf(
+        processor: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The image processor's own ``resize(images=, size=<pixel limits>, resample=, factor=)``
+    (transformers >= 5.15) and the base ``resize(image=, size=SizeDict(height=, width=),
+    resample=)`` that earlier releases call with the size they computed: both give torch's bytes
+    as planes where :func:`mmfront.bicubic.resize_planes` takes the image; another resample, or a
+    call it does not know, goes to HF's own resize."""
+    import inspect
+
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as tvF
+    from transformers.image_utils import SizeDict
+
+    from mmfront import bicubic
+    from mmfront.models import qwen2_vl
+
+    if bicubic.resize_planes(torch.zeros((1, 28, 28, 3), dtype=torch.uint8).permute(0, 3, 1, 2), 28, 56) is None:
+        pytest.skip("the resize's C loop is not built or this CPU has no AVX2: HF's resize runs")
+    calls: list[bool] = []
+
+    def spy(*args: Any) -> Any:
+        planes = bicubic.resize_planes(*args)
+        calls.append(planes is not None)
+        return planes
+
+    monkeypatch.setattr(qwen2_vl, "resize_planes", spy)
+    image_processor = processor.info.hf_processor.image_processor
+    generator = torch.Generator().manual_seed(5)
+    pixels = torch.randint(0, 256, (1, 75, 100, 3), generator=generator, dtype=torch.uint8).permute(0, 3, 1, 2)
+
+    def torch_resize(height: int, width: int, mode: InterpolationMode = InterpolationMode.BICUBIC) -> torch.Tensor:
+        return tvF.resize(pixels, [height, width], interpolation=mode, antialias=True)
+
+    limits = SizeDict(shortest_edge=3136, longest_edge=12845056)
+    by_limits = image_processor.resize(images=pixels, size=limits, resample=3, factor=56)
+    assert by_limits.shape == (1, 3, 56, 112) and torch.equal(by_limits, torch_resize(56, 112))
+    by_size = image_processor.resize(image=pixels, size=SizeDict(height=84, width=140), resample=InterpolationMode.BICUBIC)
+    assert torch.equal(by_size, torch_resize(84, 140)) and calls == [True, True]
+    hf_form = {"images": pixels, "size": limits, "factor": 56} if "factor" in inspect.signature(
+        type(image_processor).resize).parameters else {"image": pixels, "size": SizeDict(height=56, width=112)}
+    bilinear = image_processor.resize(**hf_form, resample=2)  # PIL's BILINEAR: HF's resize
+    assert calls == [True, True] and torch.equal(bilinear, torch_resize(56, 112, InterpolationMode.BILINEAR))
+    image_processor.resize(**hf_form, resample=3, antialias=True)  # a kwarg the swap does not know: HF's
+    assert calls == [True, True]

@@ -7,15 +7,17 @@ vLLM's ``_create_qwen2vl_field_factory``: an item's ``pixel_values`` are its ``t
 ``video_grid_thw``; the engine normalises raw uint8 patches on the GPU by default
 (``supports_mm_device_do_normalize``), and each placeholder range is embedding tokens only.
 
-Two steps of the HF image processor are swapped for ones that give the same bytes with less
+Three steps of the HF image processor are swapped for ones that give the same bytes with less
 copying (:func:`qwen2_vl_speedups`; Qwen2.5-VL's folders load the same image processor):
 ``patchify`` (a permute, a temporal expand and a reshape: torch copies a 1024x768 image's 4.7 MB
 of rows element by element through an 8-dimensional stride pattern) becomes
-:func:`mmfront.pixels.patch_rows`, one C pass in about half the CPU time; and an RGB PIL image reaches the resize as a
-channels-first view of its pixel array, without HF's contiguous copy (torch's uint8 resize reads
-either layout and gives the same pixels: it lays the planes out channels-last itself). A JPEG
-decoded straight into pixels reaches it as such a view already (the transformers backend's
-``call_image_processor``), so on a JPEG miss no PIL image is made at all.
+:func:`mmfront.pixels.patch_rows`, one C pass in about half the CPU time; the resize, torch's
+uint8 antialiased bicubic, becomes :func:`mmfront.bicubic.resize_planes`, the same bytes straight
+into the planes the patch rows are copied from (torch's writes channels-last pixels, which the
+patch rows split into planes again); and an RGB PIL image reaches the resize as a channels-first
+view of its pixel array, without HF's contiguous copy (both resizes read that layout where it
+lies). A JPEG decoded straight into pixels reaches it as such a view already (the transformers
+backend's ``call_image_processor``), so on a JPEG miss no PIL image is made at all.
 
 An image's expansion is known from its grid (:func:`qwen2_vl_image_expansions`), so the
 transformers backend runs the image processor alone on a miss: no dummy text of 999 image pads
@@ -24,6 +26,7 @@ tokenized, and HF's kwargs merged once per distinct set of kwargs rather than on
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
@@ -33,6 +36,7 @@ import transformers
 from packaging.version import Version
 from PIL import Image
 
+from mmfront.bicubic import resize_planes
 from mmfront.inputs import MultiModalFieldConfig
 from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec
@@ -79,6 +83,45 @@ def _patchify(hf_patchify: Callable[..., tuple[torch.Tensor, int, int]], images:
     return rows, int(images.shape[-2]) // patch_size, int(images.shape[-1]) // patch_size
 
 
+_BICUBIC = 3
+"""``PILImageResampling.BICUBIC``, what Qwen2-VL's image processors resample with."""
+_RESIZE_KWARGS = frozenset({"images", "image", "size", "resample", "factor"})
+
+
+def _resize(hf_resize: Callable[..., torch.Tensor], smart_resize: Callable[..., tuple[int, int]] | None,
+            *args: Any, **kwargs: Any) -> torch.Tensor:
+    """HF's resize of a group of images, by :func:`mmfront.bicubic.resize_planes` where it takes
+    them. Two call forms: the image processor's own ``resize(images=, size=, resample=,
+    factor=)``, which sizes the images by its pixel limits (HF's ``smart_resize``, called here
+    too), and the base one, ``resize(image=, size=SizeDict(height=, width=), resample=)``, to
+    which releases before 5.15 hand the size they computed."""
+    target = None if args or not _RESIZE_KWARGS.issuperset(kwargs) else _resize_target(smart_resize, kwargs)
+    resample = kwargs.get("resample")  # PIL's number, or torchvision's InterpolationMode
+    bicubic = (isinstance(resample, int) and int(resample) == _BICUBIC) or getattr(resample, "value", None) == "bicubic"
+    if target is not None and bicubic:
+        images = kwargs.get("images", kwargs.get("image"))
+        planes = resize_planes(images, *target) if isinstance(images, torch.Tensor) else None
+        if planes is not None:
+            return planes
+    return hf_resize(*args, **kwargs)
+
+
+def _resize_target(smart_resize: Callable[..., tuple[int, int]] | None, kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    images, size = kwargs.get("images", kwargs.get("image")), kwargs.get("size")
+    if not isinstance(images, torch.Tensor) or images.ndim != 4 or size is None:
+        return None
+    factor = kwargs.get("factor")
+    if factor is None:
+        height, width = getattr(size, "height", None), getattr(size, "width", None)
+        return (height, width) if isinstance(height, int) and isinstance(width, int) else None
+    shortest, longest = getattr(size, "shortest_edge", None), getattr(size, "longest_edge", None)
+    if smart_resize is None or not shortest or not longest:
+        return None  # HF's own call raises for the size
+    height, width = smart_resize(int(images.shape[-2]), int(images.shape[-1]), factor=factor, min_pixels=shortest,
+                                 max_pixels=longest)
+    return int(height), int(width)
+
+
 def _process_image(hf_process_image: Callable[..., torch.Tensor], image: Any, *args: Any, **kwargs: Any,
                    ) -> torch.Tensor:
     if args or kwargs.get("device") is not None:
@@ -99,15 +142,20 @@ def _process_image(hf_process_image: Callable[..., torch.Tensor], image: Any, *a
 
 def qwen2_vl_speedups(hf_processor: Any) -> None:
     """Gives the processor's image processor :func:`mmfront.pixels.patch_rows` for its
-    ``patchify`` and the view of an RGB image for its ``process_image`` (transformers releases
-    whose Qwen2-VL image processor inlines a step keep theirs), and its kwargs prepared once per
-    distinct set (:class:`~mmfront.processing.hf.KwargsPreparedOnce`: its ``preprocess`` is HF's
+    ``patchify``, :func:`mmfront.bicubic.resize_planes` for its ``resize`` and the view of an RGB
+    image for its ``process_image`` (transformers releases whose Qwen2-VL image processor inlines
+    a step keep theirs), and its kwargs prepared once per distinct set (:class:`~mmfront.processing.hf.KwargsPreparedOnce`: its ``preprocess`` is HF's
     base one, reached through a pass-through override, in every supported release)."""
     image_processor = getattr(hf_processor, "image_processor", None)
-    for name, fast in (("patchify", _patchify), ("process_image", _process_image)):
+    smart_resize = getattr(sys.modules.get(type(image_processor).__module__), "smart_resize", None)
+    steps: tuple[tuple[str, Callable[[Any], Callable[..., Any]]], ...] = (
+        ("patchify", lambda hf_step: partial(_patchify, hf_step)),
+        ("process_image", lambda hf_step: partial(_process_image, hf_step)),
+        ("resize", lambda hf_step: partial(_resize, hf_step, smart_resize)))
+    for name, fast in steps:
         hf_step = getattr(image_processor, name, None)
         if hf_step is not None and name not in vars(image_processor):
-            setattr(image_processor, name, partial(fast, hf_step))
+            setattr(image_processor, name, fast(hf_step))
     if (hasattr(image_processor, "_preprocess_image_like_inputs") and image_processor is not None
             and "preprocess" not in vars(image_processor)):
         image_processor.preprocess = KwargsPreparedOnce(image_processor, image_processor.preprocess)
