@@ -111,12 +111,14 @@ def test_qwen_pixel_limits_sizes_are_torchs(size: tuple[int, int]) -> None:
 
 def test_axis_weights_are_torchs_support_and_precision() -> None:
     """Pillow's support (2 source pixels each side at most scales, 2 x scale when shrinking), the
-    first taps clipped to the image, and the int16 scaling of the largest weight below 2**15."""
-    same = axis_weights(10, 10)
-    assert same.first.tolist()[:3] == [0, 0, 1] and same.weights.shape == (10, 5)
-    assert same.weights[5].tolist() == [0, 1 << same.precision, 0, 0, 0]  # the identity at scale 1
-    half = axis_weights(20, 10)
-    assert half.weights.shape == (10, 9) and half.first.tolist() == [0, 0, 1, 3, 5, 7, 9, 11, 13, 15]
+    first taps clipped to the image, the int16 scaling of the largest weight below 2**15, and
+    the taps no output uses left out."""
+    same = axis_weights(10, 10)  # the identity: torch's 5 taps, of which only the first 2 are ever used
+    assert same.first.tolist()[:3] == [0, 0, 1] and same.weights.shape == (10, 2)
+    assert same.weights[5].tolist() == [0, 1 << same.precision] and same.precision == 14
+    half = axis_weights(20, 10)  # 9 taps, the last zero for every output
+    assert half.weights.shape == (10, 8) and half.first.tolist() == [0, 0, 1, 3, 5, 7, 9, 11, 13, 15]
+    assert axis_weights(1024, 1036).weights.shape == (1036, 4)  # an enlargement: 4 of torch's 5 taps
     for axis in (axis_weights(1024, 1036), axis_weights(768, 756), axis_weights(7, 300)):
         assert int(np.abs(axis.weights).max()) < 1 << 15 <= 2 * int(np.abs(axis.weights).max()) + 2
         assert axis.windowed

@@ -52,7 +52,8 @@ _resize = _load_resize()
 
 class AxisWeights(NamedTuple):
     """One axis of the resize as torch computes it for uint8: each output's first source index,
-    its taps' int16 weights (zero past its own taps) and their fixed-point precision."""
+    its taps' int16 weights (zero past its own taps; the taps no output uses left out) and their
+    fixed-point precision."""
 
     first: np.ndarray
     weights: np.ndarray
@@ -96,7 +97,14 @@ def axis_weights(in_size: int, out_size: int) -> AxisWeights:
     precision = next((p for p in range(22) if int(0.5 + largest * (1 << (p + 1))) >= 1 << 15), 22)
     scaled = weights * (1 << precision)
     rounded = np.where(scaled < 0, np.trunc(-0.5 + scaled), np.trunc(0.5 + scaled)).astype(np.int16)
-    return AxisWeights(first.astype(np.int32), rounded, precision, _windowed(first, rounded))
+    # torch keeps 2 x ceil(support) + 1 taps; the last ones are zero for every output at most
+    # scales (an enlargement uses 4 of its 5), and a zero tap adds nothing: the loop skips them
+    used = int(np.flatnonzero(rounded.any(axis=0)).max(initial=0)) + 1
+    rounded = rounded[:, :used].copy()
+    first = first.astype(np.int32)
+    for array in (first, rounded):
+        array.flags.writeable = False  # kept and shared between threads
+    return AxisWeights(first, rounded, precision, _windowed(first, rounded))
 
 
 def _windowed(first: np.ndarray, weights: np.ndarray) -> bool:
