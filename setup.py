@@ -7,11 +7,13 @@ mmfront.bicubic).
 
 from setuptools import Extension, setup
 
+SHARED_HEADERS = ["src/mmfront/_index_arg.h", "src/mmfront/_split3.h"]
+
 setup(
     ext_modules=[
-        Extension("mmfront._pixels", ["src/mmfront/_pixels.c"], depends=["src/mmfront/_split3.h"], optional=True,
+        Extension("mmfront._pixels", ["src/mmfront/_pixels.c"], depends=SHARED_HEADERS, optional=True,
                   extra_compile_args=["-O3"]),
-        Extension("mmfront._bicubic", ["src/mmfront/_bicubic.c"], depends=["src/mmfront/_split3.h"], optional=True,
+        Extension("mmfront._bicubic", ["src/mmfront/_bicubic.c"], depends=SHARED_HEADERS, optional=True,
                   extra_compile_args=["-O3"]),
     ],
 )

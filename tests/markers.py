@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import shutil
+import sysconfig
+from types import ModuleType
 
 import pytest
 
@@ -20,3 +24,19 @@ VIDEO_SERVED = pytest.mark.hf_version(
     ">=5.18", reason="the transformers backend serves video from transformers 5.18, as vLLM 0.33's does: before, "
                      "the video processors cannot count a video's tokens (5.14.1: Qwen2VLVideoProcessor has no "
                      "get_number_of_video_patches, LLaVA-OneVision counts None)")
+
+
+def optional_extension(name: str) -> ModuleType | None:
+    """One of mmfront's optional C extensions (``mmfront._pixels``, ``mmfront._bicubic``), or None
+    where the install had no C compiler to build it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def has_c_compiler() -> bool:
+    """Whether the install could have built the optional C extensions (setup.py marks them
+    optional, so a failed build shows only as a slower path)."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(compiler) is not None

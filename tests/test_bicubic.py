@@ -15,22 +15,21 @@ from hypothesis import strategies as st
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as tvF
 
+from markers import has_c_compiler, optional_extension
 from mmfront import bicubic
 from mmfront.bicubic import axis_weights, resize_planes
 
-
-def _load_extension() -> Any:
-    try:
-        import mmfront._bicubic
-    except ImportError:
-        return None
-    return mmfront._bicubic
-
-
-_bicubic = _load_extension()
+_bicubic = optional_extension("mmfront._bicubic")
 needs_extension = pytest.mark.skipif(_bicubic is None, reason="the C extension is not built (no C compiler at install)")
 needs_avx2 = pytest.mark.skipif(bicubic._resize is None, reason="no AVX2 loops on this CPU (or no extension): torch resizes")
 
+
+
+def test_extension_is_built_where_a_compiler_exists() -> None:
+    if not has_c_compiler():
+        pytest.skip("no C compiler: the install skips the extension and torch resizes")
+    assert _bicubic is not None, "a C compiler exists but mmfront._bicubic was not built: reinstall (pip install -e .)"
+    assert _bicubic.loops() in {"avx2", "portable"}
 
 def _torch_resize(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return tvF.resize(images, [height, width], interpolation=InterpolationMode.BICUBIC, antialias=True)
@@ -184,3 +183,21 @@ def test_loops_report_and_switch() -> None:
     finally:
         assert _bicubic.loops(True) == best
     assert (bicubic._resize is not None) == (best == "avx2")
+
+
+@needs_avx2
+def test_threads_resize_at_once_to_their_own_bytes() -> None:
+    """The C loop runs without the GIL on scratch memory of its own, and the kept weights are
+    shared read-only: eight threads resizing different images at once each get torch's bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cases = [(_pixels(1, 60 + 7 * n, 80 + 5 * n, n), 50 + 3 * n, 90 + 4 * n) for n in range(8)]
+
+    def resize(case: tuple[torch.Tensor, int, int]) -> bool:
+        images, height, width = case
+        return all(torch.equal(resize_planes(images, height, width), _torch_resize(images, height, width))
+                   for _ in range(20))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(resize, cases * 2))
+    assert axis_weights(80, 90).weights.flags.writeable is False

@@ -11,8 +11,6 @@ the model dtype), for every dtype, setting and region shape.
 
 from __future__ import annotations
 
-import shutil
-import sysconfig
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,33 +23,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
+from markers import has_c_compiler, optional_extension
 from mmfront import pixels
 from mmfront.hashing import MultiModalHasher
 from mmfront.processing.threads import map_items
 from mmfront.testing.media import make_raw_image
 
-
-def _has_c_compiler() -> bool:
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    return shutil.which(compiler) is not None
-
-
-def _load_extension() -> Any:
-    try:
-        import mmfront._pixels
-    except ImportError:
-        return None
-    return mmfront._pixels
-
-
-_pixels = _load_extension()
+_pixels = optional_extension("mmfront._pixels")
 needs_extension = pytest.mark.skipif(_pixels is None, reason="the C extension is not built (no C compiler at install)")
 
 
 def test_extension_is_built_where_a_compiler_exists() -> None:
     # setup.py marks the extension optional, so a failed build would only show as a slow hash;
     # this makes it a test failure wherever the install could have built it.
-    if not _has_c_compiler():
+    if not has_c_compiler():
         pytest.skip("no C compiler: the install skips the extension and Pillow packs every mode")
     assert _pixels is not None, "a C compiler exists but mmfront._pixels was not built: reinstall (pip install -e .)"
     assert pixels.fast_packing_kernel() in {"avx2", "ssse3", "portable"}

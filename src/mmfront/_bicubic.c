@@ -27,6 +27,7 @@ Everything that comes from Python is checked; a bad argument raises TypeError or
 #include <immintrin.h>
 #endif
 
+#include "_index_arg.h"
 #include "_split3.h"
 
 #define WINDOW 16 /* bytes one horizontal block reads */
@@ -335,15 +336,12 @@ resize_rgb(uint8_t *dst, const uint8_t *src, size_t height, size_t width, size_t
 
 /* --- the Python entry ------------------------------------------------------------------------ */
 
+/* A size: an int from 1 to 2**20. */
 static int
 size_arg(PyObject *arg, const char *name, size_t *value)
 {
-    if (!PyLong_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.200s", name, Py_TYPE(arg)->tp_name);
-        return -1;
-    }
-    Py_ssize_t v = PyLong_AsSsize_t(arg);
-    if (v == -1 && PyErr_Occurred()) {
+    Py_ssize_t v;
+    if (index_arg(arg, name, &v) < 0) {
         return -1;
     }
     if (v < 1 || v > (1 << 20)) {

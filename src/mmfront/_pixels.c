@@ -140,6 +140,7 @@ best_pack3(void)
 
 #endif
 
+#include "_index_arg.h"
 #include "_split3.h"
 
 /* The split in use, chosen once at import. */
@@ -191,23 +192,6 @@ arrow_pixels(PyObject *schema_capsule, PyObject *array_capsule, const uint8_t **
     }
     *data = values->buffers[1];
     *count = array->length;
-    return 0;
-}
-
-/* An int argument as a Py_ssize_t: TypeError for a non-int, ValueError for one out of range. */
-static int
-index_arg(PyObject *arg, const char *name, Py_ssize_t *value)
-{
-    if (!PyLong_Check(arg)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name, Py_TYPE(arg)->tp_name);
-        return -1;
-    }
-    *value = PyLong_AsSsize_t(arg);
-    if (*value == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s is out of range", name);
-        return -1;
-    }
     return 0;
 }
 

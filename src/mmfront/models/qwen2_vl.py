@@ -144,8 +144,9 @@ def qwen2_vl_speedups(hf_processor: Any) -> None:
     """Gives the processor's image processor :func:`mmfront.pixels.patch_rows` for its
     ``patchify``, :func:`mmfront.bicubic.resize_planes` for its ``resize`` and the view of an RGB
     image for its ``process_image`` (transformers releases whose Qwen2-VL image processor inlines
-    a step keep theirs), and its kwargs prepared once per distinct set (:class:`~mmfront.processing.hf.KwargsPreparedOnce`: its ``preprocess`` is HF's
-    base one, reached through a pass-through override, in every supported release)."""
+    a step keep theirs), and its kwargs prepared once per distinct set
+    (:class:`~mmfront.processing.hf.KwargsPreparedOnce`: its ``preprocess`` is HF's base one,
+    reached through a pass-through override, in every supported release)."""
     image_processor = getattr(hf_processor, "image_processor", None)
     smart_resize = getattr(sys.modules.get(type(image_processor).__module__), "smart_resize", None)
     steps: tuple[tuple[str, Callable[[Any], Callable[..., Any]]], ...] = (
