@@ -16,8 +16,10 @@ once, in the order a miss runs them; medians over rounds (the first round warms 
   are (the same transformers code), each against mmfront's (``qwen2_vl_speedups``): PIL to a CHW
   uint8 tensor (HF: a contiguous copy; mmfront: a view of the pixel array, a JPEG's decoded pixels
   as the transformers backend hands them, or the PIL image's), the bicubic
-  antialiased uint8 resize (torch's kernel) of either, and the patch rows (HF's ``patchify``;
-  mmfront's :func:`mmfront.pixels.patch_rows`, one C pass); the results are asserted equal. Nothing is
+  antialiased uint8 resize of either (HF's contiguous tensor: torch's kernel; mmfront's view:
+  :func:`mmfront.bicubic.resize_planes`, the same bytes into planes), and the patch rows (HF's
+  ``patchify``; mmfront's :func:`mmfront.pixels.patch_rows`, one C pass); the results are asserted
+  equal. Nothing is
   normalised: vLLM's engine normalises Qwen2-VL's uint8 rows on the device
   (``--mm-device-do-normalize``, its default for the class), and both frontends send uint8;
 * ``kwargs merge``, ``dummy text``: what HF's processor call does besides the image processor, each
