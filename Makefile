@@ -92,11 +92,10 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests/test_architecture.py
 
-# Three workers on CI's 2 cores: much of the suite waits on engine processes and handshakes, so a
-# third worker fills the waits (the newest suite 425 -> 362 s on the 2-vCPU VM, docs/testing.md);
-# --dist loadscope keeps each module's fixtures (a worker, a server) in one process, and
+# Two workers (CI has 2 cores): much of the suite waits on engine processes and handshakes, which
+# overlap; --dist loadscope keeps each module's fixtures (a worker, a server) in one process, and
 # --no-loadscope-reorder deals the modules in tests/conftest.py's order (slow modules first).
-PYTEST_ARGS ?= -n 3 --dist loadscope --no-loadscope-reorder
+PYTEST_ARGS ?= -n 2 --dist loadscope --no-loadscope-reorder
 
 # Where PYTHONDONTWRITEBYTECODE is set (as on this project's machines), every one of the suite's
 # processes would compile mmfront's modules again, and each pytest worker would rewrite the asserts
