@@ -212,6 +212,18 @@ def test_the_models_end_of_sequence_reaches_the_engine_as_vllm_sends_it(gemma3_d
     assert params.stop_token_ids == list({106, 107, 9})
     assert params._all_stop_token_ids == {eos, 9, 106, 107}
     assert given.stop_token_ids == [9] and given._eos_token_id is None
+    assert given._all_stop_token_ids == {9}
+
+    # vLLM's clone: a shallow copy where skip_clone says the parameters are this request's alone
+    # (the OpenAI server's), yet the stop-token set that grows here is the copy's own
+    made = SamplingParams(max_tokens=4, stop=["x"], stop_token_ids=[9], skip_clone=True)
+    sent = processor.process_inputs("r4", PROMPT, made).sampling_params
+    assert sent is not None and sent is not made and sent.stop is made.stop
+    assert sent._all_stop_token_ids == {eos, 9, 106, 107} and made._all_stop_token_ids == {9}
+    assert made.stop_token_ids == [9] and made._eos_token_id is None
+    shared = SamplingParams(max_tokens=4, stop=["x"])  # a library caller's, maybe reused: copied deep
+    deep = processor.process_inputs("r5", PROMPT, shared).sampling_params
+    assert deep is not None and deep.stop == ["x"] and deep.stop is not shared.stop
 
     ignoring = processor.process_inputs("r2", PROMPT, SamplingParams(max_tokens=4, ignore_eos=True)).sampling_params
     assert ignoring is not None and ignoring._eos_token_id is None and ignoring.stop_token_ids == []

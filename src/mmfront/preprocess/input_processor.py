@@ -7,7 +7,6 @@ before the transport, so the mirror changes in the order requests go on the wire
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,7 +73,7 @@ class InputProcessor:
     def _engine_params(self, params: SamplingParams | None) -> SamplingParams:
         """A copy of ``params`` with the model's end of sequence, as vLLM's input processor sends
         them: its engine stops a request on ``_eos_token_id`` and ``stop_token_ids`` alone."""
-        engine_params = copy.deepcopy(params) if params is not None else SamplingParams()
+        engine_params = params.clone() if params is not None else SamplingParams()
         engine_params.update_from_generation_config(self.pipeline.processor.info.get_generation_config_fields(),
                                                     self.preprocessor.tokenizer.eos_token_id)
         return engine_params

@@ -121,8 +121,7 @@ def decode_chat(server: Server, body: bytes) -> ChatCompletionRequest:
     """A chat body decoded off the loop: its messages and parts counted and its text measured
     before they are built (a million messages are refused before a million structs exist, a
     60 MB text before it is decoded twice)."""
-    server.check_chat_body(body)
-    return request_decoding.decode_request(body, ChatCompletionRequest)
+    return request_decoding.decode_chat_body(body, server.check_chat_body)
 
 
 def response_role(server: Server, req: ChatCompletionRequest) -> str:

@@ -9,13 +9,15 @@ before its routes run.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from mmfront.errors import RequestBodyError, ValidationError
+from mmfront.errors import MMFrontError, RequestBodyError, ValidationError
 from mmfront.serve import structured
 from mmfront.serve.errors import BODY_PARAM
+from mmfront.serve.inline_media import lift_data_urls
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.serve.request_checks import check_request
 
@@ -102,6 +104,26 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     return request
 
 
+def decode_chat_body(body: bytes, check_bounds: Callable[[bytes], None]) -> ChatCompletionRequest:
+    """``body`` as a chat request, ``check_bounds`` (the server's
+    :func:`~mmfront.serve.chat_bounds.check_chat_body`) run on it first. Its data URLs are lifted
+    out before both (:mod:`~mmfront.serve.inline_media`); where the lifted body is refused, or its
+    URLs cannot all be put back, the original body is checked and decoded, so every error is the
+    original's."""
+    lifted = lift_data_urls(body)
+    if lifted is not None:
+        try:
+            check_bounds(lifted.body)
+            request: ChatCompletionRequest = decode_request(lifted.body, ChatCompletionRequest)
+        except MMFrontError:
+            pass
+        else:
+            if lifted.restore(request.messages):
+                return request
+    check_bounds(body)
+    return decode_request(body, ChatCompletionRequest)
+
+
 def fits(body: bytes, cls: type[Any]) -> bool:
     """Whether ``body`` is a valid ``cls`` request as vLLM's request model validates it
     (``/invocations`` picks its route so): a chat request's checks are its model's validators,
@@ -118,4 +140,4 @@ def fits(body: bytes, cls: type[Any]) -> bool:
     return True
 
 
-__all__ = ["MAX_JSON_DEPTH", "decode_body", "decode_request", "fits"]
+__all__ = ["MAX_JSON_DEPTH", "decode_body", "decode_chat_body", "decode_request", "fits"]

@@ -10,6 +10,7 @@ values, and mmfront's frames must be byte-identical to vLLM's for the same argum
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -195,6 +196,17 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
                 f"prompt_logprobs={self.prompt_logprobs}, skip_special_tokens={self.skip_special_tokens}, "
                 f"spaces_between_special_tokens={self.spaces_between_special_tokens}, "
                 f"structured_outputs={self.structured_outputs}, extra_args={self.extra_args})")
+
+    def clone(self) -> SamplingParams:
+        """vLLM's ``clone``: a deep copy, or a shallow one where ``skip_clone`` says these
+        parameters were made for one request (the OpenAI server's are; a deep copy cost 67 us of
+        each request's commit). The stop-token set, which :meth:`update_from_generation_config`
+        adds to, is the copy's own either way."""
+        if not self.skip_clone:
+            return copy.deepcopy(self)
+        twin = copy.copy(self)
+        twin._all_stop_token_ids = set(self._all_stop_token_ids)
+        return twin
 
     @property
     def is_greedy(self) -> bool:
