@@ -24,7 +24,7 @@ from mmfront._text import check_text
 from mmfront.chat_template import TemplateFormat, counted_tokens, render_chat, resolve_chat_template
 from mmfront.errors import ChatFormatError, MediaFormatError
 from mmfront.hashing import prehash_media
-from mmfront.media import DecodeBudget, MediaConnector
+from mmfront.media import DecodeBudget, DecodedDataURL, MediaConnector
 from mmfront.media.audio import INPUT_AUDIO_FORMATS
 from mmfront.media.base import MediaWithBytes
 
@@ -278,7 +278,7 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
     url = payload.get("url")
     if url is None and uuid is not None:
         return lambda: None
-    if not isinstance(url, str):
+    if not isinstance(url, (str, DecodedDataURL)):  # decoded: lifted out of a server's body
         raise ChatFormatError(f"{where}.{kind}.url must be a URL string.", parameter="messages")
     if kind == "image_url":
         return lambda: connector.load_image(url, budget=budget, media_io_kwargs=media_io_kwargs)

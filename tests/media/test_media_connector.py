@@ -20,7 +20,7 @@ from mmfront.errors import (
     MediaURLNotAllowedError,
     ValidationError,
 )
-from mmfront.media import DecodeBudget, MediaConnector, fetch, is_domain_allowed
+from mmfront.media import DecodeBudget, DecodedDataURL, MediaConnector, fetch, is_domain_allowed
 from mmfront.media.fetch import address_kind
 from mmfront.testing.media import make_image
 
@@ -80,6 +80,19 @@ def test_wrong_python_types_are_refused(budget: DecodeBudget, source: object) ->
 def test_oversize_base64_is_refused_before_decoding(budget: DecodeBudget) -> None:
     with pytest.raises(MediaTooLargeError, match=r"about \d+ bytes \(from its base64 length\), more than max_media_bytes=64"):
         _connector(max_media_bytes=64).load_image(PNG_B64, budget=budget)
+
+
+def test_a_decoded_data_url_loads_as_its_url_under_the_same_limits(budget: DecodeBudget) -> None:
+    decoded = DecodedDataURL(PNG_32, len(PNG_B64))
+    item = _connector().load_image(decoded, budget=budget)
+    assert item.original_bytes == PNG_32 and item.info == _connector().load_image(
+        f"data:image/png;base64,{PNG_B64}", budget=DecodeBudget(budget.limit_bytes)).info
+    errors = []
+    for source in (decoded, f"data:image/png;base64,{PNG_B64}"):
+        with pytest.raises(MediaTooLargeError) as info:
+            _connector(max_media_bytes=64).load_image(source, budget=budget)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and f"about {len(PNG_B64) // 4 * 3} bytes (from its base64 length)" in errors[0]
 
 
 def test_unsupported_scheme_is_refused(budget: DecodeBudget) -> None:

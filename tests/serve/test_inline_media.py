@@ -1,10 +1,12 @@
 """Data URLs lifted out of a chat body before its bounds check and decode: the request is the
-one the original body decodes to, field for field, and every refusal is the original's, word for
-word (mmfront.serve.inline_media, request_decoding.decode_chat_body)."""
+one the original body decodes to, field for field, except that a media part's data URL is the
+bytes the media connector would have made of it (with the same errors), and every refusal is the
+original's, word for word (mmfront.serve.inline_media, request_decoding.decode_chat_body)."""
 
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from functools import partial
 from typing import Any
@@ -13,7 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmfront.config import MultiModalConfig
 from mmfront.errors import MMFrontError
+from mmfront.media import DecodedDataURL, MediaConnector
 from mmfront.serve import inline_media, request_decoding
 from mmfront.serve.chat_bounds import check_chat_body
 from mmfront.serve.inline_media import MIN_LIFTED_BYTES, lift_data_urls
@@ -39,9 +43,36 @@ def original(body: bytes) -> ChatCompletionRequest:
     return request_decoding.decode_request(body, ChatCompletionRequest)
 
 
+CONNECTOR = MediaConnector(MultiModalConfig(max_media_bytes=5000))
+"""A limit between the payloads drawn below, so both sides of it are compared."""
+
+
+def fetched(url: Any) -> tuple[str, Any]:
+    """What the media connector makes of a URL, a data URL decoded or not: bytes, or an error."""
+    try:
+        return "bytes", CONNECTOR.fetch_bytes(url, timeout=1.0, what="The image")
+    except MMFrontError as e:
+        return type(e).__name__, str(e)
+
+
+def resolved(request: ChatCompletionRequest) -> ChatCompletionRequest:
+    """``request`` with each media part's data URL (a decoded one, or text starting ``data:``)
+    replaced by what the connector makes of it."""
+    request = copy.deepcopy(request)
+    for message in request.messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            media = part.get(part.get("type")) if isinstance(part, dict) and part.get("type") in {
+                "image_url", "video_url", "audio_url"} else None
+            url = media.get("url") if isinstance(media, dict) else None
+            if isinstance(url, DecodedDataURL) or (isinstance(url, str) and url[:5].lower() == "data:"):
+                media["url"] = fetched(url)
+    return request
+
+
 def outcome(decode: Any, body: bytes) -> tuple[str, Any]:
     try:
-        return "request", decode(body)
+        return "request", resolved(decode(body))
     except MMFrontError as e:
         return type(e).__name__, (str(e), e.parameter)
 
@@ -54,20 +85,38 @@ def test_a_real_image_request_decodes_to_the_same_request_from_a_short_body() ->
     url = image_data_url(make_image(64, 48, seed=3), "PNG")
     body = chat(image(url), {"type": "text", "text": "What is in this picture?"}, max_tokens=8)
     lifted = lift_data_urls(body)
-    assert lifted is not None and list(lifted.urls.values()) == [url]
+    assert lifted is not None and len(lifted.urls) == 1
     assert len(lifted.body) == len(body) - len(url) + len(next(iter(lifted.urls)))
     request = lifted_decode(body)
-    assert request == original(body)
-    assert request.messages[0]["content"][0]["image_url"]["url"] == url
+    payload = url.partition(",")[2]
+    assert request.messages[0]["content"][0]["image_url"]["url"] == DecodedDataURL(base64.b64decode(payload), len(payload))
+    assert request.messages[0]["content"][1] == {"type": "text", "text": "What is in this picture?"}
+    assert outcome(lifted_decode, body) == outcome(original, body)
 
 
 def test_each_of_several_urls_goes_back_to_its_own_part() -> None:
-    urls = [f"data:image/jpeg;base64,{PAYLOAD[:-4 * k] if k else PAYLOAD}" for k in range(3)]
+    payloads = [PAYLOAD[:-4 * k] if k else PAYLOAD for k in range(3)]
+    urls = [f"data:image/jpeg;base64,{p}" for p in payloads]
     body = chat(image(urls[0]), image(urls[1], "video_url"), {"type": "text", "text": "x"}, image(urls[2], "audio_url"))
     assert len(lift_data_urls(body).urls) == 3  # type: ignore[union-attr]
     request = lifted_decode(body)
-    assert [p[p["type"]] for p in request.messages[0]["content"] if p["type"] != "text"] == [{"url": u} for u in urls]
-    assert request == original(body)
+    assert [p[p["type"]] for p in request.messages[0]["content"] if p["type"] != "text"] == [
+        {"url": DecodedDataURL(base64.b64decode(p), len(p))} for p in payloads]
+    assert outcome(lifted_decode, body) == outcome(original, body)
+
+
+def test_a_url_beside_a_media_field_goes_back_as_its_text() -> None:
+    body = chat({"type": "image_url", "image_url": {"url": URL}, "preview": {"url": URL[:-4]}})
+    part = lifted_decode(body).messages[0]["content"][0]
+    assert isinstance(part["image_url"]["url"], DecodedDataURL) and part["preview"] == {"url": URL[:-4]}
+
+
+def test_an_oversize_image_is_refused_from_its_base64_length_as_before() -> None:
+    body = chat(image())
+    assert fetched(lifted_decode(body).messages[0]["content"][0]["image_url"]["url"]) == (
+        "MediaTooLargeError", "The image is about 6144 bytes (from its base64 length), more than max_media_bytes=5000. "
+        "Send a smaller file, or raise max_media_bytes.")
+    assert outcome(lifted_decode, body) == outcome(original, body)
 
 
 @pytest.mark.parametrize("url", [
@@ -78,6 +127,8 @@ def test_each_of_several_urls_goes_back_to_its_own_part() -> None:
     "https://example.com/" + "a" * MIN_LIFTED_BYTES,  # not a data URL
     "data:image/png;base64," + PAYLOAD[:100],  # too short to be worth lifting
     "data:" + "x" * 300 + "," + PAYLOAD,  # a header longer than a data URL's
+    "data:image/png," + PAYLOAD,  # not declared base64: the connector refuses it
+    "data:image/png;base64x," + PAYLOAD,
 ])
 def test_strings_that_are_not_plainly_a_long_data_url_stay_in_the_body(url: str) -> None:
     body = chat(image(url))
@@ -127,15 +178,17 @@ def test_a_token_a_client_makes_up_is_its_own_text() -> None:
     body = chat(image(forged), image())
     request = lifted_decode(body)
     assert request.messages[0]["content"][0]["image_url"]["url"] == forged
-    assert request == original(body)
+    assert outcome(lifted_decode, body) == outcome(original, body)
 
 
 @st.composite
 def chat_bodies(draw: st.DrawFn) -> bytes:
     """Chat bodies with data URLs (plain or not) in parts, in texts and under other keys, written
     with or without spaces, sometimes cut short."""
-    plain = st.builds(lambda n, mime: f"data:{mime};base64," + PAYLOAD[:4 * n],
-                      st.integers(MIN_LIFTED_BYTES // 4 - 2, len(PAYLOAD) // 4), st.sampled_from(["image/png", "IMAGE/JPEG", "video/mp4"]))
+    plain = st.builds(lambda n, header: f"data:{header}," + PAYLOAD[:4 * n],
+                      st.integers(MIN_LIFTED_BYTES // 4 - 2, len(PAYLOAD) // 4),
+                      st.sampled_from(["image/png;base64", "IMAGE/JPEG;BASE64", "video/mp4; base64", "image/png",
+                                       "audio/wav;charset=x;base64", "base64"]))
     odd = st.builds(lambda u, c, at: u[:at] + c + u[at:], plain, st.sampled_from(["/", "\\", '"', "\u00e9", " ", "-"]),
                     st.integers(0, 40))
     url = st.one_of(plain, plain, plain, odd, st.text(max_size=20))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from mmfront.media.audio import AudioWithRate, load_audio_bytes
 from mmfront.media.budget import DecodeBudget, check_media_size
-from mmfront.media.connector import MediaConnector, MediaSource, decode_base64
+from mmfront.media.connector import DecodedDataURL, MediaConnector, MediaSource, decode_base64, is_base64_header
 from mmfront.media.fetch import HttpFetcher, is_domain_allowed
 from mmfront.media.image import (
     ImageIOOptions,
@@ -24,6 +24,7 @@ from mmfront.media.video import VideoIOOptions, load_video_bytes, resolve_video_
 __all__ = [
     "AudioWithRate",
     "DecodeBudget",
+    "DecodedDataURL",
     "HttpFetcher",
     "ImageIOOptions",
     "MediaConnector",
@@ -33,6 +34,7 @@ __all__ = [
     "convert_image_mode",
     "decode_base64",
     "has_alpha",
+    "is_base64_header",
     "is_domain_allowed",
     "load_audio_bytes",
     "load_image_bytes",

@@ -19,6 +19,7 @@ import threading
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -44,8 +45,23 @@ from mmfront.media.fetch import HttpFetcher, describe_url
 from mmfront.media.image import load_image_bytes, resolve_image_options
 from mmfront.media.video import load_video_bytes, resolve_video_options
 
-MediaSource = str | bytes | bytearray | memoryview
-"""A URL (``http(s)://``, ``file://``, ``data:``), a local path, a base64 string, or raw bytes."""
+
+@dataclass(frozen=True)
+class DecodedDataURL:
+    """A base64 data URL its reader decoded already: ``mmfront serve`` lifts a chat body's data
+    URLs out before decoding the body, checking their base64 on the way
+    (:mod:`mmfront.serve.inline_media`). The connector takes its bytes as it takes the URL's,
+    under the same limits and with the same errors, without the URL's text being made, sliced,
+    encoded and decoded again (~0.25 ms of a 1024x768 JPEG's cache hit)."""
+
+    data: bytes
+    base64_length: int
+    """Characters of base64 after the URL's comma: the size refused before decoding is read from it."""
+
+
+MediaSource = str | bytes | bytearray | memoryview | DecodedDataURL
+"""A URL (``http(s)://``, ``file://``, ``data:``), a local path, a base64 string, raw bytes, or a
+data URL decoded already."""
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
@@ -56,12 +72,7 @@ _READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLO
 def decode_base64(text: str, *, max_bytes: int, what: str = "The media") -> bytes:
     """Strict standard base64 (line breaks tolerated), refused early when the decoded size would
     pass ``max_bytes``."""
-    if len(text) // 4 * 3 > max_bytes + 2:
-        raise MediaTooLargeError(
-            f"{what} is about {len(text) // 4 * 3} bytes (from its base64 length), more than max_media_bytes="
-            f"{max_bytes}. Send a smaller file, or raise max_media_bytes.",
-            parameter="multi_modal_data",
-        )
+    _check_base64_length(len(text), max_bytes=max_bytes, what=what)
     # pybase64 (SIMD, what vLLM uses): the stdlib's decoder would dominate a cache hit on a
     # large data URL.
     try:
@@ -76,6 +87,21 @@ def decode_base64(text: str, *, max_bytes: int, what: str = "The media") -> byte
             "'=' padding), or pass a URL, a data: URL or a file path instead.",
             parameter="multi_modal_data",
         ) from None
+
+
+def _check_base64_length(length: int, *, max_bytes: int, what: str) -> None:
+    if length // 4 * 3 > max_bytes + 2:
+        raise MediaTooLargeError(
+            f"{what} is about {length // 4 * 3} bytes (from its base64 length), more than max_media_bytes="
+            f"{max_bytes}. Send a smaller file, or raise max_media_bytes.",
+            parameter="multi_modal_data",
+        )
+
+
+def is_base64_header(header: str) -> bool:
+    """Whether a data URL's header (between ``data:`` and its comma) declares base64, the only
+    encoding the connector takes."""
+    return "base64" in (param.strip().lower() for param in header.split(";")[1:])
 
 
 class MediaConnector:
@@ -196,6 +222,9 @@ class MediaConnector:
             data = bytes(url_or_data)
         elif isinstance(url_or_data, str):
             data = self._fetch_str(url_or_data, timeout=timeout, what=what)
+        elif isinstance(url_or_data, DecodedDataURL):
+            _check_base64_length(url_or_data.base64_length, max_bytes=self.config.max_media_bytes, what=what)
+            data = url_or_data.data
         else:
             raise InputTypeError(
                 f"{what} must be given as a URL, data: URL, file path, base64 string or bytes, got "
@@ -237,7 +266,7 @@ class MediaConnector:
             raise MediaDecodeError(f"Malformed data URL {describe_url(url, 60)}: there is no ',' before the data. Use "
                                    "data:<media type>;base64,<data>.", parameter="multi_modal_data")
         header, payload = url[5:comma], url[comma + 1:]
-        if "base64" not in (param.strip().lower() for param in header.split(";")[1:]):
+        if not is_base64_header(header):
             raise MediaDecodeError(f"Only base64 data URLs are supported, got {describe_url(url, 60)}. Use "
                                    "data:<media type>;base64,<data>.", parameter="multi_modal_data")
         return decode_base64(payload, max_bytes=self.config.max_media_bytes, what=what)

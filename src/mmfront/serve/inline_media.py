@@ -1,20 +1,25 @@
 """Base64 data URLs lifted out of a chat body before it is decoded, and put back after.
 
 An image sent inline is one JSON string of ~600 KB of base64 for a 1024x768 JPEG. The body's
-bounds check (:mod:`~mmfront.serve.chat_bounds`) skipped over it character by character, and the
-request's decode scanned it again and copied it into a ``str``: 0.92 ms of a cache hit's ~6.9 ms
-of server CPU (measured in the server; 0.44 ms on an idle core). Found with ``bytes.find``
-(``memchr``) and checked with the SIMD base64 decoder, the string is lifted out: both passes read a
-body of a few hundred bytes, and the string is made once from its bytes.
+bounds check (:mod:`~mmfront.serve.chat_bounds`) skipped over it character by character, the
+request's decode scanned it again and copied it into a ``str``, and the media connector sliced,
+encoded and decoded that: 0.92 ms of a cache hit's ~6.9 ms of server CPU went to the two JSON
+passes alone (measured in the server; 0.44 ms on an idle core). Found with ``bytes.find``
+(``memchr``) and decoded by the SIMD base64 decoder, the string is lifted out: both passes read a
+body of a few hundred bytes, and a media part's URL goes back as the
+:class:`~mmfront.media.DecodedDataURL` of the bytes the check decoded, which the connector takes
+under the same limits and errors as the URL.
 
 A string is lifted only where it is plainly a data URL: the value of a ``"url"`` key, at least
-:data:`MIN_LIFTED_BYTES` long, a short printable header up to its first comma (``data:image/jpeg;
-base64``), then base64 alone (``A-Z a-z 0-9 + / =``). Such a string holds no quote, backslash,
-control character or non-ASCII byte, and neither does its token, so a JSON reader splits the
-lifted body into the same values as the original: only that string's content differs, and that
-string decodes to its own bytes as ASCII. Whatever the lifted body's decode refuses, and a token
-not found in a message's content part when it is put back, sends the caller back to the original
-body (:func:`~mmfront.serve.chat_completions.decode_chat`): its errors and odd shapes stay the
+:data:`MIN_LIFTED_BYTES` long, a short printable header up to its first comma that declares base64
+as the connector reads it, then base64 alone (``A-Z a-z 0-9 + / =``). Such a string holds no
+quote, backslash, control character or non-ASCII byte, and neither does its token, so a JSON
+reader splits the lifted body into the same values as the original: only that string's content
+differs. Where the token lands in a media part (``{"type": "image_url", "image_url": {"url":
+...}}``, and video and audio alike) the decoded URL goes back; anywhere else in a content part, the
+string itself. Whatever the lifted body's decode refuses, and a token found elsewhere or not at
+all, sends the caller back to the original body
+(:func:`~mmfront.serve.request_decoding.decode_chat_body`): its errors and odd shapes stay the
 original's.
 """
 
@@ -27,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pybase64
+
+from mmfront.media import DecodedDataURL, is_base64_header
 
 MIN_LIFTED_BYTES = 4096
 """Shorter strings cost less to scan twice than to lift."""
@@ -42,27 +49,42 @@ _TOKEN_PREFIX = f"mmfront-lifted-{secrets.token_hex(8)}-"
 """Unguessable per process, so no request can hold a token of its own."""
 
 
+_MEDIA_PARTS = frozenset({"image_url", "video_url", "audio_url"})
+
+
+@dataclass(frozen=True)
+class _LiftedURL:
+    text: memoryview
+    """The URL as the body holds it: ASCII, made a ``str`` only where it lands outside a media part."""
+    decoded: DecodedDataURL
+
+
 @dataclass
 class LiftedBody:
     """A chat body with its data URLs replaced by tokens, and what each token stands for."""
 
     body: bytes
-    urls: dict[str, str] = field(default_factory=dict)
+    urls: dict[str, _LiftedURL] = field(default_factory=dict)
 
     def restore(self, messages: list[Any]) -> bool:
-        """Put each URL back where its token landed, a content part's ``{"url": ...}`` value;
-        whether every token was found there exactly once (if not, decode the original body)."""
+        """Put each URL back where its token landed, a content part's ``{"url": ...}`` value:
+        decoded in the part's own media field, as its text elsewhere. Whether every token was found
+        there exactly once (if not, decode the original body)."""
         found = 0
         for message in messages:
             content = message.get("content") if isinstance(message, dict) else None
             for part in content if isinstance(content, list) else ():
-                for value in part.values() if isinstance(part, dict) else ():
+                if not isinstance(part, dict):
+                    continue
+                kind = part.get("type")
+                media = part.get(kind) if isinstance(kind, str) and kind in _MEDIA_PARTS else None
+                for value in part.values():
                     url = value.get("url") if isinstance(value, dict) else None
                     if isinstance(url, str) and url.startswith(_TOKEN_PREFIX):
-                        original = self.urls.get(url)
-                        if original is None:
+                        lifted = self.urls.get(url)
+                        if lifted is None:
                             return False
-                        value["url"] = original
+                        value["url"] = lifted.decoded if value is media else str(lifted.text, "ascii")
                         found += 1
         return found == len(self.urls)
 
@@ -70,8 +92,9 @@ class LiftedBody:
 def lift_data_urls(body: bytes) -> LiftedBody | None:
     """``body`` with its long base64 data URLs lifted out, or ``None`` where it has none."""
     pieces: list[bytes] = []
-    urls: dict[str, str] = {}
+    urls: dict[str, _LiftedURL] = {}
     copied = position = 0
+    view = memoryview(body)
     while (key := body.find(_KEY, position)) >= 0:
         position = key + len(_KEY)
         start = _value_start(body, position)
@@ -81,9 +104,10 @@ def lift_data_urls(body: bytes) -> LiftedBody | None:
         if end < 0:
             break
         position = end + 1
-        if end - start >= MIN_LIFTED_BYTES and _plain_data_url(body, start, end):
+        decoded = _decoded_data_url(body, view, start, end) if end - start >= MIN_LIFTED_BYTES else None
+        if decoded is not None:
             token = f"{_TOKEN_PREFIX}{len(urls)}"
-            urls[token] = body[start:end].decode("ascii")
+            urls[token] = _LiftedURL(view[start:end], decoded)
             pieces += [body[copied:start], token.encode()]
             copied = end
     if not urls:
@@ -104,15 +128,17 @@ def _value_start(body: bytes, after_key: int) -> int:
     return after_key + len(ahead) - len(value) + 1
 
 
-def _plain_data_url(body: bytes, start: int, end: int) -> bool:
+def _decoded_data_url(body: bytes, view: memoryview, start: int, end: int) -> DecodedDataURL | None:
+    """The data URL ``body[start:end]`` decoded, where it is plainly one (else ``None``)."""
     comma = body.find(b",", start, min(end, start + _MAX_HEADER))
-    if comma < 0 or not _HEADER.fullmatch(body, start, comma):
-        return False
+    if comma < 0 or not _HEADER.fullmatch(body, start, comma) or not is_base64_header(
+            str(view[start + 5:comma], "ascii")):
+        return None
     try:
-        pybase64.b64decode(memoryview(body)[comma + 1:end], validate=True)
+        data = pybase64.b64decode(view[comma + 1:end], validate=True)
     except (binascii.Error, ValueError):
-        return False
-    return True
+        return None
+    return DecodedDataURL(data, end - comma - 1)
 
 
 __all__ = ["MIN_LIFTED_BYTES", "LiftedBody", "lift_data_urls"]
