@@ -43,19 +43,21 @@ def original(body: bytes) -> ChatCompletionRequest:
     return request_decoding.decode_request(body, ChatCompletionRequest)
 
 
-CONNECTOR = MediaConnector(MultiModalConfig(max_media_bytes=5000))
-"""A limit between the payloads drawn below, so both sides of it are compared."""
+LIMIT = MultiModalConfig().max_media_bytes
+SMALL_LIMIT = 5000
+"""A ``max_media_bytes`` between the payloads drawn below, so both sides of it are compared."""
+CONNECTORS = {limit: MediaConnector(MultiModalConfig(max_media_bytes=limit)) for limit in (LIMIT, SMALL_LIMIT)}
 
 
-def fetched(url: Any) -> tuple[str, Any]:
+def fetched(url: Any, limit: int = LIMIT) -> tuple[str, Any]:
     """What the media connector makes of a URL, a data URL decoded or not: bytes, or an error."""
     try:
-        return "bytes", CONNECTOR.fetch_bytes(url, timeout=1.0, what="The image")
+        return "bytes", CONNECTORS[limit].fetch_bytes(url, timeout=1.0, what="The image")
     except MMFrontError as e:
         return type(e).__name__, str(e)
 
 
-def resolved(request: ChatCompletionRequest) -> ChatCompletionRequest:
+def resolved(request: ChatCompletionRequest, limit: int = LIMIT) -> ChatCompletionRequest:
     """``request`` with each media part's data URL (a decoded one, or text starting ``data:``)
     replaced by what the connector makes of it."""
     request = copy.deepcopy(request)
@@ -66,25 +68,25 @@ def resolved(request: ChatCompletionRequest) -> ChatCompletionRequest:
                 "image_url", "video_url", "audio_url"} else None
             url = media.get("url") if isinstance(media, dict) else None
             if isinstance(url, DecodedDataURL) or (isinstance(url, str) and url[:5].lower() == "data:"):
-                media["url"] = fetched(url)
+                media["url"] = fetched(url, limit)
     return request
 
 
-def outcome(decode: Any, body: bytes) -> tuple[str, Any]:
+def outcome(decode: Any, body: bytes, limit: int = LIMIT) -> tuple[str, Any]:
     try:
-        return "request", resolved(decode(body))
+        return "request", resolved(decode(body), limit)
     except MMFrontError as e:
         return type(e).__name__, (str(e), e.parameter)
 
 
 def lifted_decode(body: bytes) -> ChatCompletionRequest:
-    return request_decoding.decode_chat_body(body, BOUNDS)
+    return request_decoding.decode_chat_body(body, BOUNDS, max_media_bytes=LIMIT)
 
 
 def test_a_real_image_request_decodes_to_the_same_request_from_a_short_body() -> None:
     url = image_data_url(make_image(64, 48, seed=3), "PNG")
     body = chat(image(url), {"type": "text", "text": "What is in this picture?"}, max_tokens=8)
-    lifted = lift_data_urls(body)
+    lifted = lift_data_urls(body, max_media_bytes=LIMIT)
     assert lifted is not None and len(lifted.urls) == 1
     assert len(lifted.body) == len(body) - len(url) + len(next(iter(lifted.urls)))
     request = lifted_decode(body)
@@ -98,7 +100,7 @@ def test_each_of_several_urls_goes_back_to_its_own_part() -> None:
     payloads = [PAYLOAD[:-4 * k] if k else PAYLOAD for k in range(3)]
     urls = [f"data:image/jpeg;base64,{p}" for p in payloads]
     body = chat(image(urls[0]), image(urls[1], "video_url"), {"type": "text", "text": "x"}, image(urls[2], "audio_url"))
-    assert len(lift_data_urls(body).urls) == 3  # type: ignore[union-attr]
+    assert len(lift_data_urls(body, max_media_bytes=LIMIT).urls) == 3  # type: ignore[union-attr]
     request = lifted_decode(body)
     assert [p[p["type"]] for p in request.messages[0]["content"] if p["type"] != "text"] == [
         {"url": DecodedDataURL(base64.b64decode(p), len(p))} for p in payloads]
@@ -111,12 +113,16 @@ def test_a_url_beside_a_media_field_goes_back_as_its_text() -> None:
     assert isinstance(part["image_url"]["url"], DecodedDataURL) and part["preview"] == {"url": URL[:-4]}
 
 
-def test_an_oversize_image_is_refused_from_its_base64_length_as_before() -> None:
+def test_an_image_past_max_media_bytes_stays_in_the_body_to_be_refused_before_it_is_decoded() -> None:
     body = chat(image())
-    assert fetched(lifted_decode(body).messages[0]["content"][0]["image_url"]["url"]) == (
+    assert lift_data_urls(body, max_media_bytes=SMALL_LIMIT) is None
+    assert lift_data_urls(body, max_media_bytes=6142) is not None  # what the connector allows (padding unknown)
+    assert lift_data_urls(body, max_media_bytes=6141) is None
+    request = request_decoding.decode_chat_body(body, BOUNDS, max_media_bytes=SMALL_LIMIT)
+    assert request.messages[0]["content"][0]["image_url"]["url"] == URL
+    assert fetched(URL, SMALL_LIMIT) == (
         "MediaTooLargeError", "The image is about 6144 bytes (from its base64 length), more than max_media_bytes=5000. "
         "Send a smaller file, or raise max_media_bytes.")
-    assert outcome(lifted_decode, body) == outcome(original, body)
 
 
 @pytest.mark.parametrize("url", [
@@ -134,7 +140,7 @@ def test_strings_that_are_not_plainly_a_long_data_url_stay_in_the_body(url: str)
     body = chat(image(url))
     if "\n" in url:  # written raw, as a careless client would: invalid JSON
         body = body.replace(b"\\n", b"\n")
-    assert lift_data_urls(body) is None
+    assert lift_data_urls(body, max_media_bytes=LIMIT) is None
     assert outcome(lifted_decode, body) == outcome(original, body)
 
 
@@ -209,13 +215,14 @@ def chat_bodies(draw: st.DrawFn) -> bytes:
     return body if cut is None else body[:cut]
 
 
-@settings(max_examples=300, deadline=None)
-@given(chat_bodies())
-def test_any_body_decodes_or_is_refused_as_the_original(body: bytes) -> None:
+@settings(max_examples=150, deadline=None)  # ~2.8 s; each example decodes its body three ways
+@given(chat_bodies(), st.sampled_from([LIMIT, SMALL_LIMIT]))
+def test_any_body_decodes_or_is_refused_as_the_original(body: bytes, limit: int) -> None:
     loose = partial(check_chat_body, max_messages=8, max_parts=10, max_prompt_chars=1 << 20)
 
     def plain(raw: bytes) -> ChatCompletionRequest:
         loose(raw)
         return request_decoding.decode_request(raw, ChatCompletionRequest)
 
-    assert outcome(partial(request_decoding.decode_chat_body, check_bounds=loose), body) == outcome(plain, body)
+    lifted = partial(request_decoding.decode_chat_body, check_bounds=loose, max_media_bytes=limit)
+    assert outcome(lifted, body, limit) == outcome(plain, body, limit)

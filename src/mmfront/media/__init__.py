@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from mmfront.media.audio import AudioWithRate, load_audio_bytes
 from mmfront.media.budget import DecodeBudget, check_media_size
-from mmfront.media.connector import DecodedDataURL, MediaConnector, MediaSource, decode_base64, is_base64_header
+from mmfront.media.connector import (
+    DecodedDataURL,
+    MediaConnector,
+    MediaSource,
+    base64_length_fits,
+    decode_base64,
+    is_base64_header,
+)
 from mmfront.media.fetch import HttpFetcher, is_domain_allowed
 from mmfront.media.image import (
     ImageIOOptions,
@@ -30,6 +37,7 @@ __all__ = [
     "MediaConnector",
     "MediaSource",
     "VideoIOOptions",
+    "base64_length_fits",
     "check_media_size",
     "convert_image_mode",
     "decode_base64",

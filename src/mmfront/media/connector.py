@@ -89,8 +89,14 @@ def decode_base64(text: str, *, max_bytes: int, what: str = "The media") -> byte
         ) from None
 
 
+def base64_length_fits(length: int, max_bytes: int) -> bool:
+    """Whether ``length`` characters of base64 may decode to at most ``max_bytes`` (its padding
+    unknown): what is refused before decoding."""
+    return length // 4 * 3 <= max_bytes + 2
+
+
 def _check_base64_length(length: int, *, max_bytes: int, what: str) -> None:
-    if length // 4 * 3 > max_bytes + 2:
+    if not base64_length_fits(length, max_bytes):
         raise MediaTooLargeError(
             f"{what} is about {length // 4 * 3} bytes (from its base64 length), more than max_media_bytes="
             f"{max_bytes}. Send a smaller file, or raise max_media_bytes.",

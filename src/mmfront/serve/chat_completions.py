@@ -121,7 +121,8 @@ def decode_chat(server: Server, body: bytes) -> ChatCompletionRequest:
     """A chat body decoded off the loop: its messages and parts counted and its text measured
     before they are built (a million messages are refused before a million structs exist, a
     60 MB text before it is decoded twice)."""
-    return request_decoding.decode_chat_body(body, server.check_chat_body)
+    return request_decoding.decode_chat_body(body, server.check_chat_body,
+                                             max_media_bytes=server.preprocessor.config.max_media_bytes)
 
 
 def response_role(server: Server, req: ChatCompletionRequest) -> str:

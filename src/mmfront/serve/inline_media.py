@@ -12,7 +12,9 @@ under the same limits and errors as the URL.
 
 A string is lifted only where it is plainly a data URL: the value of a ``"url"`` key, at least
 :data:`MIN_LIFTED_BYTES` long, a short printable header up to its first comma that declares base64
-as the connector reads it, then base64 alone (``A-Z a-z 0-9 + / =``). Such a string holds no
+as the connector reads it, then base64 alone (``A-Z a-z 0-9 + / =``), no longer than
+``max_media_bytes`` allows (a longer one stays in the body, and the connector refuses it from its
+length before anything is decoded, as before). Such a string holds no
 quote, backslash, control character or non-ASCII byte, and neither does its token, so a JSON
 reader splits the lifted body into the same values as the original: only that string's content
 differs. Where the token lands in a media part (``{"type": "image_url", "image_url": {"url":
@@ -33,7 +35,7 @@ from typing import Any
 
 import pybase64
 
-from mmfront.media import DecodedDataURL, is_base64_header
+from mmfront.media import DecodedDataURL, base64_length_fits, is_base64_header
 
 MIN_LIFTED_BYTES = 4096
 """Shorter strings cost less to scan twice than to lift."""
@@ -89,8 +91,10 @@ class LiftedBody:
         return found == len(self.urls)
 
 
-def lift_data_urls(body: bytes) -> LiftedBody | None:
-    """``body`` with its long base64 data URLs lifted out, or ``None`` where it has none."""
+def lift_data_urls(body: bytes, *, max_media_bytes: int) -> LiftedBody | None:
+    """``body`` with its long base64 data URLs lifted out, or ``None`` where it has none. A URL
+    whose base64 is longer than ``max_media_bytes`` allows stays in the body, so the connector
+    refuses it from its length before anything is decoded, as it refuses the URL itself."""
     pieces: list[bytes] = []
     urls: dict[str, _LiftedURL] = {}
     copied = position = 0
@@ -104,7 +108,7 @@ def lift_data_urls(body: bytes) -> LiftedBody | None:
         if end < 0:
             break
         position = end + 1
-        decoded = _decoded_data_url(body, view, start, end) if end - start >= MIN_LIFTED_BYTES else None
+        decoded = _decoded_data_url(body, view, start, end, max_media_bytes) if end - start >= MIN_LIFTED_BYTES else None
         if decoded is not None:
             token = f"{_TOKEN_PREFIX}{len(urls)}"
             urls[token] = _LiftedURL(view[start:end], decoded)
@@ -128,11 +132,13 @@ def _value_start(body: bytes, after_key: int) -> int:
     return after_key + len(ahead) - len(value) + 1
 
 
-def _decoded_data_url(body: bytes, view: memoryview, start: int, end: int) -> DecodedDataURL | None:
-    """The data URL ``body[start:end]`` decoded, where it is plainly one (else ``None``)."""
+def _decoded_data_url(body: bytes, view: memoryview, start: int, end: int,
+                      max_media_bytes: int) -> DecodedDataURL | None:
+    """The data URL ``body[start:end]`` decoded, where it is plainly one and its size is not
+    refused from its length (else ``None``)."""
     comma = body.find(b",", start, min(end, start + _MAX_HEADER))
     if comma < 0 or not _HEADER.fullmatch(body, start, comma) or not is_base64_header(
-            str(view[start + 5:comma], "ascii")):
+            str(view[start + 5:comma], "ascii")) or not base64_length_fits(end - comma - 1, max_media_bytes):
         return None
     try:
         data = pybase64.b64decode(view[comma + 1:end], validate=True)

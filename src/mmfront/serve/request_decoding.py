@@ -104,13 +104,13 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     return request
 
 
-def decode_chat_body(body: bytes, check_bounds: Callable[[bytes], None]) -> ChatCompletionRequest:
+def decode_chat_body(body: bytes, check_bounds: Callable[[bytes], None], *, max_media_bytes: int) -> ChatCompletionRequest:
     """``body`` as a chat request, ``check_bounds`` (the server's
-    :func:`~mmfront.serve.chat_bounds.check_chat_body`) run on it first. Its data URLs are lifted
-    out before both (:mod:`~mmfront.serve.inline_media`); where the lifted body is refused, or its
-    URLs cannot all be put back, the original body is checked and decoded, so every error is the
-    original's."""
-    lifted = lift_data_urls(body)
+    :func:`~mmfront.serve.chat_bounds.check_chat_body`) run on it first. Its data URLs within
+    ``max_media_bytes`` are lifted out before both (:mod:`~mmfront.serve.inline_media`); where the
+    lifted body is refused, or its URLs cannot all be put back, the original body is checked and
+    decoded, so every error is the original's."""
+    lifted = lift_data_urls(body, max_media_bytes=max_media_bytes)
     if lifted is not None:
         try:
             check_bounds(lifted.body)
