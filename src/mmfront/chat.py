@@ -41,6 +41,8 @@ _MEDIA_PARTS = {
     "video_url": ("video", False),
 }
 PART_TYPES = ("text", *_MEDIA_PARTS)
+URL_PARTS = frozenset({"image_url", "audio_url", "video_url"})
+"""The media parts whose item the connector loads from their ``{"url": ...}`` field."""
 _ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 

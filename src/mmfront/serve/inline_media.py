@@ -35,6 +35,7 @@ from typing import Any
 
 import pybase64
 
+from mmfront.chat import URL_PARTS
 from mmfront.media import DecodedDataURL, base64_length_fits, is_base64_header
 
 MIN_LIFTED_BYTES = 4096
@@ -49,9 +50,6 @@ _HEADER = re.compile(rb"data:[\x20-\x21\x23-\x2b\x2d-\x5b\x5d-\x7e]*", re.IGNORE
 """A data URL's header: printable ASCII without quote, backslash or comma."""
 _TOKEN_PREFIX = f"mmfront-lifted-{secrets.token_hex(8)}-"
 """Unguessable per process, so no request can hold a token of its own."""
-
-
-_MEDIA_PARTS = frozenset({"image_url", "video_url", "audio_url"})
 
 
 @dataclass(frozen=True)
@@ -79,7 +77,7 @@ class LiftedBody:
                 if not isinstance(part, dict):
                     continue
                 kind = part.get("type")
-                media = part.get(kind) if isinstance(kind, str) and kind in _MEDIA_PARTS else None
+                media = part.get(kind) if isinstance(kind, str) and kind in URL_PARTS else None
                 for value in part.values():
                     url = value.get("url") if isinstance(value, dict) else None
                     if isinstance(url, str) and url.startswith(_TOKEN_PREFIX):
