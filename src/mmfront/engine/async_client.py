@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import os
 import queue
 import secrets
 import threading
@@ -67,6 +68,35 @@ class _Stream:
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     abandoned: bool = False
     """Its consumer went away (the reader thread has yet to abort it): its id is free."""
+
+
+class _Bell:
+    """Rings the reader thread awake from any thread: an ``eventfd`` in the transport's wake set.
+    Ringing takes no lock (a garbage collection may ring, see ``AsyncEngineClient._forget``), so
+    the descriptor is closed only with the bell itself, when no thread can ring it any more."""
+
+    def __init__(self) -> None:
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        weakref.finalize(self, os.close, self.fd)
+
+    def ring(self) -> None:
+        os.eventfd_write(self.fd, 1)
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)
+
+
+def exit_fd(process: EngineProcess) -> int | None:
+    """A descriptor that becomes readable when ``process`` exits (Linux's ``pidfd``), or ``None``
+    where there is none (another system, a process object without ``pid``): poll that one."""
+    pid = getattr(process, "pid", None)
+    if not isinstance(pid, int) or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None
 
 
 def engine_request_id(request_id: str) -> str:
@@ -131,8 +161,12 @@ class AsyncEngineClient:
         """The ranks known dead, and why; a rank is alive again once heard after its death."""
         self._died_at: dict[int, float] = {}
         self._processes: dict[int, EngineProcess] = {}
+        self._exit_fds: dict[int, tuple[EngineProcess, int]] = {}
+        """The reader's ``pidfd`` of each watched process still running, in the transport's wake set."""
+        self._bell = _Bell() if hasattr(os, "eventfd") else None
         self._checked = 0.0
         self._step_observers: list[StepObserver] = []
+        self._health_observers: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._reader = threading.Thread(target=self._read, name="mmfront-engine-reader", daemon=True)
@@ -170,9 +204,15 @@ class AsyncEngineClient:
 
     def watch_process(self, engine_index: int, process: EngineProcess) -> None:
         """Rank ``engine_index`` runs in ``process`` on this host: its exit is its death (vLLM's
-        frontend watches its local engine processes the same way), noticed within a poll interval."""
+        frontend watches its local engine processes the same way), noticed at once through its
+        ``pidfd`` (:func:`exit_fd`) where the transport can wake the reader, else within a poll interval."""
         with self._lock:
             self._processes[engine_index] = process
+        self._ring()
+
+    def _ring(self) -> None:
+        if self._bell is not None:
+            self._bell.ring()
 
     def engine_rejoined(self, engine_index: int) -> None:
         """Rank ``engine_index`` was restarted and met this server again through the handshake
@@ -180,6 +220,7 @@ class AsyncEngineClient:
         stock vLLM engine says nothing more until it is sent a request, so this is how it is heard;
         the dead ranks that died of the same news (a dropped connection names no rank) revive with it."""
         self._rejoined.put(engine_index)
+        self._ring()
 
     def add_step_observer(self, observer: StepObserver) -> None:
         """Call ``observer(step, request_ids)`` on the reader thread for every message of outputs,
@@ -187,6 +228,18 @@ class AsyncEngineClient:
         first too); ``request_ids[i]`` is the caller's id of ``step.outputs[i]``."""
         with self._lock:
             self._step_observers.append(observer)
+
+    def add_health_observer(self, observer: Callable[[], None]) -> None:
+        """Call ``observer()`` on the reader thread whenever :attr:`errored` may have changed (a
+        rank died or was heard again): how a watchdog waits for a death without polling."""
+        with self._lock:
+            self._health_observers.append(observer)
+
+    def _health_changed(self) -> None:
+        with self._lock:
+            observers = list(self._health_observers)
+        for observer in observers:
+            observer()
 
     async def add_request(
         self, request_id: str, prompt: PromptInput | MultiModalInputs, params: SamplingParams | None = None, *,
@@ -308,6 +361,7 @@ class AsyncEngineClient:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._ring()
         self._reader.join(5)
         for stream in list(self._streams.values()):
             self._deliver(stream, TransportError("The client was closed before the request finished."))
@@ -347,6 +401,7 @@ class AsyncEngineClient:
         if abort:
             stream.abandoned = True  # a dropped stream's id is free at once, as a closed one's
             self._abandoned.put(stream)
+            self._ring()
         else:
             self._unlink(stream)
 
@@ -360,27 +415,73 @@ class AsyncEngineClient:
     # --- the reader thread ------------------------------------------------------------------------
 
     def _read(self) -> None:
-        while not self._closed.is_set():
-            self._abort_abandoned()
-            self._revive_rejoined()
-            try:
-                frames = self.transport.recv(self._poll_interval_s)
-            except DecodeError as e:
-                logger.warning("Dropped a malformed message from the engine: %s", e)
-                continue
-            except EngineDeadError as e:  # a stock engine's ENGINE_CORE_DEAD, or the socket monitor
-                self._engine_died(e)
-                continue
-            except (EOFError, TransportError) as e:
-                self._engine_died(EngineDeadError(f"The engine link broke ({e})."))
-                return
-            if frames is not None:
+        """The reader's loop. Where the transport can wake it (:meth:`BaseTransport.wake_on`), an
+        idle reader sleeps until a message, the bell (an abandoned stream, a rejoined rank, a
+        process to watch, the close) or a watched process's exit; it polls every
+        ``poll_interval_s`` only while that cannot be enough: a rank is dead (it revives when
+        heard), a rank sends heartbeats (its silence is timed), or a process has no ``pidfd``.
+        An idle server then takes no CPU (it woke 20 times a second, 3.5 ms of CPU a second)."""
+        bell = self._bell
+        wakes = bell is not None and self.transport.wake_on(bell.fd)
+        try:
+            while not self._closed.is_set():
+                self._abort_abandoned()
+                self._revive_rejoined()
                 try:
-                    self._dispatch(self.client.handle_reply(frames))
+                    frames = self.transport.recv(self._recv_timeout(wakes))
                 except DecodeError as e:
                     logger.warning("Dropped a malformed message from the engine: %s", e)
-            if time.monotonic() - self._checked >= self._poll_interval_s:
-                self._check_ranks()
+                    continue
+                except EngineDeadError as e:  # a stock engine's ENGINE_CORE_DEAD, or the socket monitor
+                    self._engine_died(e)
+                    continue
+                except (EOFError, TransportError) as e:
+                    self._engine_died(EngineDeadError(f"The engine link broke ({e})."))
+                    return
+                if frames is not None:
+                    try:
+                        self._dispatch(self.client.handle_reply(frames))
+                    except DecodeError as e:
+                        logger.warning("Dropped a malformed message from the engine: %s", e)
+                if frames is None and bell is not None:
+                    bell.clear()  # what rang it is handled next, from the top of the loop
+                if frames is None or time.monotonic() - self._checked >= self._poll_interval_s:
+                    self._check_ranks()
+                    if wakes:
+                        self._watch_exits()
+        finally:
+            for _, fd in self._exit_fds.values():
+                self.transport.stop_waking_on(fd)
+                os.close(fd)
+            self._exit_fds.clear()
+
+    def _recv_timeout(self, wakes: bool) -> float | None:
+        if (wakes and not self._died_at and len(self._exit_fds) == len(self._processes)
+                and not any(EXTRA_HEARTBEAT in rank.extras for rank in self.client.ranks)):
+            return None
+        return self._poll_interval_s
+
+    def _watch_exits(self) -> None:
+        """One ``pidfd`` in the transport's wake set per watched process still running; the fd
+        of a process that exited (its death is reported by :meth:`_check_ranks`, which ran first)
+        or was replaced leaves the set, as it would stay readable."""
+        with self._lock:
+            processes = dict(self._processes)
+        for index, (process, fd) in list(self._exit_fds.items()):
+            if processes.get(index) is not process or process.poll() is not None:
+                self.transport.stop_waking_on(fd)
+                os.close(fd)
+                del self._exit_fds[index]
+        for index, process in processes.items():
+            if index in self._exit_fds or process.poll() is not None:
+                continue
+            exits = exit_fd(process)
+            if exits is None:
+                continue
+            if not self.transport.wake_on(exits):
+                os.close(exits)
+                continue
+            self._exit_fds[index] = (process, exits)
 
     def _check_ranks(self) -> None:
         """Revive ranks heard since they died; declare dead the ranks whose process exited or that
@@ -392,6 +493,7 @@ class AsyncEngineClient:
                 if rank.last_heard > died:
                     self._dead.pop(rank.index, None)
                     del self._died_at[rank.index]
+                    self._health_changed()
                 continue
             process = self._processes.get(rank.index)
             code = None if process is None else process.poll()
@@ -420,6 +522,7 @@ class AsyncEngineClient:
                 self._died_at[rank.index] = now
         self._dispatch(self.client.fail_all(error, engine_index))
         self._fail_calls(error, engine_index)
+        self._health_changed()
 
     def _revive_rejoined(self) -> None:
         while not self._rejoined.empty():
@@ -432,6 +535,7 @@ class AsyncEngineClient:
             for rank in [r for r, why in self._dead.items() if r == index or why is error]:
                 del self._dead[rank]
                 self._died_at.pop(rank, None)
+            self._health_changed()
 
     def _abort_abandoned(self) -> None:
         while not self._abandoned.empty():
@@ -610,4 +714,4 @@ class BlockingEngineClient:
         self.close()
 
 
-__all__ = ["FIRST_CALL_ID", "AsyncEngineClient", "BlockingEngineClient", "StepObserver", "engine_request_id"]
+__all__ = ["FIRST_CALL_ID", "AsyncEngineClient", "BlockingEngineClient", "StepObserver", "engine_request_id", "exit_fd"]

@@ -22,9 +22,9 @@ from mmfront.network import get_open_port
 @contextmanager
 def run_uvicorn(config: Any) -> Iterator[int]:
     """Serve ``config`` (a ``uvicorn.Config`` binding port 0 on loopback) in a thread; its port."""
-    import uvicorn
+    from mmfront.serve.quiet_server import QuietServer
 
-    server = uvicorn.Server(config)
+    server = QuietServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

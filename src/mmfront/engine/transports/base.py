@@ -50,6 +50,17 @@ class BaseTransport(ABC):
         """The next message's frames, or ``None`` if none arrived within ``timeout`` seconds
         (``None`` waits for ever). Raises ``EOFError`` when the peer closed its end."""
 
+    def wake_on(self, fd: int) -> bool:
+        """Make :meth:`recv` return ``None`` early while ``fd`` is readable: how the receiving
+        thread hears of work that is not a message (another thread's, an engine process's exit)
+        without waking on a timer. ``False`` where this transport cannot; its receiver polls.
+        Called from the receiving thread only."""
+        return False
+
+    def stop_waking_on(self, fd: int) -> None:
+        """Undo :meth:`wake_on` (before ``fd`` is closed). Called from the receiving thread only."""
+        return None  # a transport that cannot wake registered nothing
+
     @abstractmethod
     def close(self) -> None:
         """Release the link; idempotent."""

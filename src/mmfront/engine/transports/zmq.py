@@ -154,7 +154,9 @@ class ZmqFrontendTransport(BaseTransport):
         self._side: FdChannelListener | None = None
         self._monitor: zmq.Socket | None = None
         self._poller: zmq.Poller | None = None
-        """The output socket and the monitor, once :meth:`watch_disconnects` made the monitor."""
+        """The output socket, the monitor once :meth:`watch_disconnects` made it, and the
+        descriptors of :meth:`wake_on`; ``None`` while there is only the output socket."""
+        self._wake_fds: set[int] = set()
         self._ctx = zmq.Context()
         self._closed = False
         try:
@@ -211,9 +213,23 @@ class ZmqFrontendTransport(BaseTransport):
         sends no heartbeat. Call it once the engines connected, before a receiving thread starts."""
         if self._monitor is None:
             self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._polled().register(self._monitor, zmq.POLLIN)
+
+    def _polled(self) -> zmq.Poller:
+        if self._poller is None:
             self._poller = zmq.Poller()
             self._poller.register(self._pull, zmq.POLLIN)
-            self._poller.register(self._monitor, zmq.POLLIN)
+        return self._poller
+
+    def wake_on(self, fd: int) -> bool:
+        self._polled().register(fd, zmq.POLLIN)
+        self._wake_fds.add(fd)
+        return True
+
+    def stop_waking_on(self, fd: int) -> None:
+        if fd in self._wake_fds and self._poller is not None:
+            self._wake_fds.discard(fd)
+            self._poller.unregister(fd)
 
     def authorize_side_channel(self, engine_index: int, secret: bytes) -> None:
         """Let engine ``engine_index`` open the ``ipc`` side channel with ``secret`` (the one it
@@ -239,12 +255,11 @@ class ZmqFrontendTransport(BaseTransport):
         _send(self._router, [identity, *out], f"Engine {engine_index}")
 
     def recv(self, timeout: float | None = None) -> list[Frame] | None:
-        if self._monitor is not None:
+        if self._poller is not None:
             if timeout is not None and timeout <= 0:
                 self._check_monitor()
             else:
-                # one poll per message: it reports a pending disconnect as well as the output
-                assert self._poller is not None
+                # one poll per message: it reports a pending disconnect or wake-up as well as the output
                 ready = dict(self._poller.poll(None if timeout is None else round(timeout * 1000)))
                 if self._monitor in ready:
                     self._check_monitor()
@@ -260,8 +275,7 @@ class ZmqFrontendTransport(BaseTransport):
         return envelope_from_output_frames(frames)
 
     def _check_monitor(self) -> None:
-        assert self._monitor is not None
-        while self._monitor.poll(0):
+        while self._monitor is not None and self._monitor.poll(0):
             event = recv_monitor_message(self._monitor)
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 raise EngineDeadError(f"An engine's connection to {self.addresses.input} dropped (socket monitor): "
