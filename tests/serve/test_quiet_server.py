@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from mmfront.network import get_open_port
 from mmfront.serve.quiet_server import QuietServer
+from mmfront.testing.servers import start_in_thread
 
 
 async def hello(request: Request) -> PlainTextResponse:
@@ -32,16 +33,6 @@ async def hello(request: Request) -> PlainTextResponse:
 def config(port: int = 0) -> uvicorn.Config:
     return uvicorn.Config(Starlette(routes=[Route("/", hello)]), host="127.0.0.1", port=port, log_level="warning",
                           lifespan="off")
-
-
-def started(server: QuietServer) -> threading.Thread:
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    return thread
 
 
 def date_of_get(port: int) -> tuple[float, float, str]:
@@ -58,7 +49,7 @@ def date_of_get(port: int) -> tuple[float, float, str]:
 
 def test_the_date_header_is_the_current_second() -> None:
     server = QuietServer(config())
-    thread = started(server)
+    thread = start_in_thread(server)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         for _ in range(3):
@@ -82,7 +73,7 @@ def test_should_exit_from_another_thread_wakes_the_main_loop(monkeypatch: pytest
     # an hour between refreshes: the server can only stop in time if setting should_exit woke it
     monkeypatch.setattr(QuietServer, "DATE_RESOLUTION_S", 3600.0)
     server = QuietServer(config())
-    thread = started(server)
+    thread = start_in_thread(server)
     time.sleep(0.3)
     threading.Thread(target=setattr, args=(server, "should_exit", True)).start()
     thread.join(20)
@@ -99,7 +90,7 @@ def test_the_main_loop_wakes_once_a_second(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(QuietServer, "on_tick", counted)
     server = QuietServer(config())
-    thread = started(server)
+    thread = start_in_thread(server)
     time.sleep(2.5)
     server.should_exit = True
     thread.join(20)

@@ -19,18 +19,24 @@ from typing import Any
 from mmfront.network import get_open_port
 
 
-@contextmanager
-def run_uvicorn(config: Any) -> Iterator[int]:
-    """Serve ``config`` (a ``uvicorn.Config`` binding port 0 on loopback) in a thread; its port."""
-    from mmfront.serve.quiet_server import QuietServer
-
-    server = QuietServer(config)
+def start_in_thread(server: Any) -> threading.Thread:
+    """Run ``server`` (a ``uvicorn.Server``) on a daemon thread; the thread, once it serves."""
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.01)
+    return thread
+
+
+@contextmanager
+def run_uvicorn(config: Any) -> Iterator[int]:
+    """Serve ``config`` (a ``uvicorn.Config`` binding port 0 on loopback) in a thread; its port."""
+    from mmfront.serve.quiet_server import QuietServer
+
+    server = QuietServer(config)
+    thread = start_in_thread(server)
     try:
         yield int(server.servers[0].sockets[0].getsockname()[1])
     finally:
@@ -75,4 +81,4 @@ def _healthy(port: int) -> bool:
     return False
 
 
-__all__ = ["run_uvicorn", "serve_process"]
+__all__ = ["run_uvicorn", "serve_process", "start_in_thread"]
