@@ -143,3 +143,37 @@ def test_exit_fd_is_readable_once_the_process_ends_and_none_without_a_pid() -> N
             return None
 
     assert exit_fd(Pollable()) is None
+
+
+def test_no_ring_is_lost_when_many_streams_are_abandoned_in_bursts(ranks: Ranks) -> None:
+    ranks.engines[0].stall_s = 30.0  # no output wakes the reader: each abort needs its ring
+    aborted: list[str] = []
+    abort = ranks.client.client.abort_request
+
+    def recorded(engine_id: str) -> Any:
+        aborted.append(engine_id)
+        return abort(engine_id)
+
+    ranks.client.client.abort_request = recorded  # type: ignore[method-assign]
+    log = RecvLog(ranks)
+    count = 48
+
+    async def main() -> None:
+        streams = [await ranks.client.add_request(f"s{n}", CHAT, SamplingParams(max_tokens=2)) for n in range(count)]
+        readers = [asyncio.create_task(anext(stream)) for stream in streams]
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(log.asleep)
+        for burst in range(0, count, 7):  # bursts of rings against the reader's drain and clear
+            for task in readers[burst:burst + 7]:
+                task.cancel()
+            await asyncio.gather(*readers[burst:burst + 7], return_exceptions=True)
+            for stream in streams[burst:burst + 7]:
+                await stream.aclose()
+            await asyncio.sleep(0.003 * (burst % 3))
+        deadline = time.monotonic() + 10
+        while len(aborted) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert sorted(a.rsplit("-", 1)[0] for a in aborted) == sorted(f"s{n}" for n in range(count))
+    log.asleep()
