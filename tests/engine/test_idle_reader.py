@@ -126,6 +126,31 @@ def test_a_watched_process_that_exits_wakes_the_reader_through_its_pidfd(ranks: 
         process.wait()
 
 
+def test_an_exit_is_noticed_when_another_thread_was_reaping_the_process(ranks: Ranks) -> None:
+    """``Popen.poll`` answers ``None`` while another thread's ``Popen.wait`` holds the process's
+    reaping lock (subprocess's ``_waitpid_lock``, held here by hand): the reader, woken by the
+    ``pidfd``, polls until the status comes instead of waking on the readable fd in a loop."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        log = RecvLog(ranks)
+        ranks.client.watch_process(0, process)
+        log.asleep()
+        with process._waitpid_lock:
+            process.kill()
+            time.sleep(0.5)  # the reader wakes meanwhile, and cannot learn the status
+            calls = len(log.timeouts)
+            assert calls < 30, log.timeouts[-5:]  # polling every 0.05 s, not spinning on the fd
+            assert not ranks.client.errored
+        deadline = time.monotonic() + 10
+        while not ranks.client.errored and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(EngineDeadError, match=r"^Engine 0's process exited \(code -9\)"):
+            asyncio.run(ranks.client.check_health())
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_exit_fd_is_readable_once_the_process_ends_and_none_without_a_pid() -> None:
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     fd = exit_fd(process)

@@ -72,6 +72,26 @@ def test_an_engine_that_exits_is_reported_with_its_rank_and_status() -> None:
     assert seen == [(1, 3)]  # a stop is not an exit to report
 
 
+def test_an_exit_is_reported_when_another_thread_was_reaping_the_engine() -> None:
+    """``Popen.poll`` answers ``None`` while another thread's ``Popen.wait`` holds the process's
+    reaping lock (subprocess's ``_waitpid_lock``, held here by hand): the watcher, woken by the
+    engine's ``pidfd``, looks again until the status comes instead of forgetting the engine."""
+    seen: list[tuple[int, int]] = []
+    reported = threading.Event()
+    engines = EngineProcesses([["sleep", "120"], ["sleep", "120"]])
+    victim = engines.processes[1]
+    try:
+        engines.watch(lambda rank, status: (seen.append((rank, status)), reported.set()))
+        with victim._waitpid_lock:
+            victim.kill()
+            assert victim.poll() is None  # the lock is held: poll cannot tell
+            time.sleep(0.5)  # the watcher wakes meanwhile
+        assert reported.wait(10)
+        assert seen == [(1, -signal.SIGKILL)]
+    finally:
+        engines.stop()
+
+
 _SERVER = textwrap.dedent("""
     import json, sys, time
     from mmfront.serve.launcher import EngineProcesses

@@ -34,6 +34,7 @@ import logging
 import os
 import queue
 import secrets
+import select
 import threading
 import time
 import weakref
@@ -161,8 +162,11 @@ class AsyncEngineClient:
         """The ranks known dead, and why; a rank is alive again once heard after its death."""
         self._died_at: dict[int, float] = {}
         self._processes: dict[int, EngineProcess] = {}
-        self._exit_fds: dict[int, tuple[EngineProcess, int]] = {}
-        """The reader's ``pidfd`` of each watched process still running, in the transport's wake set."""
+        self._exit_fds: dict[int, tuple[EngineProcess, int | None]] = {}
+        """The reader's ``pidfd`` of each watched process still running, in the transport's wake
+        set; ``None`` once it turned readable while ``poll`` had no exit status yet (another
+        thread is reaping the process: ``Popen.poll`` says nothing while ``Popen.wait`` holds
+        its lock), so the process is polled until it does."""
         self._bell = _Bell() if hasattr(os, "eventfd") else None
         self._checked = 0.0
         self._step_observers: list[StepObserver] = []
@@ -450,13 +454,12 @@ class AsyncEngineClient:
                     if wakes:
                         self._watch_exits()
         finally:
-            for _, fd in self._exit_fds.values():
-                self.transport.stop_waking_on(fd)
-                os.close(fd)
-            self._exit_fds.clear()
+            for index in list(self._exit_fds):
+                self._forget_exit_fd(index)
 
     def _recv_timeout(self, wakes: bool) -> float | None:
         if (wakes and not self._died_at and len(self._exit_fds) == len(self._processes)
+                and all(fd is not None for _, fd in self._exit_fds.values())
                 and not any(EXTRA_HEARTBEAT in rank.extras for rank in self.client.ranks)):
             return None
         return self._poll_interval_s
@@ -469,9 +472,9 @@ class AsyncEngineClient:
             processes = dict(self._processes)
         for index, (process, fd) in list(self._exit_fds.items()):
             if processes.get(index) is not process or process.poll() is not None:
-                self.transport.stop_waking_on(fd)
-                os.close(fd)
-                del self._exit_fds[index]
+                self._forget_exit_fd(index)
+            elif fd is not None and select.select([fd], [], [], 0)[0]:
+                self._forget_exit_fd(index, keep=True)
         for index, process in processes.items():
             if index in self._exit_fds or process.poll() is not None:
                 continue
@@ -482,6 +485,16 @@ class AsyncEngineClient:
                 os.close(exits)
                 continue
             self._exit_fds[index] = (process, exits)
+
+    def _forget_exit_fd(self, index: int, *, keep: bool = False) -> None:
+        """Close rank ``index``'s ``pidfd``; ``keep``: its process stays in :attr:`_exit_fds`
+        without one (it exited; polled until its status comes)."""
+        process, fd = self._exit_fds.pop(index)
+        if fd is not None:
+            self.transport.stop_waking_on(fd)
+            os.close(fd)
+        if keep:
+            self._exit_fds[index] = (process, None)
 
     def _check_ranks(self) -> None:
         """Revive ranks heard since they died; declare dead the ranks whose process exited or that

@@ -249,7 +249,7 @@ class EngineProcesses:
         self._on_exit = on_exit
 
         def run() -> None:
-            exits = [fd for p in self.processes if (fd := exit_fd(p)) is not None]
+            exits = {fd: p for p in self.processes if (fd := exit_fd(p)) is not None}
             if len(exits) < len(self.processes):
                 for fd in exits:
                     os.close(fd)
@@ -258,11 +258,15 @@ class EngineProcesses:
                 return
             try:  # each pidfd turns readable once its engine exits (stop() makes them all exit)
                 while exits and not self.stopping.is_set():
-                    ended, _, _ = select.select(exits, [], [])
+                    ended, _, _ = select.select(list(exits), [], [])
                     self._report_exits()
                     for fd in ended:
-                        exits.remove(fd)
-                        os.close(fd)
+                        # poll() says nothing while another thread's wait() reaps it: look again
+                        if exits[fd].poll() is not None:
+                            del exits[fd]
+                            os.close(fd)
+                    if any(fd in exits for fd in ended):
+                        self.stopping.wait(_WATCH_INTERVAL_S)
             finally:
                 for fd in exits:
                     os.close(fd)
