@@ -108,47 +108,47 @@ def test_a_stream_abandoned_while_the_reader_sleeps_is_aborted_at_once(ranks: Ra
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
-def test_a_watched_process_that_exits_wakes_the_reader_through_its_pidfd(ranks: Ranks) -> None:
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        log = RecvLog(ranks)
-        ranks.client.watch_process(0, process)
-        log.asleep()  # the process is watched by its pidfd, not by polling
-        assert not ranks.client.errored
-        process.kill()
-        deadline = time.monotonic() + 10
-        while not ranks.client.errored and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with pytest.raises(EngineDeadError, match=r"^Engine 0's process exited \(code -9\)"):
-            asyncio.run(ranks.client.check_health())
-    finally:
-        process.kill()
-        process.wait()
+    yield process
+    process.kill()
+    process.wait()
 
 
-def test_an_exit_is_noticed_when_another_thread_was_reaping_the_process(ranks: Ranks) -> None:
+def died_of_sigkill(ranks: Ranks) -> None:
+    """Within 10 s the client is errored by the SIGKILLed process of rank 0."""
+    deadline = time.monotonic() + 10
+    while not ranks.client.errored and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(EngineDeadError, match=r"^Engine 0's process exited \(code -9\)"):
+        asyncio.run(ranks.client.check_health())
+
+
+def test_a_watched_process_that_exits_wakes_the_reader_through_its_pidfd(
+        ranks: Ranks, sleeper: subprocess.Popen[bytes]) -> None:
+    log = RecvLog(ranks)
+    ranks.client.watch_process(0, sleeper)
+    log.asleep()  # the process is watched by its pidfd, not by polling
+    assert not ranks.client.errored
+    sleeper.kill()
+    died_of_sigkill(ranks)
+
+
+def test_an_exit_is_noticed_when_another_thread_was_reaping_the_process(
+        ranks: Ranks, sleeper: subprocess.Popen[bytes]) -> None:
     """``Popen.poll`` answers ``None`` while another thread's ``Popen.wait`` holds the process's
     reaping lock (subprocess's ``_waitpid_lock``, held here by hand): the reader, woken by the
     ``pidfd``, polls until the status comes instead of waking on the readable fd in a loop."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        log = RecvLog(ranks)
-        ranks.client.watch_process(0, process)
-        log.asleep()
-        with process._waitpid_lock:
-            process.kill()
-            time.sleep(0.5)  # the reader wakes meanwhile, and cannot learn the status
-            calls = len(log.timeouts)
-            assert calls < 30, log.timeouts[-5:]  # polling every 0.05 s, not spinning on the fd
-            assert not ranks.client.errored
-        deadline = time.monotonic() + 10
-        while not ranks.client.errored and time.monotonic() < deadline:
-            time.sleep(0.02)
-        with pytest.raises(EngineDeadError, match=r"^Engine 0's process exited \(code -9\)"):
-            asyncio.run(ranks.client.check_health())
-    finally:
-        process.kill()
-        process.wait()
+    log = RecvLog(ranks)
+    ranks.client.watch_process(0, sleeper)
+    log.asleep()
+    with sleeper._waitpid_lock:
+        sleeper.kill()
+        time.sleep(0.5)  # the reader wakes meanwhile, and cannot learn the status
+        assert len(log.timeouts) < 30, log.timeouts[-5:]  # polling every 0.05 s, not spinning on the fd
+        assert not ranks.client.errored
+    died_of_sigkill(ranks)
 
 
 def test_exit_fd_is_readable_once_the_process_ends_and_none_without_a_pid() -> None:
