@@ -14,6 +14,10 @@ from typing import ClassVar
 
 import uvicorn
 
+PAST_THE_SECOND_S = 0.01
+"""How far past a whole second the date is refreshed (timers may fire early by the loop's clock
+resolution: ~1 ms was seen)."""
+
 
 class QuietServer(uvicorn.Server):
     """``uvicorn.Server`` whose main loop sleeps until the next whole second or an exit request.
@@ -47,7 +51,13 @@ class QuietServer(uvicorn.Server):
         while not await self.on_tick(0):
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.DATE_RESOLUTION_S - time.time() % self.DATE_RESOLUTION_S)
+                await asyncio.wait_for(self._wake.wait(), self._until_the_next_second())
+
+    def _until_the_next_second(self) -> float:
+        """Until just past the next whole second: a loop's timer may fire a little early, and
+        woken just before the second turns the loop would wake again a moment later."""
+        resolution = self.DATE_RESOLUTION_S
+        return resolution - time.time() % resolution + PAST_THE_SECOND_S
 
 
-__all__ = ["QuietServer"]
+__all__ = ["PAST_THE_SECOND_S", "QuietServer"]
