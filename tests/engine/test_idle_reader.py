@@ -7,6 +7,7 @@ so the event alone can have woken it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import select
 import subprocess
@@ -80,6 +81,23 @@ def test_an_idle_reader_waits_for_ever_and_wakes_for_each_message(ranks: Ranks) 
 
     assert asyncio.run(asyncio.wait_for(one(), 20)) == [1010, 1011]
     log.asleep()
+
+
+def test_a_stream_read_to_its_end_wakes_the_reader_no_more_when_it_is_dropped(ranks: Ranks) -> None:
+    log = RecvLog(ranks)
+
+    async def one() -> tuple[list[int], Any]:
+        stream = await ranks.client.add_request("to-the-end", CHAT, SamplingParams(max_tokens=2))
+        return [t async for output in stream for t in output.new_token_ids], stream
+
+    tokens, held = asyncio.run(asyncio.wait_for(one(), 20))
+    assert tokens == [1010, 1011]
+    log.asleep()
+    slept = len(log.timeouts)
+    del held  # its finaliser aborted streams dropped before their end: an ended one rang the bell
+    gc.collect()
+    time.sleep(0.5)
+    assert log.timeouts[slept:] == []
 
 
 def test_a_stream_abandoned_while_the_reader_sleeps_is_aborted_at_once(ranks: Ranks) -> None:

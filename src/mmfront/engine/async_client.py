@@ -69,6 +69,9 @@ class _Stream:
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     abandoned: bool = False
     """Its consumer went away (the reader thread has yet to abort it): its id is free."""
+    dropped: weakref.finalize | None = None
+    """Aborts the request if its iterator is dropped before it ran to its end or was closed;
+    detached when it did, so a stream that ended costs the reader no wake-up when it is collected."""
 
 
 class _Bell:
@@ -275,7 +278,8 @@ class AsyncEngineClient:
             raise
         iterator = self._iterate(stream)
         # an iterator dropped without being closed, even one never iterated, aborts its request too
-        weakref.finalize(iterator, self._forget, stream, abort=True).atexit = False
+        stream.dropped = weakref.finalize(iterator, self._forget, stream, abort=True)
+        stream.dropped.atexit = False
         return iterator
 
     def rank_of(self, request_id: str) -> int | None:
@@ -396,6 +400,8 @@ class AsyncEngineClient:
                 with self._lock:
                     if self._named.get(stream.request_id) is stream:
                         del self._named[stream.request_id]
+            if stream.dropped is not None:
+                stream.dropped.detach()
             self._forget(stream, abort=not done)
 
     def _forget(self, stream: _Stream, *, abort: bool) -> None:
