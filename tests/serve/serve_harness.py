@@ -6,7 +6,7 @@ text vLLM's streaming detokenizer makes of the model's own answers
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,7 +54,9 @@ class Served:
 
 @contextmanager
 def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_timeout_s: float = 120,
-          config: MultiModalConfig | None = None) -> Iterator[Served]:
+          config: MultiModalConfig | None = None,
+          runner: Callable[[Path], ModelRunner] = ModelRunner) -> Iterator[Served]:
+    """``runner``: makes the engine's model runner from the folder (a test's own, to hold a step)."""
     config = config or MultiModalConfig(mm_processor_cache_gb=0.02)
     settings = replace(settings or ServeSettings(model_dir, served_model_name=(MODEL_NAME,)), model=model_dir)
     preprocessor = InputPreprocessor(model_dir, config)
@@ -62,7 +64,7 @@ def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_time
     stop = threading.Event()
     stats = WorkerStats()
     with FrontendHandshake(transport, DataParallelConfig()) as handshake:
-        worker = threading.Thread(target=_worker, args=(model_dir, config, handshake.address, stop, stats),
+        worker = threading.Thread(target=_worker, args=(model_dir, config, handshake.address, stop, stats, runner),
                                   daemon=True)
         worker.start()
         infos = handshake.wait(120)
@@ -81,9 +83,9 @@ def serve(model_dir: Path, settings: ServeSettings | None = None, *, engine_time
 
 
 def _worker(model_dir: Path, config: MultiModalConfig, address: str, stop: threading.Event,
-            stats: WorkerStats) -> None:
+            stats: WorkerStats, make_runner: Callable[[Path], ModelRunner]) -> None:
     """``run_worker`` met through the handshake, with ``stats`` the caller can read while it runs."""
-    runner = ModelRunner(model_dir)
+    runner = make_runner(model_dir)
     transport = engine_handshake(address, 0, ready_response(runner), local=True, extras=WORKER_EXTRAS)
     with EngineCoreReceiver(transport, receiver_caches(config, 1, None)[0]) as receiver:
         serve_engine(receiver, runner, stop, stats)

@@ -25,6 +25,8 @@ from mmfront.wire import SamplingParams
 
 pytestmark = pytest.mark.slow
 
+LONG_TOKENS = 400
+"""A request's tokens in the killed-rank test: ~1 s of steps for the tiny model on one core."""
 IMAGES = [image_data_url(make_image(40 + 4 * i, 32, seed=20 + i)) for i in range(3)]
 
 
@@ -77,10 +79,12 @@ def test_chats_spread_over_both_ranks_each_with_its_mirror(frontend: Frontend) -
 
 def test_a_killed_rank_fails_what_it_owed_and_is_reported(frontend: Frontend, exits: list[tuple[int, int]]) -> None:
     """Two long requests, one per rank (each goes to the rank with fewer outstanding); rank 1's
-    process is killed: exactly one request fails, the other runs to its end on rank 0."""
+    process is killed: exactly one request fails, the other runs to its end on rank 0. Long
+    enough that the first is still running when the second is added: 40 tokens ended first on a
+    loaded 2-core machine (``[1, 0]`` outstanding)."""
     assert frontend.engines is not None
     victim = frontend.engines.processes[1]
-    params = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.0)
+    params = SamplingParams(max_tokens=LONG_TOKENS, ignore_eos=True, temperature=0.0)
 
     async def drain(stream: Any) -> int | BaseException:
         try:
@@ -96,7 +100,7 @@ def test_a_killed_rank_fails_what_it_owed_and_is_reported(frontend: Frontend, ex
 
     results = asyncio.run(asyncio.wait_for(main(), 120))
     assert sorted(isinstance(r, EngineDeadError) for r in results) == [False, True]
-    assert 40 in results and frontend.client.errored
+    assert LONG_TOKENS in results and frontend.client.errored
     assert victim.wait(10) == -signal.SIGKILL
     deadline = time.monotonic() + 10
     while not exits:

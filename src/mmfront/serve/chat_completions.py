@@ -5,7 +5,7 @@ parsers, usage)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -145,14 +145,21 @@ async def chat_chunks(server: Server, gen: Generation, choices: list[ChoiceOutpu
     def so_far(tokens: int) -> UsageInfo | None:
         return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
 
-    for i in range(len(choices)):
-        yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
-                                                  prompt_token_ids=prompt_ids if req.return_token_ids else None,
-                                                  prompt_text=inputs.get("prompt") if req.return_prompt_text
-                                                  else None))
-    for i in range(len(choices) if echo else 0):
-        yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
+    def opening() -> Iterator[bytes]:
+        for i in range(len(choices)):
+            yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
+                                                      prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                                                      prompt_text=inputs.get("prompt") if req.return_prompt_text
+                                                      else None))
+        for i in range(len(choices) if echo else 0):
+            yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
+
+    opened = False
     async for i, delta in server.deltas(gen, choices):
+        if not opened:  # vLLM sends the role with the first output, so a client's TTFT is the first token's
+            opened = True
+            for chunk in opening():
+                yield chunk
         logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], top_logprobs(req), fmt)
                     if req.logprobs else None)
         text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
@@ -178,6 +185,9 @@ async def chat_chunks(server: Server, gen: Generation, choices: list[ChoiceOutpu
                                              usage_info=so_far(len(choices[i].token_ids)),
                                              token_ids=delta.token_ids if req.return_token_ids else None,
                                              weight_versions=finished_weight_versions(req, gen, i)))
+    if not opened:
+        for chunk in opening():
+            yield chunk
     if with_usage:
         usage = responses.usage(prompt_tokens, sum(len(c.token_ids) for c in choices), details=False)
         _add_reasoning_tokens(usage, parsing, choices)
