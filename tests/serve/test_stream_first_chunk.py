@@ -43,7 +43,8 @@ class HeldFirstStep(ModelRunner):
 
 
 def read_stream(url: str, body: dict[str, Any], arrived: queue.Queue[tuple[float, str]]) -> None:
-    """Puts ``("head", ...)`` when the response's head is in, then each ``data:`` event, timed."""
+    """Puts ``head STATUS`` when the response's head is in (and an error's body), then each ``data:``
+    event's text, each with the time it arrived."""
     with httpx.stream("POST", url, json=body, timeout=120) as response:
         arrived.put((time.monotonic(), f"head {response.status_code}"))
         if response.status_code != 200:
