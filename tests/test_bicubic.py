@@ -18,6 +18,7 @@ from torchvision.transforms.v2 import functional as tvF
 from markers import has_c_compiler, optional_extension
 from mmfront import bicubic
 from mmfront.bicubic import axis_weights, resize_planes
+from mmfront.wire.warm import warm_memory
 
 _bicubic = optional_extension("mmfront._bicubic")
 needs_extension = pytest.mark.skipif(_bicubic is None, reason="the C extension is not built (no C compiler at install)")
@@ -106,6 +107,19 @@ def test_qwen_pixel_limits_sizes_are_torchs(size: tuple[int, int]) -> None:
     planes = resize_planes(images, out_height, out_width)
     assert planes is not None
     assert torch.equal(planes, _torch_resize(images, out_height, out_width))
+
+
+@needs_avx2
+def test_resized_planes_are_made_in_warm_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planes of a miss's image are dropped once patchified: they are made in a buffer of the
+    process's warm memory (:func:`mmfront.wire.warm.warm_memory`), not in fresh pages each time."""
+    given: list[np.ndarray] = []
+    monkeypatch.setattr(bicubic, "warm_memory", lambda nbytes: given.append(warm_memory(nbytes)) or given[-1])
+    images = _pixels(1, 768, 1024, 7)
+    planes = resize_planes(images, 756, 1036)
+    assert planes is not None and [b.nbytes for b in given] == [3 * 756 * 1036]
+    assert np.shares_memory(planes.numpy(), given[0]) and isinstance(given[0].base, memoryview)
+    assert torch.equal(planes, _torch_resize(images, 756, 1036))
 
 
 def test_axis_weights_are_torchs_support_and_precision() -> None:

@@ -22,6 +22,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from mmfront.wire.warm import warm_memory
+
 __all__ = ["AxisWeights", "axis_weights", "resize_planes"]
 
 _CUBIC_TAPS = 4
@@ -122,9 +124,10 @@ def _windowed(first: np.ndarray, weights: np.ndarray) -> bool:
 def resize_planes(images: torch.Tensor, height: int, width: int) -> torch.Tensor | None:
     """``F.interpolate(images, (height, width), mode="bicubic", antialias=True)`` of uint8 RGB
     ``images`` (B, 3, H, W) laid out channels-last (a decoded image's pixels, viewed channels
-    first), as contiguous planes (B, 3, height, width) of the same bytes. None where torch should
-    do it: no extension, another layout or dtype, an axis that keeps its size alone where both do,
-    or a shrink steep enough that the C loop's fast case does not hold."""
+    first), as contiguous planes (B, 3, height, width) of the same bytes, in warm memory (a miss's
+    planes are dropped once patchified). None where torch should do it: no extension, another
+    layout or dtype, an axis that keeps its size alone where both do, or a shrink steep enough that
+    the C loop's fast case does not hold."""
     if _resize is None or images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
         return None
     batch, _, in_height, in_width = images.shape
@@ -137,7 +140,7 @@ def resize_planes(images: torch.Tensor, height: int, width: int) -> torch.Tensor
     v = axis_weights(in_height, height) if in_height != height else None
     if any(axis is not None and axis.weights.shape[1] > _MAX_TAPS for axis in (h, v)) or (h is not None and not h.windowed):
         return None
-    out = torch.empty((batch, 3, height, width), dtype=torch.uint8)
+    out = torch.from_numpy(warm_memory(batch * 3 * height * width)).view(batch, 3, height, width)
     source, planes = pixels.numpy(), out.numpy()
     for b in range(batch):
         _resize(source[b], planes[b], in_height, in_width, height, width,

@@ -37,6 +37,7 @@ from mmfront.config import MultiModalConfig
 from mmfront.errors import ConfigError
 from mmfront.network import get_open_port
 from mmfront.preprocess import InputPreprocessor
+from mmfront.processing.threads import available_cores
 from mmfront.testing.api import DEFAULT_MODEL_KIND, cached_model_dir, image_data_url, make_image
 from mmfront.timing import STAGES
 
@@ -168,15 +169,16 @@ class Server:
 
 
 def start_server(model_dir: Path, cache: str, lanes: int | None, engine: str | None) -> Server:
-    """``mmfront serve`` on a free loopback port, as a user starts it."""
+    """``mmfront serve`` on a free loopback port, as a user starts it; its misses on ``lanes``
+    processing lanes (default: the cores but one, at least one: the demo drives the lanes, which
+    ``mmfront serve`` leaves off by default)."""
     port = get_open_port()
     command = [sys.executable, "-m", "mmfront.cli", "serve", str(model_dir), "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", MODEL_NAME, "--uvicorn-log-level", "warning",
                "--mm-processor-cache-gb", "0" if cache == "none" else "1"]
     if cache != "none":
         command += ["--mm-processor-cache-type", cache]
-    if lanes is not None:
-        command += ["--processing-lanes", str(lanes)]
+    command += ["--processing-lanes", str(max(1, available_cores() - 1) if lanes is None else lanes)]
     if engine:
         scheme, _, where = engine.partition("://")
         host, _, rpc_port = where.rpartition(":")

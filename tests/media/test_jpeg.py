@@ -147,6 +147,25 @@ def _pillow_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(image_module, "decode_jpeg_rgb", lambda payload: None)
 
 
+def test_a_large_decode_lands_in_a_warm_block_and_gives_pillows_pixels() -> None:
+    """A 1024x768 image's 2.4 MB of pixels are a view of a block of the process's warm memory
+    (:func:`mmfront.wire.warm.warm_memory`), taken back once dropped; a small one's are its own."""
+    data = encode(_picture(1024, 768, seed=7), "JPEG", quality=90)
+    pixels = decode_jpeg_rgb(data)
+    assert pixels is not None and pixels.shape == (768, 1024, 3)
+    assert isinstance(_backing(pixels), memoryview)  # a block's memory
+    assert np.array_equal(pixels, _pillow_rgb(data))
+    small = decode_jpeg_rgb(encode(_picture(40, 30, seed=7), "JPEG", quality=90))
+    assert small is not None and _backing(small) is None  # an array of its own
+
+
+def _backing(array: np.ndarray) -> object:
+    """What holds an array's memory at the end of its chain of bases (None: the array itself)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array.base
+
+
 def _digest(item: object) -> str:
     return MultiModalHasher.hash_kwargs("blake3", model_id="m", image=item)
 

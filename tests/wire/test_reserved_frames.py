@@ -149,7 +149,7 @@ def test_a_header_naming_frames_past_the_buffer_is_refused(ends: tuple[Connectio
     into.close()
 
 
-def test_reply_memory_is_the_reply_buffers_in_a_lane_and_fresh_memory_elsewhere(warm: OutBuffer) -> None:
+def test_reply_memory_is_the_reply_buffers_in_a_lane_and_warm_memory_elsewhere(warm: OutBuffer) -> None:
     fresh = reply_memory(1000)
     send_replies_through(warm)
     try:
@@ -166,3 +166,4 @@ def test_reply_memory_is_the_reply_buffers_in_a_lane_and_fresh_memory_elsewhere(
     assert np.shares_memory(inside, whole) and np.shares_memory(rows.numpy(), whole)
     assert not np.shares_memory(beyond, whole) and not np.shares_memory(fresh, whole)
     assert fresh.flags.writeable and fresh.nbytes == 1000 and beyond.nbytes == 1 << 20
+    assert isinstance(beyond.base, memoryview)  # a view of a warm block (mmfront.wire.warm), not fresh memory

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import simplejpeg
 
+from mmfront.wire.warm import warm_memory
+
 __all__ = ["decode_jpeg_rgb"]
 
 _SOF_DECODED = frozenset({0xC0, 0xC1, 0xC2})
@@ -38,11 +40,14 @@ _LUMA_SAMPLING = frozenset({(1, 1), (2, 1), (2, 2)})
 def decode_jpeg_rgb(payload: bytes) -> np.ndarray | None:
     """``payload``'s pixels as a uint8 (height, width, 3) RGB array equal to
     ``np.asarray(Image.open(payload).convert("RGB"))``, or None where they might not be (then
-    Pillow decodes it)."""
+    Pillow decodes it). Decoded into warm memory (:func:`~mmfront.wire.warm.warm_memory`): a miss's
+    pixels are dropped once resized, and fresh pages for them cost more than the decode's copy."""
     if not _decodes_like_pillow(payload):
         return None
     try:
-        return simplejpeg.decode_jpeg(payload, colorspace="RGB", fastdct=False, fastupsample=False, strict=True)
+        height, width, _, _ = simplejpeg.decode_jpeg_header(payload)
+        return simplejpeg.decode_jpeg(payload, colorspace="RGB", fastdct=False, fastupsample=False, strict=True,
+                                      buffer=warm_memory(height * width * 3))
     except Exception:  # any error, or a warning raised as one: Pillow decodes, and reports it as it always has
         return None
 

@@ -12,7 +12,7 @@ above its resting size after a burst of big bodies (the HTTP soak: +49 MiB in 90
 +4.5 MiB fixed). A fixed threshold keeps each large buffer mapped on its own, given back when freed.
 
 Memory that a process reuses message after message on purpose is kept warm instead
-(:class:`mmfront.wire.shared_buffer.WarmFrames`): a fresh mapping costs a page fault per page.
+(:class:`mmfront.wire.warm.WarmBlocks`): a fresh mapping costs a page fault per page.
 """
 
 from __future__ import annotations

@@ -33,27 +33,20 @@ import fcntl
 import mmap
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import NoReturn
 
 import numpy as np
 
 from mmfront.errors import DecodeError, resource_error
-from mmfront.wire.allocator import LARGE_BUFFER_BYTES
 from mmfront.wire.memfd import ALIGN, layout
+from mmfront.wire.warm import WarmBlocks, warm_memory
 
 KEEP_BYTES = 64 << 20
 """The largest buffer kept between messages; one a larger message needed is replaced with one of
 the size the next message needs."""
 MAX_BYTES = 1 << 32
 """The largest buffer a receiver maps: what one message's frames may hold in all."""
-WARM_MIN_BYTES = LARGE_BUFFER_BYTES
-"""Frames from this size up are copied into :class:`WarmFrames`' blocks: the size from which
-``mmfront serve`` has glibc map each allocation on its own (:mod:`mmfront.wire.allocator`); its
-heap keeps smaller allocations resident by itself."""
-WARM_KEEP_BYTES = 64 << 20
-"""The most idle frame memory one receiver keeps (what a burst leaves resident)."""
 _GRAIN = 1 << 20
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -188,72 +181,19 @@ def send_replies_through(out: OutBuffer | None) -> None:
 def reply_memory(nbytes: int) -> np.ndarray:
     """``nbytes`` of writable uint8 memory for a large part of this process's next reply: in the
     buffer it sends replies through where it has one and room is left (no copy at the send),
-    else fresh memory. Only for what goes into the reply, written before it is sent."""
+    else warm memory of this process (:func:`~mmfront.wire.warm.warm_memory`). Only for what goes into the reply, written before it is sent."""
     out = _reply_buffer
     found = out.reserve(nbytes) if out is not None else None
-    return found if found is not None else np.empty(nbytes, np.uint8)
-
-
-class WarmFrames:
-    """Memory for the frames a receiver copies out, kept resident between messages.
-
-    Why: ``mmfront serve`` fixes glibc's mmap threshold at 1 MiB (freed request bodies go back to
-    the OS), so a large frame copied into fresh memory page-faulted every page in, message after
-    message: a Qwen2.5-VL 1024x768 miss's 4.7 MB of patch rows cost ~650 faults and 2.9-3.6 ms of
-    the lane feeder's CPU, where the same copy into resident memory takes ~0.3-0.8 ms
-    (docs/benchmarks.md, "Warm memory for a lane's replies").
-
-    A frame of :data:`WARM_MIN_BYTES` or more is a view of a block of this pool; the block comes
-    back when the frame's array is gone. Every view of a frame holds that array: numpy stops a
-    view's chain of bases at an array whose base is not an array (here a memoryview of the block),
-    a memoryview holds the array it exports, and torch holds the buffer it views, so a block is
-    never handed out again while any of them lives. At most :data:`WARM_KEEP_BYTES` of idle
-    blocks are kept; the rest are freed. Thread-safe: a block comes back in whichever thread
-    drops a frame's last reference (the engine send's, the event loop's)."""
-
-    def __init__(self, keep_bytes: int = WARM_KEEP_BYTES) -> None:
-        self._keep = keep_bytes
-        self._idle: list[np.ndarray] = []
-        self._idle_bytes = 0
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> np.ndarray:
-        """A writable uint8 array of ``size`` bytes, from an idle block where one fits: at most a
-        quarter larger than ``size`` rounded up to whole MiB, so a frame a cache keeps holds
-        little more memory than it counts."""
-        if size < WARM_MIN_BYTES:
-            return np.empty(size, np.uint8)
-        need = -(-size // _GRAIN) * _GRAIN
-        block = None
-        with self._lock:
-            fits = [n for n, idle in enumerate(self._idle) if need <= idle.nbytes <= need + need // 4]
-            if fits:
-                block = self._idle.pop(min(fits, key=lambda n: self._idle[n].nbytes))
-                self._idle_bytes -= block.nbytes
-        if block is None:
-            block = np.empty(need, np.uint8)
-        frame = np.frombuffer(block.data[:size], np.uint8)
-        weakref.finalize(frame, self._give_back, block)
-        return frame
-
-    def _give_back(self, block: np.ndarray) -> None:
-        with self._lock:
-            if self._idle_bytes + block.nbytes <= self._keep:
-                self._idle.append(block)
-                self._idle_bytes += block.nbytes
-
-    @property
-    def idle_bytes(self) -> int:
-        return self._idle_bytes
+    return found if found is not None else warm_memory(nbytes)
 
 
 class InBuffer:
     """A receiver's read-only mapping of the peer's :class:`OutBuffer`, and the warm memory
-    (:class:`WarmFrames`) its frames are copied into."""
+    (:class:`~mmfront.wire.warm.WarmBlocks`) its frames are copied into."""
 
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
-        self.frames = WarmFrames()
+        self.frames = WarmBlocks()
 
     def adopt(self, fd: int) -> None:
         """Maps the buffer ``fd`` (which stays the caller's to close) in place of the previous one;
@@ -294,5 +234,5 @@ class InBuffer:
             self._map = None
 
 
-__all__ = ["KEEP_BYTES", "MAX_BYTES", "WARM_KEEP_BYTES", "WARM_MIN_BYTES", "InBuffer", "OutBuffer", "WarmFrames",
+__all__ = ["KEEP_BYTES", "MAX_BYTES", "InBuffer", "OutBuffer",
            "reply_memory", "send_replies_through"]

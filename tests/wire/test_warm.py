@@ -1,4 +1,4 @@
-"""Warm memory for the frames a lane's caller copies out (mmfront.wire.shared_buffer.WarmFrames):
+"""Warm memory (mmfront.wire.warm.WarmBlocks), as a lane's caller copies its frames out into it:
 a block is handed out again only once nothing views its frame any more (numpy views, memoryviews,
 torch tensors), idle blocks are capped, small frames are plain arrays, and a large message's
 copy-out page-faults no memory in once the pool is warm."""
@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfront.wire.pipe import recv_frames, send_frames
-from mmfront.wire.shared_buffer import WARM_KEEP_BYTES, WARM_MIN_BYTES, InBuffer, OutBuffer, WarmFrames
+from mmfront.wire.shared_buffer import InBuffer, OutBuffer
+from mmfront.wire.warm import WARM_KEEP_BYTES, WARM_MIN_BYTES, WarmBlocks
 
 MIB = 1 << 20
 
@@ -29,7 +30,7 @@ def _address(frame: np.ndarray) -> int:
 
 @pytest.mark.parametrize("holder", ["numpy view", "memoryview", "torch tensor", "array of the memoryview"])
 def test_a_block_comes_back_only_when_every_view_of_its_frame_is_gone(holder: str) -> None:
-    pool = WarmFrames()
+    pool = WarmBlocks()
     frame = pool.take(3 * MIB)
     start = _address(frame)
     frame[:] = 7
@@ -55,7 +56,7 @@ def test_a_block_comes_back_only_when_every_view_of_its_frame_is_gone(holder: st
 
 
 def test_the_same_block_serves_message_after_message() -> None:
-    pool = WarmFrames()
+    pool = WarmBlocks()
     first = pool.take(4_700_000)
     start = _address(first)
     del first
@@ -66,7 +67,7 @@ def test_the_same_block_serves_message_after_message() -> None:
 
 
 def test_a_block_more_than_a_quarter_larger_than_a_frame_is_not_taken_for_it() -> None:
-    pool = WarmFrames()
+    pool = WarmBlocks()
     big = pool.take(5 * MIB)
     big_start = _address(big)
     del big
@@ -78,13 +79,13 @@ def test_a_block_more_than_a_quarter_larger_than_a_frame_is_not_taken_for_it() -
 
 
 def test_small_frames_are_plain_arrays_and_idle_blocks_are_capped() -> None:
-    pool = WarmFrames(keep_bytes=8 * MIB)
+    pool = WarmBlocks(keep_bytes=8 * MIB)
     small = pool.take(WARM_MIN_BYTES - 1)
     assert small.base is None and small.nbytes == WARM_MIN_BYTES - 1
     frames = [pool.take(3 * MIB) for _ in range(4)]
     del frames
     assert pool.idle_bytes == 6 * MIB  # two 3 MiB blocks fit under 8 MiB, the others are freed
-    assert WarmFrames().take(WARM_MIN_BYTES).base is not None
+    assert WarmBlocks().take(WARM_MIN_BYTES).base is not None
     assert WARM_KEEP_BYTES == 64 * MIB
 
 
@@ -92,7 +93,7 @@ def test_small_frames_are_plain_arrays_and_idle_blocks_are_capped() -> None:
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 4), st.integers(0, 7)), min_size=1, max_size=24))
 def test_no_two_live_frames_share_memory_whatever_the_order_of_takes_and_drops(
         steps: list[tuple[bool, int, int]]) -> None:
-    pool = WarmFrames(keep_bytes=12 * MIB)
+    pool = WarmBlocks(keep_bytes=12 * MIB)
     live: list[tuple[np.ndarray, int]] = []
     for serial, (take, mib, pick) in enumerate(steps):
         if take or not live:
@@ -107,7 +108,7 @@ def test_no_two_live_frames_share_memory_whatever_the_order_of_takes_and_drops(
 
 
 def test_threads_dropping_frames_while_another_takes_them_keep_every_frame_intact() -> None:
-    pool = WarmFrames(keep_bytes=16 * MIB)
+    pool = WarmBlocks(keep_bytes=16 * MIB)
     handed: list[tuple[np.ndarray, int]] = []
     lock = threading.Condition()
     failures: list[str] = []
