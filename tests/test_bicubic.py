@@ -17,7 +17,7 @@ from torchvision.transforms.v2 import functional as tvF
 
 from markers import has_c_compiler, optional_extension
 from mmfront import bicubic
-from mmfront.bicubic import axis_weights, resize_planes
+from mmfront.bicubic import Mode, axis_weights, resize_planes
 from mmfront.wire.warm import warm_memory
 
 _bicubic = optional_extension("mmfront._bicubic")
@@ -32,8 +32,9 @@ def test_extension_is_built_where_a_compiler_exists() -> None:
     assert _bicubic is not None, "a C compiler exists but mmfront._bicubic was not built: reinstall (pip install -e .)"
     assert _bicubic.loops() in {"avx2", "portable"}
 
-def _torch_resize(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    return tvF.resize(images, [height, width], interpolation=InterpolationMode.BICUBIC, antialias=True)
+def _torch_resize(images: torch.Tensor, height: int, width: int, mode: Mode = "bicubic") -> torch.Tensor:
+    interpolation = InterpolationMode.BICUBIC if mode == "bicubic" else InterpolationMode.BILINEAR
+    return tvF.resize(images, [height, width], interpolation=interpolation, antialias=True)
 
 
 def _pixels(batch: int, height: int, width: int, seed: int) -> torch.Tensor:
@@ -56,21 +57,38 @@ def _c_resize(images: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 @needs_avx2
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
 @settings(max_examples=200, deadline=None)
 @given(batch=st.integers(1, 2), in_height=st.integers(1, 90), in_width=st.integers(1, 90),
        out_height=st.integers(1, 110), out_width=st.integers(1, 110), seed=st.integers(0, 2**16))
-def test_resize_planes_are_torchs_bytes(batch: int, in_height: int, in_width: int, out_height: int, out_width: int,
-                                        seed: int) -> None:
+def test_resize_planes_are_torchs_bytes(mode: Mode, batch: int, in_height: int, in_width: int, out_height: int,
+                                        out_width: int, seed: int) -> None:
     images = _pixels(batch, in_height, in_width, seed)
-    planes = resize_planes(images, out_height, out_width)
+    planes = resize_planes(images, out_height, out_width, mode)
     if planes is None:  # only where torch is left the work: no resize, or a steep shrink
-        axes = [axis_weights(i, o) for i, o in ((in_height, out_height), (in_width, out_width)) if i != o]
+        axes = [axis_weights(i, o, mode) for i, o in ((in_height, out_height), (in_width, out_width)) if i != o]
         steep = any(axis.weights.shape[1] > 64 for axis in axes) or (
-            in_width != out_width and not axis_weights(in_width, out_width).windowed)
+            in_width != out_width and not axis_weights(in_width, out_width, mode).windowed)
         assert not axes or steep
         return
     assert planes.shape == (batch, 3, out_height, out_width) and planes.is_contiguous()
-    assert torch.equal(planes, _torch_resize(images, out_height, out_width))
+    assert torch.equal(planes, _torch_resize(images, out_height, out_width, mode))
+
+
+@needs_avx2
+@pytest.mark.parametrize("size", [(1024, 768), (1920, 1080), (768, 1024), (640, 480), (4000, 3000), (300, 200)])
+def test_gemma3_sizes_are_torchs_bilinear(size: tuple[int, int]) -> None:
+    """Images resized to Gemma 3's 896x896 as its native path resizes them (torch's antialiased
+    bilinear): photos shrunk, a small one enlarged. A row shrunk more than ~2x (1920 or 4000 px
+    wide) is past the loop's window: torch resizes it."""
+    width, height = size
+    images = _pixels(1, height, width, width + height)
+    planes = resize_planes(images, 896, 896, "bilinear")
+    if width > 2 * 896:
+        assert planes is None and not axis_weights(width, 896, "bilinear").windowed
+        return
+    assert planes is not None
+    assert torch.equal(planes, _torch_resize(images, 896, 896, "bilinear"))
 
 
 @needs_extension

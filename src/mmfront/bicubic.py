@@ -1,12 +1,17 @@
-"""torch's uint8 antialiased bicubic resize, bit for bit, into planes: what HF's torchvision image
-processors run on a Qwen2-VL image (``F.interpolate(mode="bicubic", antialias=True)`` on uint8).
+"""torch's uint8 antialiased bicubic and bilinear resizes, bit for bit, into planes: what HF's
+torchvision image processors run on a Qwen2-VL image (``F.interpolate(mode="bicubic",
+antialias=True)`` on uint8), and what Gemma 3's native path runs on an image it resizes (the same
+with ``mode="bilinear"``).
 
 torch's CPU kernel repacks the pixels to 4 bytes each, filters a pixel's channels together and
 writes channels-last pixels, which the patch rows then split into planes again; on a Qwen2.5-VL
-1024x768 miss it was the lane's second-largest step after the JPEG decode. The C loop of
-``mmfront._bicubic`` goes from the channels-last pixels a JPEG decodes to straight to planes, with
-the weights made here exactly as torch makes them (:func:`axis_weights`), so every byte is torch's:
-the tests compare the two over random sizes and pixels.
+1024x768 miss it was the lane's second-largest step after the JPEG decode, and its scratch
+buffers are fresh pages on every call where ``mmfront serve`` fixes glibc's mmap threshold (a
+Gemma 3 1024x768 miss processed in the server faulted 1,683 pages in, all in torch's resize). The
+C loop of ``mmfront._bicubic`` goes from the channels-last pixels a JPEG decodes to straight to
+planes in warm memory, with the weights made here exactly as torch makes them for either filter
+(:func:`axis_weights`: the two share torch's separable uint8 kernel and differ only in the filter
+and its reach), so every byte is torch's: the tests compare the two over random sizes and pixels.
 
 Where the extension is not built or this CPU has no AVX2, or an image is not one it takes
 (:func:`resize_planes` says None), the caller runs torch's resize as before.
@@ -17,17 +22,15 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 import torch
 
 from mmfront.wire.warm import warm_memory
 
-__all__ = ["AxisWeights", "axis_weights", "resize_planes"]
+__all__ = ["AxisWeights", "Mode", "axis_weights", "resize_planes", "resizes_in_c"]
 
-_CUBIC_TAPS = 4
-"""torch's ``interp_size`` for bicubic: the filter spans 2 source pixels each side at scale 1."""
 _KEYS_A = -0.5
 """The cubic's ``a`` with antialiasing (Keys', as Pillow's); torch uses -0.75 without it."""
 _MAX_TAPS = 64
@@ -52,6 +55,11 @@ def _load_resize() -> _Resize | None:
 _resize = _load_resize()
 
 
+def resizes_in_c() -> bool:
+    """Whether :func:`resize_planes` resizes here (else it always says None and torch resizes)."""
+    return _resize is not None
+
+
 class AxisWeights(NamedTuple):
     """One axis of the resize as torch computes it for uint8: each output's first source index,
     its taps' int16 weights (zero past its own taps; the taps no output uses left out) and their
@@ -73,15 +81,28 @@ def _keys_cubic(x: np.ndarray) -> np.ndarray:
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
 
 
+def _triangle(x: np.ndarray) -> np.ndarray:
+    """torch's ``aa_filter`` for bilinear."""
+    x = np.abs(x)
+    return np.where(x < 1.0, 1.0 - x, 0.0)
+
+
+Mode = Literal["bicubic", "bilinear"]
+_FILTERS: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {"bicubic": (4, _keys_cubic),
+                                                                        "bilinear": (2, _triangle)}
+"""Each mode's ``interp_size`` (the source pixels its filter spans at scale 1) and filter."""
+
+
 @functools.lru_cache(maxsize=256)
-def axis_weights(in_size: int, out_size: int) -> AxisWeights:
-    """torch's ``_compute_index_ranges_int16_weights`` for an antialiased bicubic axis (no
+def axis_weights(in_size: int, out_size: int, mode: Mode = "bicubic") -> AxisWeights:
+    """torch's ``_compute_index_ranges_int16_weights`` for an antialiased ``mode`` axis (no
     ``align_corners``, no scale factor: the size alone): the support and centres of Pillow, the
     weights normalised in float64 and summed in tap order, then scaled to int16 at the largest
     precision under which the axis's largest weight stays below 2**15. Kept per pair of sizes:
     a deployment's images come in a few sizes, and computing one axis costs ~0.1 ms."""
+    interp_size, aa_filter = _FILTERS[mode]
     scale = in_size / out_size
-    support = (_CUBIC_TAPS * 0.5) * scale if scale >= 1.0 else _CUBIC_TAPS * 0.5
+    support = (interp_size * 0.5) * scale if scale >= 1.0 else interp_size * 0.5
     taps = math.ceil(support) * 2 + 1
     invscale = 1.0 / scale if scale >= 1.0 else 1.0
     center = scale * (np.arange(out_size, dtype=np.float64) + 0.5)
@@ -90,7 +111,7 @@ def axis_weights(in_size: int, out_size: int) -> AxisWeights:
     weights = np.zeros((out_size, taps), dtype=np.float64)
     total = np.zeros(out_size, dtype=np.float64)
     for j in range(taps):
-        w = np.where(j < sizes, _keys_cubic(((j + first).astype(np.float64) - center + 0.5) * invscale), 0.0)
+        w = np.where(j < sizes, aa_filter(((j + first).astype(np.float64) - center + 0.5) * invscale), 0.0)
         weights[:, j] = w
         total = total + w  # in tap order, as torch sums them
     summed = total != 0.0
@@ -121,8 +142,8 @@ def _windowed(first: np.ndarray, weights: np.ndarray) -> bool:
     return bool((block_reach - block_first < _WINDOW).all())
 
 
-def resize_planes(images: torch.Tensor, height: int, width: int) -> torch.Tensor | None:
-    """``F.interpolate(images, (height, width), mode="bicubic", antialias=True)`` of uint8 RGB
+def resize_planes(images: torch.Tensor, height: int, width: int, mode: Mode = "bicubic") -> torch.Tensor | None:
+    """``F.interpolate(images, (height, width), mode=mode, antialias=True)`` of uint8 RGB
     ``images`` (B, 3, H, W) laid out channels-last (a decoded image's pixels, viewed channels
     first), as contiguous planes (B, 3, height, width) of the same bytes, in warm memory (a miss's
     planes are dropped once patchified). None where torch should do it: no extension, another
@@ -136,8 +157,8 @@ def resize_planes(images: torch.Tensor, height: int, width: int) -> torch.Tensor
     pixels = images.permute(0, 2, 3, 1)
     if images.device.type != "cpu" or not pixels.is_contiguous():
         return None
-    h = axis_weights(in_width, width) if in_width != width else None
-    v = axis_weights(in_height, height) if in_height != height else None
+    h = axis_weights(in_width, width, mode) if in_width != width else None
+    v = axis_weights(in_height, height, mode) if in_height != height else None
     if any(axis is not None and axis.weights.shape[1] > _MAX_TAPS for axis in (h, v)) or (h is not None and not h.windowed):
         return None
     out = torch.from_numpy(warm_memory(batch * 3 * height * width)).view(batch, 3, height, width)

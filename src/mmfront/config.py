@@ -263,13 +263,13 @@ class MultiModalConfig:
 
     # --- processing lanes and threads (docs/processing.md, "Lanes") ---
     mm_processing_lanes: int | None = field(default=0, metadata=flag(
-        name="--processing-lanes", vllm=False, parse=count, metavar="N"))
+        name="--processing-lanes", vllm=False, parse=count, metavar="N", default=None,
+        shown_default="none where mmfront's kernels process a miss, else cores - 1, at least 1"))
     """Worker processes (or Ray actors) that HF-process cache misses, each item of a request on
     its own lane; hashing and the cache commit stay in the calling process. ``0``: in the calling
-    process, on the threads that prepare requests, as vLLM's API server processes them (the
-    decode, resize and patch kernels run without the GIL). ``None``: one per core of the thread
-    budget but one (at least 1); lanes pay where a processor's Python work needs more than one
-    core."""
+    process, on the threads that prepare requests. ``None``: in the calling process where a miss's
+    pixel work runs in mmfront's own kernels (Gemma 3, the Qwen2-VL family on transformers 5.15
+    and later), else one lane per core of the thread budget but one (at least 1)."""
     mm_lane_executor: LaneExecutorKind = field(default="process", metadata=flag(name="--lane-executor", vllm=False))
     """``process``: local worker processes. ``ray``: Ray actors (``pip install mmfront[ray]``),
     for when one machine's cores are not enough."""

@@ -11,8 +11,8 @@ torch where it is not. Three jobs, all bit-exact with the slow path they replace
   as much as the hash. Pillow's raw encoder takes every other mode and whatever the fast path
   cannot: the extension was not built (no C compiler at install), Pillow predates its Arrow
   export (< 11.2), or the image is not one block of memory (Pillow splits images over 16 MiB).
-* **Model-ready rows**: uint8 regions resized (antialiased bilinear, channels-last: torch's fast
-  kernel), rescaled, normalized and cast to the model dtype, as HF's torchvision backend does;
+* **Model-ready rows**: uint8 regions resized (torch's antialiased bilinear, into planes by
+  :mod:`mmfront.bicubic` where it takes them, else by torch's channels-last kernel), rescaled, normalized and cast to the model dtype, as HF's torchvision backend does;
   with the extension each row goes through a per-channel table in one pass (``lut_planes``).
   A native processor calls :func:`pixel_rows`; what the settings mean is its model's business.
 * **Patch rows**: resized planes laid out as Qwen2-VL's image processor lays them out (its
@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from mmfront.bicubic import resize_planes
 from mmfront.errors import HashingTypeError
 from mmfront.wire.shared_buffer import reply_memory
 
-__all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "patch_rows", "pixel_rows", "resized",
+__all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "patch_rows", "patch_rows_in_c", "pixel_rows", "resized",
            "to_hwc_uint8"]
 
 _STRIP_BYTES = 1 << 19
@@ -79,6 +80,11 @@ def _load_extension() -> _Extension:
 
 _pack, _kernel, _lut_planes, _patchify, _lut_interleaved = _load_extension()
 _local = threading.local()
+
+
+def patch_rows_in_c() -> bool:
+    """Whether :func:`patch_rows` lays rows out here (else it always says None: HF's ``patchify`` does)."""
+    return _patchify is not None
 
 
 def fast_packing_kernel() -> str | None:
@@ -207,10 +213,14 @@ def to_hwc_uint8(image: Any) -> torch.Tensor | None:
 
 
 def resized(hwc: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
-    """uint8 CHW view of ``hwc`` resized to ``out_hw`` (channels-last memory: torch's fast kernel)."""
+    """uint8 CHW view of ``hwc`` resized to ``out_hw`` by torch's antialiased bilinear: as planes
+    in warm memory by :func:`mmfront.bicubic.resize_planes` (torch's bytes) where it takes them,
+    else by torch (channels-last memory: its fast kernel)."""
     chw = hwc.permute(2, 0, 1).unsqueeze(0)
     if tuple(chw.shape[-2:]) != out_hw:
-        chw = F.interpolate(chw, size=out_hw, mode="bilinear", antialias=True, align_corners=False)
+        planes = resize_planes(chw, *out_hw, mode="bilinear") if chw.shape[1] == 3 else None
+        chw = planes if planes is not None else F.interpolate(chw, size=out_hw, mode="bilinear", antialias=True,
+                                                               align_corners=False)
     return chw[0]
 
 

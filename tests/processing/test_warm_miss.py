@@ -1,11 +1,12 @@
 """A miss processed in place (the server's own threads, ``--processing-lanes 0``) page-faults no
-fresh memory in once warm: its large buffers (the decoded pixels, Qwen2-VL's resized planes and
+fresh memory in once warm: its large buffers (the decoded pixels, the resized planes, Qwen2-VL's
 patch rows, Gemma 3's model-ready rows) come from :func:`mmfront.wire.warm.warm_memory`.
 
 Why it matters: ``mmfront serve`` fixes glibc's mmap threshold at 1 MiB, so each of those buffers
 was a fresh mapping, faulted in page by page on every miss (measured here before the change: 1,788
 faults per Qwen2.5-VL 1024x768 miss, 577 at the small pixel limit, 1,255 per Gemma 3 896x896
-miss), ~5 ms of a Qwen2.5-VL miss's CPU on the project's 2-core VM. Each case runs in a child
+miss and 2,415 per 1024x768 one, which torch's resize made), ~5 ms of a Qwen2.5-VL miss's CPU on
+the project's 2-core VM. Each case runs in a child
 interpreter that fixes the threshold as the server does; the counts are the process's minor
 faults per miss, each on a new image, after two warm-up misses."""
 
@@ -18,9 +19,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from markers import NEEDS_TORCHVISION
-from mmfront import bicubic
+from mmfront import bicubic, pixels
+from mmfront.models.transformers.base import TRANSFORMERS_VERSION
 from mmfront.testing.models import build_model_folder
 from preloaded import popen
 
@@ -55,15 +58,20 @@ _MEASURE = textwrap.dedent("""
     print(json.dumps({"faults": faults[2:], "shapes": sorted(shapes)}))
 """)
 
-RESIZED_IN_C = pytest.mark.skipif(bicubic._resize is None,  # as tests/test_bicubic.py reads it
+RESIZED_IN_C = pytest.mark.skipif(not bicubic.resizes_in_c(),
                                   reason="no AVX2 loops on this CPU (or no extension): torch resizes, into its own memory")
+QWEN_STEPS_SWAPPED = pytest.mark.skipif(
+    Version("5.15") > TRANSFORMERS_VERSION or not pixels.patch_rows_in_c(),
+    reason="transformers 5.14 inlines Qwen2-VL's patchify (or no extension): HF's copies fault fresh memory in, "
+           "which is why such a processor keeps its lanes by default (tests/processing/test_threads.py)")
 QWEN = {"patch_size": 14, "merge_size": 2}
 CASES = [
     pytest.param("qwen2_5_vl", {**QWEN, "max_pixels": 12845056}, (1024, 768), [3996, 1176],
-                 marks=[NEEDS_TORCHVISION, RESIZED_IN_C], id="Qwen2.5-VL standard limits, 1024x768"),
-    pytest.param("qwen2_5_vl", {**QWEN, "max_pixels": 12544}, (1024, 768), [48, 1176], marks=NEEDS_TORCHVISION,
-                 id="Qwen2.5-VL small limit, 1024x768"),
+                 marks=[NEEDS_TORCHVISION, QWEN_STEPS_SWAPPED, RESIZED_IN_C], id="Qwen2.5-VL standard limits, 1024x768"),
+    pytest.param("qwen2_5_vl", {**QWEN, "max_pixels": 12544}, (1024, 768), [48, 1176],
+                 marks=[NEEDS_TORCHVISION, QWEN_STEPS_SWAPPED], id="Qwen2.5-VL small limit, 1024x768"),
     pytest.param("gemma3-896", {}, (896, 896), [1, 3, 896, 896], id="Gemma 3, 896x896"),
+    pytest.param("gemma3-896", {}, (1024, 768), [1, 3, 896, 896], marks=RESIZED_IN_C, id="Gemma 3, 1024x768"),
 ]
 
 

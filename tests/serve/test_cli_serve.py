@@ -48,7 +48,7 @@ def test_the_defaults_are_vllms(tmp_path: Path) -> None:
     assert (c.mm_processor_cache_gb, c.mm_processor_cache_type, c.mm_hasher_algorithm) == (4.0, "lru", "blake3")
     assert (c.limit_mm_per_prompt, c.mm_processor_kwargs, c.allowed_local_media_path, c.allowed_media_domains) == (
         {}, None, None, None)
-    assert c.mm_processing_lanes == 0  # misses processed in the server process, as vLLM's API server does
+    assert c.mm_processing_lanes is None  # the serving default: in place where mmfront's kernels run, else cores - 1
     d = p.parallel
     assert (d.data_parallel_size, d.data_parallel_size_local, d.data_parallel_address, d.data_parallel_rpc_port) == (
         1, 1, "127.0.0.1", 29550)

@@ -163,6 +163,7 @@ class Gemma3MultiModalProcessor(BaseMultiModalProcessor):
 
     items_are_independent: ClassVar[bool] = True  # each image is resized and normalized on its own
     reads_pixels = True  # the native path reads a decoded JPEG's pixels as they lie
+    in_place_misses = True  # decoded, resized and looked up in mmfront's kernels
 
     mm_kwarg_specs: ClassVar[Sequence[ProcessorKwargSpec]] = (
         ProcessorKwargSpec("do_pan_and_scan", bool),

@@ -36,11 +36,11 @@ import transformers
 from packaging.version import Version
 from PIL import Image
 
-from mmfront.bicubic import resize_planes
+from mmfront.bicubic import resize_planes, resizes_in_c
 from mmfront.inputs import MultiModalFieldConfig
 from mmfront.models.catalog import register_model
 from mmfront.models.spec import ModelSpec
-from mmfront.pixels import patch_rows, to_hwc_uint8
+from mmfront.pixels import patch_rows, patch_rows_in_c, to_hwc_uint8
 from mmfront.processing.hf import KwargsPreparedOnce
 from mmfront.processing.native import NativeInputs
 
@@ -140,26 +140,31 @@ def _process_image(hf_process_image: Callable[..., torch.Tensor], image: Any, *a
     return hwc.permute(2, 0, 1)
 
 
-def qwen2_vl_speedups(hf_processor: Any) -> None:
+def qwen2_vl_speedups(hf_processor: Any) -> bool:
     """Gives the processor's image processor :func:`mmfront.pixels.patch_rows` for its
     ``patchify``, :func:`mmfront.bicubic.resize_planes` for its ``resize`` and the view of an RGB
     image for its ``process_image`` (transformers releases whose Qwen2-VL image processor inlines
     a step keep theirs), and its kwargs prepared once per distinct set
     (:class:`~mmfront.processing.hf.KwargsPreparedOnce`: its ``preprocess`` is HF's base one,
-    reached through a pass-through override, in every supported release)."""
+    reached through a pass-through override, in every supported release). True where all three
+    steps are mmfront's and its C loops run here (transformers 5.14 inlines ``patchify``, whose
+    copies then fault ~26 MB of fresh pages in per 1024x768 miss in ``mmfront serve``)."""
     image_processor = getattr(hf_processor, "image_processor", None)
     smart_resize = getattr(sys.modules.get(type(image_processor).__module__), "smart_resize", None)
     steps: tuple[tuple[str, Callable[[Any], Callable[..., Any]]], ...] = (
         ("patchify", lambda hf_step: partial(_patchify, hf_step)),
         ("process_image", lambda hf_step: partial(_process_image, hf_step)),
         ("resize", lambda hf_step: partial(_resize, hf_step, smart_resize)))
+    swapped = 0
     for name, fast in steps:
         hf_step = getattr(image_processor, name, None)
         if hf_step is not None and name not in vars(image_processor):
             setattr(image_processor, name, fast(hf_step))
+            swapped += 1
     if (hasattr(image_processor, "_preprocess_image_like_inputs") and image_processor is not None
             and "preprocess" not in vars(image_processor)):
         image_processor.preprocess = KwargsPreparedOnce(image_processor, image_processor.preprocess)
+    return swapped == len(steps) and resizes_in_c() and patch_rows_in_c()
 
 
 _READS_PIXEL_LIMITS = Version(transformers.__version__) >= Version("5.15")

@@ -87,7 +87,7 @@ def create_processor(
     info = factory.info_cls(hf_processor, model_id=model_id or default_id, config=config, model_dir=model_dir)
     spec = model_specs().get(model_type) if model_type else None
     if spec is not None and spec.hf_speedups is not None and model_dir is not None:  # not a caller's own object
-        spec.hf_speedups(hf_processor)
+        info.kernel_misses = spec.hf_speedups(hf_processor)
     resolved = resolve_model_impl(config.model_impl, folder_architectures(model_dir), spec.native if spec else None,
                                   config.mm_device_do_normalize, processor=type(hf_processor).__name__,
                                   legacy_backend=_is_legacy(factory))

@@ -54,9 +54,11 @@ known from the image processor's outputs (Qwen2-VL: ``t*h*w / merge_size**2`` im
 CallKwargs = Callable[[Any, dict[str, Any]], dict[str, Any]]
 """``(the HF processor, the kwargs of one call to it) -> the kwargs that make the installed
 transformers do what vLLM's transformers does with them``."""
-HfSpeedups = Callable[[Any], None]
-"""``(a freshly loaded HF processor) -> None``: swaps steps of its sub-processors for faster ones
-that return the very same bytes (Qwen2-VL's patch rows in one C pass)."""
+HfSpeedups = Callable[[Any], bool]
+"""``(a freshly loaded HF processor) -> whether every pixel step of a miss is now mmfront's``:
+swaps steps of its sub-processors for faster ones that return the very same bytes (Qwen2-VL's
+patch rows in one C pass); where all of them took, the processor's misses are processed in place
+by default (``BaseMultiModalProcessor.in_place_misses``)."""
 
 
 @dataclass(frozen=True)

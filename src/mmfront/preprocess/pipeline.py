@@ -59,7 +59,7 @@ class ModelPipeline:
         self.connector = MediaConnector(self.config)
         self.stats = MultiModalCacheStats()
         self._request_counter = itertools.count()
-        self.threads = ThreadPlan.from_config(self.config)
+        self.threads = ThreadPlan.from_config(self.config, in_place_misses=self.processor.in_place_misses)
         apply_thread_plan(self.threads)
         self.item_executor: ItemExecutor = executor_from_config(self.processor, self.config, self.threads.lanes)
         """Where cache misses are HF-processed: the lanes ``mm_processing_lanes`` asks for, or in place."""

@@ -100,6 +100,9 @@ class BaseProcessingInfo:
         ``--model-impl``); ``None``: the processor's own layout (the transformers backend's)."""
         self.device_normalize = False
         """Send raw uint8 pixels: the engine normalises them (``mm_device_do_normalize``)."""
+        self.kernel_misses = False
+        """The model's image-processor speedups replaced every pixel step of a miss with mmfront's
+        kernels (``create_processor`` sets it from ``ModelSpec.hf_speedups``)."""
         self.built_by: str | None = None
         """The function that built this processor from its folder, as ``module:name``
         (``create_processor`` sets it): a processing lane rebuilds the processor by calling it,
@@ -300,6 +303,14 @@ class BaseMultiModalProcessor(ABC):
     """An item's outputs do not depend on the other items of its HF call (no padding to the
     batch's longest item), so executors process a call's items one call each, in parallel, and
     merge them (a 3-image request then uses 3 lanes). Otherwise a call's items stay together."""
+
+    in_place_misses: bool = False
+    """A miss's pixel work runs in mmfront's own kernels (the JPEG decode, the resize, the patch
+    rows or the normalisation table: no GIL, warm memory), so the caller's threads process it for
+    less than a lane's hop costs: ``mm_processing_lanes=None`` then starts no lane
+    (docs/processing.md, "In place where the kernels run"). An HF processor's own steps allocate
+    fresh memory on every call in ``mmfront serve`` and hold the GIL for their Python: a lane's
+    warm heap and its own interpreter pay there."""
 
     reads_pixels: bool = False
     """The processor reads a decoded JPEG's pixels (:meth:`ImageProcessorItems.get_pixels

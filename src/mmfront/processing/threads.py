@@ -51,9 +51,13 @@ class ThreadPlan:
     """Threads of the frontend's pool that decodes several images of one request at once."""
 
     @classmethod
-    def from_config(cls, config: MultiModalConfig) -> ThreadPlan:
+    def from_config(cls, config: MultiModalConfig, *, in_place_misses: bool = False) -> ThreadPlan:
+        """``mm_processing_lanes=None`` is no lane where the processor's misses run in mmfront's
+        own kernels (``in_place_misses``), else one per core of the budget but one (at least 1)."""
         budget = config.mm_thread_budget or available_cores()
-        lanes = max(1, budget - 1) if config.mm_processing_lanes is None else config.mm_processing_lanes
+        lanes = config.mm_processing_lanes
+        if lanes is None:
+            lanes = 0 if in_place_misses else max(1, budget - 1)
         decode = budget if lanes == 0 else max(1, budget - lanes)
         return cls(budget=budget, lanes=lanes, torch_threads=1, decode_threads=decode)
 

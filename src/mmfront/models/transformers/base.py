@@ -295,6 +295,7 @@ class _MultiModalProcessorBase(BaseMultiModalProcessor):
         """Where set, images skip HF's ``__call__``: the image processor runs on its own, each image's
         expansion comes from its outputs (``ModelSpec.image_expansions``)."""
         self.reads_pixels = self.image_expansions is not None  # call_image_processor hands it pixels
+        self.in_place_misses = self.reads_pixels and info.kernel_misses
         self.merged_kwargs = MergedHfKwargs(proc)
 
     def get_placeholder_str(self, modality: str, index: int) -> str:
