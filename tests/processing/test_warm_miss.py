@@ -12,18 +12,24 @@ faults per miss, each on a new image, after two warm-up misses."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 from packaging.version import Version
 
 from markers import NEEDS_TORCHVISION
-from mmfront import bicubic, pixels
+from mmfront import MultiModalConfig, bicubic, pixels
+from mmfront.media import DecodeBudget, load_image_bytes
+from mmfront.models.registry import create_processor
 from mmfront.models.transformers.base import TRANSFORMERS_VERSION
+from mmfront.testing.media import make_image
 from mmfront.testing.models import build_model_folder
 from preloaded import popen
 
@@ -86,3 +92,43 @@ def test_a_warm_miss_in_place_faults_no_fresh_memory_in(kind: str, sizes: dict[s
     measured = json.loads(out.strip().splitlines()[-1])
     assert measured["shapes"] == [shape]
     assert max(measured["faults"]) < 100, measured  # a fresh 4.7 MB of patch rows alone: ~1,150
+
+
+@pytest.mark.parametrize(("kind", "sizes"), [
+    pytest.param("qwen2_5_vl", {**QWEN, "max_pixels": 12845056}, marks=NEEDS_TORCHVISION, id="Qwen2.5-VL"),
+    pytest.param("gemma3-896", {}, id="Gemma 3"),
+])
+def test_misses_in_place_on_many_threads_keep_their_own_pixels(kind: str, sizes: dict[str, int],
+                                                               tmp_path: Path) -> None:
+    """Warm blocks go back to the pool as soon as a miss drops them, while other threads take
+    them: every miss's rows equal the ones processed alone, whether its outputs were still held
+    (another thread must not be handed their blocks) or dropped at once (their blocks serve
+    the next misses)."""
+    folder = build_model_folder(kind, tmp_path / kind, **sizes)
+    config = MultiModalConfig(mm_processor_cache_gb=0)
+    proc = create_processor(folder, config)
+    ids = proc.info.get_tokenizer().encode(proc.get_placeholder_str("image", 0), add_special_tokens=False)
+    payloads = []
+    for seed in range(12):
+        encoded = io.BytesIO()
+        make_image(1024 - 16 * (seed % 3), 768, seed=seed).save(encoded, format="JPEG")
+        payloads.append(encoded.getvalue())
+
+    def rows(payload: bytes) -> torch.Tensor:
+        item = load_image_bytes(payload, config=config, budget=DecodeBudget(1 << 30))
+        return proc.apply(ids, {"image": [item]})["mm_kwargs"]["image"][0]["pixel_values"].data
+
+    alone = [rows(p).clone() for p in payloads]
+    held: dict[int, torch.Tensor] = {}
+
+    def worker(start: int) -> None:
+        for n in range(start, len(payloads), 3):
+            for _ in range(2):
+                got = rows(payloads[n])
+                assert torch.equal(got, alone[n]), n  # checked before its blocks can go back
+            held[n] = got  # the last one held until every thread is done
+
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(worker, range(3)))
+    assert sorted(held) == list(range(len(payloads)))
+    assert all(torch.equal(held[n], alone[n]) for n in held)
