@@ -171,7 +171,8 @@ class Server:
 def start_server(model_dir: Path, cache: str, lanes: int | None, engine: str | None) -> Server:
     """``mmfront serve`` on a free loopback port, as a user starts it; its misses on ``lanes``
     processing lanes (default: the cores but one, at least one: the demo drives the lanes, which
-    ``mmfront serve`` leaves off by default)."""
+    ``mmfront serve`` leaves off by default for a model whose misses run in mmfront's kernels, as
+    the embedded Gemma 3's do)."""
     port = get_open_port()
     command = [sys.executable, "-m", "mmfront.cli", "serve", str(model_dir), "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", MODEL_NAME, "--uvicorn-log-level", "warning",

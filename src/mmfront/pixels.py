@@ -12,8 +12,8 @@ torch where it is not. Three jobs, all bit-exact with the slow path they replace
   cannot: the extension was not built (no C compiler at install), Pillow predates its Arrow
   export (< 11.2), or the image is not one block of memory (Pillow splits images over 16 MiB).
 * **Model-ready rows**: uint8 regions resized (torch's antialiased bilinear, into planes by
-  :mod:`mmfront.bicubic` where it takes them, else by torch's channels-last kernel), rescaled, normalized and cast to the model dtype, as HF's torchvision backend does;
-  with the extension each row goes through a per-channel table in one pass (``lut_planes``).
+  :mod:`mmfront.bicubic` where it takes them, else by torch's channels-last kernel), rescaled,
+  normalized and cast to the model dtype, as HF's torchvision backend does; with the extension each row goes through a per-channel table in one pass (``lut_planes``).
   A native processor calls :func:`pixel_rows`; what the settings mean is its model's business.
 * **Patch rows**: resized planes laid out as Qwen2-VL's image processor lays them out (its
   ``patchify``: a permute, a temporal expand and a reshape, which torch copies element by element
@@ -40,8 +40,8 @@ from mmfront.bicubic import resize_planes
 from mmfront.errors import HashingTypeError
 from mmfront.wire.shared_buffer import reply_memory
 
-__all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "patch_rows", "patch_rows_in_c", "pixel_rows", "resized",
-           "to_hwc_uint8"]
+__all__ = ["fast_packing_kernel", "iter_pixel_strips", "normalize_", "patch_rows", "patch_rows_in_c", "pixel_rows",
+           "resized", "to_hwc_uint8"]
 
 _STRIP_BYTES = 1 << 19
 """Pixel bytes per strip: big enough that per-strip overhead vanishes, small enough that a packed
@@ -218,7 +218,7 @@ def resized(hwc: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
     else by torch (channels-last memory: its fast kernel)."""
     chw = hwc.permute(2, 0, 1).unsqueeze(0)
     if tuple(chw.shape[-2:]) != out_hw:
-        planes = resize_planes(chw, *out_hw, mode="bilinear") if chw.shape[1] == 3 else None
+        planes = resize_planes(chw, *out_hw, mode="bilinear")
         chw = planes if planes is not None else F.interpolate(chw, size=out_hw, mode="bilinear", antialias=True,
                                                                align_corners=False)
     return chw[0]

@@ -40,7 +40,7 @@ import numpy as np
 
 from mmfront.errors import DecodeError, resource_error
 from mmfront.wire.memfd import ALIGN, layout
-from mmfront.wire.warm import WarmBlocks, warm_memory
+from mmfront.wire.warm import warm_memory
 
 KEEP_BYTES = 64 << 20
 """The largest buffer kept between messages; one a larger message needed is replaced with one of
@@ -181,7 +181,8 @@ def send_replies_through(out: OutBuffer | None) -> None:
 def reply_memory(nbytes: int) -> np.ndarray:
     """``nbytes`` of writable uint8 memory for a large part of this process's next reply: in the
     buffer it sends replies through where it has one and room is left (no copy at the send),
-    else warm memory of this process (:func:`~mmfront.wire.warm.warm_memory`). Only for what goes into the reply, written before it is sent."""
+    else warm memory of this process (:func:`~mmfront.wire.warm.warm_memory`). Only for what goes
+    into the reply, written before it is sent."""
     out = _reply_buffer
     found = out.reserve(nbytes) if out is not None else None
     return found if found is not None else warm_memory(nbytes)
@@ -189,11 +190,10 @@ def reply_memory(nbytes: int) -> np.ndarray:
 
 class InBuffer:
     """A receiver's read-only mapping of the peer's :class:`OutBuffer`, and the warm memory
-    (:class:`~mmfront.wire.warm.WarmBlocks`) its frames are copied into."""
+    of this process (:func:`~mmfront.wire.warm.warm_memory`) its frames are copied into."""
 
     def __init__(self) -> None:
         self._map: mmap.mmap | None = None
-        self.frames = WarmBlocks()
 
     def adopt(self, fd: int) -> None:
         """Maps the buffer ``fd`` (which stays the caller's to close) in place of the previous one;
@@ -222,7 +222,7 @@ class InBuffer:
             raise DecodeError(f"A message announced shared frames up to byte {past}; its shared buffer holds {held}.")
         frames = []
         for size, offset in zip(sizes, offsets):
-            frame = self.frames.take(size)
+            frame = warm_memory(size)
             frame[:] = np.frombuffer(self._map, np.uint8, size, offset)
             frames.append(frame.data)
         return frames
@@ -234,5 +234,4 @@ class InBuffer:
             self._map = None
 
 
-__all__ = ["KEEP_BYTES", "MAX_BYTES", "InBuffer", "OutBuffer",
-           "reply_memory", "send_replies_through"]
+__all__ = ["KEEP_BYTES", "MAX_BYTES", "InBuffer", "OutBuffer", "reply_memory", "send_replies_through"]

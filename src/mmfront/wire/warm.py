@@ -1,6 +1,7 @@
 """Memory kept resident between uses: blocks handed out for large buffers that a process makes
 again and again (a lane's caller's copies of its replies, a miss's decoded pixels, resized
-planes and patch rows), taken back once nothing views them.
+planes and patch rows), taken back once nothing views them; one pool per process, so what a
+burst leaves idle is bounded once (:data:`WARM_KEEP_BYTES`).
 
 Why: ``mmfront serve`` fixes glibc's mmap threshold at 1 MiB (:mod:`mmfront.wire.allocator`:
 freed request bodies go back to the OS), so every large buffer is a fresh mapping and its first
@@ -8,7 +9,7 @@ write page-faults each page in. On the project's 2-core VM that cost a Qwen2.5-V
 ~650 faults and 2.9-3.6 ms in a lane's caller (its reply's 4.7 MB copied out, where the same copy
 into resident memory takes 0.3-0.8 ms), and processed in the server's own threads ~5 ms more CPU
 than on a lane (the decoded pixels, the resized planes and the patch rows, 9.4 MB of fresh pages
-a miss: docs/benchmarks.md, "Warm memory for a miss processed in place").
+a miss: docs/benchmarks.md, "In place where the kernels run").
 """
 
 from __future__ import annotations
@@ -77,12 +78,12 @@ class WarmBlocks:
 
 
 _PROCESS_BLOCKS = WarmBlocks()
-"""This process's pool for the buffers a miss's processing makes (:func:`warm_memory`)."""
+"""This process's pool (:func:`warm_memory`)."""
 
 
 def warm_memory(nbytes: int) -> np.ndarray:
     """``nbytes`` of writable uint8 memory, resident where it is large (this process's
-    :class:`WarmBlocks`): for a buffer a miss makes and drops, request after request."""
+    :class:`WarmBlocks`): for a buffer made and dropped message after message, miss after miss."""
     return _PROCESS_BLOCKS.take(nbytes)
 
 
