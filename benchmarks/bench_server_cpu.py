@@ -2,7 +2,8 @@
 
 The setup of ``bench_frontends.py``: ``mmfront serve`` in front of a fresh STOCK vLLM engine core
 (``../shared/peer/stock_engine.py`` with the stub executor) on its Qwen2.5-VL folder at the
-standard limits, with its flags. Requests go one at a time over one kept-alive connection: a
+standard limits (``--config qwen2.5-vl-small``: the small pixel limit), with its flags. Requests go one
+at a time over one kept-alive connection: a
 streamed chat completion with one 1024x768 random-pixel JPEG data URL (~630 KB of body),
 ``OUTPUT_TOKENS`` output tokens, usage included. The first pass sends the same image every time
 (a processor cache hit: the data URL is still decoded and hashed, the processor's output comes
@@ -123,9 +124,9 @@ def measure_pass(base: str, pid: int, bodies: Sequence[bytes]) -> dict[str, floa
 
 
 def serve_round(python: Path, model: Path, src: str, requests: int, misses: bool, folder: Path,
-                tag: str) -> list[dict[str, float]]:
+                tag: str, config_key: str) -> list[dict[str, float]]:
     """A fresh engine and server importing mmfront from ``src``: its hit pass (and miss pass)."""
-    config = next(c for c in CONFIGS if c.key == "qwen2.5-vl")
+    config = next(c for c in CONFIGS if c.key == config_key)
     site = folder / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(THREAD_NAMES)
@@ -154,12 +155,13 @@ def medians(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {name: statistics.median(r.get(name, 0.0) for r in rounds) for name in names}
 
 
-def compare(sources: Sequence[str], rounds: int, requests: int, misses: bool) -> dict[str, list[list[dict[str, float]]]]:
+def compare(sources: Sequence[str], rounds: int, requests: int, misses: bool,
+            config_key: str = "qwen2.5-vl") -> dict[str, list[list[dict[str, float]]]]:
     """Every source per round, the order reversed every other round; each side's passes per round."""
     python = vllm_peer_python()
     if python is None or not (PEER_DIR / "stock_engine.py").is_file():
         raise SystemExit(f"{SKIP_REASON} (and ../shared/peer/stock_engine.py)")
-    config = next(c for c in CONFIGS if c.key == "qwen2.5-vl")
+    config = next(c for c in CONFIGS if c.key == config_key)
     found: dict[str, list[list[dict[str, float]]]] = {src: [] for src in sources}
     with tempfile.TemporaryDirectory(prefix="mmfront-server-cpu-") as name:
         folder = Path(name)
@@ -167,7 +169,8 @@ def compare(sources: Sequence[str], rounds: int, requests: int, misses: bool) ->
         for round_ in range(rounds):
             order = list(sources) if round_ % 2 == 0 else list(reversed(sources))
             for src in order:
-                passes = serve_round(python, model, src, requests, misses, folder, f"{round_}-{sources.index(src)}")
+                passes = serve_round(python, model, src, requests, misses, folder, f"{round_}-{sources.index(src)}",
+                                     config_key)
                 found[src].append(passes)
                 print(f"round {round_}, {src}: " + "; ".join(
                     f"{k} {v:.2f}" for k, v in medians([passes[0]]).items()), file=sys.stderr, flush=True)
@@ -191,9 +194,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--misses", action="store_true", help="a pass of new images after the hits")
+    parser.add_argument("--config", default="qwen2.5-vl", choices=[c.key for c in CONFIGS if c.key.startswith("qwen")],
+                        help="the model folder of bench_frontends.py's table")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    found = compare(args.src, args.rounds, args.requests, args.misses)
+    found = compare(args.src, args.rounds, args.requests, args.misses, args.config)
     for n, what in enumerate(["hit"] + (["miss"] if args.misses else [])):
         print(f"\n{what}: CPU ms per request, medians of {args.rounds} rounds")
         table = {src: medians([passes[n] for passes in found[src]]) for src in args.src}
