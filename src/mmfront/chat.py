@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmfront._text import check_text
 from mmfront.chat_template import TemplateFormat, counted_tokens, render_chat, resolve_chat_template
-from mmfront.errors import ChatFormatError, MediaFormatError
+from mmfront.errors import ChatFormatError, MediaFormatError, ValidationError
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, DecodedDataURL, MediaConnector
 from mmfront.media.audio import INPUT_AUDIO_FORMATS
@@ -33,16 +33,28 @@ if TYPE_CHECKING:
 
 _MEDIA_PARTS = {
     "image_url": ("image", False),
+    "input_image": ("image", False),
     "image_pil": ("image", False),
     "image_embeds": ("image", True),
     "input_audio": ("audio", False),
     "audio_url": ("audio", False),
     "audio_embeds": ("audio", True),
     "video_url": ("video", False),
+    "video_embeds": ("video", True),
 }
-PART_TYPES = ("text", *_MEDIA_PARTS)
+_TEXT_PARTS = {"text": "text", "refusal": "refusal", "thinking": "thinking"}
+"""The parts vLLM reads as text, and the field that holds it."""
+PART_TYPES = (*_TEXT_PARTS, "tool_reference", *_MEDIA_PARTS)
 URL_PARTS = frozenset({"image_url", "audio_url", "video_url"})
 """The media parts whose item the connector loads from their ``{"url": ...}`` field."""
+_KEYED_PARTS = ("image_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "prompt_embeds",
+                "audio_url", "input_audio", "video_url", "tool_reference")
+"""vLLM's order of the fields that say what a part without a ``type``, or with a ``uuid``, is."""
+_PART_FIELDS = frozenset({"type", "uuid", "text", "refusal", "thinking", "closed", "name", "data", "file",
+                          "prompt_cache_breakpoint", "image_url", "image_pil", "image_embeds", "input_audio",
+                          "audio_url", "audio_embeds", "video_url", "video_embeds"})
+"""The fields of vLLM's content parts; any other field of a part reaches the template with it."""
+_IMAGE_DETAILS = ("auto", "low", "high", "original")
 _ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
@@ -158,8 +170,8 @@ def parse_chat_messages(
 def _tool_fields(rendered: dict[str, Any], message: Mapping[str, Any]) -> None:
     """The tool parts of a message as vLLM hands them to the template: an assistant's
     ``tool_calls`` with their ``arguments`` as objects (JSON that does not decode to one becomes
-    ``{}``) and its ``reasoning`` under both its names; a tool result's text parts as one
-    string."""
+    ``{}``) and its ``reasoning`` under both its names; a developer message's ``tools`` (None
+    where it has none); a tool result's text parts as one string."""
     role = message.get("role")
     if role == "assistant":
         reasoning = message.get("reasoning", message.get("reasoning_content"))
@@ -171,6 +183,8 @@ def _tool_fields(rendered: dict[str, Any], message: Mapping[str, Any]) -> None:
             rendered.pop("tool_calls")
         elif isinstance(calls, list):
             rendered["tool_calls"] = [_tool_call(call) for call in calls]
+    elif role == "developer":
+        rendered["tools"] = message.get("tools")
     elif role == "tool" and isinstance(rendered.get("content"), list):
         parts = rendered["content"]
         if all(isinstance(p, Mapping) and p.get("type") == "text" for p in parts):
@@ -195,43 +209,82 @@ def _tool_call(call: Any) -> dict[str, Any]:
 
 def _render_parts(parts: Sequence[Any], n: int, tracker: _Tracker) -> list[dict[str, Any]] | str:
     """The parts in the template's shape: a list where media parts the template renders stay
-    parts (the rest become placeholder text parts), or one string joined with newlines."""
+    parts (the rest become placeholder text parts), or one string joined with newlines. Each
+    part keeps its fields that are not a content part's own, as vLLM hands them on."""
     out: list[dict[str, Any]] = []
     texts: list[str] = []
     as_parts = tracker.format.content == "openai"
     for k, part in enumerate(parts):
         where = f"messages[{n}].content[{k}]"
-        if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
-            raise ChatFormatError(f"{where} must be an object with a string `type`.", parameter="messages")
-        kind = part["type"]
-        if kind == "text":
-            text = part.get("text")
+        kind = _part_kind(part, where)
+        extra = {key: value for key, value in part.items() if key not in _PART_FIELDS}
+        if kind in _TEXT_PARTS:
+            text = part.get(_TEXT_PARTS[kind])
+            if text is None and kind == "refusal":  # vLLM skips a refusal without text
+                continue
             if not isinstance(text, str):
-                raise ChatFormatError(f"{where} is a text part without a string `text`.", parameter="messages")
+                raise ChatFormatError(f"{where} is a {kind} part without a string `{_TEXT_PARTS[kind]}`.",
+                                      parameter=None)
             _check_text(text, tracker.reserved, n)
-            out.append({"type": "text", "text": text})
+            out.append({"type": "text", "text": text, **extra})
             texts.append(text)
             continue
-        if kind not in _MEDIA_PARTS:
-            raise ChatFormatError(f"{where} has unknown type {kind!r}. Supported: {', '.join(PART_TYPES)}.",
-                                  parameter="messages")
+        if kind == "tool_reference":  # a deferred tool's name, for the template to expand
+            name = part.get("name")
+            if name is not None and not isinstance(name, str):
+                raise ChatFormatError(f"{where}.name must be a string.", parameter="messages")
+            if as_parts:
+                out.append({"type": "tool_reference", "name": name})
+            elif name is None:
+                raise ChatFormatError(f"{where} is a tool_reference part without a `name`.", parameter="messages")
+            else:
+                _check_text(name, tracker.reserved, n)
+                texts.append(name)
+            continue
+        if kind == "prompt_embeds":
+            raise ChatFormatError(f"{where} is a prompt_embeds part: prompt embeddings are not supported by mmfront "
+                                  "serve. Send the prompt as text.", parameter="prompt_embeds")
         modality, is_embed = _MEDIA_PARTS[kind]
         uuid = part.get("uuid")
         if uuid is not None:
             if not isinstance(uuid, str):
                 raise ChatFormatError(f"{where}.uuid must be a string.", parameter="messages")
             check_text(uuid, parameter="messages", where=f"{where}.uuid")
+        if is_embed and not tracker.processor.info.config.enable_mm_embeds:
+            raise ValidationError(f"You must set `--enable-mm-embeds` to input `{kind}`", parameter=kind)
         tracker.check(modality, is_embed)
         load = _part_loader(part, kind, where, uuid, tracker)
         placeholder = tracker.add(modality, _prehashing(load, modality, uuid, tracker), uuid,
                                   as_part=as_parts and modality in tracker.format.parts)
         if as_parts and modality in tracker.format.parts:
-            out.append({"type": modality})
+            out.append({"type": modality, **extra})
         elif placeholder:  # none where the model places its items itself (vLLM's placeholder None: PaliGemma)
             out.append({"type": "text", "text": placeholder})
         if placeholder:
             texts.append(placeholder)
     return out if as_parts else "\n".join(texts)
+
+
+def _part_kind(part: Any, where: str) -> str:
+    """What a content part is, as vLLM reads it: its ``type``; or, for a part without one or with
+    a ``uuid``, the first of :data:`_KEYED_PARTS` among its fields (so a text part with a
+    ``uuid`` is refused, as vLLM refuses it)."""
+    if not isinstance(part, Mapping):
+        raise ChatFormatError(f"{where} must be an object with a string `type`.", parameter=None)
+    kind = part.get("type")
+    if part.get("uuid") is None and isinstance(kind, str) and (kind in PART_TYPES or kind == "prompt_embeds"):
+        return kind
+    if kind is None or part.get("uuid") is not None:
+        for key in _KEYED_PARTS:
+            if key in part and not (key == "audio_embeds" and kind == "video_embeds"):
+                return key
+        # vLLM's request model refuses a part with neither (no parameter); its parser, one with a uuid
+        raise ChatFormatError(f"{where}: missing 'type' field in multimodal part.",
+                              parameter=None if kind is None else "type")
+    if not isinstance(kind, str):
+        raise ChatFormatError(f"{where}: invalid 'type' field in multimodal part.", parameter="type")
+    raise ChatFormatError(f"{where} has unsupported type {kind!r}. Supported types: {', '.join(sorted(PART_TYPES))}.",
+                          parameter="type")
 
 
 def _prehashing(load: Callable[[], Any], modality: str, uuid: str | None, tracker: _Tracker) -> Callable[[], Any]:
@@ -257,10 +310,18 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
     """Validate a media part now; return the function that loads its item."""
     payload = part.get(kind)
     connector, budget, media_io_kwargs = tracker.connector, tracker.budget, tracker.media_io_kwargs
+    if kind == "input_image":  # the Responses API's image part: its URL a string, its detail required
+        if part.get("detail") not in _IMAGE_DETAILS:
+            raise ChatFormatError(f"{where}.detail must be one of {', '.join(map(repr, _IMAGE_DETAILS))}.",
+                                  parameter=None)
+        url = part.get("image_url")
+        kind, payload = "image_url", None if url is None else {"url": url}
+    elif kind in URL_PARTS and isinstance(payload, str) and (part.get("type") is None or uuid is not None):
+        payload = {"url": payload}  # vLLM takes a part named by its field with its URL as a string
     if payload is None:
         if uuid is None:
             raise ChatFormatError(f"{where} has no `{kind}` data and no `uuid`: send the media, or the `uuid` of an "
-                                  "item sent before.", parameter="messages")
+                                  "item sent before.", parameter=None)
         return lambda: None
     if kind in ("image_embeds", "audio_embeds", "image_pil"):
         return lambda: payload
@@ -277,11 +338,14 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
     if not isinstance(payload, Mapping):  # vLLM's content-part schema refuses a bare string (param null) too
         raise ChatFormatError(f"{where}.{kind} must be an object with a `url`, as {{\"{kind}\": {{\"url\": ...}}}}; "
                               f"got a {type(payload).__name__}.", parameter=None)
+    if kind == "image_url" and "detail" in payload and payload["detail"] not in _IMAGE_DETAILS:
+        raise ChatFormatError(f"{where}.image_url.detail must be one of {', '.join(map(repr, _IMAGE_DETAILS))}.",
+                              parameter=None)
     url = payload.get("url")
     if url is None and uuid is not None:
         return lambda: None
     if not isinstance(url, (str, DecodedDataURL)):  # decoded: lifted out of a server's body
-        raise ChatFormatError(f"{where}.{kind}.url must be a URL string.", parameter="messages")
+        raise ChatFormatError(f"{where}.{kind}.url must be a URL string.", parameter=None)
     if kind == "image_url":
         return lambda: connector.load_image(url, budget=budget, media_io_kwargs=media_io_kwargs)
     if kind == "video_url":
@@ -303,7 +367,8 @@ def _check_text(text: str, reserved: set[str], n: int) -> None:
         if token and token in text:
             raise ChatFormatError(
                 f"messages[{n}] contains {token!r} in its text. That token is reserved for multimodal items, so it "
-                "cannot be typed: send media as content parts (image_url, input_audio, video_url) and mmfront places it.",
+                "cannot be typed: send media as content parts (image_url, input_audio, video_url) and mmfront places "
+                "it.",
                 parameter="messages",
             )
 

@@ -135,6 +135,7 @@ def render_chat(
     if tools is not None and not (isinstance(tools, Sequence) and not isinstance(tools, (str, bytes))
                                   and all(isinstance(t, Mapping) for t in tools)):
         raise ChatFormatError("tools must be a list of tool objects (JSON schemas).", parameter="tools")
+    conversation = _developer_as_system(conversation, template.text)
     try:
         return _render(processor, template.text, conversation, bounded=template.from_request,
                        add_generation_prompt=bool(options["add_generation_prompt"]),
@@ -144,6 +145,33 @@ def render_chat(
     except Exception as exc:
         raise resource_error(exc, doing="Rendering the chat template") or ChatFormatError(
             f"The chat template failed to render these messages: {exc}", parameter="messages") from exc
+
+
+def _developer_as_system(conversation: Sequence[Mapping[str, Any]], template: str) -> Sequence[Mapping[str, Any]]:
+    """vLLM's handling of the ``developer`` role for a template that never names it: each
+    developer message becomes a system message (without its ``tools``), and the system messages
+    are then merged into one, first, where one is not first or there are several (their texts
+    joined by a blank line), as templates that take one leading system message need."""
+    if '"developer"' in template or "'developer'" in template or all(
+            message.get("role") != "developer" for message in conversation):
+        return conversation
+    converted = [{**{k: v for k, v in message.items() if k != "tools"}, "role": "system"}
+                 if message.get("role") == "developer" else message for message in conversation]
+    texts: list[str] = []
+    others: list[Mapping[str, Any]] = []
+    merge = False
+    for n, message in enumerate(converted):
+        if message.get("role") != "system":
+            others.append(message)
+            continue
+        merge = merge or n > 0 or bool(texts)
+        content = message.get("content") or ""
+        if not isinstance(content, str):
+            content = "\n".join(part if isinstance(part, str) else str(part["text"]) for part in content
+                                if isinstance(part, str) or (isinstance(part, Mapping) and "text" in part))
+        if content:
+            texts.append(content)
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others] if merge else converted
 
 
 def _render(processor: BaseMultiModalProcessor, text: str, conversation: Sequence[Mapping[str, Any]], *,

@@ -35,6 +35,7 @@ The tree (``tests/test_errors.py`` checks it against the classes)::
     │   ├── ProcessorError
     │   └── MediaError
     │       ├── MediaDecodeError
+    │       │   └── MediaEncodingNotSupportedError
     │       ├── MediaFormatError
     │       ├── MediaTooLargeError
     │       ├── MediaPathError
@@ -216,6 +217,14 @@ class MediaError(ValidationError):
 
 class MediaDecodeError(MediaError):
     """The media bytes are not valid (bad base64, truncated or corrupt file)."""
+
+
+class MediaEncodingNotSupportedError(MediaDecodeError):
+    """A data URL whose payload is not base64 (percent-encoded text): vLLM answers it 501, as a
+    feature it does not implement."""
+
+    http_status = 501
+    error_type = "NotImplementedError"
 
 
 class MediaFormatError(MediaError):

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from chat_requests import chat
 
-from mmfront.errors import ValidationError
+from mmfront.errors import RequestBodyError, ValidationError
 from mmfront.serve import request_decoding
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -49,3 +49,25 @@ def test_chat_logprob_fields_are_checked_as_vllm_checks_them() -> None:
     with pytest.raises(ValidationError, match="`prompt_logprobs` are not available when `stream=True`"):
         request_decoding.decode_request(b'{"messages": [], "prompt_logprobs": 1, "stream": true}', ChatCompletionRequest)
     request_decoding.decode_request(b'{"messages": [], "prompt_logprobs": 0, "stream": true}', ChatCompletionRequest)
+
+
+@pytest.mark.parametrize(("role", "content"), [("user", None), ("system", None), ("developer", None), ("tool", None),
+                                               ("wizard", None), ("user", 5), ("assistant", {"type": "text"})])
+def test_content_vllms_model_refuses(role: str, content: Any) -> None:
+    messages = [{"role": role, "content": content}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(RequestBodyError) as info:
+        request_decoding.decode_request(json.dumps({"model": "m", "messages": messages}).encode(), ChatCompletionRequest)
+    assert info.value.parameter == "body.messages.0.content"
+    assert info.value.error_type == "Bad Request"
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}],  # an assistant's may be null
+    [{"role": "function", "name": "f", "content": None}],
+    [{"role": "user"}],  # left out: vLLM renders it as no content, whatever the role
+    [{"role": "wizard"}],
+])
+def test_null_or_missing_content_that_vllm_takes(messages: list[dict[str, Any]]) -> None:
+    body = json.dumps({"model": "m", "messages": messages}).encode()
+    assert request_decoding.decode_request(body, ChatCompletionRequest).messages == messages
+

@@ -187,6 +187,19 @@ def test_invocations_routes_by_body(apps: Apps) -> None:
         "prompt", "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)")
 
 
+def test_chat_bodies_vllm_refuses(apps: Apps) -> None:
+    empty = post(f"{apps.plain}/v1/chat/completions", {"messages": []})
+    assert empty.status_code == 400
+    assert (empty.json()["error"]["message"], empty.json()["error"]["param"]) == (
+        "Cannot apply chat template to an empty conversation. Provide at least one message.", None)
+    null = post(f"{apps.plain}/v1/chat/completions", {"messages": [{"role": "user", "content": None}]})
+    assert (null.status_code, null.json()["error"]["type"], null.json()["error"]["param"]) == (
+        400, "Bad Request", "body.messages.0.content")
+    # vLLM's request model refuses the chat, so /invocations reads the body as a completion
+    via = post(f"{apps.plain}/invocations", {"messages": [{"role": "user", "content": None}]}).json()["error"]
+    assert via["param"] == "prompt"
+
+
 def test_openapi_and_docs(apps: Apps) -> None:
     schema = httpx.get(f"{apps.plain}/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/invocations", "/ping",

@@ -456,9 +456,8 @@ def test_a_sampling_value_out_of_range_is_a_400_in_both_and_mmfront_names_it(
 
 
 @pytest.mark.parametrize(("path", "body"), [
-    ("/v1/chat/completions", {"model": SERVED, "messages": []}),
     ("/v1/completions", completion(max_tokens=2, suffix="x")),
-], ids=["chat_without_messages", "completion_suffix"])
+], ids=["completion_suffix"])
 def test_a_request_refused_in_other_words_is_a_400_in_both(pair: Pair, path: str, body: Any) -> None:
     vllm, mmfront = both(pair, "POST", path, body)
     assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)

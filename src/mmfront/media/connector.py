@@ -32,6 +32,7 @@ from mmfront.errors import (
     ConfigError,
     InputTypeError,
     MediaDecodeError,
+    MediaEncodingNotSupportedError,
     MediaPathError,
     MediaTooLargeError,
     MediaURLNotAllowedError,
@@ -273,8 +274,8 @@ class MediaConnector:
                                    "data:<media type>;base64,<data>.", parameter="multi_modal_data")
         header, payload = url[5:comma], url[comma + 1:]
         if not is_base64_header(header):
-            raise MediaDecodeError(f"Only base64 data URLs are supported, got {describe_url(url, 60)}. Use "
-                                   "data:<media type>;base64,<data>.", parameter="multi_modal_data")
+            raise MediaEncodingNotSupportedError(f"Only base64 data URLs are supported, got {describe_url(url, 60)}. "
+                                                 "Use data:<media type>;base64,<data>.", parameter="multi_modal_data")
         return decode_base64(payload, max_bytes=self.config.max_media_bytes, what=what)
 
     def _read_local(self, path: str, *, shown: str) -> bytes:

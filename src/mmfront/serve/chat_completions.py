@@ -13,6 +13,7 @@ from msgspec import UNSET, UnsetType
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mmfront.errors import ValidationError
 from mmfront.inputs import MultiModalInputs
 from mmfront.preprocess import RequestOptions
 from mmfront.serve import protocol, request_decoding, responses
@@ -110,6 +111,8 @@ def prepare_chat(server: Server, request: Request, body: bytes) -> PreparedChat:
         tools=protocol.template_tools(req, server.settings.exclude_tools_when_tool_choice_none),
         **server.prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
                                 else req.max_tokens))
+    if not req.messages:  # vLLM's request model takes it; its renderer refuses it so
+        raise ValidationError("Cannot apply chat template to an empty conversation. Provide at least one message.")
     inputs = server.preprocess(req.messages, options, response_id)
     max_tokens = server.max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
                                    "max_completion_tokens" if req.max_completion_tokens else "max_tokens")

@@ -41,6 +41,7 @@ def check_request(request: ChatCompletionRequest | CompletionRequest) -> None:
     """vLLM's validators of a decoded request, in their order: the first that fails is the error
     vLLM answers. A chat request's ``tool_choice`` takes its default here, as in vLLM's model."""
     if isinstance(request, ChatCompletionRequest):
+        _check_message_content(request.messages)
         _check_tool_usage(request)
     if request.stream_options is not None and not request.stream and msgspec.structs.asdict(request.stream_options) != {
             "include_usage": UNSET, "continuous_usage_stats": UNSET}:
@@ -81,6 +82,25 @@ def thinking_token_budget(value: Any) -> int | None:
         raise ValidationError("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.",
                               parameter="thinking_token_budget", value=value)
     return None if value == -1 else value
+
+
+_NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
+"""The roles whose ``content`` OpenAI's message schema lets be null."""
+
+
+def _check_message_content(messages: list[dict[str, Any]]) -> None:
+    """What vLLM's request model takes as a message's ``content``: a string or a list of parts,
+    left out whatever the role, and ``null`` only in an assistant (or function) message."""
+    for n, message in enumerate(messages):
+        if not isinstance(message, dict) or "content" not in message:
+            continue
+        content = message["content"]
+        if isinstance(content, (str, list)) or (content is None and message.get("role") in _NULL_CONTENT_ROLES):
+            continue
+        null = " may be null only in an assistant message; send" if content is None else " must be"
+        raise RequestBodyError(f"Input should be a valid string or a list of content parts: messages[{n}].content"
+                               f"{null} a string or a list of content parts, or leave the field out.",
+                               parameter=f"body.messages.{n}.content")
 
 
 _NAMED_TOOL = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
