@@ -187,6 +187,15 @@ def test_invocations_routes_by_body(apps: Apps) -> None:
         "prompt", "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)")
 
 
+def test_an_empty_request_id_is_used_as_it_is_as_vllm_uses_it(apps: Apps) -> None:
+    body = {"messages": TEXT_CHAT, "max_tokens": 1, "temperature": 0}
+    assert post(f"{apps.plain}/v1/chat/completions", {**body, "request_id": ""}).json()["id"] == "chatcmpl-"
+    header = httpx.post(f"{apps.plain}/v1/completions", json={"prompt": "x", "max_tokens": 1, "temperature": 0},
+                        headers={"X-Request-Id": ""}, timeout=60)
+    assert header.json()["id"] == "cmpl-"
+    assert len(post(f"{apps.plain}/v1/chat/completions", body).json()["id"]) > len("chatcmpl-")  # none: random
+
+
 def test_chat_bodies_vllm_refuses(apps: Apps) -> None:
     empty = post(f"{apps.plain}/v1/chat/completions", {"messages": []})
     assert empty.status_code == 400
@@ -195,6 +204,12 @@ def test_chat_bodies_vllm_refuses(apps: Apps) -> None:
     null = post(f"{apps.plain}/v1/chat/completions", {"messages": [{"role": "user", "content": None}]})
     assert (null.status_code, null.json()["error"]["type"], null.json()["error"]["param"]) == (
         400, "Bad Request", "body.messages.0.content")
+    zero = post(f"{apps.plain}/v1/chat/completions", {"messages": TEXT_CHAT, "max_completion_tokens": 0,
+                                                       "max_tokens": 3})  # the first wins, 0 included
+    assert (zero.status_code, zero.json()["error"]["message"]) == (
+        400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
+    empty_ids = post(f"{apps.plain}/v1/completions", {"prompt": [[1000], []], "max_tokens": 2})
+    assert (empty_ids.status_code, empty_ids.json()["error"]["message"]) == (400, "The decoder prompt cannot be empty")
     # vLLM's request model refuses the chat, so /invocations reads the body as a completion
     via = post(f"{apps.plain}/invocations", {"messages": [{"role": "user", "content": None}]}).json()["error"]
     assert via["param"] == "prompt"

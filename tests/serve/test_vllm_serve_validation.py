@@ -161,6 +161,20 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     # test_vision.py: an image_url that is a bare string
     "image_url_bare_string": (CHAT, {"model": SERVED, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": "data:image/png;base64,AAAA"}, {"type": "text", "text": "?"}]}]}, KIND),
+    # found by sending both servers the same odd bodies (session 16): vLLM's models are lax
+    # (pydantic), take a null completion max_tokens as 16, prompt lists of one kind, an empty id
+    "numbers_as_strings": (COMPLETION, completion(n="2", seed="7", temperature="0.5", logit_bias={"1000": "5"}),
+                           BODY),
+    "integral_float_max_tokens": (COMPLETION, completion(max_tokens=3.0), BODY),
+    "fractional_max_tokens": (COMPLETION, completion(max_tokens=3.5), KIND),
+    "bool_as_string": (COMPLETION, completion(max_tokens=3, ignore_eos="true"), BODY),
+    "completion_max_tokens_null": (COMPLETION, completion(max_tokens=None), BODY),
+    "chat_max_completion_tokens_zero": (CHAT, text_chat(max_completion_tokens=0), SAME_ERROR),
+    "prompt_list_with_an_empty_string": (COMPLETION, completion(prompt=["Hello", ""], max_tokens=2), BODY),
+    "prompt_list_with_an_empty_token_list": (COMPLETION, completion(prompt=[[2, 1000], []], max_tokens=2),
+                                             SAME_ERROR),
+    "completion_request_id_empty": (COMPLETION, completion(max_tokens=2, request_id=""), BODY),
+    "chat_request_id_empty": (CHAT, text_chat(request_id=""), BODY),
 }
 
 
@@ -217,3 +231,12 @@ def test_a_huge_request_id_is_echoed_by_vllm_and_refused_by_mmfront(pair: Pair) 
     vllm, mmfront = both(pair, "POST", CHAT, text_chat(request_id="r" * (1 << 20)))
     assert vllm.status == 200 and len(vllm.text) > 1 << 20, explain(pair, vllm, mmfront)
     assert mmfront.status == 400 and error(mmfront)["param"] == "request_id", explain(pair, vllm, mmfront)
+
+
+def test_a_prompt_list_of_two_kinds_is_a_body_error_in_both(pair: Pair) -> None:  # noqa: F811
+    """vLLM's model names the first element its union refuses; mmfront names the field."""
+    vllm, mmfront = both(pair, "POST", COMPLETION, completion(prompt=["a", [1, 2]], max_tokens=2))
+    assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
+    want, got = error(vllm), error(mmfront)
+    assert want["type"] == got["type"] == "Bad Request", explain(pair, vllm, mmfront)
+    assert (want["param"], got["param"]) == ("body.prompt.0", "body.prompt"), explain(pair, vllm, mmfront)

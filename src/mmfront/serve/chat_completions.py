@@ -102,6 +102,8 @@ def prepare_chat(server: Server, request: Request, body: bytes) -> PreparedChat:
     server.check_model(req.model)
     server.check_mm_kwargs(req.mm_processor_kwargs, None)
     response_id = f"chatcmpl-{base_id(request, req.request_id)}"
+    # max_completion_tokens wins where given, 0 included (vLLM then refuses it)
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     parsing = server.parsing.for_request(req)
     options = RequestOptions(
         hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
@@ -109,12 +111,11 @@ def prepare_chat(server: Server, request: Request, body: bytes) -> PreparedChat:
             protocol.template_kwargs(req, server.settings.reasoning_effort_map)),
         add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
         tools=protocol.template_tools(req, server.settings.exclude_tools_when_tool_choice_none),
-        **server.prompt_options(request, req, req.max_completion_tokens if req.max_completion_tokens is not None
-                                else req.max_tokens))
+        **server.prompt_options(request, req, requested))
     if not req.messages:  # vLLM's request model takes it; its renderer refuses it so
         raise ValidationError("Cannot apply chat template to an empty conversation. Provide at least one message.")
     inputs = server.preprocess(req.messages, options, response_id)
-    max_tokens = server.max_tokens(req.max_completion_tokens or req.max_tokens, len(inputs["prompt_token_ids"]),
+    max_tokens = server.max_tokens(requested, len(inputs["prompt_token_ids"]),
                                    "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     params = None if req.use_beam_search else server.params(req, max_tokens, [inputs], parsing)
     return PreparedChat(req, response_id, parsing, options, inputs, max_tokens, params)

@@ -48,6 +48,8 @@ async def completions(server: Server, request: Request, body: bytes) -> Response
     options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
                              priority=req.priority, **server.prompt_options(request, req, req.max_tokens or 0))
     prompts = await server.off_loop(protocol.prompts, req)
+    if any(p == [] for p in prompts):  # vLLM's renderer's words for an empty list of token ids
+        raise ValidationError("The decoder prompt cannot be empty")
     prepared = [(await server.prepare(p, options, response_id), options) for p in prompts]
     lengths = [len(inputs["prompt_token_ids"]) for inputs, _ in prepared]
     logged = [f"{response_id}-{p}" for p in range(len(prepared))]  # the ids vLLM's request log gives them

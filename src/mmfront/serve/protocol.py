@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from mmfront.errors import ValidationError
+from mmfront.errors import RequestBodyError
 from mmfront.wire.params import RepetitionDetectionParams, StructuredOutputsFields
 
 # --- request bounds (issue 36: wire ints, list caps; docs/security.md) ----------------------------
@@ -190,17 +190,25 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
 
+COMPLETION_MAX_TOKENS = 16
+"""A completion's ``max_tokens`` when the request leaves it out or sends null, as in vLLM."""
+
+
 class CompletionRequest(_SamplingFields, kw_only=True):
     """``POST /v1/completions`` (text or token-id prompts)."""
 
     prompt: str | list[Any] | None = None
-    max_tokens: int | None = 16
+    max_tokens: int | None = COMPLETION_MAX_TOKENS
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
     add_special_tokens: bool = True
     # refused while not set to vLLM's default (NOT_SUPPORTED says why)
     prompt_embeds: Any = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is None:  # vLLM's model reads a null max_tokens as its default
+            self.max_tokens = COMPLETION_MAX_TOKENS
 
 
 def named_tool(request: ChatCompletionRequest) -> str | None:
@@ -237,23 +245,25 @@ def template_tools(request: ChatCompletionRequest, exclude_when_none: bool) -> l
 
 
 def prompts(request: CompletionRequest) -> list[str | list[int]]:
-    """The completion's prompts: a string, a list of strings, token ids, or lists of token ids."""
+    """The completion's prompts: a string, a list of strings (empty ones too), token ids, or lists
+    of token ids; a list of one kind, as vLLM's request model takes them."""
     prompt = request.prompt
     if not prompt:
         return []
     if isinstance(prompt, str):
         return [prompt]
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+    if all(_token_id(p) for p in prompt):
         return [list(prompt)]
-    out: list[str | list[int]] = []
-    for p in prompt:
-        token_ids = isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
-        if p and (isinstance(p, str) or token_ids):
-            out.append(p)
-        else:
-            raise ValidationError("prompt must be a string, a list of strings, a list of token ids, or a list of "
-                                  "lists of token ids, none empty.", parameter="prompt")
-    return out
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) and all(_token_id(t) for t in p) for p in prompt):
+        return [list(p) for p in prompt]  # an empty one is refused as an empty prompt, later
+    raise RequestBodyError("prompt must be a string, a list of strings, a list of token ids, or a list of lists of "
+                           "token ids, one kind in a list.", parameter="body.prompt")
+
+
+def _token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def echoes_prompt_only(request: CompletionRequest) -> bool:

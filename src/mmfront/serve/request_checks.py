@@ -56,7 +56,7 @@ def check_request(request: ChatCompletionRequest | CompletionRequest) -> None:
         raise ValidationError("thinking_token_budget is set but reasoning_config is not configured. Please set "
                               "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.")
     _check_cache_salt(request.cache_salt)
-    if request.request_id:  # an empty one is none, as in vLLM (a random id is made)
+    if request.request_id:  # an empty one is used as it is, as vLLM uses it
         check_request_id(request.request_id, "request_id")
     _check_logit_bias_values(request.logit_bias)
     _check_structured_outputs(request)

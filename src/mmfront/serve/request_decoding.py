@@ -30,7 +30,9 @@ structural tag's wrapping) inside the body, and far below where decoding, copyin
 templating a value would exhaust Python's recursion limit."""
 
 
-_DECODERS = {cls: msgspec.json.Decoder(cls) for cls in (ChatCompletionRequest, CompletionRequest)}
+_DECODERS = {cls: msgspec.json.Decoder(cls, strict=False) for cls in (ChatCompletionRequest, CompletionRequest)}
+"""Lax, as vLLM's pydantic request models are: a number sent as a string (``"n": "2"``), an
+integral float for an int (``"max_tokens": 3.0``), ``"true"`` for a bool."""
 _ANY_JSON = msgspec.json.Decoder()
 _MISSING = re.compile(r"missing required field `(?P<field>[^`]+)`")
 _AT = re.compile(r" - at `\$(?P<path>[^`]*)`")

@@ -480,10 +480,14 @@ def cached_tokens(choice: ChoiceOutput) -> int:
 
 
 def base_id(request: Request, body_id: str | None) -> str:
-    """vLLM's request id: the ``X-Request-Id`` header, else the body's ``request_id``, else random;
-    a header id is bounded as the body's is (:func:`~mmfront.serve.request_checks.check_request_id`)."""
+    """vLLM's request id: the ``X-Request-Id`` header where sent, else the body's ``request_id``,
+    else random; an empty one is used as it is, as vLLM uses it (the engine's request ids stay
+    unique: :meth:`Server.start` suffixes them). A header id is bounded as the body's is
+    (:func:`~mmfront.serve.request_checks.check_request_id`)."""
     given = request.headers.get("x-request-id")
-    return request_checks.check_request_id(given, "X-Request-Id") if given else body_id or secrets.token_hex(8)
+    if given is not None:
+        return request_checks.check_request_id(given, "X-Request-Id") if given else given
+    return body_id if body_id is not None else secrets.token_hex(8)
 
 
 def id_header(request: Request) -> dict[str, str] | None:
