@@ -55,6 +55,7 @@ _PART_FIELDS = frozenset({"type", "uuid", "text", "refusal", "thinking", "closed
                           "audio_url", "audio_embeds", "video_url", "video_embeds"})
 """The fields of vLLM's content parts; any other field of a part reaches the template with it."""
 _IMAGE_DETAILS = ("auto", "low", "high", "original")
+"""The values vLLM takes for an image part's ``detail``; none changes how the image is processed."""
 _ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
