@@ -187,6 +187,14 @@ def test_invocations_routes_by_body(apps: Apps) -> None:
         "prompt", "Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)")
 
 
+def test_an_empty_model_name_and_lax_token_ids_are_taken_as_vllm_takes_them(apps: Apps) -> None:
+    chat = post(f"{apps.plain}/v1/chat/completions", {"model": "", "messages": TEXT_CHAT, "max_tokens": 1,
+                                                      "temperature": 0})
+    assert (chat.status_code, chat.json()["model"]) == (200, MODEL_NAME)
+    assert post(f"{apps.plain}/detokenize", {"tokens": [str(t) for t in apps.tokenizer.encode(
+        "Hello", add_special_tokens=False)]}).json() == {"prompt": "Hello"}
+
+
 def test_an_empty_request_id_is_used_as_it_is_as_vllm_uses_it(apps: Apps) -> None:
     body = {"messages": TEXT_CHAT, "max_tokens": 1, "temperature": 0}
     assert post(f"{apps.plain}/v1/chat/completions", {**body, "request_id": ""}).json()["id"] == "chatcmpl-"
@@ -210,6 +218,8 @@ def test_chat_bodies_vllm_refuses(apps: Apps) -> None:
         400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
     empty_ids = post(f"{apps.plain}/v1/completions", {"prompt": [[1000], []], "max_tokens": 2})
     assert (empty_ids.status_code, empty_ids.json()["error"]["message"]) == (400, "The decoder prompt cannot be empty")
+    tokenized = post(f"{apps.plain}/tokenize", {"messages": [{"role": "user", "content": None}]})
+    assert (tokenized.status_code, tokenized.json()["error"]["param"]) == (400, "body.messages.0.content")
     # vLLM's request model refuses the chat, so /invocations reads the body as a completion
     via = post(f"{apps.plain}/invocations", {"messages": [{"role": "user", "content": None}]}).json()["error"]
     assert via["param"] == "prompt"

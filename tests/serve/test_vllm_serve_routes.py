@@ -155,6 +155,23 @@ def test_tokenize_with_return_token_strs(pair: Pair) -> None:
     assert vllm.status == 200 and vllm.json()["token_strs"]
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    ("/tokenize", {"messages": [{"role": "developer", "content": "Be brief."}, *TURNS]}),  # rendered as system
+    ("/tokenize", {"model": "", "prompt": "Hi"}),  # an empty model name is the served model's
+    ("/detokenize", {"tokens": ["1000", 1001]}),  # lax, as vLLM's model
+], ids=["developer_role", "empty_model", "token_as_string"])
+def test_tokenize_bodies_found_by_the_differential_run(pair: Pair, path: str, body: Any) -> None:
+    vllm, _ = same(pair, "POST", path, body)
+    assert vllm.status == 200
+
+
+def test_tokenize_refuses_null_user_content_as_a_body_error(pair: Pair) -> None:
+    vllm, mmfront = both(pair, "POST", "/tokenize", {"messages": [{"role": "user", "content": None}]})
+    assert vllm.status == mmfront.status == 400, explain(pair, vllm, mmfront)
+    assert vllm.json()["error"]["type"] == mmfront.json()["error"]["type"] == "Bad Request"
+    assert mmfront.json()["error"]["param"] == "body.messages.0.content"
+
+
 def test_detokenize(pair: Pair) -> None:
     tokens = both(pair, "POST", "/tokenize", {"prompt": "This is a test prompt. vllm1",
                                               "add_special_tokens": False})[0].json()["tokens"]

@@ -175,6 +175,8 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
                                              SAME_ERROR),
     "completion_request_id_empty": (COMPLETION, completion(max_tokens=2, request_id=""), BODY),
     "chat_request_id_empty": (CHAT, text_chat(request_id=""), BODY),
+    "chat_model_empty": (CHAT, {**text_chat(), "model": ""}, BODY),
+    "completion_model_empty": (COMPLETION, {**completion(max_tokens=2), "model": ""}, BODY),
 }
 
 

@@ -17,6 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mmfront.wire import shared_buffer
+from mmfront.wire.allocator import unmap_large_buffers
 from mmfront.wire.pipe import recv_frames, send_frames
 from mmfront.wire.shared_buffer import InBuffer, OutBuffer
 from mmfront.wire.warm import WARM_KEEP_BYTES, WARM_MIN_BYTES, WarmBlocks
@@ -148,8 +150,15 @@ def test_threads_dropping_frames_while_another_takes_them_keep_every_frame_intac
 
 
 def test_a_warm_receiver_copies_a_large_frame_out_without_faulting_memory_in(
-        ends: tuple[Connection, Connection]) -> None:
-    """The lane feeder's case: 4.7 MB of patch rows per reply, each dropped before the next."""
+        ends: tuple[Connection, Connection], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane feeder's case: 4.7 MB of patch rows per reply, each dropped before the next. The
+    copies come from a pool of the test's own: the process's pool is shared with whatever else
+    the test process runs, whose takes would make the count depend on them; glibc's mmap
+    threshold is fixed as in ``mmfront serve`` (and its lanes), where a large copy without the pool
+    is a fresh mapping whose pages fault in (elsewhere glibc's heap may reuse one by itself)."""
+    if not unmap_large_buffers():
+        pytest.skip("glibc's mallopt is not here: large buffers are not fresh mappings to begin with")
+    monkeypatch.setattr(shared_buffer, "warm_memory", WarmBlocks().take)
     left, right = ends
     out, into = OutBuffer(), InBuffer()
     rows = np.arange(4_700_000, dtype=np.uint8)

@@ -41,7 +41,7 @@ def check_request(request: ChatCompletionRequest | CompletionRequest) -> None:
     """vLLM's validators of a decoded request, in their order: the first that fails is the error
     vLLM answers. A chat request's ``tool_choice`` takes its default here, as in vLLM's model."""
     if isinstance(request, ChatCompletionRequest):
-        _check_message_content(request.messages)
+        check_message_content(request.messages)
         _check_tool_usage(request)
     if request.stream_options is not None and not request.stream and msgspec.structs.asdict(request.stream_options) != {
             "include_usage": UNSET, "continuous_usage_stats": UNSET}:
@@ -88,7 +88,7 @@ _NULL_CONTENT_ROLES = frozenset({"assistant", "function"})
 """The roles whose ``content`` OpenAI's message schema lets be null."""
 
 
-def _check_message_content(messages: list[dict[str, Any]]) -> None:
+def check_message_content(messages: list[dict[str, Any]]) -> None:
     """What vLLM's request model takes as a message's ``content``: a string or a list of parts,
     left out whatever the role, and ``null`` only in an assistant (or function) message."""
     for n, message in enumerate(messages):
@@ -272,6 +272,7 @@ __all__ = [
     "MAX_COMPLETION_PROMPTS",
     "MAX_REQUEST_ID_LENGTH",
     "NOT_SUPPORTED",
+    "check_message_content",
     "check_request",
     "check_request_id",
     "thinking_token_budget",

@@ -172,7 +172,8 @@ class Server:
         return ResponseHead(response_id, int(time.time()), self.model_name, self.fingerprint)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.settings.model_names:
+        """An empty name is the served model's, as in vLLM, as is none."""
+        if model and model not in self.settings.model_names:
             raise ModelNotFoundError(f"The model `{model}` does not exist. Valid aliases: "
                                      f"{', '.join(self.settings.model_names)}.", parameter="model")
 

@@ -16,6 +16,7 @@ import msgspec
 from mmfront.errors import ValidationError
 from mmfront.preprocess import InputPreprocessor, RequestOptions
 from mmfront.preprocess.truncation import DEFAULT_TRUNCATION_SIDE
+from mmfront.serve.request_checks import check_message_content
 from mmfront.serve.request_decoding import decode_body
 
 
@@ -60,9 +61,10 @@ class DetokenizeResponse(msgspec.Struct):
     prompt: str
 
 
-_COMPLETION = msgspec.json.Decoder(TokenizeCompletionRequest)
-_CHAT = msgspec.json.Decoder(TokenizeChatRequest)
-_DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
+_COMPLETION = msgspec.json.Decoder(TokenizeCompletionRequest, strict=False)
+_CHAT = msgspec.json.Decoder(TokenizeChatRequest, strict=False)
+_DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest, strict=False)
+"""Lax, as vLLM's pydantic request models are (``"tokens": ["1000"]`` is token 1000)."""
 _KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _INT64_MAX = 2**63 - 1
 
@@ -72,6 +74,8 @@ def decode_tokenize(body: bytes) -> TokenizeCompletionRequest | TokenizeChatRequ
     keys = decode_body(body, _KEYS)
     request: TokenizeCompletionRequest | TokenizeChatRequest = decode_body(body, _CHAT if "messages" in keys
                                                                           else _COMPLETION)
+    if isinstance(request, TokenizeChatRequest):
+        check_message_content(request.messages)
     return request
 
 
