@@ -312,9 +312,7 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
     payload = part.get(kind)
     connector, budget, media_io_kwargs = tracker.connector, tracker.budget, tracker.media_io_kwargs
     if kind == "input_image":  # the Responses API's image part: its URL a string, its detail required
-        if part.get("detail") not in _IMAGE_DETAILS:
-            raise ChatFormatError(f"{where}.detail must be one of {', '.join(map(repr, _IMAGE_DETAILS))}.",
-                                  parameter=None)
+        _check_detail(part.get("detail"), f"{where}.detail")
         url = part.get("image_url")
         kind, payload = "image_url", None if url is None else {"url": url}
     elif kind in URL_PARTS and isinstance(payload, str) and (part.get("type") is None or uuid is not None):
@@ -339,9 +337,8 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
     if not isinstance(payload, Mapping):  # vLLM's content-part schema refuses a bare string (param null) too
         raise ChatFormatError(f"{where}.{kind} must be an object with a `url`, as {{\"{kind}\": {{\"url\": ...}}}}; "
                               f"got a {type(payload).__name__}.", parameter=None)
-    if kind == "image_url" and "detail" in payload and payload["detail"] not in _IMAGE_DETAILS:
-        raise ChatFormatError(f"{where}.image_url.detail must be one of {', '.join(map(repr, _IMAGE_DETAILS))}.",
-                              parameter=None)
+    if kind == "image_url" and "detail" in payload:
+        _check_detail(payload["detail"], f"{where}.image_url.detail")
     url = payload.get("url")
     if url is None and uuid is not None:
         return lambda: None
@@ -354,6 +351,12 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
         return lambda: connector.load_video(url, budget=budget, media_io_kwargs=media_io_kwargs,
                                             video_processor=video_processor)
     return lambda: connector.load_audio(url, budget=budget, media_io_kwargs=media_io_kwargs)
+
+
+def _check_detail(detail: Any, where: str) -> None:
+    """vLLM's request model refuses any other value (no parameter named)."""
+    if detail not in _IMAGE_DETAILS:
+        raise ChatFormatError(f"{where} must be one of {', '.join(map(repr, _IMAGE_DETAILS))}.", parameter=None)
 
 
 def _video_processor_name(processor: BaseMultiModalProcessor) -> str | None:
