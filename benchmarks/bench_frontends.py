@@ -25,7 +25,7 @@ two count twice); a server above ``RSS_CAP`` is stopped and reported as not star
 so one side's start-up bug cannot take the shared machine down.
 
 Configurations (``CONFIGS``): Qwen2.5-VL on an offline folder built by
-:func:`mmfront.testing.models.build_model_folder` (real patch and merge sizes, ``min_pixels``
+:func:`mmfront.testing.peer.qwen2_5_vl_peer_folder` (real patch and merge sizes, ``min_pixels``
 3136) with a small pixel limit (at most 16 tokens an image) and with the standard one (12845056 pixels),
 1024x768 images; Gemma 3 on the peer venv's ``tiny-gemma3-896`` folder (real sizes, 256 tokens
 an image), 896x896 images, where the Rust frontend is not measured (``vllm-rs`` has no Gemma 3
@@ -60,8 +60,7 @@ from typing import IO, NamedTuple
 from _harness import Report, log_tail, stop_process
 from mmfront.network import get_open_ports_list
 from mmfront.testing.media import image_data_url, make_image
-from mmfront.testing.models import build_model_folder
-from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_python
+from mmfront.testing.peer import SKIP_REASON, qwen2_5_vl_peer_folder, vllm_peer_model_dir, vllm_peer_python
 
 GROUP = "frontends"
 REPO = Path(__file__).resolve().parents[1]
@@ -89,16 +88,10 @@ peaks below 1 GiB on these folders; issue 34 saw ``mmfront serve`` reach 13 GB o
 standard limits)."""
 SELECT_ENV = "MMFRONT_BENCH_FRONTENDS"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-QWEN_MIN_PIXELS = 3136
 QWEN_STANDARD_MAX_PIXELS = 12845056
 QWEN_SMALL_MAX_PIXELS = 12544
 """At most 16 tokens an image (112x112 px: 8x8 patches of 14 px, merged 2x2); a 1024x768 image
 becomes 112x84 px, 12 tokens."""
-QWEN_POSITIONS = 128000
-"""A real Qwen2.5-VL checkpoint's ``max_position_embeddings``: room for the standard limit's
-largest image (16384 tokens), which vLLM checks against ``--max-model-len``."""
-VOCAB_SIZE = 2048
-"""Above every token the stub engine generates here (1000 + 10 * images + k)."""
 
 
 class Config(NamedTuple):
@@ -115,41 +108,6 @@ class Config(NamedTuple):
     """Why the Rust frontend is not measured, or ``None``."""
 
 
-def qwen2_5_vl_folder(work: Path, max_pixels: int) -> Path:
-    """An offline Qwen2.5-VL folder at the real patch (14) and merge (2) sizes and the given pixel
-    limit, with its full ``config.json``; ``min_pixels``/``max_pixels`` are written as a real
-    checkpoint's ``preprocessor_config`` has them (``vllm-rs`` ignores a ``size``-only limit)."""
-    folder = work / f"qwen2_5_vl-{max_pixels}"
-    if (folder / ".done").is_file():
-        return folder
-    build_model_folder("qwen2_5_vl", folder, with_weights=True, patch_size=14, merge_size=2, max_pixels=max_pixels)
-    config_path = folder / "processor_config.json"
-    config = json.loads(config_path.read_text())
-    config["image_processor"].update(size={"shortest_edge": QWEN_MIN_PIXELS, "longest_edge": max_pixels},
-                                     min_pixels=QWEN_MIN_PIXELS, max_pixels=max_pixels)
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-    _words_for_stub_tokens(folder)
-    (folder / ".done").write_text("")
-    return folder
-
-
-def _words_for_stub_tokens(folder: Path) -> None:
-    """Gives the folder's small tokenizer a word for every id up to ``VOCAB_SIZE``, so that the
-    stub engine's tokens (1000 and up) decode to text in every frontend: a stream without text
-    has no first token for the client to time. The text config gets the real positions."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.add_tokens([f" w{n}" for n in range(len(tokenizer), VOCAB_SIZE)])
-    tokenizer.save_pretrained(folder)
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text())
-    for section in (config, config.get("text_config")):
-        if isinstance(section, dict) and "vocab_size" in section:
-            section.update(vocab_size=len(tokenizer), max_position_embeddings=QWEN_POSITIONS)
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-
-
 def _gemma3_folder(python: Path, work: Path) -> Path:
     folder = vllm_peer_model_dir(python)
     if folder is None:
@@ -159,9 +117,9 @@ def _gemma3_folder(python: Path, work: Path) -> Path:
 
 CONFIGS = (
     Config("qwen2.5-vl-small", "Qwen2.5-VL, small limit", (1024, 768), 4096,
-           lambda python, work: qwen2_5_vl_folder(work, QWEN_SMALL_MAX_PIXELS)),
+           lambda python, work: qwen2_5_vl_peer_folder(work, QWEN_SMALL_MAX_PIXELS)),
     Config("qwen2.5-vl", "Qwen2.5-VL, standard limits", (1024, 768), 20480,
-           lambda python, work: qwen2_5_vl_folder(work, QWEN_STANDARD_MAX_PIXELS)),
+           lambda python, work: qwen2_5_vl_peer_folder(work, QWEN_STANDARD_MAX_PIXELS)),
     Config("gemma3", "Gemma 3", (896, 896), 4096, _gemma3_folder,
            rust="vllm-rs has no Gemma 3 image processor"),
 )

@@ -62,7 +62,7 @@ import torch
 import zmq
 
 from _harness import Report
-from bench_frontends import QWEN_STANDARD_MAX_PIXELS, qwen2_5_vl_folder
+from bench_frontends import QWEN_STANDARD_MAX_PIXELS
 from mmfront import MultiModalConfig
 from mmfront.cache.lru import LruKeyReplicatedSenderCache
 from mmfront.hashing import prehash_media
@@ -72,7 +72,7 @@ from mmfront.models.transformers import offsets_request_kwargs
 from mmfront.processing.hf import MergedHfKwargs, resolve_hf_kwargs
 from mmfront.processing.native import DEVICE_NORMALIZE_KWARGS
 from mmfront.testing.media import natural_image
-from mmfront.testing.peer import vllm_peer_python
+from mmfront.testing.peer import qwen2_5_vl_peer_folder, vllm_peer_python
 from mmfront.wire import MsgpackEncoder
 from peer.vllm_miss import cpu_timed, wall_timed
 
@@ -206,7 +206,7 @@ def measure_vllm(folder: Path, rounds: int) -> dict[str, dict[str, float]] | Non
 def run(report: Report, quick: bool) -> None:
     rounds = 3 if quick else 8
     with tempfile.TemporaryDirectory(prefix="mmfront-bench-miss-") as name:
-        folder = qwen2_5_vl_folder(Path(name), QWEN_STANDARD_MAX_PIXELS)
+        folder = qwen2_5_vl_peer_folder(Path(name), QWEN_STANDARD_MAX_PIXELS)
         pipe = _Pipe(name)
         try:
             ours = measure_mmfront(folder, rounds, pipe)

@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from mmfront.testing.peer import ENV_VAR, SKIP_REASON, vllm_peer_python
+from mmfront.testing.peer import ENV_VAR, SKIP_REASON, qwen2_5_vl_peer_folder, vllm_peer_python
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PEER = vllm_peer_python()
@@ -71,7 +71,7 @@ def test_the_qwen_folder_has_the_standard_minimum_its_limit_and_words_for_the_st
         bench: ModuleType, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    folder = bench.qwen2_5_vl_folder(tmp_path, bench.QWEN_SMALL_MAX_PIXELS)
+    folder = qwen2_5_vl_peer_folder(tmp_path, bench.QWEN_SMALL_MAX_PIXELS)
     images = json.loads((folder / "processor_config.json").read_text())["image_processor"]
     assert (images["min_pixels"], images["max_pixels"]) == (3136, 12544)
     assert images["size"] == {"shortest_edge": 3136, "longest_edge": 12544}
@@ -83,7 +83,7 @@ def test_the_qwen_folder_has_the_standard_minimum_its_limit_and_words_for_the_st
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert len(tokenizer) == 2048
     assert tokenizer.decode([1010, 1011]) == " w1010 w1011"
-    assert bench.qwen2_5_vl_folder(tmp_path, bench.QWEN_SMALL_MAX_PIXELS) == folder  # built once
+    assert qwen2_5_vl_peer_folder(tmp_path, bench.QWEN_SMALL_MAX_PIXELS) == folder  # built once
 
 
 def test_without_the_peer_the_bench_says_it_skipped(bench: ModuleType, monkeypatch: pytest.MonkeyPatch,

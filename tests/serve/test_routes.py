@@ -68,7 +68,7 @@ def apps(gemma3_weights_dir: Path) -> Iterator[Apps]:
             enable_force_include_usage=True, response_role="model", return_tokens_as_token_ids=True,
             enable_log_requests=True, max_log_len=5, log_error_stack=True, enable_server_load_tracking=True,
             default_chat_template_kwargs={"greeting": "hello", "name": "server"}, fingerprint_mode="custom",
-            fingerprint_value="fp-1"))
+            fingerprint_value="fp-1", trust_request_mm_kwargs=True))
         bare = create_app(served.client, ServeSettings(gemma3_weights_dir, served_model_name=(MODEL_NAME,),
                                                        disable_fastapi_docs=True, fingerprint_mode="none"))
         with run_app(flagged) as flagged_url, run_app(bare) as bare_url:
@@ -223,6 +223,26 @@ def test_chat_bodies_vllm_refuses(apps: Apps) -> None:
     # vLLM's request model refuses the chat, so /invocations reads the body as a completion
     via = post(f"{apps.plain}/invocations", {"messages": [{"role": "user", "content": None}]}).json()["error"]
     assert via["param"] == "prompt"
+
+
+def test_media_io_kwargs_reach_the_media_loading_with_trust_request_mm_kwargs(apps: Apps) -> None:
+    """Without the flag a request's ``media_io_kwargs`` are refused in vLLM's words; with it they are
+    the media loading's options: honoured, and an option loading does not take refused, naming them."""
+    chat = {"model": MODEL_NAME, "messages": IMAGE_CHAT, "max_tokens": 1, "temperature": 0}
+    loading = {"media_io_kwargs": {"image": {"rgba_background_color": [0, 0, 0]}}}
+    untrusted = post(f"{apps.plain}/v1/chat/completions", {**chat, **loading})
+    assert untrusted.status_code == 400
+    assert untrusted.json()["error"]["message"].startswith("Per-request media_io_kwargs are disabled by default")
+    for path in ("/v1/chat/completions", "/tokenize"):
+        honoured = post(f"{apps.flagged}/llm{path}", {**chat, **loading})
+        assert honoured.status_code == 200, honoured.text
+        unknown = post(f"{apps.flagged}/llm{path}", {**chat, "media_io_kwargs": {"image": {"nope": 1}}})
+        assert unknown.status_code == 400, path
+        assert unknown.json()["error"]["param"] == "media_io_kwargs"
+        assert "image loading accepts ['image_mode', 'rgba_background_color']" in unknown.json()["error"]["message"]
+    completion = post(f"{apps.flagged}/llm/v1/completions", {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, "temperature": 0,
+                                                             **loading})
+    assert completion.status_code == 200
 
 
 def test_openapi_and_docs(apps: Apps) -> None:

@@ -100,15 +100,15 @@ def prepare_chat(server: Server, request: Request, body: bytes) -> PreparedChat:
     loop and a pool thread (a wake-up of each), and the steps ran as three."""
     req = decode_chat(server, body)
     server.check_model(req.model)
-    server.check_mm_kwargs(req.mm_processor_kwargs, None)
+    server.check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
     response_id = f"chatcmpl-{base_id(request, req.request_id)}"
     # max_completion_tokens wins where given, 0 included (vLLM then refuses it)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     parsing = server.parsing.for_request(req)
     options = RequestOptions(
-        hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt, priority=req.priority,
-        chat_template=req.chat_template, chat_template_kwargs=server.template_kwargs(
-            protocol.template_kwargs(req, server.settings.reasoning_effort_map)),
+        hf_processor_mm_kwargs=req.mm_processor_kwargs, media_io_kwargs=req.media_io_kwargs,
+        cache_salt=req.cache_salt, priority=req.priority, chat_template=req.chat_template,
+        chat_template_kwargs=server.template_kwargs(protocol.template_kwargs(req, server.settings.reasoning_effort_map)),
         add_generation_prompt=req.add_generation_prompt, continue_final_message=req.continue_final_message,
         tools=protocol.template_tools(req, server.settings.exclude_tools_when_tool_choice_none),
         **server.prompt_options(request, req, requested))

@@ -43,7 +43,7 @@ async def completions(server: Server, request: Request, body: bytes) -> Response
     if req.stream and req.use_beam_search:  # vLLM's first check
         raise ValidationError("Streaming is not currently supported with beam search")
     server.check_model(req.model)
-    server.check_mm_kwargs(req.mm_processor_kwargs, None)
+    server.check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
     response_id = f"cmpl-{base_id(request, req.request_id)}"
     options = RequestOptions(hf_processor_mm_kwargs=req.mm_processor_kwargs, cache_salt=req.cache_salt,
                              priority=req.priority, **server.prompt_options(request, req, req.max_tokens or 0))

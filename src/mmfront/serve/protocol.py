@@ -161,7 +161,8 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     session_id: str | None = None
     stream_interval: Annotated[int, msgspec.Meta(ge=1)] | None = None
     return_weight_versions: bool = False
-    # refused while not set to vLLM's default (NOT_SUPPORTED says why)
+    # per-request media loading options (only with --trust-request-mm-kwargs); a thinking budget,
+    # refused as vLLM refuses it without a reasoning parser
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     thinking_token_budget: Any = None
 

@@ -48,10 +48,6 @@ def check_request(request: ChatCompletionRequest | CompletionRequest) -> None:
         raise ValidationError("Stream options can only be defined when `stream=True`.", parameter="stream_options")
     _check_logprobs(request)
     _refuse_unsupported(request)
-    if request.media_io_kwargs:
-        raise ValidationError("Per-request media_io_kwargs are disabled by default because they can change multimodal "
-                              "media loading resource usage. Start the server with --trust-request-mm-kwargs only "
-                              "when clients are trusted.", parameter="media_io_kwargs")
     if thinking_token_budget(request.thinking_token_budget) is not None:
         raise ValidationError("thinking_token_budget is set but reasoning_config is not configured. Please set "
                               "--reasoning-parser and/or --reasoning-config to use thinking_token_budget.")

@@ -11,9 +11,12 @@ ratios are skipped, and so are the tests, with that reason.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+
+from mmfront.testing.models import build_model_folder
 
 ENV_VAR = "MMFRONT_VLLM_PEER"
 DEFAULT_PYTHON = Path(tempfile.gettempdir()) / "vllm-peer-venv" / "bin" / "python"
@@ -42,4 +45,51 @@ def vllm_peer_model_dir(python: Path, name: str = "tiny-gemma3-896") -> Path | N
     return folder if folder.is_dir() else None
 
 
-__all__ = ["DEFAULT_PYTHON", "ENV_VAR", "SEARCHED_PYTHONS", "SKIP_REASON", "vllm_peer_model_dir", "vllm_peer_python"]
+QWEN_MIN_PIXELS = 3136
+"""A real Qwen2.5-VL checkpoint's ``min_pixels``."""
+QWEN_POSITIONS = 128000
+"""A real Qwen2.5-VL checkpoint's ``max_position_embeddings``: room for the standard limit's
+largest image (16384 tokens), which vLLM checks against ``--max-model-len``."""
+STUB_VOCAB_SIZE = 2048
+"""Above every token the peer's stub engine generates in the tests and benchmarks (1000 + 10 * images + k)."""
+
+
+def qwen2_5_vl_peer_folder(work: Path, max_pixels: int) -> Path:
+    """An offline Qwen2.5-VL folder that ``vllm serve`` and ``mmfront serve`` both serve in front
+    of the peer's stub engine: the real patch (14) and merge (2) sizes and the given pixel limit,
+    with its full ``config.json``; ``min_pixels``/``max_pixels`` written as a real checkpoint's
+    ``preprocessor_config`` has them (``vllm-rs`` ignores a ``size``-only limit). Built once under
+    ``work``."""
+    folder = work / f"qwen2_5_vl-{max_pixels}"
+    if (folder / ".done").is_file():
+        return folder
+    build_model_folder("qwen2_5_vl", folder, with_weights=True, patch_size=14, merge_size=2, max_pixels=max_pixels)
+    config_path = folder / "processor_config.json"
+    config = json.loads(config_path.read_text())
+    config["image_processor"].update(size={"shortest_edge": QWEN_MIN_PIXELS, "longest_edge": max_pixels},
+                                     min_pixels=QWEN_MIN_PIXELS, max_pixels=max_pixels)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    _words_for_stub_tokens(folder)
+    (folder / ".done").write_text("")
+    return folder
+
+
+def _words_for_stub_tokens(folder: Path) -> None:
+    """Gives the folder's small tokenizer a word for every id up to :data:`STUB_VOCAB_SIZE`, so
+    that the stub engine's tokens (1000 and up) decode to text in every frontend: a stream without
+    text has no first token for a client to time. The text config gets the real positions."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([f" w{n}" for n in range(len(tokenizer), STUB_VOCAB_SIZE)])
+    tokenizer.save_pretrained(folder)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    for section in (config, config.get("text_config")):
+        if isinstance(section, dict) and "vocab_size" in section:
+            section.update(vocab_size=len(tokenizer), max_position_embeddings=QWEN_POSITIONS)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
+__all__ = ["DEFAULT_PYTHON", "ENV_VAR", "QWEN_MIN_PIXELS", "QWEN_POSITIONS", "SEARCHED_PYTHONS", "SKIP_REASON",
+           "STUB_VOCAB_SIZE", "qwen2_5_vl_peer_folder", "vllm_peer_model_dir", "vllm_peer_python"]
