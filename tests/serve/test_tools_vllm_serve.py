@@ -89,15 +89,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
             side.stop()
 
 
-EOS = [1]
-"""The stub ends a script with ``<eos>``; the requests name it a stop token, since mmfront does not
-yet send the engine the tokenizer's EOS (vLLM's ``SamplingParams._eos_token_id``), so only vLLM
-would stop on it otherwise."""
-
-
 def chat(script: str, **fields: Any) -> dict[str, Any]:
     return {"model": SERVED, "max_tokens": 200, "messages": [{"role": "user", "content": f"<<<{script}>>>"}],
-            "tools": TOOLS, "stop_token_ids": EOS, **fields}
+            "tools": TOOLS, **fields}
+"""The stub ends a script with ``<eos>``, which stops both: each sends the engine the tokenizer's EOS
+(vLLM's ``SamplingParams._eos_token_id``)."""
 
 
 def pair_sides(pair: Pair) -> tuple[Side, Side]:
@@ -131,11 +127,10 @@ def test_the_template_gets_the_tools_and_the_history_as_vllms(pair: Pair) -> Non
                                                               {"type": "text", "text": "20 C"}]},
         {"role": "user", "content": "<<<ECHO>>>"},
     ]
-    vllm, mmfront = choice(pair, {"model": SERVED, "max_tokens": 400, "messages": history, "tools": TOOLS,
-                                  "stop_token_ids": EOS})
+    vllm, mmfront = choice(pair, {"model": SERVED, "max_tokens": 400, "messages": history, "tools": TOOLS})
     assert mmfront["message"]["reasoning"] == vllm["message"]["reasoning"]
-    # vLLM stops on the tokenizer's EOS (stop_reason null), mmfront on the stop token (see EOS)
-    assert {**mmfront, "stop_reason": None} == vllm
+    assert mmfront == vllm
+    assert vllm["finish_reason"] == "stop" and vllm["stop_reason"] is None  # the tokenizer's EOS
     echoed = mmfront["message"]["reasoning"]
     assert '"name": "get_weather"' in echoed and "[call1]" in echoed and "sunny\n20 C" in echoed
 
