@@ -55,7 +55,7 @@ def test_every_api_server_flag_is_taken_or_refused_with_its_reason(option: str) 
 
 def test_refused_flags_are_few() -> None:
     """The flags refused for good configure routes or deployments mmfront does not have."""
-    assert len({counterpart(f) if f.startswith(("--no-", "--disable-")) else f for f in NOT_TAKEN_FRONTEND_FLAGS}) == 15
+    assert len({counterpart(f) if f.startswith(("--no-", "--disable-")) else f for f in NOT_TAKEN_FRONTEND_FLAGS}) == 14
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -245,6 +245,51 @@ def test_media_io_kwargs_reach_the_media_loading_with_trust_request_mm_kwargs(ap
     assert completion.status_code == 200
 
 
+def test_anthropic_messages_answer_as_the_chat_route(apps: Apps) -> None:
+    """``/v1/messages`` serves the chat request it translates into: the same prompt and text as
+    ``/v1/chat/completions``, written as an Anthropic message, whole or as its events."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": IMAGE.split(",", 1)[1]}}
+    anthropic = {"model": MODEL_NAME, "max_tokens": 4, "temperature": 0, "system": "Be brief.",
+                 "messages": [{"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}]}
+    chat = post(f"{apps.plain}/v1/chat/completions", {"model": MODEL_NAME, "max_tokens": 4, "temperature": 0, "messages": [
+        {"role": "system", "content": "Be brief."}, *IMAGE_CHAT]}).json()
+    answer = post(f"{apps.plain}/v1/messages", anthropic)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["content"] == [{"type": "text", "text": chat["choices"][0]["message"]["content"]}]
+    assert body["usage"] == {"input_tokens": chat["usage"]["prompt_tokens"],
+                             "output_tokens": chat["usage"]["completion_tokens"]}
+    assert (body["type"], body["role"], body["model"], body["stop_reason"]) == ("message", "assistant", MODEL_NAME,
+                                                                                "max_tokens")
+    stream = post(f"{apps.plain}/v1/messages", {**anthropic, "stream": True})
+    assert stream.headers["content-type"] == "text/event-stream; charset=utf-8"
+    events = [(e.split("\n")[0].removeprefix("event: "), json.loads(e.split("\n")[1].removeprefix("data: ")))
+              for e in stream.text.split("\n\n") if e.strip()]
+    names = [name for name, _ in events]
+    deltas = names.count("content_block_delta")
+    assert deltas >= 1 and names == ["message_start", "content_block_start", *["content_block_delta"] * deltas,
+                                     "content_block_stop", "message_delta", "message_stop"]
+    assert "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta") == body["content"][0]["text"]
+    assert events[-2][1]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    count = post(f"{apps.plain}/v1/messages/count_tokens", {k: v for k, v in anthropic.items()
+                                                            if k not in ("max_tokens", "temperature")}).json()
+    assert count == {"input_tokens": chat["usage"]["prompt_tokens"],
+                     "context_management": {"original_input_tokens": chat["usage"]["prompt_tokens"]}}
+
+
+def test_anthropic_errors_take_anthropics_shape_after_the_body_is_read(apps: Apps) -> None:
+    unknown = post(f"{apps.plain}/v1/messages", {"model": "other", "max_tokens": 1, "messages": TEXT_CHAT})
+    assert unknown.status_code == 404
+    assert unknown.json() == {"type": "error", "error": {
+        "type": "not_found_error", "message": f"The model `other` does not exist. Valid aliases: {MODEL_NAME}."}}
+    shape = post(f"{apps.plain}/v1/messages", {"model": MODEL_NAME, "messages": TEXT_CHAT})
+    assert shape.status_code == 400
+    assert (shape.json()["error"]["type"], shape.json()["error"]["param"]) == ("Bad Request", "body.max_tokens")
+    empty = post(f"{apps.plain}/v1/messages", {"model": MODEL_NAME, "max_tokens": 1, "messages": []})
+    assert empty.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": (
+        "Cannot apply chat template to an empty conversation. Provide at least one message.")}}
+
+
 def test_openapi_and_docs(apps: Apps) -> None:
     schema = httpx.get(f"{apps.plain}/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize", "/invocations", "/ping",

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from serve_harness import MODEL_NAME, serve
 
 from mmfront.engine.runner import ModelRunner
 from mmfront.testing.media import image_data_url, make_image
-from mmfront.wire.structs import EngineCoreOutput
+from mmfront.wire.structs import EngineCoreOutput, FinishReason
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +82,25 @@ def test_a_chat_stream_sends_its_role_with_the_first_token(gemma3_weights_dir: P
     assert deltas[0] == {"role": "assistant", "content": ""}
     assert len(deltas) > 1 and all("role" not in delta for delta in deltas[1:])
     assert events[-1][1] == "[DONE]"
+
+
+class FailingStep(ModelRunner):
+    """The worker's runner, whose outputs report each request failed (``FinishReason.ERROR``), as an
+    engine reports a request it could not serve."""
+
+    def step(self) -> list[EngineCoreOutput]:
+        return [msgspec.structs.replace(output, new_token_ids=[], finish_reason=FinishReason.ERROR)
+                for output in super().step()]
+
+
+def test_a_request_the_engine_fails_gets_its_role_chunk_before_the_error(gemma3_weights_dir: Path) -> None:
+    """The failure is the request's first engine output, so the role goes out with it, then the error
+    (vLLM's stream alike: tests/serve/test_vllm_serve_anthropic.py)."""
+    body = {"model": MODEL_NAME, "stream": True, "max_tokens": 3, "temperature": 0.0,
+            "messages": [{"role": "user", "content": "Hi"}]}
+    with serve(gemma3_weights_dir, runner=FailingStep) as served:
+        answer = httpx.post(f"{served.v1}/chat/completions", json=body, timeout=120)
+    events = [e.removeprefix("data: ") for e in answer.text.split("\n\n") if e.strip()]
+    assert answer.status_code == 200 and len(events) == 3, answer.text
+    assert json.loads(events[0])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert json.loads(events[1])["error"]["code"] == 500 and events[2] == "[DONE]"

@@ -28,6 +28,7 @@ from mmfront import __version__
 from mmfront.engine.async_client import AsyncEngineClient
 from mmfront.errors import ValidationError
 from mmfront.serve import chat_completions, completions, openapi, request_decoding, responses, tokenize
+from mmfront.serve.anthropic_messages import AnthropicRoutes
 from mmfront.serve.middleware import LoadTracker, RootPath, XRequestIdMiddleware, add_user_middleware
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 from mmfront.serve.responses import ENCODER
@@ -35,7 +36,8 @@ from mmfront.serve.server import Server, base_id, error_response, json_response
 from mmfront.serve.settings import ServeSettings
 from mmfront.serve.stats_log import StatsLog, log_stats_interval
 
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/invocations", "/v1/messages",
+                              "/v1/messages/count_tokens"})
 """The routes ``--enable-server-load-tracking`` counts (vLLM's, of those mmfront serves)."""
 
 
@@ -178,6 +180,7 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
     processing configuration's ``max_model_len``, when lower than the engines', is the app's limit."""
     server = Server(client, settings)
     handlers = _Routes(server)
+    anthropic = AnthropicRoutes(server)
     routes = [
         Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
         Route("/v1/completions", handlers.completions, methods=["POST"]),
@@ -190,6 +193,8 @@ def create_app(client: AsyncEngineClient, settings: ServeSettings) -> Starlette:
         Route("/detokenize", handlers.detokenize_route, methods=["POST"]),
         Route("/invocations", handlers.invocations, methods=["POST"]),
         Route("/load", handlers.load, methods=["GET"]),
+        Route("/v1/messages", anthropic.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]
     if settings.enable_tokenizer_info_endpoint:
         routes.append(Route("/tokenizer_info", handlers.tokenizer_info, methods=["GET"]))

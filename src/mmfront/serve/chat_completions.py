@@ -51,8 +51,27 @@ class PreparedChat:
     """``None``: a beam search (its parameters are the search's)."""
 
 
+@dataclass(frozen=True)
+class ChatStream:
+    """A streamed chat's generation and its chunks, before they are written as events."""
+
+    gen: Generation
+    chunks: AsyncIterator[responses.ChatCompletionStreamResponse]
+
+
 async def chat(server: Server, request: Request, body: bytes) -> Response:
     prepared = await server.off_loop(partial(prepare_chat, server), request, body)
+    answer = await answer_chat(server, request, prepared)
+    headers = id_header(request)
+    if isinstance(answer, ChatStream):
+        return server.event_stream(answer.gen, _sse_events(answer.chunks), headers)
+    return json_response(answer, headers=headers)
+
+
+async def answer_chat(server: Server, request: Request,
+                      prepared: PreparedChat) -> responses.ChatCompletionResponse | ChatStream:
+    """A prepared chat's engine requests started, then its whole answer, or its stream of chunks:
+    what ``/v1/chat/completions`` writes, and what ``/v1/messages`` translates."""
     req, response_id, parsing, inputs, options = (prepared.req, prepared.response_id, prepared.parsing, prepared.inputs,
                                                   prepared.options)
     if prepared.params is None:
@@ -62,12 +81,11 @@ async def chat(server: Server, request: Request, body: bytes) -> Response:
                                           weight_versions=req.return_weight_versions)
     prompt_ids = list(inputs["prompt_token_ids"])
     head = server.head(response_id)
-    headers = id_header(request)
     role = response_role(server, req)
     echo = _echoed_message(req, role) if req.echo else ""
     if req.stream:
-        return server.event_stream(gen, chat_chunks(server, gen, choices, head, req, inputs=inputs, role=role, echo=echo,
-                                                    parsing=parsing), headers)
+        return ChatStream(gen, chat_chunks(server, gen, choices, head, req, inputs=inputs, role=role, echo=echo,
+                                           parsing=parsing))
     await server.drain(gen, choices)
     fmt = server.logprob_format(req)
     choices = [c for c in choices if c.finished]  # a beam search may answer fewer
@@ -91,14 +109,27 @@ async def chat(server: Server, request: Request, body: bytes) -> Response:
             logged = logged_message(choice.message)
             if logged:
                 server.output_log.log_outputs(head.id, logged, output.token_ids, choice.finish_reason)
-    return json_response(answer, headers=headers)
+    return answer
+
+
+async def _sse_events(chunks: AsyncIterator[responses.ChatCompletionStreamResponse]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield sse_event(chunk)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def prepare_chat(server: Server, request: Request, body: bytes) -> PreparedChat:
     """A chat request from its body to its engine inputs and sampling parameters (none for a
     beam search), in one job on the preparation pool: each job is a round trip between the
     loop and a pool thread (a wake-up of each), and the steps ran as three."""
-    req = decode_chat(server, body)
+    return prepare_chat_request(server, request, decode_chat(server, body))
+
+
+def prepare_chat_request(server: Server, request: Request, req: ChatCompletionRequest) -> PreparedChat:
+    """A decoded chat request (a chat body's, or the one ``/v1/messages`` translates an Anthropic
+    body into) to its engine inputs and sampling parameters, on the preparation pool."""
     server.check_model(req.model)
     server.check_mm_kwargs(req.mm_processor_kwargs, req.media_io_kwargs)
     response_id = f"chatcmpl-{base_id(request, req.request_id)}"
@@ -137,8 +168,8 @@ def response_role(server: Server, req: ChatCompletionRequest) -> str:
 
 async def chat_chunks(server: Server, gen: Generation, choices: list[ChoiceOutput], head: ResponseHead,
                       req: ChatCompletionRequest, *, inputs: MultiModalInputs, role: str, echo: str,
-                      parsing: RequestParsing) -> AsyncIterator[bytes]:
-    """The stream's events before ``[DONE]`` (:meth:`~mmfront.serve.server.Server.event_stream` ends
+                      parsing: RequestParsing) -> AsyncIterator[responses.ChatCompletionStreamResponse]:
+    """The stream's chunks before ``[DONE]`` (:meth:`~mmfront.serve.server.Server.event_stream` ends
     it): each choice's role, ``echo`` (the last message's content), the deltas, the usage."""
     prompt_ids = list(inputs["prompt_token_ids"])
     with_usage, running = server.usage_options(req)
@@ -149,46 +180,51 @@ async def chat_chunks(server: Server, gen: Generation, choices: list[ChoiceOutpu
     def so_far(tokens: int) -> UsageInfo | None:
         return responses.usage(prompt_tokens, tokens, details=False, completion_details=True) if running else None
 
-    def opening() -> Iterator[bytes]:
+    def opening() -> Iterator[responses.ChatCompletionStreamResponse]:
         for i in range(len(choices)):
-            yield sse_event(responses.chat_role_chunk(head, i, so_far(0), role=role,
-                                                      prompt_token_ids=prompt_ids if req.return_token_ids else None,
-                                                      prompt_text=inputs.get("prompt") if req.return_prompt_text
-                                                      else None))
+            yield responses.chat_role_chunk(head, i, so_far(0), role=role,
+                                            prompt_token_ids=prompt_ids if req.return_token_ids else None,
+                                            prompt_text=inputs.get("prompt") if req.return_prompt_text else None)
         for i in range(len(choices) if echo else 0):
-            yield sse_event(responses.chat_echo_chunk(head, i, echo, so_far(0)))
+            yield responses.chat_echo_chunk(head, i, echo, so_far(0))
 
     opened = False
-    async for i, delta in server.deltas(gen, choices):
-        if not opened:  # vLLM sends the role with the first output, so a client's TTFT is the first token's
-            opened = True
+    try:
+        async for i, delta in server.deltas(gen, choices):
+            if not opened:  # vLLM sends the role with the first output, so a client's TTFT is the first token's
+                opened = True
+                for chunk in opening():
+                    yield chunk
+            logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], top_logprobs(req), fmt)
+                        if req.logprobs else None)
+            text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
+            if parsed is not None:
+                step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
+                _log_chat_delta(server, head.id, delta, content=step.content, reasoning=step.reasoning,
+                                tool_args="".join(c.arguments or "" for c in step.tool_calls))
+                if not step.sends_chunk and delta.finish_reason is None and logprobs is None:
+                    continue  # the parsers hold this text back (vLLM sends no chunk)
+                yield responses.chat_chunk(
+                    head, i, step.content,
+                    logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
+                                                                           parsed[i].calls_made),
+                    stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                    usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
+                    tool_calls=[_delta_call(c) for c in step.tool_calls],
+                    token_ids=delta.token_ids if req.return_token_ids else None,
+                    weight_versions=finished_weight_versions(req, gen, i))
+                continue
+            _log_chat_delta(server, head.id, delta, content=text)
+            yield responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
+                                       stop_reason=delta.stop_reason, fingerprint=not with_usage,
+                                       usage_info=so_far(len(choices[i].token_ids)),
+                                       token_ids=delta.token_ids if req.return_token_ids else None,
+                                       weight_versions=finished_weight_versions(req, gen, i))
+    except Exception:
+        if not opened and any(c.answered for c in choices):  # vLLM's role chunk precedes a failure the engine reports
             for chunk in opening():
                 yield chunk
-        logprobs = (responses.chat_logprobs(delta.token_ids, delta.logprobs or [], top_logprobs(req), fmt)
-                    if req.logprobs else None)
-        text = None if delta.finish_reason is not None and not choices[i].token_ids else delta.text
-        if parsed is not None:
-            step = _parsed_step(parsed[i], delta.text, delta.finish_reason is not None)
-            _log_chat_delta(server, head.id, delta, content=step.content, reasoning=step.reasoning,
-                            tool_args="".join(c.arguments or "" for c in step.tool_calls))
-            if not step.sends_chunk and delta.finish_reason is None and logprobs is None:
-                continue  # the parsers hold this text back (vLLM sends no chunk)
-            yield sse_event(responses.chat_chunk(
-                head, i, step.content,
-                logprobs=logprobs, finish_reason=parsing.finish_reason(delta.finish_reason,
-                                                                       parsed[i].calls_made),
-                stop_reason=delta.stop_reason, fingerprint=not with_usage,
-                usage_info=so_far(len(choices[i].token_ids)), reasoning=step.reasoning,
-                tool_calls=[_delta_call(c) for c in step.tool_calls],
-                token_ids=delta.token_ids if req.return_token_ids else None,
-                weight_versions=finished_weight_versions(req, gen, i)))
-            continue
-        _log_chat_delta(server, head.id, delta, content=text)
-        yield sse_event(responses.chat_chunk(head, i, text, logprobs=logprobs, finish_reason=delta.finish_reason,
-                                             stop_reason=delta.stop_reason, fingerprint=not with_usage,
-                                             usage_info=so_far(len(choices[i].token_ids)),
-                                             token_ids=delta.token_ids if req.return_token_ids else None,
-                                             weight_versions=finished_weight_versions(req, gen, i)))
+        raise
     if not opened:
         for chunk in opening():
             yield chunk
@@ -197,7 +233,7 @@ async def chat_chunks(server: Server, gen: Generation, choices: list[ChoiceOutpu
         _add_reasoning_tokens(usage, parsing, choices)
         if server.settings.enable_prompt_tokens_details:
             usage.prompt_tokens_details = _chat_prompt_details(choices[0], inputs)
-        yield sse_event(responses.chat_usage_chunk(head, usage, server.request_metrics(gen, usage.completion_tokens)))
+        yield responses.chat_usage_chunk(head, usage, server.request_metrics(gen, usage.completion_tokens))
     server.log_stream_complete(head.id, choices)
 
 
@@ -275,4 +311,5 @@ def _given(value: str | None) -> str | UnsetType:
     return UNSET if value is None else value
 
 
-__all__ = ["PreparedChat", "chat", "chat_chunks", "decode_chat", "prepare_chat", "response_role"]
+__all__ = ["ChatStream", "PreparedChat", "answer_chat", "chat", "chat_chunks", "decode_chat", "prepare_chat",
+           "prepare_chat_request", "response_role"]

@@ -15,7 +15,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from mmfront import __version__
-from mmfront.serve import responses, tokenize
+from mmfront.serve import anthropic_messages, anthropic_protocol, responses, tokenize
 from mmfront.serve.errors import ErrorResponse
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -29,6 +29,9 @@ BODIES: dict[str, tuple[tuple[type, ...], type | None]] = {
     "/detokenize": ((tokenize.DetokenizeRequest,), tokenize.DetokenizeResponse),
     "/v1/models": ((), responses.ModelList),
     "/version": ((), responses.VersionResponse),
+    "/v1/messages": ((anthropic_protocol.AnthropicMessagesRequest,), anthropic_messages.AnthropicMessagesResponse),
+    "/v1/messages/count_tokens": ((anthropic_protocol.AnthropicCountTokensRequest,),
+                                  anthropic_messages.AnthropicCountTokensResponse),
 }
 """Each route's request body types (one of them; none: no body) and response body type (``None``:
 not one JSON object)."""

@@ -287,6 +287,9 @@ class ChoiceOutput:
     prefill: PrefillStats | None = None
     """The engine's account of the prompt (its first output's ``prefill_stats``; only an engine
     that keeps statistics sends one)."""
+    answered: bool = False
+    """Whether an engine output arrived for it, a failed request's too: vLLM's stream sends its
+    role chunk with the first output, so a failure the engine reports comes after that chunk."""
     _sent: int = 0
 
     @property
@@ -310,6 +313,7 @@ class ChoiceOutput:
 
     def process(self, output: EngineCoreOutput) -> Delta:
         """Take one engine output; raises what the engine reported for a failed request."""
+        self.answered = True
         if output.finish_reason == FinishReason.ERROR:
             raise engine_error(output)
         if self.prefill is None and output.prefill_stats is not None:

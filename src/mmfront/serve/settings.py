@@ -32,6 +32,7 @@ DEFAULT_MAX_BODY_BYTES = 64 << 20
 
 UvicornLogLevel = Literal["critical", "error", "warning", "info", "debug", "trace"]
 FingerprintMode = Literal["full", "hash", "custom", "none"]
+AnthropicDisabledThinkingEffort = Literal["auto", "none", "low", "medium", "high", "xhigh", "max"]
 
 
 def check_reasoning_effort_map(effort_map: Any) -> None:
@@ -231,6 +232,10 @@ class ServeSettings:
     ``custom`` ``--fingerprint-value``, ``none`` null."""
     fingerprint_value: str | None = field(default=None, metadata=flag(metavar="TEXT"))
     """The fingerprint of ``--fingerprint-mode custom``."""
+    anthropic_disabled_thinking_effort: AnthropicDisabledThinkingEffort = field(default="auto", metadata=flag())
+    """The ``reasoning_effort`` a ``/v1/messages`` request with ``thinking: {"type": "disabled"}``
+    renders with: ``auto`` probes the chat template once (``none`` where it renders a prompt of its
+    own, else ``low``)."""
 
     @property
     def model_names(self) -> tuple[str, ...]:

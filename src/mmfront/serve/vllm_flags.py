@@ -52,7 +52,6 @@ NOT_TAKEN_FRONTEND_FLAGS = {
     "--cohere-is-reasoning-model": "it configures /cohere/v2/chat, a route mmfront does not serve",
     "--no-cohere-is-reasoning-model": "it configures /cohere/v2/chat, a route mmfront does not serve",
     "--cohere-format": "it configures /cohere/v2/chat, a route mmfront does not serve",
-    "--anthropic-disabled-thinking-effort": "it configures /v1/messages (Anthropic), a route mmfront does not serve",
     "--tokens-only": "the tokens-in/tokens-out endpoints of disaggregated serving are not mmfront's",
     "--no-tokens-only": "the tokens-in/tokens-out endpoints of disaggregated serving are not mmfront's",
     "--enable-scale-out": "the scale-out endpoints (/render, /inference/v1/generate) are not mmfront's",
