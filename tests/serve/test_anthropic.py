@@ -380,3 +380,12 @@ def test_blocks_open_and_close_in_order_whatever_the_deltas(steps: list[tuple[st
             assert name == "content_block_stop" and data["index"] == open_block
             open_block = None
     assert open_block is None and [name for name, _ in events[-2:]] == ["message_delta", "message_stop"]
+
+
+def test_a_body_nested_past_the_bound_is_refused_naming_its_field() -> None:
+    deep: Any = "x"
+    for _ in range(200):
+        deep = {"k": deep}
+    with pytest.raises(RequestBodyError, match="nests arrays and objects deeper than 128 levels") as info:
+        decode({"model": "m", "max_tokens": 1, "messages": [], "tools": [{"name": "f", "input_schema": deep}]})
+    assert info.value.parameter == "body.tools"

@@ -44,7 +44,7 @@ from mmfront.serve.protocol import (
     StopList,
     StreamOptions,
 )
-from mmfront.serve.request_decoding import decode_body
+from mmfront.serve.request_decoding import check_nesting, decode_body
 
 BILLING_HEADER = "x-anthropic-billing-header"
 """Claude Code's per-request attribution text: left out of the system prompt, as vLLM leaves it
@@ -178,6 +178,7 @@ def decode_anthropic(body: bytes,
                      ) -> AnthropicMessagesRequest | AnthropicCountTokensRequest:
     """``body`` as a ``cls`` request, checked as vLLM's request model checks it."""
     request: AnthropicMessagesRequest | AnthropicCountTokensRequest = decode_body(body, _DECODERS[cls])
+    check_nesting(request)  # tool inputs and schemas are copied, dumped and rendered by recursive code
     _check(request)
     return request
 

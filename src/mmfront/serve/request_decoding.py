@@ -55,7 +55,7 @@ def _nesting_past(value: Any, depth: int, limit: int) -> bool:
     return False
 
 
-def _check_nesting(request: ChatCompletionRequest | CompletionRequest) -> None:
+def check_nesting(request: msgspec.Struct) -> None:
     """Refuse a request whose decoded fields nest deeper than :data:`MAX_JSON_DEPTH` (the body is
     level 1): the free-form ones (kwargs, schemas, messages) reach code that copies, hashes or
     renders them with recursion. A field vLLM does not know is skipped by the decoder, and nesting
@@ -101,7 +101,7 @@ def decode_request(body: bytes, cls: type[Any]) -> Any:
     :class:`~mmfront.errors.RequestBodyError` whose ``parameter`` is
     :data:`~mmfront.serve.errors.BODY_PARAM` or ``body.<field>``."""
     request = decode_body(body, _DECODERS[cls])
-    _check_nesting(request)
+    check_nesting(request)
     check_request(request)
     return request
 
@@ -142,4 +142,4 @@ def fits(body: bytes, cls: type[Any]) -> bool:
     return True
 
 
-__all__ = ["MAX_JSON_DEPTH", "decode_body", "decode_chat_body", "decode_request", "fits"]
+__all__ = ["MAX_JSON_DEPTH", "check_nesting", "decode_body", "decode_chat_body", "decode_request", "fits"]
