@@ -23,6 +23,7 @@ of its own (else ``"low"`` is used). Both probes are thread-safe (computed under
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -56,6 +57,8 @@ from mmfront.serve.protocol import ChatCompletionRequest
 from mmfront.serve.request_checks import check_request
 from mmfront.serve.responses import ENCODER, UsageInfo
 from mmfront.serve.server import Server, id_header, json_response
+
+logger = logging.getLogger(__name__)
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
@@ -392,7 +395,7 @@ class AnthropicRoutes:
                                              self.server.settings.sse_keep_alive_interval)
             return json_response(whole_message(answer), headers=headers)
         except Exception as e:
-            return _error_response(e)
+            return self._error_response(request, e)
 
     async def _count_tokens(self, request: Request, body: bytes) -> Response:
         anthropic = await self.server.off_loop(self._decode, body, AnthropicCountTokensRequest)
@@ -400,9 +403,14 @@ class AnthropicRoutes:
             chat = await self.server.off_loop(self._chat_request, anthropic)
             prepared = await self.server.off_loop(prepare_chat_request, self.server, request, chat)
         except Exception as e:
-            return _error_response(e)
+            return self._error_response(request, e)
         count = len(prepared.inputs["prompt_token_ids"])
         return json_response(AnthropicCountTokensResponse(count, ContextManagement(count)))
+
+    def _error_response(self, request: Request, exc: Exception) -> Response:
+        if self.server.settings.log_error_stack:  # as the server logs the errors it answers
+            logger.error("Error response to %s %s", request.method, request.url.path, exc_info=exc)
+        return _error_response(exc)
 
     def _decode(self, body: bytes, cls: type[AnthropicMessagesRequest | AnthropicCountTokensRequest],
                 ) -> AnthropicMessagesRequest | AnthropicCountTokensRequest:
