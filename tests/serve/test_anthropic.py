@@ -182,10 +182,11 @@ def test_tool_changes_resolve_the_tools_in_effect_at_the_end() -> None:
 
 
 def test_count_tokens_keeps_the_conversation_and_template_only() -> None:
-    request = decode({"model": "m", "chat_template_kwargs": {"k": 1}, "messages": [{"role": "user", "content": "hi"}]},
-                     AnthropicCountTokensRequest)
+    request = decode({"model": "m", "chat_template_kwargs": {"k": 1}, "thinking": {"type": "enabled", "budget_tokens": 2000},
+                      "messages": [{"role": "user", "content": "hi"}]}, AnthropicCountTokensRequest)
     chat = to_chat_request(request, merge_inline_system=False, disabled_thinking_effort="none")
-    assert (chat.max_tokens, chat.chat_template_kwargs, chat.stream) == (None, {"k": 1}, False)
+    assert (chat.max_tokens, chat.chat_template_kwargs, chat.stream, chat.thinking_token_budget) == (
+        None, {"k": 1}, False, None)
 
 
 @pytest.mark.parametrize(("template", "merges"), [

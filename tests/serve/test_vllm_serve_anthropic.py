@@ -172,6 +172,8 @@ def test_a_message_refused_is_refused_alike(pair: Pair, case: str) -> None:
     ("text", {"model": SERVED, "messages": HI}, 13),
     ("image", {"model": SERVED, "messages": IMAGE}, 273),
     ("system", {"model": SERVED, "system": "Be brief.", "messages": HI}, 24),
+    ("thinking_budget_without_a_reasoning_parser", {"model": SERVED, "messages": HI,
+                                                    "thinking": {"type": "enabled", "budget_tokens": 2000}}, 13),
     ("unknown_model", {"model": "nope", "messages": HI}, None),
 ])
 def test_count_tokens_counts_as_vllm(pair: Pair, case: str, body: dict[str, Any], tokens: int | None) -> None:

@@ -258,8 +258,8 @@ def to_chat_request(request: AnthropicMessagesRequest | AnthropicCountTokensRequ
         chat.reasoning_effort = output.effort
     if isinstance(request.thinking, ThinkingDisabled):
         chat.reasoning_effort = disabled_thinking_effort
-    elif isinstance(request.thinking, ThinkingEnabled):
-        chat.thinking_token_budget = request.thinking.budget_tokens
+    elif isinstance(request.thinking, ThinkingEnabled) and isinstance(request, AnthropicMessagesRequest):
+        chat.thinking_token_budget = request.thinking.budget_tokens  # a count renders, and vLLM checks no budget
     _set_tools(request, chat)
     return chat
 
