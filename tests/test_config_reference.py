@@ -64,8 +64,8 @@ def test_every_flag_of_mmfront_serve_is_in_the_docs_table() -> None:
     # --hf-token) and issue 36's HTTP front door (--h11-max-header-count, --max-url-length,
     # --header-read-timeout, --body-read-timeout, --http-timeout-keep-alive, --max-connections,
     # --max-body-bytes-in-flight, --max-chat-messages, --max-content-parts)
-    # and its --engine and --vllm-command
-    assert len(options) == 127
+    # and its --engine and --vllm-command, and /v1/messages' --anthropic-disabled-thinking-effort
+    assert len(options) == 128
     # --config is not a field: it stands for a file's flags, read before parsing (the text above the table)
     assert "`--config FILE.yaml`" in (DOCS / "serving.md").read_text(encoding="utf-8")
     assert sorted(o for o in options - {"--config"} if f"`{o}`" not in table) == []

@@ -18,16 +18,15 @@ decoded), and what they make of the answer it admits.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_vllm_serve_parity import MODEL, PEER, PEER_DIR, SERVED, Pair, Side, ask, start_side, wait_healthy
+from test_vllm_serve_parity import MODEL, PEER, PEER_DIR, SERVED, Pair, Side, ask, running_pair
 
 from mmfront.testing.peer import SKIP_REASON
 
@@ -69,24 +68,21 @@ def model_folder(folder: Path) -> Path:
     return model
 
 
+@contextlib.contextmanager
+def scripted_pair(folder: Path) -> Iterator[Pair]:
+    """Both servers with the tool and reasoning parsers (:data:`FLAGS`), each in front of a stock
+    engine running the scripting stub executor, on :func:`model_folder`'s model."""
+    with running_pair(folder, model=model_folder(folder), server_args=FLAGS, engine_path=[PEER_DIR, DATA],
+                      engine_args=["--distributed-executor-backend", "script_stub.ScriptStubExecutor"]) as servers:
+        yield servers
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     if PEER is None or MODEL is None or not PEER_DIR.is_dir():
         pytest.skip(SKIP_REASON)
-    folder = tmp_path_factory.mktemp("tools")
-    model = model_folder(folder)
-    engine = {"engine_args": ["--distributed-executor-backend", "script_stub.ScriptStubExecutor"],
-              "engine_path": [PEER_DIR, DATA], "model": model, "server_args": FLAGS}
-    sides: list[Side] = []
-    try:
-        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], {}, folder, **engine))
-        mmfront_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}
-        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], mmfront_env, folder, **engine))
-        wait_healthy(sides)
-        yield Pair(*sides)
-    finally:
-        for side in sides:
-            side.stop()
+    with scripted_pair(tmp_path_factory.mktemp("tools")) as servers:
+        yield servers
 
 
 def chat(script: str, **fields: Any) -> dict[str, Any]:

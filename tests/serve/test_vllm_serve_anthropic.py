@@ -18,8 +18,6 @@ vLLM's request model refuses is vLLM's OpenAI error, compared by type and ``para
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,13 +30,10 @@ from test_vllm_serve_parity import (
     SERVED,
     Answer,
     Pair,
-    Side,
     both,
     explain,
     masked,
     running_pair,
-    start_side,
-    wait_healthy,
 )
 
 from mmfront.testing.media import image_data_url, make_image
@@ -199,20 +194,8 @@ def test_a_stream_names_its_events_as_vllm(pair: Pair) -> None:
 def tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     if PEER is None or MODEL is None or not PEER_DIR.is_dir():
         pytest.skip(SKIP_REASON)
-    folder = tmp_path_factory.mktemp("anthropic-tools")
-    engine = {"engine_args": ["--distributed-executor-backend", "script_stub.ScriptStubExecutor"],
-              "engine_path": [PEER_DIR, tools_pair.DATA], "model": tools_pair.model_folder(folder),
-              "server_args": tools_pair.FLAGS}
-    sides: list[Side] = []
-    try:
-        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], {}, folder, **engine))
-        mmfront_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}
-        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], mmfront_env, folder, **engine))
-        wait_healthy(sides)
-        yield Pair(*sides)
-    finally:
-        for side in sides:
-            side.stop()
+    with tools_pair.scripted_pair(tmp_path_factory.mktemp("anthropic-tools")) as servers:
+        yield servers
 
 
 CALL = tools_pair.CALL

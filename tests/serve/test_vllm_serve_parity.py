@@ -181,17 +181,21 @@ class Pair:
 
 @contextlib.contextmanager
 def running_pair(folder: Path, *, server_args: Sequence[str] = (), engine_log_stats: bool = False,
-                 env: dict[str, str] | None = None) -> Iterator[Pair]:
-    """Both servers, each with ``server_args`` (and ``env``) in front of its own stock engine,
-    healthy; stopped on exit."""
+                 env: dict[str, str] | None = None, model: Path | None = None, engine_args: Sequence[str] = (),
+                 engine_path: Sequence[Path] = ()) -> Iterator[Pair]:
+    """Both servers, each with ``server_args`` (and ``env``) in front of its own stock engine
+    (serving ``model``, with :func:`start_side`'s ``engine_args`` and ``engine_path``), healthy;
+    stopped on exit."""
     assert PEER is not None
     sides: list[Side] = []
+    def start(name: str, server: list[str], server_env: dict[str, str]) -> None:
+        sides.append(start_side(name, server, server_env, folder, model=model, engine_args=engine_args,
+                                engine_path=engine_path, server_args=server_args, engine_log_stats=engine_log_stats))
+
     try:
-        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], dict(env or {}), folder,
-                                server_args=server_args, engine_log_stats=engine_log_stats))
-        mmfront_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu", **(env or {})}
-        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], mmfront_env, folder,
-                                server_args=server_args, engine_log_stats=engine_log_stats))
+        start("vllm", [str(PEER.parent / "vllm")], dict(env or {}))
+        start("mmfront", [sys.executable, "-m", "mmfront.cli"],
+              {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu", **(env or {})})
         wait_healthy(sides)
         yield Pair(*sides)
     finally:

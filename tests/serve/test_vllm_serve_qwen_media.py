@@ -19,8 +19,6 @@ with 400 naming the field, where vLLM drops them and answers.
 from __future__ import annotations
 
 import base64
-import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,15 +29,13 @@ from test_vllm_serve_parity import (
     PEER_DIR,
     SERVED,
     Pair,
-    Side,
     ask,
     both,
     error,
     explain,
     masked,
     read_stream,
-    start_side,
-    wait_healthy,
+    running_pair,
 )
 
 from mmfront.testing.media import image_data_url, make_image, make_video
@@ -112,18 +108,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     if PEER is None or MODEL is None or not PEER_DIR.is_dir():
         pytest.skip(SKIP_REASON)
     folder = tmp_path_factory.mktemp("qwen-media")
-    model = qwen2_5_vl_peer_folder(folder, MAX_PIXELS)
-    sides: list[Side] = []
-    arguments = {"model": model, "engine_args": ["--limit-mm-per-prompt", LIMITS], "server_args": FLAGS}
-    try:
-        sides.append(start_side("vllm", [str(PEER.parent / "vllm")], {}, folder, **arguments))
-        mmfront_env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "VLLM_TARGET_DEVICE": "cpu"}
-        sides.append(start_side("mmfront", [sys.executable, "-m", "mmfront.cli"], mmfront_env, folder, **arguments))
-        wait_healthy(sides)
-        yield Pair(*sides)
-    finally:
-        for side in sides:
-            side.stop()
+    with running_pair(folder, model=qwen2_5_vl_peer_folder(folder, MAX_PIXELS), server_args=FLAGS,
+                      engine_args=["--limit-mm-per-prompt", LIMITS]) as servers:
+        yield servers
 
 
 @pytest.mark.parametrize("case", SAME)
