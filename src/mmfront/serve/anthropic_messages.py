@@ -50,7 +50,7 @@ from mmfront.serve.anthropic_protocol import (
     decode_anthropic,
     to_chat_request,
 )
-from mmfront.serve.chat_completions import ChatStream, answer_chat, prepare_chat_request
+from mmfront.serve.chat_completions import ChatStream, PreparedChat, answer_chat, prepare_chat_request
 from mmfront.serve.errors import error_info
 from mmfront.serve.event_stream import event_stream_response
 from mmfront.serve.protocol import ChatCompletionRequest
@@ -387,8 +387,7 @@ class AnthropicRoutes:
         anthropic = await self.server.off_loop(self._decode, body, AnthropicMessagesRequest)
         headers = id_header(request)
         try:
-            chat = await self.server.off_loop(self._chat_request, anthropic)
-            prepared = await self.server.off_loop(prepare_chat_request, self.server, request, chat)
+            prepared = await self.server.off_loop(self._prepare, request, anthropic)
             answer = await answer_chat(self.server, request, prepared)
             if isinstance(answer, ChatStream):
                 return event_stream_response(message_events(answer.chunks), answer.gen.close, headers,
@@ -400,8 +399,7 @@ class AnthropicRoutes:
     async def _count_tokens(self, request: Request, body: bytes) -> Response:
         anthropic = await self.server.off_loop(self._decode, body, AnthropicCountTokensRequest)
         try:
-            chat = await self.server.off_loop(self._chat_request, anthropic)
-            prepared = await self.server.off_loop(prepare_chat_request, self.server, request, chat)
+            prepared = await self.server.off_loop(self._prepare, request, anthropic)
         except Exception as e:
             return self._error_response(request, e)
         count = len(prepared.inputs["prompt_token_ids"])
@@ -417,12 +415,15 @@ class AnthropicRoutes:
         self.server.check_chat_body(body)  # the same bounds as a chat body's messages and parts
         return decode_anthropic(body, cls)
 
-    def _chat_request(self, anthropic: AnthropicMessagesRequest | AnthropicCountTokensRequest) -> ChatCompletionRequest:
+    def _prepare(self, request: Request,
+                 anthropic: AnthropicMessagesRequest | AnthropicCountTokensRequest) -> PreparedChat:
+        """The chat request vLLM makes of ``anthropic``, checked as vLLM checks it, prepared as the
+        chat route prepares its own: one job on the preparation pool."""
         disabled = isinstance(anthropic.thinking, ThinkingDisabled)
         chat = to_chat_request(anthropic, merge_inline_system=self._merges_inline_system(),
                                disabled_thinking_effort=self._disabled_thinking_effort() if disabled else "none")
         check_request(chat)
-        return chat
+        return prepare_chat_request(self.server, request, chat)
 
     def _merges_inline_system(self) -> bool:
         with self._lock:
