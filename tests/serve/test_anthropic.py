@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmfront.errors import GenerationError, RequestBodyError, ValidationError
@@ -353,6 +353,7 @@ def test_a_failure_mid_stream_closes_the_block_and_ends_with_an_error_event() ->
     assert run([], fail=ValidationError("bad"))[-1][1]["error"] == {"type": "invalid_request_error", "message": "bad"}
 
 
+@settings(deadline=None)  # each example runs an event loop of its own: a loaded machine stretches it past 200 ms
 @given(st.lists(st.one_of(st.text(min_size=1, max_size=4).map(lambda t: ("text", t)),
                           st.text(min_size=1, max_size=4).map(lambda t: ("reasoning", t)),
                           st.integers(0, 2).map(lambda i: ("call", i))), max_size=12))

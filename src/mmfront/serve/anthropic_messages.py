@@ -57,6 +57,7 @@ from mmfront.serve.protocol import ChatCompletionRequest
 from mmfront.serve.request_checks import check_request
 from mmfront.serve.responses import ENCODER, UsageInfo
 from mmfront.serve.server import Server, id_header, json_response
+from mmfront.serve.tool_parsers import is_json
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ async def message_events(chunks: AsyncIterator[responses.ChatCompletionStreamRes
                 for event in blocks.stop_and_flush():
                     yield event
                 reason, sequence = stop_reason(finish or "stop", stop, tool_used=tool_used,
-                                               tool_complete=tool_used and _is_json("".join(last_arguments)))
+                                               tool_complete=tool_used and is_json("".join(last_arguments)))
                 yield _event(AnthropicStreamEvent(type="message_delta", delta=AnthropicDelta(
                     stop_reason=reason, stop_sequence=sequence), usage=anthropic_usage(chunk.usage)))
                 continue
@@ -339,14 +340,6 @@ async def message_events(chunks: AsyncIterator[responses.ChatCompletionStreamRes
         yield _event(AnthropicStreamEvent(type="error", error=AnthropicError(kind, info.message)))
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
-
-
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
 
 
 # --- the routes ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from mmfront.serve.tool_parsers.base import (
     ToolCall,
     ToolCallStream,
     ToolParser,
+    is_json,
     join_call_deltas,
     make_tool_call_id,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "ToolCall",
     "ToolCallStream",
     "ToolParser",
+    "is_json",
     "join_call_deltas",
     "make_tool_call_id",
     "make_tool_parser",

@@ -314,5 +314,15 @@ class ToolCallStream:
             self.sent_calls = len(result.tool_calls)
 
 
+def is_json(text: str) -> bool:
+    """Whether ``text`` is one whole JSON value (a call's arguments complete, not cut short)."""
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 __all__ = ["CallDelta", "ExtractedToolCalls", "PartialCall", "StreamDelta", "StreamView", "ToolCall", "ToolCallStream",
-           "ToolParser", "join_call_deltas", "json_arguments", "make_tool_call_id", "no_tool_calls", "partial_overlap"]
+           "ToolParser", "is_json", "join_call_deltas", "json_arguments", "make_tool_call_id", "no_tool_calls",
+           "partial_overlap"]

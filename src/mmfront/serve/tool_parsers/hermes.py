@@ -11,6 +11,7 @@ from mmfront.serve.tool_parsers.base import (
     PartialCall,
     ToolCall,
     ToolParser,
+    is_json,
     json_arguments,
     no_tool_calls,
     partial_overlap,
@@ -69,17 +70,9 @@ def _regions(text: str) -> list[tuple[str, bool]]:
         body = text[body_start:]
         overlap = partial_overlap(body, END)
         body = (body[:-overlap] if overlap else body).strip()
-        regions.append((body, bool(body) and _parses(body)))
+        regions.append((body, bool(body) and is_json(body)))
         break
     return regions
-
-
-def _parses(body: str) -> bool:
-    try:
-        json.loads(body)
-    except ValueError:
-        return False
-    return True
 
 
 def _arguments(body: str, complete: bool) -> str | None:
