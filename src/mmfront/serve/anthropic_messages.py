@@ -158,7 +158,7 @@ class AnthropicCountTokensResponse(msgspec.Struct):
     context_management: ContextManagement
 
 
-def _error_response(exc: BaseException) -> Response:
+def _anthropic_error(exc: BaseException) -> Response:
     info = error_info(exc)
     body = AnthropicErrorResponse(error=AnthropicError(error_type(info.code), info.message))
     return Response(ENCODER.encode(body), status_code=info.code, media_type="application/json")
@@ -401,7 +401,7 @@ class AnthropicRoutes:
     def _error_response(self, request: Request, exc: Exception) -> Response:
         if self.server.settings.log_error_stack:  # as the server logs the errors it answers
             logger.error("Error response to %s %s", request.method, request.url.path, exc_info=exc)
-        return _error_response(exc)
+        return _anthropic_error(exc)
 
     def _decode(self, body: bytes, cls: type[AnthropicMessagesRequest | AnthropicCountTokensRequest],
                 ) -> AnthropicMessagesRequest | AnthropicCountTokensRequest:
