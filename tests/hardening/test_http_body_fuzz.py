@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from mmfront.serve.anthropic_protocol import AnthropicCountTokensRequest, AnthropicMessagesRequest
 from mmfront.serve.protocol import ChatCompletionRequest, CompletionRequest
+from mmfront.serve.settings import ServeSettings
 from mmfront.testing.media import image_data_url, make_image
 from serve.serve_harness import MODEL_NAME, Served, serve
 
@@ -35,6 +36,11 @@ CHAT_BODY: dict[str, Any] = {
     "messages": [{"role": "system", "content": "Be brief."},
                  {"role": "user", "content": [{"type": "image_url", "image_url": {"url": IMAGE}},
                                               {"type": "text", "text": "What is this?"}]}]}
+SCHEMA: dict[str, Any] = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0}}, "required": ["a"]}
+TOOLS_BODY: dict[str, Any] = {
+    "model": MODEL_NAME, "max_tokens": 2, "temperature": 0, "messages": [{"role": "user", "content": "Call f."}],
+    "tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": SCHEMA}}],
+    "tool_choice": "required", "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA}}}
 COMPLETION_BODY: dict[str, Any] = {"model": MODEL_NAME, "prompt": "Say something", "max_tokens": 2, "temperature": 0}
 MESSAGES_BODY: dict[str, Any] = {
     "model": MODEL_NAME, "max_tokens": 2, "temperature": 0, "system": "Be brief.",
@@ -53,6 +59,13 @@ CHAT_PATHS = _paths(ChatCompletionRequest, [
     ("messages", 1, "content", 0, "type"), ("messages", 1, "content", 0, "image_url"),
     ("messages", 1, "content", 0, "image_url", "url"), ("messages", 1, "content", 0, "image_url", "detail"),
     ("messages", 1, "content", 1, "text"), ("messages", 1, "name"), ("messages", 1, "tool_calls")])
+SCHEMA_PATHS = [("tools", 0), ("tools", 0, "type"), ("tools", 0, "function"), ("tools", 0, "function", "name"),
+                ("tools", 0, "function", "parameters"), ("tools", 0, "function", "strict"), ("tool_choice",),
+                ("response_format",), ("response_format", "type"), ("response_format", "json_schema"),
+                ("response_format", "json_schema", "schema"), ("structured_outputs",)] + [
+    (*prefix, *rest) for prefix in (("tools", 0, "function", "parameters"), ("response_format", "json_schema", "schema"))
+    for rest in (("type",), ("properties",), ("properties", "a"), ("properties", "a", "type"), ("required",),
+                 ("properties", "a", "minimum"), ("additionalProperties",), ("$defs",), ("$ref",))]
 COMPLETION_PATHS = _paths(CompletionRequest, [])
 MESSAGES_PATHS = _paths(AnthropicMessagesRequest, [
     ("messages", 0, "role"), ("messages", 0, "content"), ("messages", 0, "content", 0),
@@ -73,6 +86,12 @@ HOSTILE = st.recursive(_SCALARS, lambda inner: st.one_of(
 """Any JSON value (and the strict-JSON outcasts ``json.dumps`` writes: NaN, infinities, lone
 surrogates), small: a large one only makes the example slower. Integers come from a set with the
 bounds around them (a mid-size ``max_tokens`` would only make a long answer)."""
+SCHEMA_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(
+        ["type", "properties", "items", "enum", "const", "$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "pattern",
+         "format", "minimum", "maximum", "minLength", "maxItems", "required", "additionalProperties", "a"]), inner,
+        max_size=4)), max_leaves=10)
+"""Values for a JSON schema's places: schema keywords nested in any way, with any values."""
 
 
 def _replaced(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any] | None:
@@ -93,7 +112,9 @@ def _replaced(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[s
 
 @pytest.fixture(scope="module")
 def served(gemma3_weights_dir: Path) -> Iterator[Served]:
-    with serve(gemma3_weights_dir) as running:
+    settings = ServeSettings(str(gemma3_weights_dir), served_model_name=(MODEL_NAME,), enable_auto_tool_choice=True,
+                             tool_call_parser="hermes")  # tools served, so their schemas reach the grammar
+    with serve(gemma3_weights_dir, settings) as running:
         yield running
 
 
@@ -151,6 +172,14 @@ def test_chat_completions_never_fails_on_a_hostile_field(served: Served, path: t
 
 
 @_FUZZ
+@given(path=st.sampled_from(SCHEMA_PATHS), value=SCHEMA_VALUES)
+def test_tools_and_schemas_never_fail_on_a_hostile_schema(served: Served, path: tuple[Any, ...], value: Any) -> None:
+    """A tool's parameters and a response format's schema, which the server validates with the
+    grammar backend's own parser before the engine compiles them."""
+    _fuzz(served, "/v1/chat/completions", TOOLS_BODY, path, value)
+
+
+@_FUZZ
 @given(path=st.sampled_from(COMPLETION_PATHS), value=HOSTILE)
 def test_completions_never_fails_on_a_hostile_field(served: Served, path: tuple[Any, ...], value: Any) -> None:
     _fuzz(served, "/v1/completions", COMPLETION_BODY, path, value)
@@ -183,3 +212,20 @@ def test_the_outcasts_of_strict_json_on_each_field_of_a_stream(served: Served, r
         _fuzz(served, route, {**base, "stream": True}, (field,), value, anthropic)
     plain = httpx.post(served.url + route, json=base, timeout=120)
     assert plain.status_code == 200, plain.text[:2000]
+
+
+@pytest.mark.parametrize("route, base", [("/v1/chat/completions", CHAT_BODY), ("/v1/completions", COMPLETION_BODY),
+                                         ("/v1/messages", MESSAGES_BODY)])
+def test_the_bodies_fuzzed_are_served_as_they_are(served: Served, route: str, base: dict[str, Any]) -> None:
+    """Each mutation starts from a body the server serves, so a refusal is the mutation's."""
+    answer = httpx.post(served.url + route, json=base, timeout=120)
+    assert answer.status_code == 200, answer.text[:2000]
+
+
+def test_the_schemas_fuzzed_pass_the_grammar_check_as_they_are(served: Served) -> None:
+    """The tools body passes the API server's grammar validation and is refused only by the
+    reference engine behind this server (it has no grammar backend), the last check before the
+    engine: so a schema the fuzz breaks is refused by the validation, or reaches that check."""
+    answer = httpx.post(served.url + "/v1/chat/completions", json=TOOLS_BODY, timeout=120)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "structured_outputs", answer.text[:2000]
+    assert "reference engine (mmfront worker) has no grammar backend" in answer.json()["error"]["message"]
