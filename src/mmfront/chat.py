@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from mmfront._text import check_text
 from mmfront.chat_template import TemplateFormat, counted_tokens, render_chat, resolve_chat_template
-from mmfront.errors import ChatFormatError, MediaFormatError, ValidationError
+from mmfront.errors import ChatFormatError, ValidationError
 from mmfront.hashing import prehash_media
 from mmfront.media import DecodeBudget, DecodedDataURL, MediaConnector
-from mmfront.media.audio import INPUT_AUDIO_FORMATS
 from mmfront.media.base import MediaWithBytes
 
 if TYPE_CHECKING:
@@ -325,14 +324,17 @@ def _part_loader(part: Mapping[str, Any], kind: str, where: str, uuid: str | Non
     if kind in ("image_embeds", "audio_embeds", "image_pil"):
         return lambda: payload
     if kind == "input_audio":
-        if not isinstance(payload, Mapping) or not isinstance(payload.get("data"), str):
+        # vLLM reads the container from the bytes and `format` only names a data URL's media type
+        # it never looks at, so any format (or none) is taken; empty data is an item sent before.
+        data = payload.get("data") if isinstance(payload, Mapping) else None
+        if not isinstance(payload, Mapping) or not isinstance(data, (str, type(None))):
             raise ChatFormatError(f"{where}.input_audio must be an object with base64 `data` and a `format`.",
                                   parameter="messages")
-        fmt = payload.get("format", "wav")
-        if not isinstance(fmt, str) or fmt.lower() not in INPUT_AUDIO_FORMATS:
-            raise MediaFormatError(f"{where}.input_audio.format {fmt!r} is not supported; send one of "
-                                   f"{', '.join(INPUT_AUDIO_FORMATS)}.", parameter="messages")
-        data = payload["data"]
+        if not data:
+            if uuid is None:
+                raise ChatFormatError(f"{where}.input_audio has no `data` and the part no `uuid`: send the audio, "
+                                      "or the `uuid` of an audio sent before.", parameter="multi_modal_uuids")
+            return lambda: None
         return lambda: connector.load_audio(data, budget=budget, media_io_kwargs=media_io_kwargs)
     if not isinstance(payload, Mapping):  # vLLM's content-part schema refuses a bare string (param null) too
         raise ChatFormatError(f"{where}.{kind} must be an object with a `url`, as {{\"{kind}\": {{\"url\": ...}}}}; "

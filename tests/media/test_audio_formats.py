@@ -101,17 +101,34 @@ def test_declared_format_is_a_label_and_the_bytes_decide(proc: BaseMultiModalPro
 
 
 @pytest.mark.parametrize("fmt", ["aac", "m4a", "webm", "", 3, None])
-def test_unknown_declared_format_is_a_format_error(proc: BaseMultiModalProcessor, fmt: object) -> None:
-    with pytest.raises(MediaFormatError, match=r"input_audio\.format .* is not supported; send one of wav, mp3, "
-                       "flac, ogg") as info:
-        run_chat(proc, audio_chat(ENCODED["wav"], fmt))
-    assert info.value.parameter == "messages"
+def test_any_declared_format_is_taken_and_the_bytes_decide(proc: BaseMultiModalProcessor, fmt: object) -> None:
+    """vLLM puts ``format`` only into a data URL's media type, which its loader never reads: WAV
+    declared as anything (or nothing) is decoded as WAV, not refused."""
+    out = run_chat(proc, audio_chat(ENCODED["wav"], fmt))
+    assert out["mm_placeholders"]["audio"][0].get_num_embeds() == TOKENS_PER_SECOND
 
 
-def test_input_audio_without_data_is_a_chat_error(proc: BaseMultiModalProcessor) -> None:
-    messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"format": "mp3"}}]}]
-    with pytest.raises(ChatFormatError, match="must be an object with base64 `data`"):
+@pytest.mark.parametrize("data", [{"format": "mp3"}, {"data": "", "format": "wav"}, {"data": None}],
+                         ids=["left_out", "empty", "null"])
+def test_input_audio_without_data_needs_a_uuid_as_in_vllm(proc: BaseMultiModalProcessor, data: dict[str, Any]) -> None:
+    """vLLM reads empty data as an item sent before, so without a ``uuid`` it names
+    ``multi_modal_uuids``; with one the item is looked up (here, no data to process)."""
+    part: dict[str, Any] = {"type": "input_audio", "input_audio": data}
+    messages = [{"role": "user", "content": [part]}]
+    with pytest.raises(ChatFormatError, match=r"input_audio has no `data` and the part no `uuid`") as info:
         run_chat(proc, messages)
+    assert info.value.parameter == "multi_modal_uuids"
+    config = proc.info.config
+    chat = parse_chat_messages([{"role": "user", "content": [{**part, "uuid": "clip-1"}]}], proc,
+                               MediaConnector(config), budget=DecodeBudget.from_config(config))
+    assert chat.mm_data == {"audio": [None]} and chat.mm_uuids == {"audio": ["clip-1"]}
+
+
+def test_input_audio_data_not_a_string_is_a_chat_error(proc: BaseMultiModalProcessor) -> None:
+    messages = [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": 5, "format": "wav"}}]}]
+    with pytest.raises(ChatFormatError, match="must be an object with base64 `data`") as info:
+        run_chat(proc, messages)
+    assert info.value.parameter == "messages"
 
 
 @pytest.mark.parametrize("fmt", sorted(SUBTYPES))

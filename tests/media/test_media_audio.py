@@ -111,9 +111,9 @@ def _dominant_frequency(signal: np.ndarray, rate: float) -> float:
 
 
 @pytest.mark.parametrize(("orig", "target", "length"),
-                         [(44100, 16000, 16000), (8000, 16000, 16000), (48000, 16000, 16000), (22050, 24000, 24001)])
+                         [(44100, 16000, 16000), (8000, 16000, 16000), (48000, 16000, 16000), (22050, 24000, 24000)])
 def test_resampled_sine_keeps_its_frequency_and_shape(orig: int, target: int, length: int) -> None:
-    """One second in; librosa's float64 ``ceil`` makes 22050 -> 24000 one sample longer, as in vLLM."""
+    """One second in: exactly one second out (torchaudio's reduced-rate quotient, as in vLLM 0.33)."""
     n = orig
     sine = np.sin(2 * np.pi * 440 * np.arange(n) / orig).astype(np.float32)
     out = resample_audio(sine, orig_sr=orig, target_sr=target)
@@ -127,8 +127,8 @@ def test_resampled_sine_keeps_its_frequency_and_shape(orig: int, target: int, le
 def test_downsampling_removes_frequencies_above_the_new_nyquist() -> None:
     tone = np.sin(2 * np.pi * 12000 * np.arange(44100) / 44100)
     out = resample_audio(tone, orig_sr=44100, target_sr=16000)
-    assert out.dtype == np.float64
-    assert np.max(np.abs(out[200:-200])) < 1e-3
+    assert out.dtype == np.float32  # vLLM's float32 kernel, whatever the input
+    assert np.max(np.abs(out[200:-200])) < 2e-3  # the 6-crossing Hann-windowed sinc: about -55 dB left
 
 
 def test_equal_rates_return_the_input_itself() -> None:
@@ -146,11 +146,11 @@ def test_resample_rejects_bad_rates_and_shapes() -> None:
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(min_value=0, max_value=3000),
-    orig=st.sampled_from([8000, 11025, 16000, 22050, 44100, 44101, 48000]),
+    orig=st.sampled_from([8000, 11025, 16000, 22050, 44100, 48000]),
     target=st.sampled_from([16000, 24000, 8000]),
 )
 def test_resample_length_and_dc_gain(n: int, orig: int, target: int) -> None:
     out = resample_audio(np.full(n, 0.5), orig_sr=orig, target_sr=target)
-    assert len(out) == resampled_length(n, orig_sr=orig, target_sr=target) == math.ceil(n * (target / orig))
-    if len(out) > 600:  # soxr's HQ filter rings up to ~260 output samples in from either edge
-        assert np.allclose(out[300:-300], 0.5, atol=1e-6)
+    assert len(out) == resampled_length(n, orig_sr=orig, target_sr=target) == math.ceil(n * target / orig)
+    if len(out) > 600:  # the kernel reaches at most 2 * 6 / 0.99 input periods past either edge
+        assert np.allclose(out[300:-300], 0.5, atol=1e-3)

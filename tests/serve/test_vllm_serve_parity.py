@@ -69,7 +69,11 @@ from mmfront.testing.peer import SKIP_REASON, vllm_peer_model_dir, vllm_peer_pyt
 
 PEER = vllm_peer_python()
 MODEL = None if PEER is None else vllm_peer_model_dir(PEER)
-PEER_DIR = Path(__file__).resolve().parents[3] / "shared" / "peer"
+_BESIDE_CHECKOUT = Path(__file__).resolve().parents[3] / "shared" / "peer"
+PEER_DIR = (_BESIDE_CHECKOUT if _BESIDE_CHECKOUT.is_dir() or PEER is None or not (PEER.parents[2] / "stock_engine.py").is_file()
+            else PEER.parents[2])
+"""The peer's scripts: beside the checkout, or (a checkout elsewhere, e.g. a git worktree) the folder
+the peer venv was built in, ``../shared/peer/.venv-vllm``."""
 LOG_STATS_ENGINE = Path(__file__).resolve().parent / "data" / "stock_engine_log_stats.py"
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
               pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]

@@ -23,8 +23,6 @@ from mmfront.media.budget import DecodeBudget, check_media_size
 AudioWithRate = tuple[np.ndarray, int]
 """A mono float32 waveform in [-1, 1] and its sampling rate in Hz."""
 
-INPUT_AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg")
-"""``input_audio.format`` values a chat request may declare (OpenAI's are ``wav`` and ``mp3``)."""
 _CONTAINERS = frozenset({"WAV", "WAVEX", "MP3", "FLAC", "OGG"})
 """libsndfile containers that are decoded. libsndfile opens two dozen more (AIFF, CAF, PAF,
 SD2, MAT5...); those are refused, so rarely used parsers never see request bytes."""

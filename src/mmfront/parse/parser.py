@@ -23,6 +23,7 @@ from mmfront.media.budget import DecodeBudget
 from mmfront.media.image import normalize_pil_image
 from mmfront.media.resample import (
     PROCESSOR_COPY_ITEMSIZE,
+    charge_scratch,
     check_rates,
     resample_audio,
     resampled_bytes,
@@ -225,10 +226,12 @@ class MultiModalDataParser:
             info["original_sample_rate"] = rate
             info["sample_rate"] = self.target_sr
             if "num_frames" in info:
-                info["num_frames"] = resampled_length(info["num_frames"], orig_sr=rate, target_sr=self.target_sr)
+                frames = info["num_frames"]
+                info["num_frames"] = resampled_length(frames, orig_sr=rate, target_sr=self.target_sr)
                 if budget is not None:
                     budget.charge(resampled_bytes(info["num_frames"]), what=f"Audio resampled from {rate:g} to "
                                   f"{self.target_sr:g} Hz ({info['num_frames']} samples)")
+                    charge_scratch(budget, frames, orig_sr=rate, target_sr=self.target_sr)
                 decode_budget = None
         elif budget is not None and "num_frames" in info:
             budget.charge(info["num_frames"] * PROCESSOR_COPY_ITEMSIZE,

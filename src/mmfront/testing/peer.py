@@ -74,6 +74,27 @@ def qwen2_5_vl_peer_folder(work: Path, max_pixels: int) -> Path:
     return folder
 
 
+QWEN2_AUDIO_MEL_BINS = 128
+"""A real Qwen2-Audio checkpoint's ``feature_size``."""
+QWEN2_AUDIO_CHUNK_S = 30
+"""A real Qwen2-Audio checkpoint's ``chunk_length``: a longer clip is truncated to it (750 tokens)."""
+
+
+def qwen2_audio_peer_folder(work: Path) -> Path:
+    """An offline Qwen2-Audio folder that ``vllm serve`` and ``mmfront serve`` both serve in front
+    of the peer's stub engine: a real checkpoint's Whisper feature extractor (128 mel bins, 30 s
+    windows, so a longer clip is truncated where a real one's is) rather than the small test
+    fixture's 2 s windows, and the stub's tokens in the vocabulary. Built once under ``work``."""
+    folder = work / "qwen2_audio"
+    if (folder / ".done").is_file():
+        return folder
+    build_model_folder("qwen2_audio", folder, with_weights=True, feature_size=QWEN2_AUDIO_MEL_BINS,
+                       chunk_length=QWEN2_AUDIO_CHUNK_S)
+    _words_for_stub_tokens(folder)
+    (folder / ".done").write_text("")
+    return folder
+
+
 def _words_for_stub_tokens(folder: Path) -> None:
     """Gives the folder's small tokenizer a word for every id up to :data:`STUB_VOCAB_SIZE`, so
     that the stub engine's tokens (1000 and up) decode to text in every frontend: a stream without
@@ -91,5 +112,6 @@ def _words_for_stub_tokens(folder: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-__all__ = ["DEFAULT_PYTHON", "ENV_VAR", "QWEN_MIN_PIXELS", "QWEN_POSITIONS", "SEARCHED_PYTHONS", "SKIP_REASON",
-           "STUB_VOCAB_SIZE", "qwen2_5_vl_peer_folder", "vllm_peer_model_dir", "vllm_peer_python"]
+__all__ = ["DEFAULT_PYTHON", "ENV_VAR", "QWEN2_AUDIO_CHUNK_S", "QWEN2_AUDIO_MEL_BINS", "QWEN_MIN_PIXELS",
+           "QWEN_POSITIONS", "SEARCHED_PYTHONS", "SKIP_REASON", "STUB_VOCAB_SIZE", "qwen2_5_vl_peer_folder",
+           "qwen2_audio_peer_folder", "vllm_peer_model_dir", "vllm_peer_python"]
