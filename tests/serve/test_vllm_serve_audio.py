@@ -62,8 +62,24 @@ from mmfront.media import resample_audio
 from mmfront.testing.media import make_audio, wav_bytes
 from mmfront.testing.peer import SKIP_REASON, qwen2_audio_peer_folder
 
+AUDIO_EXTRAS = ("librosa", "soundfile", "av", "torchaudio")
+"""What vLLM 0.33 needs for audio besides itself: its ``audio`` extra and torchaudio, its resampler."""
+
+
+def _peer_lacks_audio_extras() -> bool:
+    """Whether the peer venv cannot import :data:`AUDIO_EXTRAS` (then vLLM answers audio with 500)."""
+    if PEER is None:
+        return False
+    done = subprocess.run([str(PEER), "-c", "import " + ", ".join(AUDIO_EXTRAS)], capture_output=True, timeout=120,
+                          check=False)
+    return done.returncode != 0
+
+
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_side_by_side,
-              pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON)]
+              pytest.mark.skipif(PEER is None or MODEL is None or not PEER_DIR.is_dir(), reason=SKIP_REASON),
+              pytest.mark.skipif(_peer_lacks_audio_extras(), reason=(
+                  f"the vLLM peer venv cannot import {', '.join(AUDIO_EXTRAS)}, which vLLM's audio path needs: "
+                  "install them into it (docs/benchmarks.md, under 'To reproduce')"))]
 
 LIMITS = '{"audio": 2}'
 FLAGS = ["--limit-mm-per-prompt", LIMITS]
