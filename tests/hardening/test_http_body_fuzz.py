@@ -162,42 +162,26 @@ def _fuzz(served: Served, route: str, base: dict[str, Any], path: tuple[Any, ...
         _post_hostile(served, route, body, anthropic)
 
 
-_FUZZ = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+_COUNT_BODY = {key: value for key, value in MESSAGES_BODY.items() if key not in ("max_tokens", "temperature")}
+ROUTES = {
+    "chat": ("/v1/chat/completions", CHAT_BODY, CHAT_PATHS, HOSTILE),
+    "chat_schemas": ("/v1/chat/completions", TOOLS_BODY, SCHEMA_PATHS, SCHEMA_VALUES),
+    "completions": ("/v1/completions", COMPLETION_BODY, COMPLETION_PATHS, HOSTILE),
+    "messages": ("/v1/messages", MESSAGES_BODY, MESSAGES_PATHS, HOSTILE),
+    "count_tokens": ("/v1/messages/count_tokens", _COUNT_BODY, COUNT_PATHS, HOSTILE),
+}
+"""Each fuzzed body: its route, the body, the places mutated and the values put there (a tool's
+parameters and a response format's schema, which the server validates with the grammar backend's
+own parser before the engine compiles them, get schema keywords)."""
 
 
-@_FUZZ
-@given(path=st.sampled_from(CHAT_PATHS), value=HOSTILE)
-def test_chat_completions_never_fails_on_a_hostile_field(served: Served, path: tuple[Any, ...], value: Any) -> None:
-    _fuzz(served, "/v1/chat/completions", CHAT_BODY, path, value)
-
-
-@_FUZZ
-@given(path=st.sampled_from(SCHEMA_PATHS), value=SCHEMA_VALUES)
-def test_tools_and_schemas_never_fail_on_a_hostile_schema(served: Served, path: tuple[Any, ...], value: Any) -> None:
-    """A tool's parameters and a response format's schema, which the server validates with the
-    grammar backend's own parser before the engine compiles them."""
-    _fuzz(served, "/v1/chat/completions", TOOLS_BODY, path, value)
-
-
-@_FUZZ
-@given(path=st.sampled_from(COMPLETION_PATHS), value=HOSTILE)
-def test_completions_never_fails_on_a_hostile_field(served: Served, path: tuple[Any, ...], value: Any) -> None:
-    _fuzz(served, "/v1/completions", COMPLETION_BODY, path, value)
-
-
-@_FUZZ
-@given(path=st.sampled_from(MESSAGES_PATHS), value=HOSTILE)
-def test_anthropic_messages_never_fails_on_a_hostile_field(served: Served, path: tuple[Any, ...], value: Any) -> None:
-    _fuzz(served, "/v1/messages", MESSAGES_BODY, path, value, anthropic=True)
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(path=st.sampled_from(COUNT_PATHS), value=HOSTILE)
-def test_anthropic_count_tokens_never_fails_on_a_hostile_field(served: Served, path: tuple[Any, ...],
-                                                               value: Any) -> None:
-    body = dict(MESSAGES_BODY)
-    del body["max_tokens"], body["temperature"]
-    _fuzz(served, "/v1/messages/count_tokens", body, path, value, anthropic=True)
+@pytest.mark.parametrize("name", ROUTES)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_hostile_field_never_fails_a_route(served: Served, name: str, data: st.DataObject) -> None:
+    route, base, paths, values = ROUTES[name]
+    _fuzz(served, route, base, data.draw(st.sampled_from(paths), label="path"), data.draw(values, label="value"),
+          anthropic=route.startswith("/v1/messages"))
 
 
 @pytest.mark.parametrize("route, base, anthropic", [("/v1/chat/completions", CHAT_BODY, False),
