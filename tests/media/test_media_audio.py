@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
@@ -53,14 +54,114 @@ def test_stereo_is_averaged_to_mono(config: MultiModalConfig, budget: DecodeBudg
 def test_formats_libsndfile_lacks_are_named_and_garbage_is_a_decode_error(
     config: MultiModalConfig, budget: DecodeBudget
 ) -> None:
-    with pytest.raises(MediaFormatError, match=r"looks like WebM/Matroska audio, .*WAV, MP3, FLAC or Ogg") as info:
-        load_audio_bytes(b"\x1aE\xdf\xa3" + b"\x00" * 64, config=config, budget=budget)
+    with pytest.raises(MediaFormatError, match=r"looks like AMR audio, .*WAV, MP3, FLAC or Ogg audio, AAC or Opus") as info:
+        load_audio_bytes(b"#!AMR\n" + b"\x00" * 64, config=config, budget=budget)
     assert info.value.parameter == "multi_modal_data"
-    with pytest.raises(MediaFormatError, match="looks like MP4/M4A audio"):
-        load_audio_bytes(b"\x00\x00\x00\x20ftypM4A " + b"\x00" * 64, config=config, budget=budget)
+    for garbage in (b"\x1aE\xdf\xa3" + b"\x00" * 64, b"\x00\x00\x00\x20ftypM4A " + b"\x00" * 64):  # PyAV's turn
+        with pytest.raises(MediaDecodeError, match=r"The audio could not be opened \(.*\): it is corrupt"):
+            load_audio_bytes(garbage, config=config, budget=budget)
     with pytest.raises(MediaDecodeError, match=r"could not be read \(Format not recognised\.\)"):
         load_audio_bytes(b"\x00" * 64, config=config, budget=budget)
     assert budget.used_bytes == 0
+
+
+def pyav_encoded(container: str, codec: str, rate: int, planes: np.ndarray) -> bytes:
+    """``planes`` (channels x samples, float32) encoded by PyAV's FFmpeg, as a phone or a browser
+    records AAC in MP4 and Opus in WebM."""
+    av = pytest.importorskip("av")
+    layout = "mono" if len(planes) == 1 else "stereo"
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = layout
+        for start in range(0, planes.shape[1], 1024):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planes[:, start:start + 1024]), format="fltp",
+                                               layout=layout)
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+def sine_planes(channels: int, rate: int) -> np.ndarray:
+    wave = (0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)
+    return np.stack([wave, -0.5 * wave][:channels])
+
+
+def pyav_frames(data: bytes) -> np.ndarray:
+    """The decoded frames' samples joined, channels by rows: what vLLM's fallback averages."""
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        return np.concatenate([frame.to_ndarray() for frame in container.decode(container.streams.audio[0])], axis=-1)
+
+
+@pytest.mark.parametrize(("container", "codec", "rate", "channels", "length", "name"), [
+    ("mp4", "aac", 16000, 1, 17408, "mov,mp4,m4a,3gp,3g2,mj2"),
+    ("mp4", "aac", 44100, 2, 46080, "mov,mp4,m4a,3gp,3g2,mj2"),
+    ("webm", "libopus", 48000, 1, 48000, "matroska,webm"),
+    ("matroska", "libopus", 48000, 2, 48000, "matroska,webm"),
+])
+def test_aac_and_opus_are_decoded_with_pyav_as_vllms_fallback(
+    config: MultiModalConfig, container: str, codec: str, rate: int, channels: int, length: int, name: str
+) -> None:
+    """Lazily: the header gives the rate and channels but no length (a container's duration is no
+    promise), the decode gives vLLM's samples (the frames joined, the channels averaged with
+    ``np.mean``; tests/serve/test_vllm_serve_audio.py compares them with vLLM's own loader) and
+    charges the budget as it goes."""
+    data = pyav_encoded(container, codec, rate, sine_planes(channels, rate))
+    budget = DecodeBudget(config.max_media_request_decode_bytes)
+    item = load_audio_bytes(data, config=config, budget=budget)
+    assert item.info == {"format": name, "subtype": codec.removeprefix("lib"), "sample_rate": rate,
+                         "channels": channels}
+    assert budget.used_bytes == 0
+    waveform, sample_rate = item.media
+    want = np.mean(pyav_frames(data), axis=0)
+    assert (sample_rate, waveform.dtype, len(waveform)) == (rate, np.float32, length)
+    assert waveform.tobytes() == want.astype(np.float32).tobytes()
+    assert budget.used_bytes == 2 * channels * length * 4
+
+
+def test_a_pyav_decode_past_the_budget_is_refused(config: MultiModalConfig) -> None:
+    data = pyav_encoded("webm", "libopus", 48000, sine_planes(2, 48000))
+    item = load_audio_bytes(data, config=config, budget=DecodeBudget(256 * 1024))
+    with pytest.raises(MediaTooLargeError, match="Decoded audio frames"):
+        _ = item.media
+
+
+def test_pyav_codecs_outside_the_list_and_files_without_audio_are_refused(config: MultiModalConfig,
+                                                                          budget: DecodeBudget) -> None:
+    with pytest.raises(MediaFormatError, match=r"pcm_s16le audio in this container is not decoded"):
+        load_audio_bytes(_pcm_in_matroska(), config=config, budget=budget)
+    with pytest.raises(MediaDecodeError, match="The file has no audio stream"):
+        load_audio_bytes(_video_only_webm(), config=config, budget=budget)
+
+
+def _pcm_in_matroska() -> bytes:
+    av = pytest.importorskip("av")
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="matroska") as out:
+        stream = out.add_stream("pcm_s16le", rate=16000)
+        stream.layout = "mono"
+        frame = av.AudioFrame.from_ndarray(np.zeros((1, 1600), dtype=np.int16), format="s16", layout="mono")
+        frame.sample_rate = 16000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+def _video_only_webm() -> bytes:
+    av = pytest.importorskip("av")
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="webm") as out:
+        stream = out.add_stream("libvpx-vp9", rate=1)
+        stream.width, stream.height, stream.pix_fmt = 16, 16, "yuv420p"
+        frame = av.VideoFrame.from_ndarray(np.zeros((16, 16, 3), dtype=np.uint8), format="rgb24")
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buffer.getvalue()
 
 
 def test_float_wav_decodes_like_vllm(config: MultiModalConfig, budget: DecodeBudget) -> None:

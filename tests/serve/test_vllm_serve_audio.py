@@ -23,9 +23,9 @@ without servers: vLLM's resampler run in the peer venv and mmfront's give the sa
 
 Left different on purpose (docs/serving.md, "Differences from vllm serve"): where audio does not
 load, mmfront names ``multi_modal_data`` (or ``audio`` for a clip too short for a token) in
-``param`` where vLLM gives none, and its messages say what to send instead; audio only PyAV
-decodes (AAC in MP4, Opus in WebM), which vLLM's ``audio`` extra falls back to, is refused by
-mmfront with a 400 naming the format.
+``param`` where vLLM gives none, and its messages say what to send instead. Audio only PyAV
+decodes (AAC in MP4, Opus in WebM or Matroska), which vLLM's loader falls back to, is decoded the
+same way and compared, answers and samples.
 
 The peer venv needs vLLM's ``audio`` extra (librosa, soundfile, PyAV) and torchaudio, which vLLM
 0.33 resamples with; without them vLLM answers 500. Skipped where the peer is absent.
@@ -58,7 +58,9 @@ from test_vllm_serve_parity import (
     running_pair,
 )
 
-from mmfront.media import resample_audio
+from mmfront import MultiModalConfig
+from mmfront.media import DecodeBudget, resample_audio
+from mmfront.media.audio import load_audio_bytes
 from mmfront.testing.media import make_audio, wav_bytes
 from mmfront.testing.peer import SKIP_REASON, qwen2_audio_peer_folder
 
@@ -215,50 +217,76 @@ def test_a_request_both_refuse_is_refused_alike(pair: Pair, case: str) -> None:
 
 
 _PYAV_CLIPS = """
-import base64, io, json
+import base64, hashlib, io, json
+from io import BytesIO
 import av
 import numpy as np
+from vllm.multimodal.media.audio import load_audio
 
-def clip(container, codec, rate):
+def clip(container, codec, rate, layout):
     buffer = io.BytesIO()
+    channels = 1 if layout == "mono" else 2
+    wave = (0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)[None].repeat(channels, 0)
+    wave[channels - 1] *= 1 if channels == 1 else -0.5
     with av.open(buffer, "w", format=container) as out:
         stream = out.add_stream(codec, rate=rate)
-        stream.layout = "mono"
-        wave = (0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)[None]
+        stream.layout = layout
         for start in range(0, rate, 1024):
-            frame = av.AudioFrame.from_ndarray(wave[:, start:start + 1024], format="flt", layout="mono")
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave[:, start:start + 1024]), format="fltp",
+                                               layout=layout)
             frame.sample_rate = rate
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode(None):
             out.mux(packet)
-    return base64.b64encode(buffer.getvalue()).decode()
+    data = buffer.getvalue()
+    samples, sr = load_audio(BytesIO(data), sr=None)
+    return [base64.b64encode(data).decode(), len(samples), str(samples.dtype), int(sr),
+            hashlib.sha256(np.ascontiguousarray(samples).tobytes()).hexdigest()]
 
-print(json.dumps({"m4a_aac": clip("mp4", "aac", 16000), "webm_opus": clip("webm", "libopus", 48000)}))
+print(json.dumps({"m4a_aac": clip("mp4", "aac", 16000, "mono"), "webm_opus": clip("webm", "libopus", 48000, "mono"),
+                  "m4a_aac_stereo_44100": clip("mp4", "aac", 44100, "stereo"),
+                  "mkv_opus_stereo": clip("matroska", "libopus", 48000, "stereo")}))
 """
 
 
 @pytest.fixture(scope="module")
-def pyav_clips() -> dict[str, str]:
-    """1 s clips libsndfile does not open, encoded by PyAV in the peer venv (mmfront's has none)."""
+def pyav_clips() -> dict[str, list[Any]]:
+    """1 s clips libsndfile does not open, encoded by PyAV in the peer venv, each with what vLLM's
+    own loader reads from it there: ``[base64, samples, dtype, rate, sha256 of the samples]``."""
     assert PEER is not None
-    done = subprocess.run([str(PEER), "-c", _PYAV_CLIPS], capture_output=True, text=True, timeout=120, check=False)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"VLLM_TARGET_DEVICE": "cpu"}
+    done = subprocess.run([str(PEER), "-c", _PYAV_CLIPS], capture_output=True, text=True, timeout=300, env=env,
+                          check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    clips: dict[str, str] = json.loads(done.stdout)
+    clips: dict[str, list[Any]] = json.loads(done.stdout.strip().splitlines()[-1])
     return clips
 
 
-@pytest.mark.parametrize(("clip", "prompt_tokens"), [("m4a_aac", 70), ("webm_opus", 68)])
-def test_audio_only_pyav_decodes_is_answered_by_vllm_and_refused_by_mmfront(
-        pair: Pair, pyav_clips: dict[str, str], clip: str, prompt_tokens: int) -> None:
-    """Left different: vLLM falls back to PyAV (its ``audio`` extra) for containers libsndfile
-    does not open; mmfront decodes only WAV, MP3, FLAC and Ogg and names the format in a 400. The
-    AAC clip decodes to 17,408 samples (its encoder's priming and padding): 27 tokens."""
-    vllm, mmfront = both(pair, "POST", "/v1/chat/completions", chat(input_audio(pyav_clips[clip], "m4a"), TEXT))
+@pytest.mark.parametrize(("clip", "prompt_tokens"), [("m4a_aac", 70), ("webm_opus", 68), ("m4a_aac_stereo_44100", 69),
+                                                     ("mkv_opus_stereo", 68)])
+def test_audio_only_pyav_decodes_answers_as_vllm(pair: Pair, pyav_clips: dict[str, list[Any]], clip: str,
+                                                 prompt_tokens: int) -> None:
+    """AAC in MP4 and Opus in WebM/Matroska, which libsndfile does not open and vLLM's loader
+    decodes with PyAV: the same answer (the AAC clips decode to more than 1 s, their encoder's
+    priming and padding: 17,408 samples at 16 kHz, 27 tokens; 46,080 at 44.1 kHz, 26), whatever
+    ``format`` says."""
+    body = chat(input_audio(pyav_clips[clip][0], "m4a"), TEXT)
+    vllm, mmfront = both(pair, "POST", "/v1/chat/completions", body)
     assert vllm.status == 200 and vllm.json()["usage"]["prompt_tokens"] == prompt_tokens, explain(pair, vllm, mmfront)
-    assert mmfront.status == 400, explain(pair, vllm, mmfront)
-    assert (error(mmfront)["type"], error(mmfront)["param"]) == ("BadRequestError", "multi_modal_data")
-    assert "mmfront does not decode" in error(mmfront)["message"], explain(pair, vllm, mmfront)
+    assert masked(mmfront.json()) == masked(vllm.json()), explain(pair, vllm, mmfront)
+
+
+def test_pyav_decodes_give_vllms_samples(pyav_clips: dict[str, list[Any]]) -> None:
+    """The samples, which the answers cannot show: vLLM's ``load_audio`` in the peer venv and
+    mmfront's decode of the same bytes, at the stream's own rate, byte for byte. No servers."""
+    config = MultiModalConfig()
+    for name, (data, length, dtype, rate, digest) in pyav_clips.items():
+        item = load_audio_bytes(base64.b64decode(data), config=config,
+                                budget=DecodeBudget(config.max_media_request_decode_bytes))
+        samples, sr = item.media
+        got = [len(samples), str(samples.dtype), sr, hashlib.sha256(samples.tobytes()).hexdigest()]
+        assert got == [length, dtype, rate, digest], name
 
 
 RATES = [(8000, 16000), (11025, 16000), (22050, 16000), (44100, 16000), (48000, 16000), (96000, 16000), (3, 16000),
