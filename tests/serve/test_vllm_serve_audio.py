@@ -268,13 +268,14 @@ def pyav_clips() -> dict[str, list[Any]]:
 def test_audio_only_pyav_decodes_answers_as_vllm(pair: Pair, pyav_clips: dict[str, list[Any]], clip: str,
                                                  prompt_tokens: int) -> None:
     """AAC in MP4 and Opus in WebM/Matroska, which libsndfile does not open and vLLM's loader
-    decodes with PyAV: the same answer (the AAC clips decode to more than 1 s, their encoder's
+    decodes with PyAV, as ``input_audio`` and as an ``audio_url``: the same answer (the AAC clips decode to more than 1 s, their encoder's
     priming and padding: 17,408 samples at 16 kHz, 27 tokens; 46,080 at 44.1 kHz, 26), whatever
     ``format`` says."""
-    body = chat(input_audio(pyav_clips[clip][0], "m4a"), TEXT)
-    vllm, mmfront = both(pair, "POST", "/v1/chat/completions", body)
-    assert vllm.status == 200 and vllm.json()["usage"]["prompt_tokens"] == prompt_tokens, explain(pair, vllm, mmfront)
-    assert masked(mmfront.json()) == masked(vllm.json()), explain(pair, vllm, mmfront)
+    for part in (input_audio(pyav_clips[clip][0], "m4a"), audio_url(pyav_clips[clip][0], "audio/mp4")):
+        vllm, mmfront = both(pair, "POST", "/v1/chat/completions", chat(part, TEXT))
+        assert vllm.status == 200, explain(pair, vllm, mmfront)
+        assert vllm.json()["usage"]["prompt_tokens"] == prompt_tokens, explain(pair, vllm, mmfront)
+        assert masked(mmfront.json()) == masked(vllm.json()), explain(pair, vllm, mmfront)
 
 
 def test_pyav_decodes_give_vllms_samples(pyav_clips: dict[str, list[Any]]) -> None:
