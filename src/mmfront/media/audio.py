@@ -162,10 +162,10 @@ def _first_audio_stream(av: Any, payload: bytes) -> tuple[Any, Any]:
         container.close()
         raise MediaDecodeError(f"The file has no audio stream. {_CONVERT}", parameter="multi_modal_data")
     stream = container.streams.audio[0]
-    codec = stream.codec_context.name
+    codec = None if stream.codec_context is None else stream.codec_context.name  # None: a codec FFmpeg lacks
     if codec not in _PYAV_CODECS:
         container.close()
-        raise MediaFormatError(f"{codec} audio in this container is not decoded. {_CONVERT}",
+        raise MediaFormatError(f"{codec or 'Unknown'} audio in this container is not decoded. {_CONVERT}",
                                parameter="multi_modal_data")
     return container, stream
 
