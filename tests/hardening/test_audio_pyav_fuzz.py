@@ -8,8 +8,6 @@ The clips are encoded here by PyAV (AAC in MP4, Opus in WebM); hypothesis draws 
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,28 +16,17 @@ from hypothesis import strategies as st
 from mmfront.config import MultiModalConfig
 from mmfront.errors import MediaFormatError, MMFrontError
 from mmfront.media import DecodeBudget, load_audio_bytes
+from mmfront.testing.media import encoded_audio
 
-av = pytest.importorskip("av")
+pytest.importorskip("av")
 
 BUDGET = 8 << 20
 """A request's decode budget here: 1 s clips decode to about 0.4 MB charged."""
 
 
 def _clip(container: str, codec: str, rate: int) -> bytes:
-    buffer = io.BytesIO()
-    wave = (0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)[None]
-    with av.open(buffer, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate)
-        stream.layout = "mono"
-        for start in range(0, rate, 1024):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave[:, start:start + 1024]), format="fltp",
-                                               layout="mono")
-            frame.sample_rate = rate
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buffer.getvalue()
+    return encoded_audio((0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)[None], rate, container=container,
+                         codec=codec)
 
 
 CLIPS = {"aac": _clip("mp4", "aac", 16000), "opus": _clip("webm", "libopus", 48000)}

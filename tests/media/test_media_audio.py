@@ -12,7 +12,7 @@ from media_samples import float_wav_bytes
 from mmfront.config import MultiModalConfig
 from mmfront.errors import InputTypeError, MediaDecodeError, MediaFormatError, MediaTooLargeError, ValidationError
 from mmfront.media import DecodeBudget, load_audio_bytes, resample_audio, resampled_length
-from mmfront.testing.media import wav_bytes
+from mmfront.testing.media import encoded_audio, wav_bytes
 
 # --- WAV decoding -----------------------------------------------------------------------------
 
@@ -65,26 +65,6 @@ def test_formats_libsndfile_lacks_are_named_and_garbage_is_a_decode_error(
     assert budget.used_bytes == 0
 
 
-def pyav_encoded(container: str, codec: str, rate: int, planes: np.ndarray) -> bytes:
-    """``planes`` (channels x samples, float32) encoded by PyAV's FFmpeg, as a phone or a browser
-    records AAC in MP4 and Opus in WebM."""
-    av = pytest.importorskip("av")
-    layout = "mono" if len(planes) == 1 else "stereo"
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate)
-        stream.layout = layout
-        for start in range(0, planes.shape[1], 1024):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planes[:, start:start + 1024]), format="fltp",
-                                               layout=layout)
-            frame.sample_rate = rate
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    return buffer.getvalue()
-
-
 def sine_planes(channels: int, rate: int) -> np.ndarray:
     wave = (0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)
     return np.stack([wave, -0.5 * wave][:channels])
@@ -111,7 +91,8 @@ def test_aac_and_opus_are_decoded_with_pyav_as_vllms_fallback(
     promise), the decode gives vLLM's samples (the frames joined, the channels averaged with
     ``np.mean``; tests/serve/test_vllm_serve_audio.py compares them with vLLM's own loader) and
     charges the budget as it goes."""
-    data = pyav_encoded(container, codec, rate, sine_planes(channels, rate))
+    pytest.importorskip("av")
+    data = encoded_audio(sine_planes(channels, rate), rate, container=container, codec=codec)
     budget = DecodeBudget(config.max_media_request_decode_bytes)
     item = load_audio_bytes(data, config=config, budget=budget)
     assert item.info == {"format": name, "subtype": codec.removeprefix("lib"), "sample_rate": rate,
@@ -125,7 +106,8 @@ def test_aac_and_opus_are_decoded_with_pyav_as_vllms_fallback(
 
 
 def test_a_pyav_decode_past_the_budget_is_refused(config: MultiModalConfig) -> None:
-    data = pyav_encoded("webm", "libopus", 48000, sine_planes(2, 48000))
+    pytest.importorskip("av")
+    data = encoded_audio(sine_planes(2, 48000), 48000, container="webm", codec="libopus")
     item = load_audio_bytes(data, config=config, budget=DecodeBudget(256 * 1024))
     with pytest.raises(MediaTooLargeError, match="Decoded audio frames"):
         _ = item.media

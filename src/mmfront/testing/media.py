@@ -16,7 +16,7 @@ from PIL import Image
 
 from mmfront.errors import InputTypeError, ValidationError
 
-__all__ = ["image_data_url", "make_audio", "make_image", "make_raw_image", "make_video", "natural_image", "wav_bytes"]
+__all__ = ["encoded_audio", "image_data_url", "make_audio", "make_image", "make_raw_image", "make_video", "natural_image", "wav_bytes"]
 
 _RAW_ONLY_MODES = frozenset({"LAB", "HSV", "RGBa", "La", "I;16", "I;16L", "I;16B", "I;16N"})
 """Modes Pillow does not convert RGB into: :func:`make_image` draws their bytes directly."""
@@ -152,6 +152,31 @@ def wav_bytes(waveform: np.ndarray, sr: int, *, sample_width: int = 2) -> bytes:
         out.writeframes(np.ascontiguousarray(little_endian[:, :sample_width]).tobytes())
     return buf.getvalue()
 
+
+
+def encoded_audio(planes: np.ndarray, rate: int, *, container: str, codec: str) -> bytes:
+    """``planes`` (channels x samples, float32 in [-1, 1]; one or two channels) encoded by PyAV's
+    FFmpeg into ``container`` with ``codec`` (e.g. ``"mp4"``/``"aac"``, ``"webm"``/``"libopus"``), as a
+    phone or a browser records audio libsndfile does not open. Needs PyAV (``mmfront[video]``)."""
+    samples = np.asarray(planes, dtype=np.float32)
+    if samples.ndim != 2 or samples.shape[0] not in (1, 2):
+        raise ValidationError(f"planes have shape {samples.shape}: pass (1 or 2 channels, samples)", parameter="planes")
+    import av
+
+    layout = "mono" if samples.shape[0] == 1 else "stereo"
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = layout
+        for start in range(0, samples.shape[1], 1024):
+            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(samples[:, start:start + 1024]), format="fltp",
+                                               layout=layout)
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buffer.getvalue()
 
 def make_video(
     seconds: float = 1.0,
