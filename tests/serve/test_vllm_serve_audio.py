@@ -61,7 +61,7 @@ from test_vllm_serve_parity import (
 from mmfront import MultiModalConfig
 from mmfront.media import DecodeBudget, resample_audio
 from mmfront.media.audio import load_audio_bytes
-from mmfront.testing.media import make_audio, wav_bytes
+from mmfront.testing.media import encoded_audio, make_audio, wav_bytes
 from mmfront.testing.peer import SKIP_REASON, qwen2_audio_peer_folder
 
 AUDIO_EXTRAS = ("librosa", "soundfile", "av", "torchaudio")
@@ -216,51 +216,41 @@ def test_a_request_both_refuse_is_refused_alike(pair: Pair, case: str) -> None:
     assert (want["param"], got["param"]) == params, explain(pair, vllm, mmfront)
 
 
-_PYAV_CLIPS = """
-import base64, hashlib, io, json
+def _sine(rate: int, channels: int) -> np.ndarray:
+    wave = (0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)
+    return np.stack([wave, -0.5 * wave][:channels])
+
+
+PYAV_CLIPS = {"m4a_aac": ("mp4", "aac", 16000, 1), "webm_opus": ("webm", "libopus", 48000, 1),
+              "m4a_aac_stereo_44100": ("mp4", "aac", 44100, 2), "mkv_opus_stereo": ("matroska", "libopus", 48000, 2)}
+"""1 s clips libsndfile does not open: container, codec, rate, channels."""
+_VLLM_LOADS = """
+import base64, hashlib, json, sys
 from io import BytesIO
-import av
 import numpy as np
 from vllm.multimodal.media.audio import load_audio
-
-def clip(container, codec, rate, layout):
-    buffer = io.BytesIO()
-    channels = 1 if layout == "mono" else 2
-    wave = (0.1 * np.sin(np.arange(rate) / 5)).astype(np.float32)[None].repeat(channels, 0)
-    wave[channels - 1] *= 1 if channels == 1 else -0.5
-    with av.open(buffer, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate)
-        stream.layout = layout
-        for start in range(0, rate, 1024):
-            frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(wave[:, start:start + 1024]), format="fltp",
-                                               layout=layout)
-            frame.sample_rate = rate
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode(None):
-            out.mux(packet)
-    data = buffer.getvalue()
-    samples, sr = load_audio(BytesIO(data), sr=None)
-    return [base64.b64encode(data).decode(), len(samples), str(samples.dtype), int(sr),
-            hashlib.sha256(np.ascontiguousarray(samples).tobytes()).hexdigest()]
-
-print(json.dumps({"m4a_aac": clip("mp4", "aac", 16000, "mono"), "webm_opus": clip("webm", "libopus", 48000, "mono"),
-                  "m4a_aac_stereo_44100": clip("mp4", "aac", 44100, "stereo"),
-                  "mkv_opus_stereo": clip("matroska", "libopus", 48000, "stereo")}))
+out = {}
+for name, data in json.loads(sys.stdin.read()).items():
+    samples, sr = load_audio(BytesIO(base64.b64decode(data)), sr=None)
+    out[name] = [len(samples), str(samples.dtype), int(sr), hashlib.sha256(np.ascontiguousarray(samples).tobytes()).hexdigest()]
+print(json.dumps(out))
 """
 
 
 @pytest.fixture(scope="module")
 def pyav_clips() -> dict[str, list[Any]]:
-    """1 s clips libsndfile does not open, encoded by PyAV in the peer venv, each with what vLLM's
-    own loader reads from it there: ``[base64, samples, dtype, rate, sha256 of the samples]``."""
+    """The clips (:func:`mmfront.testing.media.encoded_audio`), each with what vLLM's own loader
+    reads from it in the peer venv: ``[base64, samples, dtype, rate, sha256 of the samples]``."""
     assert PEER is not None
+    pytest.importorskip("av")
+    encoded = {name: b64(encoded_audio(_sine(rate, channels), rate, container=container, codec=codec))
+               for name, (container, codec, rate, channels) in PYAV_CLIPS.items()}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"VLLM_TARGET_DEVICE": "cpu"}
-    done = subprocess.run([str(PEER), "-c", _PYAV_CLIPS], capture_output=True, text=True, timeout=300, env=env,
-                          check=False)
+    done = subprocess.run([str(PEER), "-c", _VLLM_LOADS], input=json.dumps(encoded), capture_output=True, text=True,
+                          timeout=300, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    clips: dict[str, list[Any]] = json.loads(done.stdout.strip().splitlines()[-1])
-    return clips
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    return {name: [data, *loaded[name]] for name, data in encoded.items()}
 
 
 @pytest.mark.parametrize(("clip", "prompt_tokens"), [("m4a_aac", 70), ("webm_opus", 68), ("m4a_aac_stereo_44100", 69),
