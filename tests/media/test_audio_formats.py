@@ -28,7 +28,7 @@ from mmfront.inputs import MultiModalInputs
 from mmfront.media import DecodeBudget, MediaConnector, load_audio_bytes
 from mmfront.models.registry import create_processor
 from mmfront.processing.processor import BaseMultiModalProcessor
-from mmfront.testing.media import wav_bytes
+from mmfront.testing.media import encoded_audio, wav_bytes
 
 SUBTYPES = {"wav": ("WAV", "PCM_16"), "mp3": ("MP3", "MPEG_LAYER_III"), "flac": ("FLAC", "PCM_16"),
             "ogg": ("OGG", "VORBIS")}
@@ -95,6 +95,22 @@ def test_declared_format_is_a_label_and_the_bytes_decide(proc: BaseMultiModalPro
     """vLLM identifies audio by its content too: FLAC bytes declared as wav are decoded as FLAC."""
     out = run_chat(proc, audio_chat(ENCODED["flac"], "WAV"))
     assert out["mm_placeholders"]["audio"][0].get_num_embeds() == TOKENS_PER_SECOND
+
+
+@pytest.mark.parametrize(("container", "codec", "rate"), [("mp4", "aac", 44100), ("webm", "libopus", 48000)])
+def test_aac_and_opus_go_through_the_chat_path_as_their_decoded_length(proc: BaseMultiModalProcessor, container: str,
+                                                                      codec: str, rate: int) -> None:
+    """AAC in MP4 and Opus in WebM (decoded with PyAV, as vLLM's fallback): a stereo second is
+    loaded, decoded to be counted (no length in its header), averaged, resampled to 16 kHz and
+    processed into as many tokens as a WAV of the samples it decodes to (AAC keeps its encoder's
+    priming and padding: 46,080 samples, 26 tokens; Opus its 48,000, 25)."""
+    pytest.importorskip("av")
+    data = encoded_audio(stereo(1.0, rate).T.astype(np.float32), rate, container=container, codec=codec)
+    budget = DecodeBudget.from_config(proc.info.config)
+    decoded, decoded_rate = load_audio_bytes(data, config=proc.info.config, budget=budget).media
+    want = run_chat(proc, audio_chat(wav_bytes(decoded, decoded_rate), "wav"))["mm_placeholders"]["audio"][0]
+    [placeholder] = run_chat(proc, audio_chat(data, "m4a"))["mm_placeholders"]["audio"]
+    assert placeholder.get_num_embeds() == want.get_num_embeds() == {"aac": 26, "libopus": 25}[codec]
 
 
 # --- same limits and typed errors as images ---------------------------------------------------
